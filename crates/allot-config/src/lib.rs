@@ -1,0 +1,173 @@
+//! allot's config files — cluster, policy, workloads — read into `allot-core`'s model.
+//!
+//! Every problem is reported at once, each as a [`Diagnostic`] naming the file, the line and
+//! column, the field path (`projects[2].quotas[0].guaranteed`, 0-based indexes) and a fix.
+//! Nothing here panics on any input: YAML syntax errors, wrong types, out-of-range numbers,
+//! deep nesting and huge counts all come back as diagnostics (every size has a limit).
+//!
+//! How: yaml-rust2's event parser builds a small tree that keeps positions (`tree`), and a
+//! hand-written decoder reads it with an error collector (`decode`). Numbers are parsed as exact
+//! decimals, never through `f64`, so `0.1` GPU is exactly 100 shares.
+//!
+//! # Common value formats
+//!
+//! - **GPUs** (quotas): a number, fractions allowed down to 1/1000 (`4`, `0.5`, `2.125`).
+//! - **CPU**: cores (`64`, `0.5`) or millicores (`64000m`).
+//! - **Memory**: binary units `Ki` `Mi` `Gi` `Ti` `Pi` (`80Gi`, `1.5Ti`) or a whole number of
+//!   MiB. Decimal units (`G`, `GB`) are refused: they are not whole MiB.
+//! - **Durations**: `500ms`, `30s`, `15m`, `2h`, `7d`, combined (`1h30m`) or decimal (`1.5h`),
+//!   or a whole number of milliseconds.
+//! - **Timestamps**: milliseconds since the caller's epoch (the daemon: Unix time; the
+//!   simulator: 0), or a duration after it (`6h`).
+//! - **Names** (nodes, pools, racks, projects, cohorts, departments, classes, GPU models):
+//!   1–253 letters, digits, `-`, `_`, `.`.
+//! - Booleans are `true`/`false`. Unknown fields are errors (with "did you mean"). YAML anchors
+//!   are allowed, aliases (`*x`) are not; one document per file.
+//!
+//! # Cluster file → `Vec<NodeSpec>`
+//!
+//! ```yaml
+//! nodes:
+//!   - name: h100          # required; with `count: N`, nodes are named h100-0 … h100-{N-1}
+//!     count: 2            # optional: stamp out N identical nodes
+//!     cpu: 192            # required
+//!     memory: 2048Gi      # required
+//!     pool: training      # optional
+//!     rack: r1            # optional
+//!     labels: {vendor: nvidia}   # optional text → text; `pool`/`rack` are fields, not labels
+//!     gpus:               # optional (a CPU-only node has none): groups of identical devices
+//!       - {model: H100, count: 4, memory: 80Gi, island: 0}   # island: NVLink group, default 0
+//!       - {model: H100, count: 4, memory: 80Gi, island: 1}
+//! ```
+//! Checked: node names unique (after `count` expansion), at least one node, ≤ 1024 devices
+//! per node, ≤ 100 000 nodes, `any` is not a model name.
+//!
+//! # Policy file → `PolicySpec`
+//!
+//! ```yaml
+//! fair_share: {half_life: 7d}         # optional; default 0 (point-in-time fairness)
+//! preemption: {mode: suspend}         # optional; suspend | requeue | delete (default suspend)
+//! priority_classes:                   # required, at least one
+//!   - {name: low, value: -100, preemptible: true}   # value: i32; preemptible default true
+//!   - {name: high, value: 100, preemptible: false}
+//! default_priority_class: low         # required; must name a class above
+//! projects:                           # required, at least one
+//!   - name: vision                    # required, unique
+//!     cohort: perception              # optional: projects in a cohort lend to each other
+//!     department: ai-research         # optional
+//!     weight: 2                       # optional fair-share weight > 0, default 1 (→ weight_milli)
+//!     queueing: best_effort_fifo      # optional: strict_fifo | best_effort_fifo (default)
+//!     preemption_mode: requeue        # optional: overrides `preemption.mode` for its victims
+//!     quotas:                         # optional; one line per model, `any` for the rest
+//!       - {model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}
+//!       - {model: any, guaranteed: 0.5}
+//! ```
+//! Checked: unique project and class names; the default class exists; one quota line per
+//! model per project; GPU amounts ≥ 0 and not finer than 1/1000; `lend_limit ≤ guaranteed`;
+//! `borrow_limit` and `lend_limit` only in a cohort (as in Kueue: without a cohort there is
+//! nobody to borrow from or lend to).
+//!
+//! # Workloads file → [`WorkloadFile`] (`Vec<WorkloadSpec>`)
+//!
+//! ```yaml
+//! workloads:
+//!   - id: 7                 # optional; default: 1-based position in the file; unique
+//!     name: resnet          # optional; default `workload-{id}`
+//!     kind: training        # training (default) | batch | notebook | inference | service
+//!     project: vision       # required
+//!     user: alice           # optional
+//!     priority_class: high  # optional; default: the policy's default class
+//!     members: 2            # gang size, default 1
+//!     gpus: 4               # required, per member: whole GPUs (≥ 1) or a fraction < 1 (shares)
+//!     gpu_models: [H100, A100]   # or "H100|A100"; optional, in order of preference; any if absent
+//!     cpu: 16               # per member, default 0
+//!     memory: 128Gi         # per member, default 0
+//!     same_node: true       # default false
+//!     preemptible: false    # optional; may only narrow the class's preemptibility
+//!     checkpoint: {grace: 30s, last_checkpoint_at: 0}   # optional; grace required in it
+//!     min_runtime: 10m      # default 0
+//!     max_runtime: 24h      # optional
+//!     deadline: 12h         # optional timestamp
+//! ```
+//! The same fields also come as JSON lines, one object per line (`.jsonl`/`.ndjson`, or any
+//! file whose first non-blank line is a whole `{…}` object); blank lines are skipped.
+//! [`check_workloads`] then checks them against a policy and a cluster.
+
+mod cluster;
+mod decode;
+mod diagnostic;
+mod policy;
+mod tree;
+mod workloads;
+
+use std::io::Read;
+use std::path::Path;
+
+use allot_core::{NodeSpec, PolicySpec};
+
+pub use cluster::parse_cluster;
+pub use diagnostic::{Diagnostic, render};
+pub use policy::parse_policy;
+pub use workloads::{WorkloadFile, check_workloads, parse_workloads};
+
+/// Largest config file read (workload traces as JSON lines are the big ones).
+const FILE_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
+/// Reads and parses a cluster file.
+pub fn load_cluster(path: &Path) -> Result<Vec<NodeSpec>, Vec<Diagnostic>> {
+    let (file, text) = read(path)?;
+    parse_cluster(&file, &text)
+}
+
+/// Reads and parses a policy file.
+pub fn load_policy(path: &Path) -> Result<PolicySpec, Vec<Diagnostic>> {
+    let (file, text) = read(path)?;
+    parse_policy(&file, &text)
+}
+
+/// Reads and parses a workloads file (YAML or JSON lines).
+pub fn load_workloads(path: &Path) -> Result<WorkloadFile, Vec<Diagnostic>> {
+    let (file, text) = read(path)?;
+    parse_workloads(&file, &text)
+}
+
+/// The file's name for diagnostics and its text, or one diagnostic saying why it can't be read.
+fn read(path: &Path) -> Result<(String, String), Vec<Diagnostic>> {
+    let file = path.display().to_string();
+    let whole_file = |message: String, fix: &str| {
+        vec![Diagnostic {
+            file: file.clone(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message,
+            fix: fix.to_string(),
+        }]
+    };
+    let mut bytes = Vec::new();
+    let read =
+        std::fs::File::open(path).and_then(|f| f.take(FILE_BYTES_MAX + 1).read_to_end(&mut bytes));
+    if let Err(error) = read {
+        return Err(whole_file(
+            format!("cannot read the file: {error}"),
+            "check the path and its permissions",
+        ));
+    }
+    if u64::try_from(bytes.len()).map_or(true, |n| n > FILE_BYTES_MAX) {
+        return Err(whole_file(
+            format!("the file is larger than {} MiB", FILE_BYTES_MAX / (1024 * 1024)),
+            "split it into smaller files",
+        ));
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok((file, text)),
+        Err(error) => {
+            let valid = &error.as_bytes()[..error.utf8_error().valid_up_to()];
+            let line = valid.iter().filter(|b| **b == b'\n').count() + 1;
+            let mut diagnostics =
+                whole_file("the file is not UTF-8 text".to_string(), "save it as UTF-8");
+            diagnostics[0].line = line;
+            Err(diagnostics)
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The policy file: fair share, pre-emption, priority classes and projects with quotas.
+
+use std::collections::BTreeMap;
+
+use allot_core::{
+    PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
+};
+
+use crate::decode::{self, Ctx, fields, index, list};
+use crate::diagnostic::Diagnostic;
+use crate::tree::{self, Node, Pos};
+
+/// Most projects and most priority classes in one policy.
+const PROJECTS_MAX: usize = 10_000;
+const PRIORITY_CLASSES_MAX: usize = 1_000;
+
+const TOP_FIELDS: [&str; 5] =
+    ["fair_share", "preemption", "priority_classes", "default_priority_class", "projects"];
+const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
+const PREEMPTION_FIELDS: [&str; 1] = ["mode"];
+const CLASS_FIELDS: [&str; 3] = ["name", "value", "preemptible"];
+const PROJECT_FIELDS: [&str; 7] =
+    ["name", "cohort", "department", "weight", "queueing", "preemption_mode", "quotas"];
+const QUOTA_FIELDS: [&str; 4] = ["model", "guaranteed", "borrow_limit", "lend_limit"];
+
+pub(crate) const MODES: [(&str, PreemptionMode); 3] = [
+    ("suspend", PreemptionMode::Suspend),
+    ("requeue", PreemptionMode::Requeue),
+    ("delete", PreemptionMode::Delete),
+];
+const QUEUEINGS: [(&str, Queueing); 2] =
+    [("strict_fifo", Queueing::StrictFifo), ("best_effort_fifo", Queueing::BestEffortFifo)];
+
+const CLASS_EXAMPLE: &str = "`- {name: medium, value: 0, preemptible: true}`";
+const PROJECT_EXAMPLE: &str =
+    "`- {name: vision, cohort: perception, quotas: [{model: A100, guaranteed: 8}]}`";
+const QUOTA_EXAMPLE: &str = "`- {model: A100, guaranteed: 8, borrow_limit: 4, lend_limit: 2}`";
+
+/// Parses a policy file (see the crate docs for the schema) and checks it is consistent:
+/// unique names, a default priority class that exists, limits that make sense.
+pub fn parse_policy(file: &str, text: &str) -> Result<PolicySpec, Vec<Diagnostic>> {
+    let mut ctx = Ctx::new(file);
+    let policy = tree::parse(&mut ctx, text).and_then(|root| decode_policy(&mut ctx, &root));
+    ctx.finish(policy)
+}
+
+fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
+    let top = fields(
+        ctx,
+        root,
+        "",
+        "the policy file",
+        &TOP_FIELDS,
+        "`priority_classes:`, `default_priority_class:` and `projects:` sections",
+    )?;
+
+    let half_life = match top.get("fair_share") {
+        None => Some(0),
+        Some(n) => fields(ctx, n, "fair_share", "fair_share", &FAIR_SHARE_FIELDS, "`fair_share: {half_life: 7d}`")
+            .and_then(|f| {
+                f.required(ctx, "half_life", "say how fast past usage is forgotten, e.g. `half_life: 7d` (0: not at all remembered)")
+                    .and_then(|n| decode::duration_ms(ctx, n, &f.path("half_life")))
+            }),
+    };
+    let mode = match top.get("preemption") {
+        None => Some(PreemptionMode::default()),
+        Some(n) => fields(
+            ctx,
+            n,
+            "preemption",
+            "preemption",
+            &PREEMPTION_FIELDS,
+            "`preemption: {mode: suspend}`",
+        )
+        .and_then(|f| {
+            f.required(ctx, "mode", "choose `mode: suspend`, `requeue` or `delete`")
+                .and_then(|n| decode::one_of(ctx, n, &f.path("mode"), &MODES))
+        }),
+    };
+
+    let classes = top
+        .required(
+            ctx,
+            "priority_classes",
+            &format!("add `priority_classes:` with a list like {CLASS_EXAMPLE}"),
+        )
+        .and_then(|n| decode_classes(ctx, n));
+
+    let default_class = top
+        .required(
+            ctx,
+            "default_priority_class",
+            "name the class used when a workload names none, e.g. `default_priority_class: medium`",
+        )
+        .and_then(|n| {
+            decode::name(ctx, n, "default_priority_class", "`medium`").map(|name| (name, n.pos))
+        });
+    if let (Some(classes), Some((name, pos))) = (&classes, &default_class)
+        && !classes.iter().any(|c| &c.name == name)
+    {
+        ctx.report(
+            *pos,
+            "default_priority_class",
+            format!("unknown priority class `{name}`"),
+            decode::did_you_mean(
+                name,
+                classes.iter().map(|c| c.name.as_str()),
+                "define it under priority_classes, or use",
+            ),
+        );
+    }
+
+    let projects = top
+        .required(ctx, "projects", &format!("add `projects:` with a list like {PROJECT_EXAMPLE}"))
+        .and_then(|n| decode_projects(ctx, n));
+
+    Some(PolicySpec {
+        priority_classes: classes?,
+        default_priority_class: default_class?.0,
+        projects: projects?,
+        fair_share_half_life_ms: half_life?,
+        preemption_mode: mode?,
+    })
+}
+
+fn decode_classes(ctx: &mut Ctx, node: &Node) -> Option<Vec<PriorityClassSpec>> {
+    let items = list(ctx, node, "priority_classes", CLASS_EXAMPLE)?;
+    if items.is_empty() || items.len() > PRIORITY_CLASSES_MAX {
+        ctx.report(
+            node.pos,
+            "priority_classes",
+            format!("needs 1 to {PRIORITY_CLASSES_MAX} priority classes, got {}", items.len()),
+            format!("define the classes workloads may use, e.g. {CLASS_EXAMPLE}"),
+        );
+        return None;
+    }
+    let mut classes = Vec::new();
+    let mut seen: BTreeMap<String, Pos> = BTreeMap::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let path = index("priority_classes", i);
+        let Some(f) = fields(ctx, item, &path, "a priority class", &CLASS_FIELDS, CLASS_EXAMPLE)
+        else {
+            ok = false;
+            continue;
+        };
+        let name_node = f.required(ctx, "name", "name the class, e.g. `name: high`");
+        let name = name_node.and_then(|n| decode::name(ctx, n, &f.path("name"), "`high`"));
+        let value = f
+            .required(
+                ctx,
+                "value",
+                "give the class a priority, e.g. `value: 100` (higher runs first)",
+            )
+            .and_then(|n| decode::int32(ctx, n, &f.path("value"), "100"));
+        let preemptible = match f.get("preemptible") {
+            None => Some(true),
+            Some(n) => decode::boolean(ctx, n, &f.path("preemptible")),
+        };
+        let (Some(name), Some(value), Some(preemptible), Some(name_node)) =
+            (name, value, preemptible, name_node)
+        else {
+            ok = false;
+            continue;
+        };
+        if let Some(first) = seen.get(&name) {
+            ctx.report(
+                name_node.pos,
+                &f.path("name"),
+                format!("priority class `{name}` is already defined at line {}", first.line),
+                "give every priority class a different name",
+            );
+            ok = false;
+            continue;
+        }
+        seen.insert(name.clone(), name_node.pos);
+        classes.push(PriorityClassSpec { name, value, preemptible });
+    }
+    ok.then_some(classes)
+}
+
+fn decode_projects(ctx: &mut Ctx, node: &Node) -> Option<Vec<ProjectSpec>> {
+    let items = list(ctx, node, "projects", PROJECT_EXAMPLE)?;
+    if items.is_empty() || items.len() > PROJECTS_MAX {
+        ctx.report(
+            node.pos,
+            "projects",
+            format!("needs 1 to {PROJECTS_MAX} projects, got {}", items.len()),
+            format!("define the projects that own quota, e.g. {PROJECT_EXAMPLE}"),
+        );
+        return None;
+    }
+    let mut projects = Vec::new();
+    let mut seen: BTreeMap<String, Pos> = BTreeMap::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let path = index("projects", i);
+        let Some((project, name_pos)) = decode_project(ctx, item, &path) else {
+            ok = false;
+            continue;
+        };
+        if let Some(first) = seen.get(&project.name) {
+            ctx.report(
+                name_pos,
+                &decode::join(&path, "name"),
+                format!("project `{}` is already defined at line {}", project.name, first.line),
+                "give every project a different name, or merge the two entries",
+            );
+            ok = false;
+            continue;
+        }
+        seen.insert(project.name.clone(), name_pos);
+        projects.push(project);
+    }
+    ok.then_some(projects)
+}
+
+fn decode_project(ctx: &mut Ctx, item: &Node, path: &str) -> Option<(ProjectSpec, Pos)> {
+    let f = fields(ctx, item, path, "a project", &PROJECT_FIELDS, PROJECT_EXAMPLE)?;
+    let name_node = f.required(ctx, "name", "name the project, e.g. `name: vision`");
+    let name = name_node.and_then(|n| decode::name(ctx, n, &f.path("name"), "`vision`"));
+    let cohort = f.get("cohort").map(|n| decode::name(ctx, n, &f.path("cohort"), "`perception`"));
+    let department =
+        f.get("department").map(|n| decode::name(ctx, n, &f.path("department"), "`research`"));
+    let weight = match f.get("weight") {
+        None => Some(1000),
+        Some(n) => decode::weight_milli(ctx, n, &f.path("weight")),
+    };
+    let queueing = match f.get("queueing") {
+        None => Some(Queueing::default()),
+        Some(n) => decode::one_of(ctx, n, &f.path("queueing"), &QUEUEINGS),
+    };
+    let mode = f
+        .get("preemption_mode")
+        .map(|n| decode::one_of(ctx, n, &f.path("preemption_mode"), &MODES));
+    // Without a cohort there is nobody to borrow from or lend to. A cohort field that is there
+    // but broken counts as a cohort (it is reported already): one error, not a misleading second.
+    let has_cohort = f.get("cohort").is_some();
+    let project_name = name.as_deref().unwrap_or("this project");
+    let quotas = match f.get("quotas") {
+        None => Some(Vec::new()),
+        Some(n) => decode_quotas(ctx, n, &f.path("quotas"), project_name, has_cohort),
+    };
+    let project = ProjectSpec {
+        name: name?,
+        cohort: cohort.map_or(Some(None), |c| c.map(Some))?,
+        department: department.map_or(Some(None), |d| d.map(Some))?,
+        quotas: quotas?,
+        weight_milli: weight?,
+        queueing: queueing?,
+        preemption_mode: mode.map_or(Some(None), |m| m.map(Some))?,
+    };
+    Some((project, name_node?.pos))
+}
+
+fn decode_quotas(
+    ctx: &mut Ctx,
+    node: &Node,
+    path: &str,
+    project: &str,
+    has_cohort: bool,
+) -> Option<Vec<QuotaSpec>> {
+    let items = list(ctx, node, path, QUOTA_EXAMPLE)?;
+    let mut quotas = Vec::new();
+    let mut seen: BTreeMap<QuotaModel, Pos> = BTreeMap::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let path = index(path, i);
+        let Some(f) = fields(ctx, item, &path, "a quota", &QUOTA_FIELDS, QUOTA_EXAMPLE) else {
+            ok = false;
+            continue;
+        };
+        let model_node = f.required(
+            ctx,
+            "model",
+            "name the GPU model this line covers, e.g. `model: A100`, or `model: any`",
+        );
+        let model = model_node.and_then(|n| {
+            let text = decode::text(ctx, n, &f.path("model"), "`A100`")?;
+            if text == "any" {
+                Some(QuotaModel::Any)
+            } else {
+                crate::cluster::model_name(ctx, n, &f.path("model")).map(QuotaModel::Model)
+            }
+        });
+        let guaranteed = f
+            .required(
+                ctx,
+                "guaranteed",
+                "give the GPUs this project is guaranteed, e.g. `guaranteed: 8` (0 is fine)",
+            )
+            .and_then(|n| decode::gpus_as_shares(ctx, n, &f.path("guaranteed")));
+        let mut limit = |key: &str, lends: bool| -> Option<Option<(allot_core::Shares, Pos)>> {
+            let Some(n) = f.get(key) else { return Some(None) };
+            let shares = decode::gpus_as_shares(ctx, n, &f.path(key))?;
+            if !has_cohort {
+                let why = if lends { "nobody to lend to" } else { "nobody to borrow from" };
+                ctx.report(
+                    n.pos,
+                    &f.path(key),
+                    format!(
+                        "project `{project}` has no cohort, so `{key}` has no meaning: there is {why} \
+                         (Kueue rejects a {} without a cohort for the same reason)",
+                        if lends { "lendingLimit" } else { "borrowingLimit" }
+                    ),
+                    format!("remove `{key}`, or put the project in a cohort with `cohort: <name>`"),
+                );
+                return None;
+            }
+            Some(Some((shares, n.pos)))
+        };
+        let borrow = limit("borrow_limit", false);
+        let lend = limit("lend_limit", true);
+        if let (Some(g), Some(Some((l, pos)))) = (guaranteed, lend)
+            && l > g
+        {
+            ctx.report(
+                pos,
+                &f.path("lend_limit"),
+                format!("lend_limit {l} is more than guaranteed {g}: a project can only lend GPUs it is guaranteed"),
+                format!("set lend_limit to at most {g}, or raise guaranteed"),
+            );
+            ok = false;
+            continue;
+        }
+        let (Some(model), Some(guaranteed), Some(borrow), Some(lend), Some(model_node)) =
+            (model, guaranteed, borrow, lend, model_node)
+        else {
+            ok = false;
+            continue;
+        };
+        if let Some(first) = seen.get(&model) {
+            let shown = match &model {
+                QuotaModel::Any => "any".to_string(),
+                QuotaModel::Model(m) => m.clone(),
+            };
+            ctx.report(
+                model_node.pos,
+                &f.path("model"),
+                format!(
+                    "project `{project}` already has a quota for `{shown}` at line {}",
+                    first.line
+                ),
+                "merge the two lines into one",
+            );
+            ok = false;
+            continue;
+        }
+        seen.insert(model.clone(), model_node.pos);
+        quotas.push(QuotaSpec {
+            model,
+            guaranteed,
+            borrow_limit: borrow.map(|(s, _)| s),
+            lend_limit: lend.map(|(s, _)| s),
+        });
+    }
+    ok.then_some(quotas)
+}

@@ -1,0 +1,540 @@
+//! The workloads file (YAML, or JSON lines) and its checks against a policy and a cluster.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use allot_core::{Checkpointing, GpuRequest, NodeSpec, PolicySpec, WorkloadKind, WorkloadSpec};
+use allot_core::{Timestamp, WorkloadId};
+
+use crate::decode::{self, Ctx, fields, index, list};
+use crate::diagnostic::Diagnostic;
+use crate::tree::{self, Node, Pos, Value};
+
+/// Most workloads in one file.
+const WORKLOADS_MAX: usize = 1_000_000;
+/// Most members in one gang, and most whole GPUs per member: the engine's own limits.
+const MEMBERS_MAX: u64 = allot_core::MEMBERS_MAX as u64;
+const GPUS_PER_MEMBER_MAX: u64 = allot_core::WHOLE_GPUS_PER_MEMBER_MAX as u64;
+
+const TOP_FIELDS: [&str; 1] = ["workloads"];
+const WORKLOAD_FIELDS: [&str; 17] = [
+    "id",
+    "name",
+    "kind",
+    "project",
+    "user",
+    "priority_class",
+    "members",
+    "gpus",
+    "gpu_models",
+    "cpu",
+    "memory",
+    "same_node",
+    "preemptible",
+    "checkpoint",
+    "min_runtime",
+    "max_runtime",
+    "deadline",
+];
+const CHECKPOINT_FIELDS: [&str; 2] = ["grace", "last_checkpoint_at"];
+const KINDS: [(&str, WorkloadKind); 5] = [
+    ("training", WorkloadKind::Training),
+    ("batch", WorkloadKind::Batch),
+    ("notebook", WorkloadKind::Notebook),
+    ("inference", WorkloadKind::Inference),
+    ("service", WorkloadKind::Service),
+];
+
+const WORKLOAD_EXAMPLE: &str = "`- {name: resnet, project: vision, gpus: 4}`";
+
+/// Where a workload's fields were written, for [`check_workloads`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Source {
+    path: String,
+    pos: Pos,
+    project: Pos,
+    priority_class: Pos,
+    gpus: Pos,
+    gpu_models: Vec<Pos>,
+    cpu: Pos,
+    memory: Pos,
+}
+
+/// A parsed workloads file: the workloads in file order, and where each was written, so that
+/// [`check_workloads`] can point at the line of a project or model the policy or cluster lacks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadFile {
+    file: String,
+    workloads: Vec<WorkloadSpec>,
+    sources: Vec<Source>,
+}
+
+impl WorkloadFile {
+    /// The file name the workloads were parsed from.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// The workloads, in file order.
+    pub fn specs(&self) -> &[WorkloadSpec] {
+        &self.workloads
+    }
+
+    pub fn into_specs(self) -> Vec<WorkloadSpec> {
+        self.workloads
+    }
+
+    /// The 1-based line where the `index`-th workload (0-based, file order) starts.
+    pub fn line_of(&self, index: usize) -> Option<usize> {
+        self.sources.get(index).map(|s| s.pos.line)
+    }
+}
+
+/// Whether `text` is JSON lines: by extension (`.jsonl`, `.ndjson`), else when the first
+/// non-blank line is a complete `{…}` object on its own (a pretty-printed JSON document's
+/// first line, `{`, is not).
+fn is_json_lines(file: &str, text: &str) -> bool {
+    match Path::new(file).extension().and_then(|e| e.to_str()) {
+        Some("jsonl" | "ndjson") => return true,
+        Some("yaml" | "yml") => return false,
+        _ => {}
+    }
+    let Some(first) = text.lines().map(str::trim).find(|l| !l.is_empty()) else { return false };
+    if !first.starts_with('{') {
+        return false;
+    }
+    let mut probe = Ctx::new(file);
+    matches!(tree::parse(&mut probe, first), Some(Node { value: Value::Map(_), .. }))
+        && !probe.has_errors()
+}
+
+/// Parses a workloads file: YAML with a `workloads:` list, or JSON lines with one workload
+/// object per line (see the crate docs). In JSON lines, a broken line does not hide errors on
+/// the lines after it.
+pub fn parse_workloads(file: &str, text: &str) -> Result<WorkloadFile, Vec<Diagnostic>> {
+    let mut ctx = Ctx::new(file);
+    let mut out =
+        WorkloadFile { file: file.to_string(), workloads: Vec::new(), sources: Vec::new() };
+    let mut decoded_all = true;
+    let mut ids: BTreeMap<u64, Pos> = BTreeMap::new();
+    if is_json_lines(file, text) {
+        let mut count = 0usize;
+        for (line_index, line) in text.split('\n').enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            if count >= WORKLOADS_MAX {
+                ctx.report(
+                    Pos { line: line_index + 1, column: 1 },
+                    "",
+                    format!("more than {WORKLOADS_MAX} workloads"),
+                    "split the file",
+                );
+                decoded_all = false;
+                break;
+            }
+            let path = index("workloads", count);
+            count += 1;
+            let Some(node) = tree::parse_line(&mut ctx, line, line_index, &path) else {
+                decoded_all = false;
+                continue;
+            };
+            if !matches!(node.value, Value::Map(_)) {
+                ctx.report(
+                    node.pos,
+                    &path,
+                    format!("expected a JSON object, got {}", node.kind()),
+                    "write one object per line, e.g. {\"name\": \"resnet\", \"project\": \"vision\", \"gpus\": 4}",
+                );
+                decoded_all = false;
+                continue;
+            }
+            decoded_all &= decode_into(&mut ctx, &node, &path, count, &mut ids, &mut out);
+        }
+    } else {
+        decoded_all = tree::parse(&mut ctx, text)
+            .map(|root| decode_yaml(&mut ctx, &root, &mut ids, &mut out))
+            .unwrap_or(false);
+    }
+    ctx.finish(decoded_all.then_some(out))
+}
+
+fn decode_yaml(
+    ctx: &mut Ctx,
+    root: &Node,
+    ids: &mut BTreeMap<u64, Pos>,
+    out: &mut WorkloadFile,
+) -> bool {
+    let Some(top) = fields(
+        ctx,
+        root,
+        "",
+        "the workloads file",
+        &TOP_FIELDS,
+        &format!("`workloads:` followed by a list like {WORKLOAD_EXAMPLE}"),
+    ) else {
+        return false;
+    };
+    let Some(items) = top
+        .required(
+            ctx,
+            "workloads",
+            &format!("add `workloads:` with a list like {WORKLOAD_EXAMPLE}"),
+        )
+        .and_then(|n| list(ctx, n, "workloads", WORKLOAD_EXAMPLE))
+    else {
+        return false;
+    };
+    if items.len() > WORKLOADS_MAX {
+        ctx.report(
+            top.pos,
+            "workloads",
+            format!("more than {WORKLOADS_MAX} workloads"),
+            "split the file",
+        );
+        return false;
+    }
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        ok &= decode_into(ctx, item, &index("workloads", i), i + 1, ids, out);
+    }
+    ok
+}
+
+/// Decodes one workload and appends it; `false` when it had errors. `ordinal` is its 1-based
+/// position, the default id.
+fn decode_into(
+    ctx: &mut Ctx,
+    item: &Node,
+    path: &str,
+    ordinal: usize,
+    ids: &mut BTreeMap<u64, Pos>,
+    out: &mut WorkloadFile,
+) -> bool {
+    let (decoded, id) = decode_workload(ctx, item, path, ordinal);
+    // Ids are checked even when other fields are broken, so that all errors show at once.
+    if let Some((id, id_pos)) = id {
+        if let Some(first) = ids.get(&id) {
+            ctx.report(
+                id_pos,
+                &decode::join(path, "id"),
+                format!("workload id {id} is already used at line {}", first.line),
+                "give every workload a different id (a workload without `id` gets its 1-based position in the file)",
+            );
+            return false;
+        }
+        ids.insert(id, id_pos);
+    }
+    let Some((spec, source)) = decoded else { return false };
+    out.workloads.push(spec);
+    out.sources.push(source);
+    true
+}
+
+/// The workload, if it has no errors, and its id with where it was written, if that is valid.
+type Decoded = (Option<(WorkloadSpec, Source)>, Option<(u64, Pos)>);
+
+fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> Decoded {
+    let Some(f) = fields(ctx, item, path, "a workload", &WORKLOAD_FIELDS, WORKLOAD_EXAMPLE) else {
+        return (None, None);
+    };
+    let pos_of = |key: &str| f.get(key).map_or(f.pos, |n| n.pos);
+    let id = match f.get("id") {
+        None => Some(u64::try_from(ordinal).unwrap_or(u64::MAX)),
+        Some(n) => decode::uint(ctx, n, &f.path("id"), 0, u64::MAX, "7"),
+    };
+    let name = f.get("name").map(|n| decode::text(ctx, n, &f.path("name"), "`resnet-50`"));
+    let kind = match f.get("kind") {
+        None => Some(WorkloadKind::default()),
+        Some(n) => decode::one_of(ctx, n, &f.path("kind"), &KINDS),
+    };
+    let project = f
+        .required(ctx, "project", "name the project that pays for it, e.g. `project: vision`")
+        .and_then(|n| decode::name(ctx, n, &f.path("project"), "`vision`"));
+    let user = f.get("user").map(|n| decode::text(ctx, n, &f.path("user"), "`alice`"));
+    let priority_class =
+        f.get("priority_class").map(|n| decode::name(ctx, n, &f.path("priority_class"), "`high`"));
+    let members = match f.get("members") {
+        None => Some(1),
+        Some(n) => decode::uint(ctx, n, &f.path("members"), 1, MEMBERS_MAX, "4"),
+    };
+    let gpus = f
+        .required(ctx, "gpus", "say how many GPUs each member needs, e.g. `gpus: 4` or `gpus: 0.5`")
+        .and_then(|n| decode::gpu_request(ctx, n, &f.path("gpus"), GPUS_PER_MEMBER_MAX));
+    let gpu_models = match f.get("gpu_models") {
+        None => Some((Vec::new(), Vec::new())),
+        Some(n) => gpu_models(ctx, n, &f.path("gpu_models")),
+    };
+    let cpu = f.get("cpu").map_or(Some(0), |n| decode::cpu_millis(ctx, n, &f.path("cpu")));
+    let memory = f.get("memory").map_or(Some(0), |n| decode::memory_mib(ctx, n, &f.path("memory")));
+    let same_node =
+        f.get("same_node").map_or(Some(false), |n| decode::boolean(ctx, n, &f.path("same_node")));
+    let preemptible = f.get("preemptible").map(|n| decode::boolean(ctx, n, &f.path("preemptible")));
+    let checkpointing = f.get("checkpoint").map(|n| checkpoint(ctx, n, &f.path("checkpoint")));
+    let min_runtime = f
+        .get("min_runtime")
+        .map_or(Some(0), |n| decode::duration_ms(ctx, n, &f.path("min_runtime")));
+    let max_runtime =
+        f.get("max_runtime").map(|n| decode::duration_ms(ctx, n, &f.path("max_runtime")));
+    let deadline = f.get("deadline").map(|n| decode::duration_ms(ctx, n, &f.path("deadline")));
+
+    let id_at = id.map(|id| (id, pos_of("id")));
+    let spec = (|| {
+        let (gpu_models, model_positions) = gpu_models?;
+        let id = id?;
+        let spec = WorkloadSpec {
+            id: WorkloadId(id),
+            name: name.unwrap_or_else(|| Some(format!("workload-{id}")))?,
+            kind: kind?,
+            project: project?,
+            user: user.unwrap_or(Some(String::new()))?,
+            priority_class: priority_class.map_or(Some(None), |p| p.map(Some))?,
+            members: u32::try_from(members?).ok()?,
+            gpus_per_member: gpus?,
+            gpu_models,
+            cpu_millis_per_member: cpu?,
+            memory_mib_per_member: memory?,
+            same_node: same_node?,
+            preemptible: preemptible.map_or(Some(None), |p| p.map(Some))?,
+            checkpointing: checkpointing.map_or(Some(None), |c| c.map(Some))?,
+            min_runtime_ms: min_runtime?,
+            max_runtime_ms: max_runtime.map_or(Some(None), |m| m.map(Some))?,
+            deadline: deadline.map_or(Some(None), |d| d.map(|ms| Some(Timestamp(ms))))?,
+        };
+        let source = Source {
+            path: path.to_string(),
+            pos: f.pos,
+            project: pos_of("project"),
+            priority_class: pos_of("priority_class"),
+            gpus: pos_of("gpus"),
+            gpu_models: model_positions,
+            cpu: pos_of("cpu"),
+            memory: pos_of("memory"),
+        };
+        Some((spec, source))
+    })();
+    (spec, id_at)
+}
+
+/// `[A100, H100]` or `"A100|H100"`; `any` (or an empty list) means any model.
+fn gpu_models(ctx: &mut Ctx, node: &Node, path: &str) -> Option<(Vec<String>, Vec<Pos>)> {
+    let mut models = Vec::new();
+    let mut positions = Vec::new();
+    let mut ok = true;
+    match &node.value {
+        Value::Seq(items) => {
+            for (i, item) in items.iter().enumerate() {
+                match crate::cluster::model_name(ctx, item, &index(path, i)) {
+                    Some(m) => {
+                        models.push(m);
+                        positions.push(item.pos);
+                    }
+                    None => ok = false,
+                }
+            }
+        }
+        _ => {
+            let text = decode::text(ctx, node, path, "`[A100, H100]` or `A100|H100`")?;
+            if text.trim() == "any" {
+                return Some((Vec::new(), Vec::new()));
+            }
+            for part in text.split('|') {
+                let part = part.trim();
+                let valid = !part.is_empty()
+                    && !part.eq_ignore_ascii_case("any")
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+                if valid {
+                    models.push(part.to_string());
+                    positions.push(node.pos);
+                } else {
+                    ctx.report(
+                        node.pos,
+                        path,
+                        format!("`{part}` is not a GPU model name"),
+                        "list models separated by `|` (e.g. `V100M16|V100M32`), or as a list `[V100M16, V100M32]`",
+                    );
+                    ok = false;
+                }
+            }
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for (model, pos) in models.iter().zip(&positions) {
+        if !seen.insert(model) {
+            ctx.report(*pos, path, format!("`{model}` is listed twice"), "list each model once");
+            ok = false;
+        }
+    }
+    ok.then_some((models, positions))
+}
+
+fn checkpoint(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Checkpointing> {
+    let f = fields(
+        ctx,
+        node,
+        path,
+        "checkpoint",
+        &CHECKPOINT_FIELDS,
+        "`checkpoint: {grace: 30s, last_checkpoint_at: 0}`",
+    )?;
+    let grace = f
+        .required(
+            ctx,
+            "grace",
+            "say how long the workload needs to checkpoint after being asked, e.g. `grace: 30s`",
+        )
+        .and_then(|n| decode::duration_ms(ctx, n, &f.path("grace")));
+    let last = f
+        .get("last_checkpoint_at")
+        .map(|n| decode::duration_ms(ctx, n, &f.path("last_checkpoint_at")));
+    Some(Checkpointing {
+        grace_ms: grace?,
+        last_checkpoint_at: last.map_or(Some(None), |l| l.map(|ms| Some(Timestamp(ms))))?,
+    })
+}
+
+/// Checks parsed workloads against a policy and a cluster: unknown projects, priority classes
+/// and GPU models, and requests no node could ever hold (more GPUs, CPU or memory per member
+/// than the largest node has; a `same_node` gang larger than any node). Empty when all is well.
+pub fn check_workloads(
+    workloads: &WorkloadFile,
+    policy: &PolicySpec,
+    nodes: &[NodeSpec],
+) -> Vec<Diagnostic> {
+    let mut ctx = Ctx::new(&workloads.file);
+    let projects: Vec<&str> = policy.projects.iter().map(|p| p.name.as_str()).collect();
+    let classes: Vec<&str> = policy.priority_classes.iter().map(|c| c.name.as_str()).collect();
+    // Per model: the most devices on one node, and that node.
+    let mut most: BTreeMap<&str, (u64, &str)> = BTreeMap::new();
+    for node in nodes {
+        let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+        for device in &node.devices {
+            *counts.entry(device.model.as_str()).or_default() += 1;
+        }
+        for (model, count) in counts {
+            let best = most.entry(model).or_insert((0, node.name.as_str()));
+            if count > best.0 {
+                *best = (count, node.name.as_str());
+            }
+        }
+    }
+    let cpu_max = nodes.iter().map(|n| n.cpu_millis).max().unwrap_or(0);
+    let memory_max = nodes.iter().map(|n| n.memory_mib).max().unwrap_or(0);
+
+    for (spec, source) in workloads.workloads.iter().zip(&workloads.sources) {
+        let path = |key: &str| decode::join(&source.path, key);
+        if !projects.contains(&spec.project.as_str()) {
+            ctx.report(
+                source.project,
+                &path("project"),
+                format!("unknown project `{}`", spec.project),
+                decode::did_you_mean(
+                    &spec.project,
+                    projects.iter().copied(),
+                    "add it to the policy's projects, or use",
+                ),
+            );
+        }
+        if let Some(class) = &spec.priority_class
+            && !classes.contains(&class.as_str())
+        {
+            ctx.report(
+                source.priority_class,
+                &path("priority_class"),
+                format!("unknown priority class `{class}`"),
+                decode::did_you_mean(
+                    class,
+                    classes.iter().copied(),
+                    "define it in the policy's priority_classes, or use",
+                ),
+            );
+        }
+        let mut known_models = Vec::new();
+        for (i, (model, pos)) in spec.gpu_models.iter().zip(&source.gpu_models).enumerate() {
+            if most.contains_key(model.as_str()) {
+                known_models.push(model.as_str());
+            } else {
+                ctx.report(
+                    *pos,
+                    &index(&path("gpu_models"), i),
+                    format!("no node has GPU model `{model}`"),
+                    decode::did_you_mean(
+                        model,
+                        most.keys().copied(),
+                        "use a model the cluster has",
+                    ),
+                );
+            }
+        }
+        if !spec.gpu_models.is_empty() && known_models.is_empty() {
+            continue; // Nothing more to say until the models are fixed.
+        }
+        let acceptable = |model: &&str| spec.gpu_models.is_empty() || known_models.contains(model);
+        let best = most
+            .iter()
+            .filter(|(m, _)| acceptable(m))
+            .map(|(_, b)| *b)
+            .max_by_key(|(count, _)| *count);
+        let which = if spec.gpu_models.is_empty() {
+            "any model".to_string()
+        } else {
+            known_models.join("|")
+        };
+        if let GpuRequest::Whole(per_member) = spec.gpus_per_member {
+            let per_member = u64::from(per_member);
+            let (count, node) = best.unwrap_or((0, "none"));
+            let gang = per_member.saturating_mul(u64::from(spec.members));
+            if per_member > count {
+                ctx.report(
+                    source.gpus,
+                    &path("gpus"),
+                    format!("no node has {per_member} GPUs of {which} for one member; the most on one node is {count} ({node})"),
+                    format!("ask for at most {count} GPUs per member and use more members, or accept more GPU models"),
+                );
+            } else if spec.same_node && gang > count {
+                ctx.report(
+                    source.gpus,
+                    &path("gpus"),
+                    format!(
+                        "same_node needs all {} members × {per_member} GPUs = {gang} on one node; the most of {which} on one node is {count} ({node})",
+                        spec.members
+                    ),
+                    "set `same_node: false`, or ask for fewer members or GPUs",
+                );
+            }
+        } else if best.is_none() {
+            ctx.report(
+                source.gpus,
+                &path("gpus"),
+                format!("the cluster has no GPU of {which}"),
+                "add GPUs to the cluster file",
+            );
+        }
+        if spec.cpu_millis_per_member > cpu_max {
+            ctx.report(
+                source.cpu,
+                &path("cpu"),
+                format!(
+                    "each member asks for {} cores; the largest node has {}",
+                    decode::thousandths(spec.cpu_millis_per_member),
+                    decode::thousandths(cpu_max)
+                ),
+                "ask for less CPU per member, or use more members",
+            );
+        }
+        if spec.memory_mib_per_member > memory_max {
+            ctx.report(
+                source.memory,
+                &path("memory"),
+                format!(
+                    "each member asks for {} MiB; the largest node has {memory_max} MiB",
+                    spec.memory_mib_per_member
+                ),
+                "ask for less memory per member, or use more members",
+            );
+        }
+    }
+    ctx.into_diagnostics()
+}

@@ -1,0 +1,167 @@
+//! What the engine decides, in the imperative, each with a typed reason.
+//!
+//! Decisions carry ids, not names, so a cycle over 50,000 workloads allocates little;
+//! `Engine::render` turns one into a sentence with names.
+
+use crate::ids::{ModelId, NodeId, ProjectId, Shares, WorkloadId};
+use crate::model::PreemptionMode;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Start the workload on this placement. Assumed until `AllocationStarted`/`AllocationFailed`.
+    Admit { workload: WorkloadId, placement: Placement, reason: AdmitReason },
+    /// Stop `victim` so that `for_workload` can start. With `checkpoint_grace_ms`, ask for a
+    /// checkpoint first and wait that long before stopping.
+    Preempt {
+        victim: WorkloadId,
+        for_workload: WorkloadId,
+        mode: PreemptionMode,
+        reason: PreemptReason,
+        checkpoint_grace_ms: Option<u64>,
+    },
+    /// Stop a workload for a reason of its own (cancelled, ran past its max runtime).
+    Stop { workload: WorkloadId, reason: StopReason },
+    /// Leave the workload pending this cycle.
+    Defer { workload: WorkloadId, reason: DeferReason },
+    /// The submission can never run as written; it is dropped.
+    Reject { workload: WorkloadId, reason: RejectReason },
+}
+
+impl Decision {
+    pub fn workload(&self) -> WorkloadId {
+        match self {
+            Decision::Admit { workload, .. }
+            | Decision::Stop { workload, .. }
+            | Decision::Defer { workload, .. }
+            | Decision::Reject { workload, .. } => *workload,
+            Decision::Preempt { victim, .. } => *victim,
+        }
+    }
+
+    /// The action word used in reports and JSON: `admit`, `preempt`, `stop`, `defer`, `reject`.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Decision::Admit { .. } => "admit",
+            Decision::Preempt { .. } => "preempt",
+            Decision::Stop { .. } => "stop",
+            Decision::Defer { .. } => "defer",
+            Decision::Reject { .. } => "reject",
+        }
+    }
+}
+
+/// Where each gang member runs.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// The GPU model of every device used; `None` for a CPU-only workload.
+    pub model: Option<ModelId>,
+    pub members: Vec<MemberPlacement>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberPlacement {
+    pub node: NodeId,
+    pub devices: Vec<DeviceShare>,
+}
+
+/// A slice of one device: `shares` of device `device` (its index on the node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeviceShare {
+    pub device: u16,
+    pub shares: u32,
+}
+
+/// The quota line a workload is charged to: a model-specific line or the project's "any" line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QuotaKey {
+    Any,
+    Model(ModelId),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdmitReason {
+    /// Fits in the project's own guarantee; `used` is the line's usage with this workload.
+    WithinGuarantee { project: ProjectId, key: QuotaKey, used: Shares, guaranteed: Shares },
+    /// Uses `borrowed` shares of the cohort's lendable capacity beyond the guarantee.
+    Borrowing {
+        project: ProjectId,
+        key: QuotaKey,
+        borrowed: Shares,
+        used: Shares,
+        guaranteed: Shares,
+    },
+    /// A workload that needs no GPU.
+    NoGpuRequested,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreemptReason {
+    /// `claimant` is within its guarantee and takes back what `borrower` borrowed.
+    QuotaReclaim { borrower: ProjectId, claimant: ProjectId, key: QuotaKey, borrowed: Shares },
+    /// A higher-priority workload of the same project needs the devices.
+    Priority { project: ProjectId, victim_priority: i32, preemptor_priority: i32 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Cancelled,
+    MaxRuntimeExceeded { max_runtime_ms: u64, ran_ms: u64 },
+}
+
+/// Why a workload did not start this cycle. Every variant carries the numbers behind it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeferReason {
+    /// The project has no quota line that covers any GPU model the workload accepts.
+    NoQuotaForModel { project: ProjectId },
+    /// Larger than the project could ever hold: guarantee plus what it may borrow.
+    ExceedsMaxQuota { project: ProjectId, key: QuotaKey, requested: Shares, max: Shares },
+    /// Not enough quota now: used of guaranteed, plus what the cohort can lend now.
+    QuotaExhausted {
+        project: ProjectId,
+        key: QuotaKey,
+        requested: Shares,
+        used: Shares,
+        guaranteed: Shares,
+        available: Shares,
+        /// Whether the borrow limit, not the cohort's free capacity, is what binds.
+        borrow_limited: bool,
+    },
+    /// Quota allows it but no set of nodes has room now.
+    NoPlacement(PlacementFacts),
+    /// Bigger than any node of the accepted models could hold even when empty.
+    NeverPlaceable { model: Option<ModelId>, members: u32, per_member: Shares, same_node: bool },
+    /// Victims were told to stop; the workload starts when they are gone.
+    WaitingForPreemption { victims: Vec<WorkloadId> },
+    /// Strict FIFO: the project's head is blocked, and this workload is behind it.
+    BlockedByFifo { head: WorkloadId },
+}
+
+/// The free capacity of one GPU model when a placement failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacementFacts {
+    pub model: Option<ModelId>,
+    pub members: u32,
+    pub per_member: Shares,
+    pub same_node: bool,
+    /// Most whole free devices of this model on one node, and that node.
+    pub largest_free_block: u32,
+    pub largest_free_block_node: Option<NodeId>,
+    /// Whole free devices of this model in the cluster.
+    pub free_whole_gpus: u64,
+    /// Free shares of this model in the cluster, partial devices included.
+    pub free_shares: Shares,
+    /// Nodes with at least one whole free device of this model.
+    pub nodes_with_free: u32,
+    /// Most shares free on any single device of this model (for fractional requests).
+    pub largest_device_free: Shares,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    UnknownProject { name: String },
+    UnknownPriorityClass { name: String },
+    UnknownModel { name: String },
+    DuplicateId,
+    /// The request is malformed (zero members, shares outside 1..=999, …).
+    InvalidRequest { detail: String },
+}

@@ -1,0 +1,1344 @@
+//! The engine: facts in (`apply`), decisions out (`decide`), reasons on demand (`explain`).
+//!
+//! One `decide` is one scheduling cycle, numbered as in ARCHITECTURE.md:
+//! 1. reject invalid submissions; 2. stop cancelled and over-time workloads;
+//! 3. let pre-emptors whose victims are gone go first; 4. visit every project's queue in
+//! fair-share order (in-guarantee heads before borrowing heads, then lowest standing), taking
+//! one workload at a time: admit it if quota and placement allow, else plan a pre-emption
+//! through the single arbiter, else defer it with a typed reason.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::capacity::{Capacity, DeviceCap, MemberShape, NodeCap};
+use crate::decision::{
+    AdmitReason, Decision, DeferReason, Placement, PlacementFacts, PreemptReason, QuotaKey,
+    RejectReason, StopReason,
+};
+use crate::event::Event;
+use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::model::{
+    GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, QuotaModel, Queueing,
+    WorkloadSpec,
+};
+use crate::quota::{QuotaBook, QuotaLine};
+
+/// Limits on one submission, so that a malformed request cannot make a cycle unbounded.
+pub const MEMBERS_MAX: u32 = 4096;
+pub const WHOLE_GPUS_PER_MEMBER_MAX: u32 = 1024;
+
+/// Why the engine could not be built from a cluster and a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    DuplicateNode { name: String },
+    DuplicateProject { name: String },
+    DuplicatePriorityClass { name: String },
+    DuplicateQuotaLine { project: String, model: String },
+    UnknownDefaultPriorityClass { name: String },
+    LendLimitAboveGuarantee { project: String, model: String },
+    /// A borrow or lend limit on a project that has no cohort to borrow from or lend to.
+    LimitWithoutCohort { project: String },
+    TooManyModels,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::DuplicateNode { name } => write!(f, "node {name:?} is declared twice"),
+            ConfigError::DuplicateProject { name } => {
+                write!(f, "project {name:?} is declared twice")
+            }
+            ConfigError::DuplicatePriorityClass { name } => {
+                write!(f, "priority class {name:?} is declared twice")
+            }
+            ConfigError::DuplicateQuotaLine { project, model } => {
+                write!(f, "project {project:?} has two quota lines for {model}")
+            }
+            ConfigError::UnknownDefaultPriorityClass { name } => {
+                write!(f, "default priority class {name:?} is not declared")
+            }
+            ConfigError::LendLimitAboveGuarantee { project, model } => {
+                write!(f, "project {project:?} lends more {model} than it is guaranteed")
+            }
+            ConfigError::LimitWithoutCohort { project } => write!(
+                f,
+                "project {project:?} sets a borrow or lend limit but belongs to no cohort"
+            ),
+            ConfigError::TooManyModels => write!(f, "more than 65535 GPU models"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Where a workload is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Pending,
+    /// Admitted; the backend has not confirmed the start yet.
+    Assumed,
+    Running,
+    /// Told to stop; still holds its devices until the backend reports the stop.
+    Stopping,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StopKind {
+    Preempted(PreemptionMode),
+    Cancelled,
+    MaxRuntime,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Allocation {
+    pub key: Option<QuotaKey>,
+    pub placement: Placement,
+    pub shares: Shares,
+    pub started_at: Option<Timestamp>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct WorkloadState {
+    pub spec: WorkloadSpec,
+    pub project: ProjectId,
+    pub priority: i32,
+    pub preemptible: bool,
+    pub models: Vec<ModelId>,
+    pub stage: Stage,
+    pub stop_kind: Option<StopKind>,
+    /// Queue order after priority: submit time, kept across suspensions so work resumes
+    /// in its place.
+    pub queued_at: Timestamp,
+    pub allocation: Option<Allocation>,
+    pub last_checkpoint_at: Option<Timestamp>,
+    /// Victims this pre-emptor waits for.
+    pub waiting_for: BTreeSet<WorkloadId>,
+}
+
+impl WorkloadState {
+    fn queue_key(&self) -> QueueKey {
+        (Reverse(self.priority), self.queued_at, self.spec.id)
+    }
+    fn shape(&self) -> MemberShape {
+        MemberShape {
+            gpus: self.spec.gpus_per_member,
+            cpu: self.spec.cpu_millis_per_member,
+            mem: self.spec.memory_mib_per_member,
+        }
+    }
+}
+
+/// Order inside a project: higher priority, then earlier submit, then lower id.
+pub(crate) type QueueKey = (Reverse<i32>, Timestamp, WorkloadId);
+
+#[derive(Clone, Debug)]
+pub(crate) struct ProjectState {
+    pub name: String,
+    pub cohort: usize,
+    pub department: Option<String>,
+    pub weight_milli: u64,
+    pub queueing: Queueing,
+    pub mode: PreemptionMode,
+    /// The project's fair share of its cohort, in shares.
+    pub fair_share: f64,
+    /// Shares held now by its admitted workloads.
+    pub allocated: Shares,
+    /// Exponentially decayed average of `allocated`, in shares.
+    pub decayed_allocated: f64,
+}
+
+/// A cycle's memory of request shapes that found neither room nor victims. Capacity only
+/// shrinks and claimed victims only grow within a cycle, so such a shape fails again.
+type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, bool);
+
+pub(crate) enum Outcome {
+    Admitted(Decision),
+    Preempting(Vec<Decision>),
+    Deferred(DeferReason),
+}
+
+/// The deterministic scheduling engine. See the module docs for the cycle.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    pub(crate) models: Vec<String>,
+    model_index: BTreeMap<String, ModelId>,
+    pub(crate) node_names: Vec<String>,
+    pub(crate) capacity: Capacity,
+    pub(crate) quota: QuotaBook,
+    pub(crate) projects: Vec<ProjectState>,
+    project_index: BTreeMap<String, ProjectId>,
+    pub(crate) cohort_names: Vec<String>,
+    classes: Vec<PriorityClassSpec>,
+    class_index: BTreeMap<String, usize>,
+    default_class: usize,
+    half_life_ms: u64,
+    pub(crate) workloads: BTreeMap<WorkloadId, WorkloadState>,
+    pub(crate) queues: Vec<BTreeSet<QueueKey>>,
+    /// Started workloads per project: the only pre-emption candidates.
+    running: Vec<BTreeSet<WorkloadId>>,
+    preemptors: BTreeSet<WorkloadId>,
+    rejected: Vec<(WorkloadId, RejectReason)>,
+    stop_requests: BTreeMap<WorkloadId, StopReason>,
+    /// (end time, workload) for running workloads with a max runtime.
+    deadlines: BTreeSet<(Timestamp, WorkloadId)>,
+    clock: Timestamp,
+}
+
+impl Engine {
+    /// Builds an engine over a cluster and a policy, checking what the core itself relies on.
+    pub fn new(nodes: &[NodeSpec], policy: &PolicySpec) -> Result<Engine, ConfigError> {
+        let mut model_names: BTreeSet<String> = BTreeSet::new();
+        for node in nodes {
+            for d in &node.devices {
+                model_names.insert(d.model.clone());
+            }
+        }
+        for p in &policy.projects {
+            for q in &p.quotas {
+                if let QuotaModel::Model(m) = &q.model {
+                    model_names.insert(m.clone());
+                }
+            }
+        }
+        if model_names.len() > usize::from(u16::MAX) {
+            return Err(ConfigError::TooManyModels);
+        }
+        let models: Vec<String> = model_names.into_iter().collect();
+        let model_index: BTreeMap<String, ModelId> =
+            models.iter().enumerate().map(|(i, m)| (m.clone(), ModelId(i as u16))).collect();
+
+        let mut seen_nodes = BTreeSet::new();
+        let mut node_caps = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if !seen_nodes.insert(node.name.as_str()) {
+                return Err(ConfigError::DuplicateNode { name: node.name.clone() });
+            }
+            node_caps.push(NodeCap {
+                cpu_total: node.cpu_millis,
+                mem_total: node.memory_mib,
+                free_cpu: node.cpu_millis,
+                free_mem: node.memory_mib,
+                devices: node
+                    .devices
+                    .iter()
+                    .map(|d| DeviceCap {
+                        model: model_index[&d.model],
+                        island: d.island,
+                        free: SHARES_PER_GPU as u32,
+                    })
+                    .collect(),
+            });
+        }
+        let capacity = Capacity::new(node_caps, models.len());
+
+        let mut class_index = BTreeMap::new();
+        for (i, c) in policy.priority_classes.iter().enumerate() {
+            if class_index.insert(c.name.clone(), i).is_some() {
+                return Err(ConfigError::DuplicatePriorityClass { name: c.name.clone() });
+            }
+        }
+        let default_class = *class_index.get(&policy.default_priority_class).ok_or_else(|| {
+            ConfigError::UnknownDefaultPriorityClass { name: policy.default_priority_class.clone() }
+        })?;
+
+        let mut project_index = BTreeMap::new();
+        let mut cohort_index: BTreeMap<String, usize> = BTreeMap::new();
+        let mut cohort_names = Vec::new();
+        let mut cohort_of = Vec::new();
+        let mut lines = Vec::new();
+        for (i, p) in policy.projects.iter().enumerate() {
+            if project_index.insert(p.name.clone(), ProjectId(i as u32)).is_some() {
+                return Err(ConfigError::DuplicateProject { name: p.name.clone() });
+            }
+            // A project without a cohort is a cohort of one, named after the project.
+            let cohort_name = p.cohort.clone().unwrap_or_else(|| format!("{}:solo", p.name));
+            let cohort = *cohort_index.entry(cohort_name.clone()).or_insert_with(|| {
+                cohort_names.push(cohort_name);
+                cohort_names.len() - 1
+            });
+            cohort_of.push(cohort);
+            let mut project_lines = BTreeMap::new();
+            for q in &p.quotas {
+                let (key, model_label) = match &q.model {
+                    QuotaModel::Any => (QuotaKey::Any, "any".to_string()),
+                    QuotaModel::Model(m) => (QuotaKey::Model(model_index[m]), m.clone()),
+                };
+                if q.lend_limit.is_some_and(|l| l > q.guaranteed) {
+                    return Err(ConfigError::LendLimitAboveGuarantee {
+                        project: p.name.clone(),
+                        model: model_label,
+                    });
+                }
+                if p.cohort.is_none() && (q.lend_limit.is_some() || q.borrow_limit.is_some()) {
+                    return Err(ConfigError::LimitWithoutCohort { project: p.name.clone() });
+                }
+                let line = QuotaLine {
+                    guaranteed: q.guaranteed,
+                    borrow_limit: q.borrow_limit,
+                    lend_limit: q.lend_limit,
+                    used: Shares::ZERO,
+                };
+                if project_lines.insert(key, line).is_some() {
+                    return Err(ConfigError::DuplicateQuotaLine {
+                        project: p.name.clone(),
+                        model: model_label,
+                    });
+                }
+            }
+            lines.push(project_lines);
+        }
+        let quota = QuotaBook::new(lines, cohort_of.clone());
+
+        // Fair share: the cohort's total guarantee split by weight. A cohort with no
+        // guarantee splits a nominal 1000 shares per unit of weight.
+        let mut cohort_guarantee = vec![0u64; cohort_names.len()];
+        let mut cohort_weight = vec![0u64; cohort_names.len()];
+        for (i, p) in policy.projects.iter().enumerate() {
+            let c = cohort_of[i];
+            cohort_guarantee[c] += quota.lines[i].values().map(|l| l.guaranteed.0).sum::<u64>();
+            cohort_weight[c] += p.weight_milli;
+        }
+        let projects = policy
+            .projects
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let c = cohort_of[i];
+                let fair_share = if cohort_guarantee[c] == 0 || cohort_weight[c] == 0 {
+                    p.weight_milli as f64
+                } else {
+                    cohort_guarantee[c] as f64 * p.weight_milli as f64 / cohort_weight[c] as f64
+                };
+                ProjectState {
+                    name: p.name.clone(),
+                    cohort: c,
+                    department: p.department.clone(),
+                    weight_milli: p.weight_milli,
+                    queueing: p.queueing,
+                    mode: p.preemption_mode.unwrap_or(policy.preemption_mode),
+                    fair_share,
+                    allocated: Shares::ZERO,
+                    decayed_allocated: 0.0,
+                }
+            })
+            .collect::<Vec<_>>();
+        let project_count = projects.len();
+
+        Ok(Engine {
+            models,
+            model_index,
+            node_names: nodes.iter().map(|n| n.name.clone()).collect(),
+            capacity,
+            quota,
+            projects,
+            project_index,
+            cohort_names,
+            classes: policy.priority_classes.clone(),
+            class_index,
+            default_class,
+            half_life_ms: policy.fair_share_half_life_ms,
+            workloads: BTreeMap::new(),
+            queues: vec![BTreeSet::new(); project_count],
+            running: vec![BTreeSet::new(); project_count],
+            preemptors: BTreeSet::new(),
+            rejected: Vec::new(),
+            stop_requests: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            clock: Timestamp(0),
+        })
+    }
+
+    // ----- names, for rendering at the edges -------------------------------------------------
+
+    pub fn model_name(&self, id: ModelId) -> &str {
+        self.models.get(id.0 as usize).map_or("?", String::as_str)
+    }
+    pub fn node_name(&self, id: NodeId) -> &str {
+        self.node_names.get(id.0 as usize).map_or("?", String::as_str)
+    }
+    pub fn project_name(&self, id: ProjectId) -> &str {
+        self.projects.get(id.0 as usize).map_or("?", |p| p.name.as_str())
+    }
+    pub fn project_id(&self, name: &str) -> Option<ProjectId> {
+        self.project_index.get(name).copied()
+    }
+    pub fn key_name(&self, key: QuotaKey) -> &str {
+        match key {
+            QuotaKey::Any => "any",
+            QuotaKey::Model(m) => self.model_name(m),
+        }
+    }
+    pub fn workload_name(&self, id: WorkloadId) -> Option<&str> {
+        self.workloads.get(&id).map(|w| w.spec.name.as_str())
+    }
+    pub fn stage(&self, id: WorkloadId) -> Option<Stage> {
+        self.workloads.get(&id).map(|w| w.stage)
+    }
+    /// Workloads the engine holds (pending, admitted, running or stopping), by id.
+    pub fn workload_ids(&self) -> impl Iterator<Item = WorkloadId> + '_ {
+        self.workloads.keys().copied()
+    }
+    /// Shares a project holds now on one quota line, and its guarantee there.
+    pub fn project_usage(&self, project: ProjectId, key: QuotaKey) -> Option<(Shares, Shares)> {
+        self.quota.line(project, key).map(|l| (l.used, l.guaranteed))
+    }
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.model_index.get(name).copied()
+    }
+    pub fn node_count(&self) -> usize {
+        self.node_names.len()
+    }
+    pub fn project_department(&self, id: ProjectId) -> Option<&str> {
+        self.projects.get(id.0 as usize).and_then(|p| p.department.as_deref())
+    }
+    /// The cohort's name; a project without a cohort is in `<project>:solo`.
+    pub fn project_cohort(&self, id: ProjectId) -> Option<&str> {
+        self.projects.get(id.0 as usize).map(|p| self.cohort_names[p.cohort].as_str())
+    }
+    pub fn project_count(&self) -> usize {
+        self.projects.len()
+    }
+    /// Shares each project holds now, by project id.
+    pub fn project_allocated(&self, id: ProjectId) -> Shares {
+        self.projects.get(id.0 as usize).map_or(Shares::ZERO, |p| p.allocated)
+    }
+    /// The quota lines of a project: (key, used, guaranteed, borrow limit, lend limit).
+    pub fn project_lines(
+        &self,
+        id: ProjectId,
+    ) -> Vec<(QuotaKey, Shares, Shares, Option<Shares>, Option<Shares>)> {
+        self.quota.lines.get(id.0 as usize).map_or(Vec::new(), |lines| {
+            lines
+                .iter()
+                .map(|(k, l)| (*k, l.used, l.guaranteed, l.borrow_limit, l.lend_limit))
+                .collect()
+        })
+    }
+    /// The placement a workload holds, if admitted.
+    pub fn placement(&self, id: WorkloadId) -> Option<&Placement> {
+        self.workloads.get(&id).and_then(|w| w.allocation.as_ref()).map(|a| &a.placement)
+    }
+
+    /// Checks the invariants every cycle relies on, recomputing them from the allocations:
+    /// no device share or CPU held twice (free + held = capacity on every device and node);
+    /// quota `used` = the sum of charged allocations; cohort pools agree with their lines;
+    /// no line above guarantee + borrow limit; stages agree with allocations and queues.
+    pub fn audit(&self) -> Result<(), String> {
+        let mut held: Vec<Vec<u64>> =
+            self.capacity.nodes.iter().map(|n| vec![0; n.devices.len()]).collect();
+        let mut cpu_held = vec![0u64; self.capacity.nodes.len()];
+        let mut mem_held = vec![0u64; self.capacity.nodes.len()];
+        let mut charged: BTreeMap<(ProjectId, QuotaKey), Shares> = BTreeMap::new();
+        let mut allocated = vec![Shares::ZERO; self.projects.len()];
+        for (id, w) in &self.workloads {
+            let queued = self.queues[w.project.0 as usize].contains(&w.queue_key());
+            match (w.stage, &w.allocation) {
+                (Stage::Pending, None) if queued => {}
+                (Stage::Pending, _) => return Err(format!("pending {id} holds devices or is not queued")),
+                (_, None) => return Err(format!("{id} is {:?} without an allocation", w.stage)),
+                (_, Some(a)) => {
+                    if queued {
+                        return Err(format!("{id} is admitted and still queued"));
+                    }
+                    if a.placement.members.len() != w.spec.members as usize {
+                        return Err(format!("{id} placed {} of {} members", a.placement.members.len(), w.spec.members));
+                    }
+                    for m in &a.placement.members {
+                        let n = m.node.0 as usize;
+                        cpu_held[n] += w.spec.cpu_millis_per_member;
+                        mem_held[n] += w.spec.memory_mib_per_member;
+                        for d in &m.devices {
+                            held[n][d.device as usize] += u64::from(d.shares);
+                            if self.capacity.nodes[n].devices[d.device as usize].model
+                                != a.placement.model.unwrap_or(ModelId(u16::MAX))
+                            {
+                                return Err(format!("{id} holds a device of another model"));
+                            }
+                        }
+                    }
+                    if let Some(key) = a.key {
+                        let c = charged.entry((w.project, key)).or_default();
+                        *c = c.saturating_add(a.shares);
+                    }
+                    allocated[w.project.0 as usize] =
+                        allocated[w.project.0 as usize].saturating_add(a.shares);
+                }
+            }
+        }
+        for (n, node) in self.capacity.nodes.iter().enumerate() {
+            for (d, dev) in node.devices.iter().enumerate() {
+                if u64::from(dev.free) + held[n][d] != SHARES_PER_GPU {
+                    return Err(format!(
+                        "node {} device {d}: free {} + held {} != {SHARES_PER_GPU}",
+                        self.node_names[n], dev.free, held[n][d]
+                    ));
+                }
+            }
+            if node.free_cpu + cpu_held[n] != node.cpu_total || node.free_mem + mem_held[n] != node.mem_total {
+                return Err(format!("node {}: CPU or memory double-counted", self.node_names[n]));
+            }
+        }
+        for (p, lines) in self.quota.lines.iter().enumerate() {
+            let project = ProjectId(p as u32);
+            for (key, line) in lines {
+                let expect = charged.get(&(project, *key)).copied().unwrap_or_default();
+                if line.used != expect {
+                    return Err(format!("{} {:?}: used {} but allocations hold {}", self.projects[p].name, key, line.used, expect));
+                }
+                if let Some(view) = self.quota.view(project, *key)
+                    && line.used > view.max
+                {
+                    return Err(format!("{} {:?}: used {} above its maximum {}", self.projects[p].name, key, line.used, view.max));
+                }
+            }
+            if allocated[p] != self.projects[p].allocated {
+                return Err(format!("{}: allocated total out of step", self.projects[p].name));
+            }
+        }
+        for (c, pools) in self.quota.pools.iter().enumerate() {
+            for (key, pool) in pools {
+                let used: u64 = self
+                    .quota
+                    .lines
+                    .iter()
+                    .enumerate()
+                    .filter(|(p, _)| self.quota.cohort_of[*p] == c)
+                    .filter_map(|(_, l)| l.get(key))
+                    .map(|l| l.pool_use().0)
+                    .sum();
+                if used != pool.used.0 || pool.used > pool.contributed {
+                    return Err(format!("cohort {}: pool {:?} used {} (lines say {used}) of {}", self.cohort_names[c], key, pool.used, pool.contributed));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ----- events ---------------------------------------------------------------------------
+
+    /// Applies one fact. Events about unknown workloads are ignored, so duplicated or late
+    /// acknowledgements are harmless.
+    pub fn apply(&mut self, now: Timestamp, event: Event) {
+        self.advance(now);
+        match event {
+            Event::WorkloadSubmitted(spec) => self.submit(now, spec),
+            Event::WorkloadCancelled { workload } => self.cancel(workload),
+            Event::AllocationStarted { workload } => {
+                if let Some(w) = self.workloads.get_mut(&workload)
+                    && w.stage == Stage::Assumed
+                    && let Some(alloc) = w.allocation.as_mut()
+                {
+                    w.stage = Stage::Running;
+                    alloc.started_at = Some(now);
+                    if let Some(max) = w.spec.max_runtime_ms {
+                        self.deadlines.insert((Timestamp(now.0.saturating_add(max)), workload));
+                    }
+                    self.running[w.project.0 as usize].insert(workload);
+                }
+            }
+            Event::AllocationFailed { workload, .. } => {
+                if self.workloads.get(&workload).is_some_and(|w| w.stage == Stage::Assumed) {
+                    self.release(workload);
+                    self.requeue(workload);
+                }
+            }
+            Event::CheckpointSaved { workload } => {
+                if let Some(w) = self.workloads.get_mut(&workload) {
+                    w.last_checkpoint_at = Some(now);
+                }
+            }
+            Event::WorkloadStopped { workload } => {
+                let Some(w) = self.workloads.get(&workload) else { return };
+                match (w.stage, w.stop_kind) {
+                    (Stage::Pending, _) => {}
+                    (Stage::Stopping, Some(StopKind::Preempted(mode)))
+                        if mode != PreemptionMode::Delete =>
+                    {
+                        self.release(workload);
+                        if mode == PreemptionMode::Requeue
+                            && let Some(w) = self.workloads.get_mut(&workload)
+                        {
+                            // Requeued work starts over; the old checkpoint is gone.
+                            w.last_checkpoint_at = None;
+                        }
+                        self.requeue(workload);
+                    }
+                    _ => self.remove(workload),
+                }
+            }
+            Event::WorkloadFinished { workload } => self.remove(workload),
+        }
+    }
+
+    fn submit(&mut self, now: Timestamp, spec: WorkloadSpec) {
+        let id = spec.id;
+        if self.workloads.contains_key(&id) {
+            self.rejected.push((id, RejectReason::DuplicateId));
+            return;
+        }
+        let Some(&project) = self.project_index.get(&spec.project) else {
+            let name = spec.project.clone();
+            self.rejected.push((id, RejectReason::UnknownProject { name }));
+            return;
+        };
+        let class = match &spec.priority_class {
+            None => self.default_class,
+            Some(name) => match self.class_index.get(name) {
+                Some(&c) => c,
+                None => {
+                    let name = name.clone();
+                    self.rejected.push((id, RejectReason::UnknownPriorityClass { name }));
+                    return;
+                }
+            },
+        };
+        let mut models = Vec::new();
+        for name in &spec.gpu_models {
+            match self.model_index.get(name) {
+                Some(&m) if !models.contains(&m) => models.push(m),
+                Some(_) => {}
+                None => {
+                    let name = name.clone();
+                    self.rejected.push((id, RejectReason::UnknownModel { name }));
+                    return;
+                }
+            }
+        }
+        if let Some(detail) = invalid_request(&spec) {
+            self.rejected.push((id, RejectReason::InvalidRequest { detail }));
+            return;
+        }
+        let class_spec = &self.classes[class];
+        let preemptible = class_spec.preemptible && spec.preemptible != Some(false);
+        let state = WorkloadState {
+            project,
+            priority: class_spec.value,
+            preemptible,
+            models,
+            stage: Stage::Pending,
+            stop_kind: None,
+            queued_at: now,
+            allocation: None,
+            last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
+            waiting_for: BTreeSet::new(),
+            spec,
+        };
+        self.queues[project.0 as usize].insert(state.queue_key());
+        self.workloads.insert(id, state);
+    }
+
+    fn cancel(&mut self, id: WorkloadId) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        match w.stage {
+            Stage::Pending => self.remove(id),
+            Stage::Assumed | Stage::Running => {
+                self.stop_requests.insert(id, StopReason::Cancelled);
+            }
+            // Already stopping: make sure it is not requeued afterwards.
+            Stage::Stopping => w.stop_kind = Some(StopKind::Cancelled),
+        }
+    }
+
+    /// Frees what the workload holds; it stays in the map (the caller decides its fate).
+    fn release(&mut self, id: WorkloadId) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        let Some(alloc) = w.allocation.take() else { return };
+        let project = w.project;
+        let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+        if let (Some(max), Some(started)) = (w.spec.max_runtime_ms, alloc.started_at) {
+            self.deadlines.remove(&(Timestamp(started.0.saturating_add(max)), id));
+        }
+        self.capacity.give(&alloc.placement, cpu, mem);
+        if let Some(key) = alloc.key {
+            self.quota.release(project, key, alloc.shares);
+        }
+        let p = &mut self.projects[project.0 as usize];
+        p.allocated = p.allocated.saturating_sub(alloc.shares);
+        self.running[project.0 as usize].remove(&id);
+    }
+
+    fn requeue(&mut self, id: WorkloadId) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        w.stage = Stage::Pending;
+        w.stop_kind = None;
+        let key = w.queue_key();
+        self.queues[w.project.0 as usize].insert(key);
+    }
+
+    fn remove(&mut self, id: WorkloadId) {
+        self.release(id);
+        if let Some(w) = self.workloads.remove(&id) {
+            self.queues[w.project.0 as usize].remove(&w.queue_key());
+            self.preemptors.remove(&id);
+            self.stop_requests.remove(&id);
+        }
+    }
+
+    /// Moves the fair-share clock: decays each project's average allocation toward its
+    /// current allocation with the configured half-life (exact for piecewise-constant use).
+    fn advance(&mut self, now: Timestamp) {
+        if now <= self.clock {
+            return;
+        }
+        let dt = now.since(self.clock);
+        self.clock = now;
+        let keep = if self.half_life_ms == 0 {
+            0.0
+        } else {
+            0.5f64.powf(dt as f64 / self.half_life_ms as f64)
+        };
+        for p in &mut self.projects {
+            p.decayed_allocated = p.decayed_allocated * keep + p.allocated.0 as f64 * (1.0 - keep);
+        }
+    }
+
+    // ----- the cycle ------------------------------------------------------------------------
+
+    /// Runs one scheduling cycle at `now` and returns every decision it made: each pending
+    /// workload gets exactly one `Admit`, `Defer` or `Reject`.
+    pub fn decide(&mut self, now: Timestamp) -> Vec<Decision> {
+        self.advance(now);
+        let mut out = Vec::new();
+
+        // 1. Submissions that can never run.
+        for (workload, reason) in std::mem::take(&mut self.rejected) {
+            out.push(Decision::Reject { workload, reason });
+        }
+
+        // 2. Stops the engine owes: cancellations, then max runtimes that have passed.
+        for (id, reason) in std::mem::take(&mut self.stop_requests) {
+            if let Some(w) = self.workloads.get_mut(&id)
+                && matches!(w.stage, Stage::Assumed | Stage::Running)
+            {
+                w.stage = Stage::Stopping;
+                w.stop_kind = Some(StopKind::Cancelled);
+                self.running[w.project.0 as usize].remove(&id);
+                out.push(Decision::Stop { workload: id, reason });
+            }
+        }
+        while let Some(&(end, id)) = self.deadlines.first() {
+            if end > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(w) = self.workloads.get_mut(&id)
+                && w.stage == Stage::Running
+            {
+                let started = w.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
+                w.stage = Stage::Stopping;
+                w.stop_kind = Some(StopKind::MaxRuntime);
+                self.running[w.project.0 as usize].remove(&id);
+                let reason = StopReason::MaxRuntimeExceeded {
+                    max_runtime_ms: w.spec.max_runtime_ms.unwrap_or(0),
+                    ran_ms: now.since(started),
+                };
+                out.push(Decision::Stop { workload: id, reason });
+            }
+        }
+
+        self.admission_cycle(now, &mut out, None);
+        out
+    }
+
+    /// Steps 3 and 4. With `only`, stops after deciding that workload (used by `explain`).
+    pub(crate) fn admission_cycle(
+        &mut self,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+        only: Option<WorkloadId>,
+    ) {
+        let mut failed_shapes: BTreeSet<ShapeKey> = BTreeSet::new();
+        let mut handled: BTreeSet<WorkloadId> = BTreeSet::new();
+
+        // 3. Pre-emptors: wait while a victim still holds devices; go first once all are gone.
+        for id in self.preemptors.clone() {
+            let Some(w) = self.workloads.get(&id) else {
+                self.preemptors.remove(&id);
+                continue;
+            };
+            let still: Vec<WorkloadId> = w
+                .waiting_for
+                .iter()
+                .copied()
+                .filter(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
+                .collect();
+            handled.insert(id);
+            if still.is_empty() {
+                self.preemptors.remove(&id);
+                if let Some(w) = self.workloads.get_mut(&id) {
+                    w.waiting_for.clear();
+                }
+                self.schedule_one(now, id, &mut failed_shapes, out);
+            } else {
+                let reason = DeferReason::WaitingForPreemption { victims: still };
+                out.push(Decision::Defer { workload: id, reason });
+            }
+            if only == Some(id) {
+                return;
+            }
+        }
+
+        // 4. Projects in fair-share order, one workload at a time.
+        let snapshot: Vec<Vec<WorkloadId>> = self
+            .queues
+            .iter()
+            .map(|q| q.iter().map(|k| k.2).filter(|id| !handled.contains(id)).collect())
+            .collect();
+        let mut cursor = vec![0usize; snapshot.len()];
+        let mut order: BTreeSet<(u8, u64, ProjectId)> = BTreeSet::new();
+        for (p, queue) in snapshot.iter().enumerate() {
+            if let Some(&head) = queue.first() {
+                order.insert(self.project_order_key(ProjectId(p as u32), head));
+            }
+        }
+        while let Some((_, _, project)) = order.pop_first() {
+            let p = project.0 as usize;
+            let id = snapshot[p][cursor[p]];
+            cursor[p] += 1;
+            let outcome = self.schedule_one(now, id, &mut failed_shapes, out);
+            if only == Some(id) {
+                return;
+            }
+            let blocked = !matches!(outcome, OutcomeKind::Admitted);
+            if blocked && self.projects[p].queueing == Queueing::StrictFifo {
+                for &behind in &snapshot[p][cursor[p]..] {
+                    let reason = DeferReason::BlockedByFifo { head: id };
+                    out.push(Decision::Defer { workload: behind, reason });
+                    if only == Some(behind) {
+                        return;
+                    }
+                }
+                cursor[p] = snapshot[p].len();
+            }
+            if let Some(&next) = snapshot[p].get(cursor[p]) {
+                order.insert(self.project_order_key(project, next));
+            }
+        }
+    }
+
+    /// Projects whose next workload fits in their guarantee go before those that would
+    /// borrow (a guarantee is honoured before lending); then the lowest fair-share standing;
+    /// then the project id.
+    fn project_order_key(&self, project: ProjectId, head: WorkloadId) -> (u8, u64, ProjectId) {
+        let w = &self.workloads[&head];
+        let total = w.spec.total_shares();
+        let within = self.first_key(w).is_none_or(|key| {
+            self.quota
+                .line(project, key)
+                .is_some_and(|l| l.used.saturating_add(total) <= l.guaranteed)
+        });
+        let p = &self.projects[project.0 as usize];
+        let standing = if p.weight_milli == 0 {
+            u64::MAX
+        } else {
+            let usage = p.allocated.0 as f64 + p.decayed_allocated;
+            (usage / p.fair_share.max(1.0) * 1e6) as u64
+        };
+        (u8::from(!within), standing, project)
+    }
+
+    /// The quota line the workload's first acceptable model is charged to.
+    fn first_key(&self, w: &WorkloadState) -> Option<QuotaKey> {
+        if w.spec.total_shares() == Shares::ZERO {
+            return None;
+        }
+        self.candidate_models(w).find_map(|m| self.quota.resolve(w.project, QuotaKey::Model(m)))
+    }
+
+    fn candidate_models<'a>(&'a self, w: &'a WorkloadState) -> Box<dyn Iterator<Item = ModelId> + 'a> {
+        if w.models.is_empty() {
+            Box::new((0..self.models.len()).map(|m| ModelId(m as u16)))
+        } else {
+            Box::new(w.models.iter().copied())
+        }
+    }
+
+    fn schedule_one(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        failed_shapes: &mut BTreeSet<ShapeKey>,
+        out: &mut Vec<Decision>,
+    ) -> OutcomeKind {
+        match self.try_schedule(now, id, failed_shapes) {
+            Outcome::Admitted(d) => {
+                out.push(d);
+                OutcomeKind::Admitted
+            }
+            Outcome::Preempting(decisions) => {
+                let victims = decisions.iter().map(Decision::workload).collect();
+                out.extend(decisions);
+                let reason = DeferReason::WaitingForPreemption { victims };
+                out.push(Decision::Defer { workload: id, reason });
+                OutcomeKind::Waiting
+            }
+            Outcome::Deferred(reason) => {
+                out.push(Decision::Defer { workload: id, reason });
+                OutcomeKind::Deferred
+            }
+        }
+    }
+
+    /// Admit, pre-empt for, or defer one pending workload, against the current state.
+    pub(crate) fn try_schedule(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        failed_shapes: &mut BTreeSet<ShapeKey>,
+    ) -> Outcome {
+        let w = &self.workloads[&id];
+        let (project, shape, members, same_node) =
+            (w.project, w.shape(), w.spec.members, w.spec.same_node);
+        let total = w.spec.total_shares();
+        let shape_key: ShapeKey = (
+            project,
+            w.priority,
+            members,
+            shape.gpus,
+            w.models.clone(),
+            shape.cpu,
+            shape.mem,
+            same_node,
+        );
+        let known_failure = failed_shapes.contains(&shape_key);
+
+        if total == Shares::ZERO {
+            if !known_failure && let Some(placement) = self.capacity.find(None, shape, members, same_node) {
+                self.commit(now, id, None, placement.clone());
+                return Outcome::Admitted(Decision::Admit {
+                    workload: id,
+                    placement,
+                    reason: AdmitReason::NoGpuRequested,
+                });
+            }
+            failed_shapes.insert(shape_key);
+            return Outcome::Deferred(DeferReason::NoPlacement(self.facts(None, shape, members, same_node)));
+        }
+
+        let models: Vec<ModelId> = self.candidate_models(w).collect();
+        let request = Request { project, shape, members, same_node, total };
+        let mut best: Option<DeferReason> = None;
+        let mut preemptible_models = Vec::new();
+        for &m in &models {
+            match self.check_model(&request, m, !known_failure) {
+                ModelCheck::Fits(key, placement) => {
+                    let before = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
+                    self.commit(now, id, Some(key), placement.clone());
+                    let (used, guaranteed) = self
+                        .quota
+                        .line(project, key)
+                        .map_or((Shares::ZERO, Shares::ZERO), |l| (l.used, l.guaranteed));
+                    let reason = if used > guaranteed {
+                        AdmitReason::Borrowing {
+                            project,
+                            key,
+                            borrowed: used.saturating_sub(guaranteed.max(before)),
+                            used,
+                            guaranteed,
+                        }
+                    } else {
+                        AdmitReason::WithinGuarantee { project, key, used, guaranteed }
+                    };
+                    return Outcome::Admitted(Decision::Admit { workload: id, placement, reason });
+                }
+                ModelCheck::Blocked { reason, preempt_key } => {
+                    if let Some(key) = preempt_key {
+                        preemptible_models.push((m, key));
+                    }
+                    if best.as_ref().is_none_or(|b| rank(&reason) > rank(b)) {
+                        best = Some(reason);
+                    }
+                }
+            }
+        }
+
+        if !known_failure {
+            for (m, key) in preemptible_models {
+                if let Some(victims) = self.plan_preemption(now, id, m, key, true) {
+                    return Outcome::Preempting(self.start_preemption(id, key, victims));
+                }
+            }
+        }
+        failed_shapes.insert(shape_key);
+        Outcome::Deferred(best.unwrap_or(DeferReason::NoQuotaForModel { project }))
+    }
+
+    /// The checks `decide` and `explain` share: may this request start on model `m` now?
+    /// Without `search`, a request that passes quota is reported as not placeable without a
+    /// search (the cycle already knows its shape fails).
+    pub(crate) fn check_model(&mut self, r: &Request, m: ModelId, search: bool) -> ModelCheck {
+        let project = r.project;
+        let Some(key) = self.quota.resolve(project, QuotaKey::Model(m)) else {
+            return ModelCheck::blocked(DeferReason::NoQuotaForModel { project });
+        };
+        let Some(view) = self.quota.view(project, key) else {
+            return ModelCheck::blocked(DeferReason::NoQuotaForModel { project });
+        };
+        if r.total > view.max {
+            return ModelCheck::blocked(DeferReason::ExceedsMaxQuota {
+                project,
+                key,
+                requested: r.total,
+                max: view.max,
+            });
+        }
+        if !self.ever_placeable(m, r.shape, r.members, r.same_node) {
+            return ModelCheck::blocked(DeferReason::NeverPlaceable {
+                model: Some(m),
+                members: r.members,
+                per_member: r.shape.gpus.shares(),
+                same_node: r.same_node,
+            });
+        }
+        if r.total > view.available {
+            return ModelCheck::Blocked {
+                reason: DeferReason::QuotaExhausted {
+                    project,
+                    key,
+                    requested: r.total,
+                    used: view.used,
+                    guaranteed: view.guaranteed,
+                    available: view.available,
+                    borrow_limited: view.borrow_limited,
+                },
+                preempt_key: Some(key),
+            };
+        }
+        if search && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.same_node) {
+            return ModelCheck::Fits(key, placement);
+        }
+        ModelCheck::Blocked {
+            reason: DeferReason::NoPlacement(self.facts(Some(m), r.shape, r.members, r.same_node)),
+            preempt_key: Some(key),
+        }
+    }
+
+    fn ever_placeable(&self, m: ModelId, shape: MemberShape, members: u32, same_node: bool) -> bool {
+        let per_node = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        match shape.gpus {
+            GpuRequest::Whole(k) if same_node => k.saturating_mul(members) <= per_node,
+            GpuRequest::Whole(k) => k <= per_node,
+            GpuRequest::Shares(s) if same_node => {
+                u64::from(s) * u64::from(members) <= u64::from(per_node) * SHARES_PER_GPU
+            }
+            GpuRequest::Shares(_) => per_node > 0,
+        }
+    }
+
+    pub(crate) fn facts(
+        &self,
+        model: Option<ModelId>,
+        shape: MemberShape,
+        members: u32,
+        same_node: bool,
+    ) -> PlacementFacts {
+        let (block, block_node) = model
+            .and_then(|m| self.capacity.largest_block(m))
+            .map_or((0, None), |(n, node)| (n, Some(node)));
+        let m = model.map(|m| m.0 as usize);
+        PlacementFacts {
+            model,
+            members,
+            per_member: shape.gpus.shares(),
+            same_node,
+            largest_free_block: block,
+            largest_free_block_node: block_node.filter(|_| block > 0),
+            free_whole_gpus: m.and_then(|m| self.capacity.free_whole.get(m).copied()).unwrap_or(0),
+            free_shares: Shares(
+                m.and_then(|m| self.capacity.free_shares.get(m).copied()).unwrap_or(0),
+            ),
+            nodes_with_free: model.map_or(0, |m| self.capacity.nodes_with_free(m)),
+            largest_device_free: Shares(u64::from(
+                model.map_or(0, |m| self.capacity.largest_share_gap(m)),
+            )),
+        }
+    }
+
+    fn commit(&mut self, _now: Timestamp, id: WorkloadId, key: Option<QuotaKey>, placement: Placement) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        let shares = w.spec.total_shares();
+        self.capacity.take(&placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+        if let Some(key) = key {
+            self.quota.charge(w.project, key, shares);
+        }
+        let p = &mut self.projects[w.project.0 as usize];
+        p.allocated = p.allocated.saturating_add(shares);
+        self.queues[w.project.0 as usize].remove(&w.queue_key());
+        w.stage = Stage::Assumed;
+        w.allocation = Some(Allocation { key, placement, shares, started_at: None });
+    }
+
+    // ----- the pre-emption arbiter ----------------------------------------------------------
+
+    /// Finds the cheapest victim set that lets `id` start on model `m` charged to `key`, or
+    /// `None`. Candidates, in this order (ARCHITECTURE.md, "Victim ordering"):
+    /// 1. work of other projects in the cohort that borrow on `key` (quota reclaim), only when
+    ///    the claimant ends within its guarantee, before the claimant's own work;
+    /// 2. lower priority first;
+    /// 3. less work lost first (GPU-ms since the last checkpoint, or since start);
+    /// 4. most recently started first;
+    /// 5. lower workload id.
+    ///
+    /// With `protect`, non-preemptible workloads and those younger than their min runtime are
+    /// never candidates; `explain` drops it to name who would have to go.
+    /// Greedy removal in that order until the workload fits, then every victim but the last
+    /// is put back if the workload still fits without it (Kueue's minimisation). The state is
+    /// unchanged on return.
+    pub(crate) fn plan_preemption(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        m: ModelId,
+        key: QuotaKey,
+        protect: bool,
+    ) -> Option<Vec<(WorkloadId, PreemptReason)>> {
+        let w = &self.workloads[&id];
+        let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
+        let (shape, members, same_node) = (w.shape(), w.spec.members, w.spec.same_node);
+        let cohort = self.projects[project.0 as usize].cohort;
+
+        let eligible = |v: &WorkloadState| -> bool {
+            v.stage == Stage::Running
+                && v.allocation.as_ref().is_some_and(|a| a.placement.model == Some(m))
+                && (!protect
+                    || (v.preemptible
+                        && v.allocation
+                            .as_ref()
+                            .and_then(|a| a.started_at)
+                            .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
+        };
+        // (is_own, priority, lost work, Reverse(start), id)
+        let mut candidates: Vec<((u8, i32, u64, Reverse<Timestamp>, WorkloadId), bool)> = Vec::new();
+        let mut own_shares = Shares::ZERO;
+        for &v in &self.running[project.0 as usize] {
+            let vw = &self.workloads[&v];
+            if eligible(vw) && vw.priority < priority {
+                own_shares = own_shares.saturating_add(vw.spec.total_shares());
+                candidates.push((self.victim_key(now, vw, 1), false));
+            }
+        }
+        let line = self.quota.line(project, key)?;
+        let reclaim_possible =
+            line.used.saturating_sub(own_shares).saturating_add(total) <= line.guaranteed;
+        if reclaim_possible {
+            for (q, other) in self.projects.iter().enumerate() {
+                let q = ProjectId(q as u32);
+                if q == project || other.cohort != cohort || !self.quota.is_borrowing(q, key) {
+                    continue;
+                }
+                for &v in &self.running[q.0 as usize] {
+                    let vw = &self.workloads[&v];
+                    if eligible(vw) && vw.allocation.as_ref().is_some_and(|a| a.key == Some(key)) {
+                        candidates.push((self.victim_key(now, vw, 0), true));
+                    }
+                }
+            }
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort();
+
+        let fits = |engine: &mut Engine| -> bool {
+            engine.quota.view(project, key).is_some_and(|v| v.available >= total)
+                && engine.capacity.find(Some(m), shape, members, same_node).is_some()
+        };
+        let mut removed: Vec<(WorkloadId, bool)> = Vec::new();
+        let mut fit = false;
+        for &(k, is_reclaim) in &candidates {
+            let v = k.4;
+            let v_project = self.workloads[&v].project;
+            if is_reclaim && !self.quota.is_borrowing(v_project, key) {
+                continue;
+            }
+            self.lift(v);
+            removed.push((v, is_reclaim));
+            if fits(self) {
+                fit = true;
+                break;
+            }
+        }
+        let mut kept_out = vec![true; removed.len()];
+        if fit && removed.len() > 1 {
+            for i in (0..removed.len() - 1).rev() {
+                self.unlift(removed[i].0);
+                if fits(self) {
+                    kept_out[i] = false;
+                } else {
+                    self.lift(removed[i].0);
+                }
+            }
+        }
+        // Reclaim is only for a claimant that ends within its guarantee.
+        let uses_reclaim = removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1);
+        let within_after = self
+            .quota
+            .line(project, key)
+            .is_some_and(|l| l.used.saturating_add(total) <= l.guaranteed);
+        let ok = fit && (!uses_reclaim || within_after);
+        // Reasons are computed while the victims are still lifted, then the state is restored.
+        let mut victims = Vec::new();
+        for (i, &(v, is_reclaim)) in removed.iter().enumerate().rev() {
+            if !kept_out[i] {
+                continue;
+            }
+            self.unlift(v);
+            if ok {
+                let vw = &self.workloads[&v];
+                let reason = if is_reclaim {
+                    PreemptReason::QuotaReclaim {
+                        borrower: vw.project,
+                        claimant: project,
+                        key,
+                        borrowed: self
+                            .quota
+                            .line(vw.project, key)
+                            .map_or(Shares::ZERO, QuotaLine::borrowed),
+                    }
+                } else {
+                    PreemptReason::Priority {
+                        project,
+                        victim_priority: vw.priority,
+                        preemptor_priority: priority,
+                    }
+                };
+                victims.push((v, reason));
+            }
+        }
+        victims.sort_by_key(|(v, _)| *v);
+        ok.then_some(victims)
+    }
+
+    fn victim_key(
+        &self,
+        now: Timestamp,
+        v: &WorkloadState,
+        is_own: u8,
+    ) -> (u8, i32, u64, Reverse<Timestamp>, WorkloadId) {
+        let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
+        let since = v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started);
+        let gpus_ms = v.spec.total_shares().0.saturating_mul(now.since(since)) / SHARES_PER_GPU;
+        (is_own, v.priority, gpus_ms, Reverse(started), v.spec.id)
+    }
+
+    /// Temporarily frees a running workload's quota and devices (the arbiter's what-if).
+    fn lift(&mut self, v: WorkloadId) {
+        let w = &self.workloads[&v];
+        if let Some(a) = &w.allocation {
+            self.capacity.give(&a.placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+            if let Some(key) = a.key {
+                self.quota.release(w.project, key, a.shares);
+            }
+        }
+    }
+
+    /// Exact inverse of `lift`.
+    fn unlift(&mut self, v: WorkloadId) {
+        let w = &self.workloads[&v];
+        if let Some(a) = &w.allocation {
+            self.capacity.take(&a.placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+            if let Some(key) = a.key {
+                self.quota.charge(w.project, key, a.shares);
+            }
+        }
+    }
+
+    fn start_preemption(
+        &mut self,
+        preemptor: WorkloadId,
+        _key: QuotaKey,
+        victims: Vec<(WorkloadId, PreemptReason)>,
+    ) -> Vec<Decision> {
+        let mut decisions = Vec::with_capacity(victims.len());
+        for (v, reason) in victims {
+            let Some(vw) = self.workloads.get_mut(&v) else { continue };
+            let mode = self.projects[vw.project.0 as usize].mode;
+            vw.stage = Stage::Stopping;
+            vw.stop_kind = Some(StopKind::Preempted(mode));
+            self.running[vw.project.0 as usize].remove(&v);
+            decisions.push(Decision::Preempt {
+                victim: v,
+                for_workload: preemptor,
+                mode,
+                reason,
+                checkpoint_grace_ms: vw.spec.checkpointing.map(|c| c.grace_ms),
+            });
+        }
+        if let Some(w) = self.workloads.get_mut(&preemptor) {
+            w.waiting_for = decisions.iter().map(Decision::workload).collect();
+        }
+        self.preemptors.insert(preemptor);
+        decisions
+    }
+}
+
+/// One pending request, as the checks see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request {
+    pub project: ProjectId,
+    pub shape: MemberShape,
+    pub members: u32,
+    pub same_node: bool,
+    pub total: Shares,
+}
+
+impl Request {
+    pub(crate) fn of(w: &WorkloadState) -> Request {
+        Request {
+            project: w.project,
+            shape: w.shape(),
+            members: w.spec.members,
+            same_node: w.spec.same_node,
+            total: w.spec.total_shares(),
+        }
+    }
+}
+
+pub(crate) enum ModelCheck {
+    Fits(QuotaKey, Placement),
+    /// With `preempt_key`, removing victims charged to that line could help.
+    Blocked { reason: DeferReason, preempt_key: Option<QuotaKey> },
+}
+
+impl ModelCheck {
+    fn blocked(reason: DeferReason) -> ModelCheck {
+        ModelCheck::Blocked { reason, preempt_key: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutcomeKind {
+    Admitted,
+    Waiting,
+    Deferred,
+}
+
+/// How close a deferral came to starting; the closest reason across models is reported.
+fn rank(reason: &DeferReason) -> u8 {
+    match reason {
+        DeferReason::NoQuotaForModel { .. } => 0,
+        DeferReason::NeverPlaceable { .. } => 1,
+        DeferReason::ExceedsMaxQuota { .. } => 2,
+        DeferReason::QuotaExhausted { .. } => 3,
+        DeferReason::NoPlacement(_) => 4,
+        DeferReason::BlockedByFifo { .. } | DeferReason::WaitingForPreemption { .. } => 5,
+    }
+}
+
+fn invalid_request(spec: &WorkloadSpec) -> Option<String> {
+    if spec.members == 0 {
+        return Some("members must be at least 1".into());
+    }
+    if spec.members > MEMBERS_MAX {
+        return Some(format!("members must be at most {MEMBERS_MAX}"));
+    }
+    match spec.gpus_per_member {
+        GpuRequest::Whole(n) if n > WHOLE_GPUS_PER_MEMBER_MAX => {
+            Some(format!("at most {WHOLE_GPUS_PER_MEMBER_MAX} GPUs per member"))
+        }
+        GpuRequest::Shares(s) if s == 0 || u64::from(s) >= SHARES_PER_GPU => {
+            Some(format!("a fractional GPU must be 1..=999 shares, got {s}"))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,172 @@
+//! `explain`: why a workload is where it is, computed by the same checks as `decide`.
+//!
+//! The engine is cloned and a cycle is run on the clone up to the workload in question, so
+//! the explanation sees exactly the state the workload would meet: those ahead of it in the
+//! fair-share order have already taken what they take.
+
+use crate::decision::{Decision, DeferReason, Placement};
+use crate::engine::{Engine, ModelCheck, Request, Stage};
+use crate::ids::{ModelId, Timestamp, WorkloadId};
+use crate::model::GpuRequest;
+
+/// How many workloads ahead are named.
+pub const AHEAD_NAMED_MAX: usize = 10;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    pub workload: WorkloadId,
+    pub stage: Stage,
+    /// What a cycle run now would decide for it (pending workloads only).
+    pub decision: Option<Decision>,
+    /// Place in its project's queue.
+    pub queue: Option<QueuePosition>,
+    /// For each GPU model it accepts, why it cannot start there now.
+    pub blocking: Vec<DeferReason>,
+    /// Changes that would let it start now.
+    pub counterfactuals: Vec<Counterfactual>,
+    /// Where it runs, when admitted.
+    pub placement: Option<Placement>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuePosition {
+    /// 1-based position in its project's queue.
+    pub position: usize,
+    pub ahead_total: usize,
+    /// The first `AHEAD_NAMED_MAX` workloads ahead, in queue order.
+    pub ahead: Vec<WorkloadId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Counterfactual {
+    /// Asking for this much instead would start now.
+    FewerGpus { members: u32, gpus_per_member: GpuRequest },
+    /// Accepting this model would start now.
+    OtherModel { model: ModelId },
+    /// Dropping `same_node` would start now.
+    SplitAcrossNodes,
+    /// Stopping these workloads would start it now (named even when protected by min runtime
+    /// or non-preemptible, so that an operator can act).
+    Reclaim { victims: Vec<WorkloadId> },
+}
+
+impl Engine {
+    /// Explains one workload at `now`; `None` if the engine does not hold it.
+    pub fn explain(&self, now: Timestamp, id: WorkloadId) -> Option<Explanation> {
+        let w = self.workloads.get(&id)?;
+        let mut explanation = Explanation {
+            workload: id,
+            stage: w.stage,
+            decision: None,
+            queue: None,
+            blocking: Vec::new(),
+            counterfactuals: Vec::new(),
+            placement: w.allocation.as_ref().map(|a| a.placement.clone()),
+        };
+        if w.stage != Stage::Pending {
+            return Some(explanation);
+        }
+        let queue = &self.queues[w.project.0 as usize];
+        let ahead: Vec<WorkloadId> =
+            queue.iter().map(|k| k.2).take_while(|&other| other != id).collect();
+        explanation.queue = Some(QueuePosition {
+            position: ahead.len() + 1,
+            ahead_total: ahead.len(),
+            ahead: ahead.iter().copied().take(AHEAD_NAMED_MAX).collect(),
+        });
+
+        let mut sim = self.clone();
+        let mut decisions = Vec::new();
+        sim.admission_cycle(now, &mut decisions, Some(id));
+        explanation.decision = decisions
+            .iter()
+            .rev()
+            .find(|d| matches!(d, Decision::Admit { .. } | Decision::Defer { .. }) && d.workload() == id)
+            .cloned();
+        if !matches!(explanation.decision, Some(Decision::Defer { .. })) {
+            return Some(explanation);
+        }
+        if let Some(Decision::Defer { reason: DeferReason::WaitingForPreemption { .. }, .. }) =
+            &explanation.decision
+        {
+            return Some(explanation);
+        }
+
+        // The clone now holds the state this workload met in the cycle.
+        let w = &sim.workloads[&id];
+        let request = Request::of(w);
+        let constrained = !w.models.is_empty();
+        let accepted: Vec<ModelId> = if constrained {
+            w.models.clone()
+        } else {
+            (0..sim.models.len()).map(|m| ModelId(m as u16)).collect()
+        };
+        let mut keys = Vec::new();
+        for &m in &accepted {
+            match sim.check_model(&request, m, true) {
+                ModelCheck::Blocked { reason, preempt_key } => {
+                    if let Some(key) = preempt_key {
+                        keys.push((m, key));
+                    }
+                    explanation.blocking.push(reason);
+                }
+                // Fits only after the cycle's order changed nothing for it: report no block.
+                ModelCheck::Fits(..) => {}
+            }
+        }
+
+        let fits_any = |sim: &mut Engine, r: &Request, models: &[ModelId]| {
+            models.iter().any(|&m| matches!(sim.check_model(r, m, true), ModelCheck::Fits(..)))
+        };
+        // Fewer GPUs: the largest smaller request that fits, members first kept.
+        match request.shape.gpus {
+            GpuRequest::Whole(k) if k > 1 || request.members > 1 => {
+                let mut found = None;
+                'search: for members in (1..=request.members).rev() {
+                    for per in (1..=k).rev() {
+                        if members == request.members && per == k {
+                            continue;
+                        }
+                        let mut r = request;
+                        r.members = members;
+                        r.shape.gpus = GpuRequest::Whole(per);
+                        r.total = crate::ids::Shares::from_gpus(u64::from(per) * u64::from(members));
+                        if fits_any(&mut sim, &r, &accepted) {
+                            found = Some((members, GpuRequest::Whole(per)));
+                            break 'search;
+                        }
+                    }
+                }
+                if let Some((members, gpus_per_member)) = found {
+                    explanation.counterfactuals.push(Counterfactual::FewerGpus { members, gpus_per_member });
+                }
+            }
+            _ => {}
+        }
+        // Other models.
+        if constrained {
+            for m in (0..sim.models.len()).map(|m| ModelId(m as u16)) {
+                if !accepted.contains(&m) && fits_any(&mut sim, &request, &[m]) {
+                    explanation.counterfactuals.push(Counterfactual::OtherModel { model: m });
+                }
+            }
+        }
+        // Splitting a same-node gang.
+        if request.same_node && request.members > 1 {
+            let mut r = request;
+            r.same_node = false;
+            if fits_any(&mut sim, &r, &accepted) {
+                explanation.counterfactuals.push(Counterfactual::SplitAcrossNodes);
+            }
+        }
+        // Named victims, ignoring protections.
+        for (m, key) in keys {
+            if let Some(victims) = sim.plan_preemption(now, id, m, key, false) {
+                let victims = victims.into_iter().map(|(v, _)| v).collect();
+                explanation.counterfactuals.push(Counterfactual::Reclaim { victims });
+                break;
+            }
+        }
+        Some(explanation)
+    }
+}

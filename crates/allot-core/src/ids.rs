@@ -1,0 +1,79 @@
+//! Identifiers and quantities as newtypes, so that a node index is never mistaken for a share count.
+
+use std::fmt;
+
+/// Milliseconds since an epoch chosen by the caller (the daemon uses Unix time, the simulator 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// Milliseconds from `earlier` to `self`, zero if `earlier` is later (clocks may jump back).
+    pub fn since(self, earlier: Timestamp) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0)
+    }
+}
+
+/// A workload's identity, assigned by whoever submits it (the store, the simulator, a test).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkloadId(pub u64);
+
+impl fmt::Display for WorkloadId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Index of a node in the cluster the engine was built with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u32);
+
+/// Index of a project in the policy the engine was built with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProjectId(pub u32);
+
+/// Index of a GPU model in the engine's catalogue (models seen in the cluster or the policy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ModelId(pub u16);
+
+/// 1/1000 of one GPU device. Whole GPUs are counted as 1000 shares everywhere in quota math.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shares(pub u64);
+
+/// Shares in one whole device.
+pub const SHARES_PER_GPU: u64 = 1000;
+
+impl Shares {
+    pub const ZERO: Shares = Shares(0);
+
+    pub fn from_gpus(gpus: u64) -> Shares {
+        Shares(gpus.saturating_mul(SHARES_PER_GPU))
+    }
+
+    pub fn saturating_sub(self, other: Shares) -> Shares {
+        Shares(self.0.saturating_sub(other.0))
+    }
+
+    pub fn saturating_add(self, other: Shares) -> Shares {
+        Shares(self.0.saturating_add(other.0))
+    }
+}
+
+impl fmt::Display for Shares {
+    /// Prints GPUs, with up to three decimals: `4`, `0.5`, `2.25`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let whole = self.0 / SHARES_PER_GPU;
+        let frac = self.0 % SHARES_PER_GPU;
+        if frac == 0 {
+            write!(f, "{whole}")
+        } else {
+            let digits = format!("{frac:03}");
+            write!(f, "{whole}.{}", digits.trim_end_matches('0'))
+        }
+    }
+}

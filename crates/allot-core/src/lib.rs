@@ -1,0 +1,29 @@
+//! allot's deterministic core: the model, quotas, placement, the pre-emption arbiter and
+//! explanations. Facts come in through [`Engine::apply`], decisions go out of
+//! [`Engine::decide`]; the caller owns time and all I/O.
+//!
+//! This crate knows nothing about Slurm, HTTP, SQLite, serde or the wall clock (see the tidy
+//! test in `tests/tidy.rs`).
+
+mod capacity;
+mod decision;
+mod engine;
+mod event;
+mod explain;
+mod ids;
+mod model;
+mod quota;
+mod render;
+
+pub use decision::{
+    AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
+    PreemptReason, QuotaKey, RejectReason, StopReason,
+};
+pub use engine::{ConfigError, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX};
+pub use event::Event;
+pub use explain::{Counterfactual, Explanation, QueuePosition};
+pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+pub use model::{
+    Checkpointing, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, ProjectSpec, QuotaModel, QuotaSpec, Queueing, WorkloadKind, WorkloadSpec,
+};

@@ -1,0 +1,228 @@
+//! What the engine is told: the cluster's hardware, the policy, and workload intent.
+//!
+//! These are plain data with names, not serde types: the config crate, the simulator and the
+//! store convert their own formats into them (STYLE.md: serialize at the edges).
+
+use std::collections::BTreeMap;
+
+use crate::ids::{Shares, Timestamp, WorkloadId};
+
+/// One machine with GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub cpu_millis: u64,
+    pub memory_mib: u64,
+    /// Free-form labels; `pool` and `rack` are also surfaced as fields below.
+    pub labels: BTreeMap<String, String>,
+    pub pool: Option<String>,
+    pub rack: Option<String>,
+    pub devices: Vec<DeviceSpec>,
+}
+
+/// One GPU (or one GPU partition exposed as a device). Each has 1000 shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub model: String,
+    pub memory_mib: u64,
+    /// Devices with the same island id on a node share a fast interconnect (NVLink, xGMI).
+    pub island: u32,
+}
+
+/// The whole policy: projects, cohorts (named by projects), priority classes, defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicySpec {
+    pub priority_classes: Vec<PriorityClassSpec>,
+    /// Used when a workload names no priority class.
+    pub default_priority_class: String,
+    pub projects: Vec<ProjectSpec>,
+    /// Half-life of past usage in fair-share ordering; 0 means point-in-time fairness.
+    pub fair_share_half_life_ms: u64,
+    /// What a pre-emption does unless the victim's project overrides it.
+    pub preemption_mode: PreemptionMode,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PriorityClassSpec {
+    pub name: String,
+    /// Higher runs first and may pre-empt lower within a project.
+    pub value: i32,
+    /// Whether workloads of this class may be pre-empted (a workload may only narrow it).
+    pub preemptible: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProjectSpec {
+    pub name: String,
+    /// Projects naming the same cohort lend to each other. `None`: a cohort of one.
+    pub cohort: Option<String>,
+    /// Reporting group above projects.
+    pub department: Option<String>,
+    pub quotas: Vec<QuotaSpec>,
+    /// Relative weight in fair-share ordering, in thousandths (1000 = weight 1.0).
+    pub weight_milli: u64,
+    pub queueing: Queueing,
+    /// Overrides `PolicySpec::preemption_mode` for this project's victims.
+    pub preemption_mode: Option<PreemptionMode>,
+}
+
+/// The GPU model a quota line covers.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QuotaModel {
+    /// Covers every model the project has no line of its own for.
+    Any,
+    Model(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaSpec {
+    pub model: QuotaModel,
+    pub guaranteed: Shares,
+    /// How much beyond `guaranteed` the project may take from its cohort. `None`: no limit.
+    pub borrow_limit: Option<Shares>,
+    /// How much of its unused guarantee the cohort may borrow. `None`: all of it.
+    pub lend_limit: Option<Shares>,
+}
+
+/// Order of a project's own queue when its head cannot start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Queueing {
+    /// The head blocks everyone behind it in its project.
+    StrictFifo,
+    /// Workloads behind a blocked head may start if they fit.
+    #[default]
+    BestEffortFifo,
+}
+
+/// What happens to a pre-empted workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum PreemptionMode {
+    /// Stopped (after a checkpoint request if checkpointable), requeued, resumed automatically.
+    #[default]
+    Suspend,
+    /// Stopped and requeued to start over.
+    Requeue,
+    /// Stopped and removed.
+    Delete,
+}
+
+impl PreemptionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreemptionMode::Suspend => "suspend",
+            PreemptionMode::Requeue => "requeue",
+            PreemptionMode::Delete => "delete",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum WorkloadKind {
+    #[default]
+    Training,
+    Batch,
+    Notebook,
+    Inference,
+    Service,
+}
+
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadKind::Training => "training",
+            WorkloadKind::Batch => "batch",
+            WorkloadKind::Notebook => "notebook",
+            WorkloadKind::Inference => "inference",
+            WorkloadKind::Service => "service",
+        }
+    }
+}
+
+/// GPUs asked by each member of a gang.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GpuRequest {
+    /// Whole devices, all on the member's node.
+    Whole(u32),
+    /// Shares (1..=999) of one device.
+    Shares(u32),
+}
+
+impl GpuRequest {
+    /// Quota charged for one member.
+    pub fn shares(self) -> Shares {
+        match self {
+            GpuRequest::Whole(n) => Shares::from_gpus(u64::from(n)),
+            GpuRequest::Shares(s) => Shares(u64::from(s)),
+        }
+    }
+}
+
+/// How to ask a workload for a checkpoint before it is stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpointing {
+    /// Time between the checkpoint request and the stop.
+    pub grace_ms: u64,
+    /// Last checkpoint the workload reported; work after it is lost on a stop.
+    pub last_checkpoint_at: Option<Timestamp>,
+}
+
+/// A user's request (PRODUCT.md §2.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadSpec {
+    pub id: WorkloadId,
+    pub name: String,
+    pub kind: WorkloadKind,
+    pub project: String,
+    pub user: String,
+    /// `None`: the policy's default class.
+    pub priority_class: Option<String>,
+    /// Number of gang members (≥ 1); all start together or none does.
+    pub members: u32,
+    pub gpus_per_member: GpuRequest,
+    /// Acceptable GPU models, in order of preference. Empty: any model.
+    pub gpu_models: Vec<String>,
+    pub cpu_millis_per_member: u64,
+    pub memory_mib_per_member: u64,
+    /// All members on one node.
+    pub same_node: bool,
+    /// `Some(false)` makes a workload of a preemptible class non-preemptible. `Some(true)` on a
+    /// non-preemptible class is ignored: only the class can grant preemptibility.
+    pub preemptible: Option<bool>,
+    pub checkpointing: Option<Checkpointing>,
+    /// Protection from pre-emption after start.
+    pub min_runtime_ms: u64,
+    /// Stopped after this long running.
+    pub max_runtime_ms: Option<u64>,
+    /// Wanted finish time; reported in explanations.
+    pub deadline: Option<Timestamp>,
+}
+
+impl WorkloadSpec {
+    /// A one-member workload with defaults, for tests and builders.
+    pub fn new(id: u64, name: &str, project: &str, gpus: GpuRequest) -> WorkloadSpec {
+        WorkloadSpec {
+            id: WorkloadId(id),
+            name: name.to_string(),
+            kind: WorkloadKind::default(),
+            project: project.to_string(),
+            user: String::new(),
+            priority_class: None,
+            members: 1,
+            gpus_per_member: gpus,
+            gpu_models: Vec::new(),
+            cpu_millis_per_member: 0,
+            memory_mib_per_member: 0,
+            same_node: false,
+            preemptible: None,
+            checkpointing: None,
+            min_runtime_ms: 0,
+            max_runtime_ms: None,
+            deadline: None,
+        }
+    }
+
+    /// Total quota charged for the whole gang.
+    pub fn total_shares(&self) -> Shares {
+        Shares(self.gpus_per_member.shares().0.saturating_mul(u64::from(self.members)))
+    }
+}

@@ -1,0 +1,222 @@
+//! Decisions and reasons as sentences with names, for the CLI, logs and `why`.
+
+use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PreemptReason, RejectReason, StopReason};
+use crate::engine::{Engine, Stage};
+use crate::explain::{Counterfactual, Explanation};
+use crate::model::GpuRequest;
+
+impl Engine {
+    fn wl(&self, id: crate::ids::WorkloadId) -> String {
+        match self.workload_name(id) {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => format!("#{id}"),
+        }
+    }
+
+    /// "node-1[0,1] node-2[3:500]": devices per member; `:N` marks a partial device.
+    pub fn render_placement(&self, placement: &Placement) -> String {
+        let mut parts = Vec::new();
+        for m in &placement.members {
+            let devices: Vec<String> = m
+                .devices
+                .iter()
+                .map(|d| {
+                    if d.shares as u64 == crate::ids::SHARES_PER_GPU {
+                        d.device.to_string()
+                    } else {
+                        format!("{}:{}", d.device, d.shares)
+                    }
+                })
+                .collect();
+            parts.push(format!("{}[{}]", self.node_name(m.node), devices.join(",")));
+        }
+        parts.join(" ")
+    }
+
+    /// The reason part of a decision, as a sentence.
+    pub fn render_reason(&self, decision: &Decision) -> String {
+        match decision {
+            Decision::Admit { placement, reason, .. } => {
+                let model = placement.model.map_or("cpu", |m| self.model_name(m));
+                let why = match reason {
+                    AdmitReason::WithinGuarantee { project, key, used, guaranteed } => format!(
+                        "within {}'s guarantee ({used}/{guaranteed} {} used)",
+                        self.project_name(*project),
+                        self.key_name(*key),
+                    ),
+                    AdmitReason::Borrowing { project, key, borrowed, used, guaranteed } => format!(
+                        "{} borrows {borrowed} {} from its cohort ({used} used, {guaranteed} guaranteed)",
+                        self.project_name(*project),
+                        self.key_name(*key),
+                    ),
+                    AdmitReason::NoGpuRequested => "needs no GPU".to_string(),
+                };
+                format!("{why}; on {model} {}", self.render_placement(placement))
+            }
+            Decision::Preempt { for_workload, mode, reason, checkpoint_grace_ms, .. } => {
+                let why = match reason {
+                    PreemptReason::QuotaReclaim { borrower, claimant, key, borrowed } => format!(
+                        "quota reclaim: {} borrows {borrowed} {} and {} needs its guarantee back",
+                        self.project_name(*borrower),
+                        self.key_name(*key),
+                        self.project_name(*claimant)
+                    ),
+                    PreemptReason::Priority { project, victim_priority, preemptor_priority } => {
+                        format!(
+                            "priority in {}: {preemptor_priority} outranks {victim_priority}",
+                            self.project_name(*project)
+                        )
+                    }
+                };
+                let grace = checkpoint_grace_ms
+                    .map(|g| format!(", checkpoint first (grace {g} ms)"))
+                    .unwrap_or_default();
+                format!("{} for {}: {why}{grace}", mode.as_str(), self.wl(*for_workload))
+            }
+            Decision::Stop { reason, .. } => match reason {
+                StopReason::Cancelled => "cancelled by its user".to_string(),
+                StopReason::MaxRuntimeExceeded { max_runtime_ms, ran_ms } => {
+                    format!("ran {ran_ms} ms, past its max runtime of {max_runtime_ms} ms")
+                }
+            },
+            Decision::Defer { reason, .. } => self.render_defer(reason),
+            Decision::Reject { reason, .. } => match reason {
+                RejectReason::UnknownProject { name } => format!("unknown project {name:?}"),
+                RejectReason::UnknownPriorityClass { name } => {
+                    format!("unknown priority class {name:?}")
+                }
+                RejectReason::UnknownModel { name } => {
+                    format!("GPU model {name:?} exists on no node and in no quota")
+                }
+                RejectReason::DuplicateId => "a workload with this id already exists".to_string(),
+                RejectReason::InvalidRequest { detail } => detail.clone(),
+            },
+        }
+    }
+
+    pub fn render_defer(&self, reason: &DeferReason) -> String {
+        match reason {
+            DeferReason::NoQuotaForModel { project } => format!(
+                "project {} has no quota for any GPU model this workload accepts",
+                self.project_name(*project)
+            ),
+            DeferReason::ExceedsMaxQuota { project, key, requested, max } => format!(
+                "asks {requested} {}, more than project {} can ever hold ({max}: guarantee plus borrowing)",
+                self.key_name(*key),
+                self.project_name(*project)
+            ),
+            DeferReason::QuotaExhausted {
+                project,
+                key,
+                requested,
+                used,
+                guaranteed,
+                available,
+                borrow_limited,
+            } => format!(
+                "project {} uses {used}/{guaranteed} guaranteed {}; request {requested}; {}",
+                self.project_name(*project),
+                self.key_name(*key),
+                if *borrow_limited {
+                    format!("its borrow limit leaves {available}")
+                } else {
+                    format!("{available} available incl. cohort lending")
+                }
+            ),
+            DeferReason::NoPlacement(f) => {
+                let model = f.model.map_or("cpu", |m| self.model_name(m));
+                let shape = if f.members > 1 {
+                    format!("{} members × {} {model}", f.members, f.per_member)
+                } else {
+                    format!("{} {model}", f.per_member)
+                };
+                let block = match f.largest_free_block_node {
+                    Some(node) => {
+                        format!("largest free block {} on {}", f.largest_free_block, self.node_name(node))
+                    }
+                    None => "no whole device free".to_string(),
+                };
+                format!(
+                    "no room for {shape}{}: {block}; {} whole free across {} nodes ({} incl. partial)",
+                    if f.same_node { " on one node" } else { "" },
+                    f.free_whole_gpus,
+                    f.nodes_with_free,
+                    f.free_shares
+                )
+            }
+            DeferReason::NeverPlaceable { model, members, per_member, same_node } => format!(
+                "{members} × {per_member} {}{} exceeds the largest node",
+                model.map_or("cpu", |m| self.model_name(m)),
+                if *same_node { " on one node" } else { "" }
+            ),
+            DeferReason::WaitingForPreemption { victims } => {
+                let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
+                format!("waiting for {} to stop", names.join(", "))
+            }
+            DeferReason::BlockedByFifo { head } => {
+                format!("strict FIFO: behind {}, which cannot start", self.wl(*head))
+            }
+        }
+    }
+
+    /// A one-line summary: `admit train-1: within vision's guarantee …`.
+    pub fn render(&self, decision: &Decision) -> String {
+        format!("{} {}: {}", decision.action(), self.wl(decision.workload()), self.render_reason(decision))
+    }
+
+    /// A multi-line `why` report.
+    pub fn render_explanation(&self, e: &Explanation) -> String {
+        let mut lines = Vec::new();
+        let stage = match e.stage {
+            Stage::Pending => "pending",
+            Stage::Assumed => "admitted (start not yet confirmed)",
+            Stage::Running => "running",
+            Stage::Stopping => "stopping",
+        };
+        lines.push(format!("{}: {stage}", self.wl(e.workload)));
+        if let Some(p) = &e.placement {
+            lines.push(format!("  placed on {}", self.render_placement(p)));
+        }
+        if let Some(q) = &e.queue {
+            let ahead: Vec<String> = q.ahead.iter().map(|w| self.wl(*w)).collect();
+            lines.push(format!(
+                "  position {} in its project queue{}",
+                q.position,
+                if ahead.is_empty() { String::new() } else { format!(", behind {}", ahead.join(", ")) }
+            ));
+        }
+        if let Some(d) = &e.decision {
+            lines.push(format!("  now: {} — {}", d.action(), self.render_reason(d)));
+        }
+        let now_reason = match &e.decision {
+            Some(Decision::Defer { reason, .. }) => Some(reason),
+            _ => None,
+        };
+        for b in e.blocking.iter().filter(|b| Some(*b) != now_reason) {
+            lines.push(format!("  also blocked: {}", self.render_defer(b)));
+        }
+        for c in &e.counterfactuals {
+            let text = match c {
+                Counterfactual::FewerGpus { members, gpus_per_member } => {
+                    let per = match gpus_per_member {
+                        GpuRequest::Whole(n) => n.to_string(),
+                        GpuRequest::Shares(s) => format!("{}", crate::ids::Shares(u64::from(*s))),
+                    };
+                    format!("would start now with {members} × {per} GPUs")
+                }
+                Counterfactual::OtherModel { model } => {
+                    format!("would start now on {}", self.model_name(*model))
+                }
+                Counterfactual::SplitAcrossNodes => {
+                    "would start now if its members may run on different nodes".to_string()
+                }
+                Counterfactual::Reclaim { victims } => {
+                    let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
+                    format!("would start now if {} stopped", names.join(", "))
+                }
+            };
+            lines.push(format!("  option: {text}"));
+        }
+        lines.join("\n")
+    }
+}

@@ -1,0 +1,339 @@
+//! Scenario tests: every `tests/scenarios/*.scn` file is a small script (cluster, policy,
+//! events, `decide`/`explain` steps) followed by `== expect ==` and the output it must print.
+//! One `check` helper runs them all; `UPDATE_EXPECT=1 cargo test -p allot-core --test
+//! scenarios` rewrites the expectations (read the diff before committing it).
+//!
+//! Script lines (one per line; `#` starts a comment):
+//! ```text
+//! node NAME MODELxN[@ISLAND] ... [cpu=CORES] [mem=GIB] [rack=R] [pool=P]
+//! class NAME VALUE [fixed]             # `fixed`: not preemptible
+//! default CLASS                        # default priority class (first class if absent)
+//! half-life MS                         # fair-share half-life (default 0)
+//! mode suspend|requeue|delete          # default pre-emption mode
+//! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
+//!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
+//! submit NAME PROJECT gpus=N|0.5 [members=N] [class=C] [models=A|B] [same-node]
+//!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
+//!              [checkpoint=GRACE_MS] at=MS
+//! start|fail|stop|finish|cancel|checkpoint NAME at=MS
+//! decide at=MS                         # prints each decision
+//! settle at=MS                         # decide, then start every admit and stop every
+//!                                      # victim, until nothing changes; prints it all
+//! explain NAME at=MS                   # prints `why`
+//! usage PROJECT                        # prints the project's quota lines
+//! ```
+//! The engine's invariants (`Engine::audit`) are checked after every step.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use allot_core::{
+    Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, QuotaModel, QuotaSpec, Queueing, Shares,
+    Timestamp, WorkloadId, WorkloadSpec,
+};
+
+const EXPECT_MARK: &str = "== expect ==";
+
+#[test]
+fn scenarios() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .expect("scenario dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "scn"))
+        .collect();
+    files.sort();
+    let update = std::env::var("UPDATE_EXPECT").is_ok_and(|v| v == "1");
+    let mut failures = Vec::new();
+    for file in &files {
+        if let Err(msg) = check(file, update) {
+            failures.push(format!("{}: {msg}", file.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{} scenario(s) failed:\n{}", failures.len(), failures.join("\n\n"));
+    assert!(files.len() >= 40, "expected at least 40 scenarios, found {}", files.len());
+}
+
+/// Runs one scenario file and compares (or, with `update`, rewrites) its expectation.
+fn check(file: &Path, update: bool) -> Result<(), String> {
+    let text = fs::read_to_string(file).map_err(|e| e.to_string())?;
+    let (script, expected) = match text.split_once(EXPECT_MARK) {
+        Some((s, e)) => (s, e.trim_start_matches('\n')),
+        None => (text.as_str(), ""),
+    };
+    let actual = run(script)?;
+    if actual == expected {
+        return Ok(());
+    }
+    if update {
+        let blessed = format!("{}{EXPECT_MARK}\n{actual}", script.trim_end().to_string() + "\n\n");
+        fs::write(file, blessed).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    Err(format!("output differs (UPDATE_EXPECT=1 to bless)\n--- expected\n{expected}--- actual\n{actual}"))
+}
+
+#[derive(Default)]
+struct Setup {
+    nodes: Vec<NodeSpec>,
+    classes: Vec<PriorityClassSpec>,
+    default_class: Option<String>,
+    half_life_ms: u64,
+    mode: PreemptionMode,
+    projects: Vec<ProjectSpec>,
+}
+
+struct Run {
+    engine: Engine,
+    ids: BTreeMap<String, WorkloadId>,
+    next_id: u64,
+    out: String,
+}
+
+fn run(script: &str) -> Result<String, String> {
+    let mut setup = Setup::default();
+    let mut state: Option<Run> = None;
+    for (n, raw) in script.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let ctx = |e: String| format!("line {}: {e}: {raw}", n + 1);
+        let is_setup = matches!(words[0], "node" | "class" | "default" | "half-life" | "mode" | "project");
+        if is_setup {
+            if state.is_some() {
+                return Err(ctx("setup lines must come before events".into()));
+            }
+            setup_line(&mut setup, &words).map_err(ctx)?;
+            continue;
+        }
+        if state.is_none() {
+            state = Some(build(&setup).map_err(ctx)?);
+        }
+        let run = state.as_mut().ok_or("no engine")?;
+        step(run, &words).map_err(ctx)?;
+        run.engine.audit().map_err(|e| ctx(format!("invariant broken: {e}")))?;
+    }
+    Ok(state.map(|s| s.out).unwrap_or_default())
+}
+
+fn kv<'a>(words: &'a [&'a str]) -> BTreeMap<&'a str, &'a str> {
+    words.iter().filter_map(|w| w.split_once('=')).collect()
+}
+
+fn flag(words: &[&str], name: &str) -> bool {
+    words.contains(&name)
+}
+
+fn num(s: &str) -> Result<u64, String> {
+    s.parse().map_err(|_| format!("not a number: {s}"))
+}
+
+fn gpus(s: &str) -> Result<Shares, String> {
+    let v: f64 = s.parse().map_err(|_| format!("not a GPU count: {s}"))?;
+    Ok(Shares((v * 1000.0).round() as u64))
+}
+
+fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
+    let args = kv(words);
+    match words[0] {
+        "node" => {
+            let name = words.get(1).ok_or("node needs a name")?.to_string();
+            let mut devices = Vec::new();
+            for w in &words[2..] {
+                if w.contains('=') {
+                    continue;
+                }
+                let (model, rest) = w.split_once('x').ok_or(format!("bad device group {w}"))?;
+                let (count, island) = match rest.split_once('@') {
+                    Some((c, i)) => (num(c)?, num(i)? as u32),
+                    None => (num(rest)?, 0),
+                };
+                for _ in 0..count {
+                    devices.push(DeviceSpec { model: model.to_string(), memory_mib: 81920, island });
+                }
+            }
+            setup.nodes.push(NodeSpec {
+                name,
+                cpu_millis: args.get("cpu").map_or(Ok(128), |c| num(c))? * 1000,
+                memory_mib: args.get("mem").map_or(Ok(1024), |m| num(m))? * 1024,
+                labels: BTreeMap::new(),
+                pool: args.get("pool").map(|s| s.to_string()),
+                rack: args.get("rack").map(|s| s.to_string()),
+                devices,
+            });
+        }
+        "class" => setup.classes.push(PriorityClassSpec {
+            name: words.get(1).ok_or("class needs a name")?.to_string(),
+            value: words.get(2).ok_or("class needs a value")?.parse().map_err(|_| "bad value")?,
+            preemptible: !flag(words, "fixed"),
+        }),
+        "default" => setup.default_class = Some(words.get(1).ok_or("default needs a class")?.to_string()),
+        "half-life" => setup.half_life_ms = num(words.get(1).ok_or("half-life needs ms")?)?,
+        "mode" => setup.mode = mode(words.get(1).ok_or("mode needs a value")?)?,
+        "project" => {
+            let mut quotas: BTreeMap<String, QuotaSpec> = BTreeMap::new();
+            for (field, slot) in [("quota", 0), ("borrow", 1), ("lend", 2)] {
+                let Some(list) = args.get(field) else { continue };
+                for item in list.split(',') {
+                    let (model, amount) = item.split_once(':').ok_or(format!("bad {field} {item}"))?;
+                    let q = quotas.entry(model.to_string()).or_insert_with(|| QuotaSpec {
+                        model: if model == "any" { QuotaModel::Any } else { QuotaModel::Model(model.to_string()) },
+                        guaranteed: Shares::ZERO,
+                        borrow_limit: None,
+                        lend_limit: None,
+                    });
+                    let v = gpus(amount)?;
+                    match slot {
+                        0 => q.guaranteed = v,
+                        1 => q.borrow_limit = Some(v),
+                        _ => q.lend_limit = Some(v),
+                    }
+                }
+            }
+            setup.projects.push(ProjectSpec {
+                name: words.get(1).ok_or("project needs a name")?.to_string(),
+                cohort: args.get("cohort").map(|s| s.to_string()),
+                department: args.get("dept").map(|s| s.to_string()),
+                quotas: quotas.into_values().collect(),
+                weight_milli: args.get("weight").map_or(Ok(1000), |w| gpus(w).map(|s| s.0))?,
+                queueing: if args.get("fifo") == Some(&"strict") { Queueing::StrictFifo } else { Queueing::BestEffortFifo },
+                preemption_mode: args.get("mode").map(|m| mode(m)).transpose()?,
+            });
+        }
+        other => return Err(format!("unknown setup {other}")),
+    }
+    Ok(())
+}
+
+fn mode(s: &str) -> Result<PreemptionMode, String> {
+    match s {
+        "suspend" => Ok(PreemptionMode::Suspend),
+        "requeue" => Ok(PreemptionMode::Requeue),
+        "delete" => Ok(PreemptionMode::Delete),
+        _ => Err(format!("unknown mode {s}")),
+    }
+}
+
+fn build(setup: &Setup) -> Result<Run, String> {
+    let mut classes = setup.classes.clone();
+    if classes.is_empty() {
+        classes.push(PriorityClassSpec { name: "normal".into(), value: 0, preemptible: true });
+    }
+    let policy = PolicySpec {
+        default_priority_class: setup.default_class.clone().unwrap_or_else(|| classes[0].name.clone()),
+        priority_classes: classes,
+        projects: setup.projects.clone(),
+        fair_share_half_life_ms: setup.half_life_ms,
+        preemption_mode: setup.mode,
+    };
+    let engine = Engine::new(&setup.nodes, &policy).map_err(|e| e.to_string())?;
+    Ok(Run { engine, ids: BTreeMap::new(), next_id: 1, out: String::new() })
+}
+
+fn at(words: &[&str]) -> Result<Timestamp, String> {
+    kv(words).get("at").map(|t| num(t).map(Timestamp)).ok_or("missing at=MS")?
+}
+
+fn id_of(run: &Run, name: &str) -> Result<WorkloadId, String> {
+    run.ids.get(name).copied().ok_or(format!("unknown workload {name}"))
+}
+
+fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
+    let now = at(words).or_else(|e| if words[0] == "usage" { Ok(Timestamp(0)) } else { Err(e) })?;
+    let name = words.get(1).copied().unwrap_or("");
+    match words[0] {
+        "submit" => {
+            let args = kv(words);
+            let project = words.get(2).ok_or("submit needs a project")?;
+            let g = gpus(args.get("gpus").ok_or("submit needs gpus=")?)?;
+            let request = if g.0 % 1000 == 0 { GpuRequest::Whole((g.0 / 1000) as u32) } else { GpuRequest::Shares(g.0 as u32) };
+            let id = run.next_id;
+            run.next_id += 1;
+            let mut spec = WorkloadSpec::new(id, name, project, request);
+            spec.members = args.get("members").map_or(Ok(1), |m| num(m))? as u32;
+            spec.priority_class = args.get("class").map(|s| s.to_string());
+            spec.gpu_models = args.get("models").map(|m| m.split('|').map(String::from).collect()).unwrap_or_default();
+            spec.same_node = flag(words, "same-node");
+            spec.cpu_millis_per_member = args.get("cpu").map_or(Ok(0), |c| num(c))? * 1000;
+            spec.memory_mib_per_member = args.get("mem").map_or(Ok(0), |m| num(m))? * 1024;
+            spec.min_runtime_ms = args.get("min-runtime").map_or(Ok(0), |m| num(m))?;
+            spec.max_runtime_ms = args.get("max-runtime").map(|m| num(m)).transpose()?;
+            spec.preemptible = flag(words, "fixed").then_some(false);
+            spec.checkpointing = args
+                .get("checkpoint")
+                .map(|g| num(g).map(|grace_ms| Checkpointing { grace_ms, last_checkpoint_at: None }))
+                .transpose()?;
+            run.ids.insert(name.to_string(), WorkloadId(id));
+            run.engine.apply(now, Event::WorkloadSubmitted(spec));
+        }
+        "start" | "fail" | "stop" | "finish" | "cancel" | "checkpoint" => {
+            let workload = id_of(run, name)?;
+            let event = match words[0] {
+                "start" => Event::AllocationStarted { workload },
+                "fail" => Event::AllocationFailed { workload, reason: "scenario".into() },
+                "stop" => Event::WorkloadStopped { workload },
+                "finish" => Event::WorkloadFinished { workload },
+                "cancel" => Event::WorkloadCancelled { workload },
+                _ => Event::CheckpointSaved { workload },
+            };
+            run.engine.apply(now, event);
+        }
+        "decide" => {
+            let decisions = run.engine.decide(now);
+            print_decisions(run, now, &decisions);
+        }
+        "settle" => {
+            for _round in 0..20 {
+                let decisions = run.engine.decide(now);
+                print_decisions(run, now, &decisions);
+                let mut acted = false;
+                for d in &decisions {
+                    match d {
+                        Decision::Admit { workload, .. } => {
+                            run.engine.apply(now, Event::AllocationStarted { workload: *workload });
+                            acted = true;
+                        }
+                        Decision::Preempt { victim, .. } | Decision::Stop { workload: victim, .. } => {
+                            run.engine.apply(now, Event::WorkloadStopped { workload: *victim });
+                            acted = true;
+                        }
+                        _ => {}
+                    }
+                }
+                run.engine.audit()?;
+                if !acted {
+                    break;
+                }
+            }
+        }
+        "explain" => {
+            let id = id_of(run, name)?;
+            let text = match run.engine.explain(now, id) {
+                Some(e) => run.engine.render_explanation(&e),
+                None => format!("{name}: not held by the engine"),
+            };
+            let _ = writeln!(run.out, "explain {name} at={}\n{text}", now.0);
+        }
+        "usage" => {
+            let project = run.engine.project_id(name).ok_or(format!("unknown project {name}"))?;
+            for (key, used, guaranteed, _, _) in run.engine.project_lines(project) {
+                let _ = writeln!(run.out, "usage {name} {}: {used}/{guaranteed}", run.engine.key_name(key));
+            }
+        }
+        other => return Err(format!("unknown step {other}")),
+    }
+    Ok(())
+}
+
+fn print_decisions(run: &mut Run, now: Timestamp, decisions: &[Decision]) {
+    let _ = writeln!(run.out, "decide at={}", now.0);
+    for d in decisions {
+        let _ = writeln!(run.out, "  {}", run.engine.render(d));
+    }
+}

@@ -1,0 +1,331 @@
+//! `allot policy validate` and `allot plan`: config files in, engine run, decisions out.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use allot_config::{Diagnostic, WorkloadFile};
+use allot_core::{
+    AdmitReason, Decision, DeferReason, Engine, Event, NodeSpec, PolicySpec, PreemptReason,
+    RejectReason, StopReason, Timestamp,
+};
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use crate::{InvalidInput, Output, PlanArgs};
+
+const EMBEDDED_CLUSTER: (&str, &str) =
+    ("examples/cluster.yaml (embedded)", include_str!("../../../examples/cluster.yaml"));
+const EMBEDDED_POLICY: (&str, &str) =
+    ("examples/policy.yaml (embedded)", include_str!("../../../examples/policy.yaml"));
+const EMBEDDED_WORKLOADS: (&str, &str) =
+    ("examples/workloads.yaml (embedded)", include_str!("../../../examples/workloads.yaml"));
+
+/// Rounds of decide → start/stop before `plan` gives up on reaching a fixed point.
+const PLAN_ROUNDS_MAX: usize = 100;
+
+fn invalid(diagnostics: &[Diagnostic]) -> anyhow::Error {
+    let mut text = allot_config::render(diagnostics);
+    let _ = writeln!(text, "{} problem(s) found; nothing was changed.", diagnostics.len());
+    InvalidInput(text).into()
+}
+
+fn load_cluster(path: Option<&Path>) -> Result<Vec<NodeSpec>> {
+    match path {
+        Some(p) => allot_config::load_cluster(p),
+        None => allot_config::parse_cluster(EMBEDDED_CLUSTER.0, EMBEDDED_CLUSTER.1),
+    }
+    .map_err(|d| invalid(&d))
+}
+
+fn load_policy(path: Option<&Path>) -> Result<PolicySpec> {
+    match path {
+        Some(p) => allot_config::load_policy(p),
+        None => allot_config::parse_policy(EMBEDDED_POLICY.0, EMBEDDED_POLICY.1),
+    }
+    .map_err(|d| invalid(&d))
+}
+
+fn load_workloads(path: Option<&Path>) -> Result<WorkloadFile> {
+    match path {
+        Some(p) => allot_config::load_workloads(p),
+        None => allot_config::parse_workloads(EMBEDDED_WORKLOADS.0, EMBEDDED_WORKLOADS.1),
+    }
+    .map_err(|d| invalid(&d))
+}
+
+/// Builds the engine; a policy the config crate accepted but the core refuses is still the
+/// user's input, so it is reported as invalid input naming the file.
+fn engine(nodes: &[NodeSpec], policy: &PolicySpec, policy_file: &str) -> Result<Engine> {
+    Engine::new(nodes, policy).map_err(|e| {
+        InvalidInput(format!("{policy_file}: {e}\n1 problem(s) found; nothing was changed.\n"))
+            .into()
+    })
+}
+
+pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
+    let policy = allot_config::load_policy(file);
+    let nodes = cluster.map(allot_config::load_cluster);
+    let mut problems = Vec::new();
+    if let Err(d) = &policy {
+        problems.extend(d.iter().cloned());
+    }
+    if let Some(Err(d)) = &nodes {
+        problems.extend(d.iter().cloned());
+    }
+    if !problems.is_empty() {
+        return Err(invalid(&problems));
+    }
+    let policy = policy.map_err(|d| invalid(&d))?;
+    let nodes = match nodes {
+        Some(n) => n.map_err(|d| invalid(&d))?,
+        None => Vec::new(),
+    };
+    let engine = engine(&nodes, &policy, &file.display().to_string())?;
+    let mut out = format!(
+        "{}: ok — {} projects in {} cohorts, {} priority classes (default {}), pre-emption mode {}\n",
+        file.display(),
+        policy.projects.len(),
+        (0..engine.project_count())
+            .filter_map(|p| engine.project_cohort(allot_core::ProjectId(p as u32)))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        policy.priority_classes.len(),
+        policy.default_priority_class,
+        policy.preemption_mode.as_str(),
+    );
+    if cluster.is_some() {
+        let gpus: usize = nodes.iter().map(|n| n.devices.len()).sum();
+        let _ = writeln!(out, "checked against {} nodes with {gpus} GPUs", nodes.len());
+    }
+    Ok(out)
+}
+
+pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
+    let nodes = load_cluster(args.cluster.as_deref());
+    let policy = load_policy(args.policy.as_deref());
+    let workloads = load_workloads(args.workloads.as_deref());
+    // Report the problems of all three files at once.
+    let (nodes, policy, workloads) = match (nodes, policy, workloads) {
+        (Ok(n), Ok(p), Ok(w)) => (n, p, w),
+        (n, p, w) => {
+            let text: String = [n.err(), p.err(), w.err()]
+                .into_iter()
+                .flatten()
+                .map(|e| e.to_string().lines().filter(|l| !l.ends_with("nothing was changed.")).map(|l| format!("{l}\n")).collect::<String>())
+                .collect();
+            return Err(InvalidInput(format!("{text}input is invalid; nothing was changed.\n")).into());
+        }
+    };
+    let problems = allot_config::check_workloads(&workloads, &policy, &nodes);
+    if !problems.is_empty() {
+        return Err(invalid(&problems));
+    }
+    let policy_file =
+        args.policy.as_ref().map_or(EMBEDDED_POLICY.0.to_string(), |p| p.display().to_string());
+    let mut engine = engine(&nodes, &policy, &policy_file)?;
+
+    let now = Timestamp(0);
+    for spec in workloads.specs() {
+        engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
+    }
+    // Run to a fixed point: each round's admissions start and its victims stop at once.
+    let mut rounds: Vec<Vec<Decision>> = Vec::new();
+    let mut final_round = Vec::new();
+    for _ in 0..PLAN_ROUNDS_MAX {
+        let decisions = engine.decide(now);
+        let mut acted = false;
+        for d in &decisions {
+            match d {
+                Decision::Admit { workload, .. } => {
+                    engine.apply(now, Event::AllocationStarted { workload: *workload });
+                    acted = true;
+                }
+                Decision::Preempt { victim, .. } | Decision::Stop { workload: victim, .. } => {
+                    engine.apply(now, Event::WorkloadStopped { workload: *victim });
+                    acted = true;
+                }
+                _ => {}
+            }
+        }
+        if acted {
+            rounds.push(decisions);
+        } else {
+            final_round = decisions;
+            break;
+        }
+    }
+    engine.audit().map_err(|e| anyhow::anyhow!("engine invariant broken: {e}"))?;
+
+    // Report: every action taken, then the workloads that stay pending with their reasons.
+    let mut report: Vec<(usize, Decision)> = Vec::new();
+    for (i, round) in rounds.iter().enumerate() {
+        for d in round {
+            if !matches!(d, Decision::Defer { .. }) {
+                report.push((i + 1, d.clone()));
+            }
+        }
+    }
+    let final_index = rounds.len() + 1;
+    for d in final_round {
+        report.push((final_index, d));
+    }
+
+    match args.output {
+        Output::Json => {
+            let decisions: Vec<Value> = report
+                .iter()
+                .map(|(round, d)| {
+                    let mut v = decision_json(&engine, d);
+                    v["round"] = json!(round);
+                    if args.explain && matches!(d, Decision::Defer { .. }) {
+                        v["why"] = explain_json(&engine, now, d.workload());
+                    }
+                    v
+                })
+                .collect();
+            let summary = summary_json(&engine, &report);
+            let doc = json!({ "decisions": decisions, "summary": summary });
+            Ok(format!("{}\n", serde_json::to_string_pretty(&doc)?))
+        }
+        Output::Text => {
+            let mut out = String::new();
+            let _ = writeln!(
+                out,
+                "allot plan: {} workloads on {} nodes, {} round(s) to a fixed point at t=0\n",
+                workloads.specs().len(),
+                engine.node_count(),
+                final_index
+            );
+            for (round, d) in &report {
+                let _ = writeln!(out, "[{round}] {}", engine.render(d));
+                if args.explain && matches!(d, Decision::Defer { .. })
+                    && let Some(e) = engine.explain(now, d.workload())
+                {
+                    for line in engine.render_explanation(&e).lines().skip(1) {
+                        let _ = writeln!(out, "      {}", line.trim_start());
+                    }
+                }
+            }
+            let admitted = report.iter().filter(|(_, d)| d.action() == "admit").count();
+            let pending = report.iter().filter(|(_, d)| d.action() == "defer").count();
+            let _ = writeln!(out, "\n{admitted} admitted, {pending} pending");
+            for p in 0..engine.project_count() {
+                let id = allot_core::ProjectId(p as u32);
+                let lines: Vec<String> = engine
+                    .project_lines(id)
+                    .into_iter()
+                    .map(|(k, used, g, _, _)| format!("{} {used}/{g}", engine.key_name(k)))
+                    .collect();
+                let _ = writeln!(out, "  {:<14} {}", engine.project_name(id), lines.join(", "));
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn name(engine: &Engine, id: allot_core::WorkloadId) -> String {
+    engine.workload_name(id).map_or_else(|| format!("#{id}"), str::to_string)
+}
+
+fn reason_code(d: &Decision) -> &'static str {
+    match d {
+        Decision::Admit { reason, .. } => match reason {
+            AdmitReason::WithinGuarantee { .. } => "within_guarantee",
+            AdmitReason::Borrowing { .. } => "borrowing",
+            AdmitReason::NoGpuRequested => "no_gpu_requested",
+        },
+        Decision::Preempt { reason, .. } => match reason {
+            PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
+            PreemptReason::Priority { .. } => "priority",
+        },
+        Decision::Stop { reason, .. } => match reason {
+            StopReason::Cancelled => "cancelled",
+            StopReason::MaxRuntimeExceeded { .. } => "max_runtime_exceeded",
+        },
+        Decision::Defer { reason, .. } => match reason {
+            DeferReason::NoQuotaForModel { .. } => "no_quota_for_model",
+            DeferReason::ExceedsMaxQuota { .. } => "exceeds_max_quota",
+            DeferReason::QuotaExhausted { .. } => "quota_exhausted",
+            DeferReason::NoPlacement(_) => "no_placement",
+            DeferReason::NeverPlaceable { .. } => "never_placeable",
+            DeferReason::WaitingForPreemption { .. } => "waiting_for_preemption",
+            DeferReason::BlockedByFifo { .. } => "blocked_by_fifo",
+        },
+        Decision::Reject { reason, .. } => match reason {
+            RejectReason::UnknownProject { .. } => "unknown_project",
+            RejectReason::UnknownPriorityClass { .. } => "unknown_priority_class",
+            RejectReason::UnknownModel { .. } => "unknown_model",
+            RejectReason::DuplicateId => "duplicate_id",
+            RejectReason::InvalidRequest { .. } => "invalid_request",
+        },
+    }
+}
+
+fn decision_json(engine: &Engine, d: &Decision) -> Value {
+    let mut v = json!({
+        "workload": name(engine, d.workload()),
+        "id": d.workload().0,
+        "action": d.action(),
+        "reason": engine.render_reason(d),
+        "reason_code": reason_code(d),
+    });
+    match d {
+        Decision::Admit { placement, .. } => {
+            v["gpu_model"] = json!(placement.model.map(|m| engine.model_name(m)));
+            v["placement"] = placement
+                .members
+                .iter()
+                .map(|m| {
+                    json!({
+                        "node": engine.node_name(m.node),
+                        "devices": m.devices.iter().map(|d| json!({"index": d.device, "shares": d.shares})).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+        }
+        Decision::Preempt { for_workload, mode, checkpoint_grace_ms, .. } => {
+            v["for_workload"] = json!(name(engine, *for_workload));
+            v["mode"] = json!(mode.as_str());
+            v["checkpoint_grace_ms"] = json!(checkpoint_grace_ms);
+        }
+        _ => {}
+    }
+    v
+}
+
+fn explain_json(engine: &Engine, now: Timestamp, id: allot_core::WorkloadId) -> Value {
+    match engine.explain(now, id) {
+        Some(e) => {
+            let text = engine.render_explanation(&e);
+            json!(text.lines().skip(1).map(str::trim).collect::<Vec<_>>())
+        }
+        None => Value::Null,
+    }
+}
+
+fn summary_json(engine: &Engine, report: &[(usize, Decision)]) -> Value {
+    let projects: Vec<Value> = (0..engine.project_count())
+        .map(|p| {
+            let id = allot_core::ProjectId(p as u32);
+            json!({
+                "project": engine.project_name(id),
+                "cohort": engine.project_cohort(id),
+                "department": engine.project_department(id),
+                "quota": engine.project_lines(id).into_iter().map(|(k, used, g, b, l)| json!({
+                    "model": engine.key_name(k),
+                    "used_gpus": used.to_string(),
+                    "guaranteed_gpus": g.to_string(),
+                    "borrow_limit_gpus": b.map(|b| b.to_string()),
+                    "lend_limit_gpus": l.map(|l| l.to_string()),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "admitted": report.iter().filter(|(_, d)| d.action() == "admit").count(),
+        "preempted": report.iter().filter(|(_, d)| d.action() == "preempt").count(),
+        "pending": report.iter().filter(|(_, d)| d.action() == "defer").count(),
+        "rejected": report.iter().filter(|(_, d)| d.action() == "reject").count(),
+        "projects": projects,
+    })
+}

@@ -117,8 +117,8 @@ fn decode_node(ctx: &mut Ctx, item: &Node, path: &str) -> Option<(NodeSpec, Opti
         cpu_millis: cpu?,
         memory_mib: memory?,
         labels: labels.unwrap_or(Some(BTreeMap::new()))?,
-        pool: pool.map_or(Some(None), |p| p.map(Some))?,
-        rack: rack.map_or(Some(None), |r| r.map(Some))?,
+        pool: decode::optional(pool)?,
+        rack: decode::optional(rack)?,
         devices: devices?,
     };
     let count = match count {

@@ -100,6 +100,15 @@ impl Ctx {
     }
 }
 
+/// An optional field's outcome: `Some(None)` when absent, `Some(Some(v))` when valid, `None`
+/// when present but invalid (already reported).
+pub(crate) fn optional<T>(field: Option<Option<T>>) -> Option<Option<T>> {
+    match field {
+        None => Some(None),
+        Some(value) => value.map(Some),
+    }
+}
+
 /// `path.key`, or `key` at the top.
 pub(crate) fn join(path: &str, key: &str) -> String {
     if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
@@ -127,38 +136,54 @@ pub(crate) fn suggest<'a>(
     best.map(|(_, c)| c)
 }
 
+/// Edit distance counting a swap of two neighbours as one edit (`nmae` → `name` is 1).
 fn levenshtein(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
+    // Three rows of the optimal-string-alignment table: i-2, i-1, i.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    let mut current: Vec<usize> = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        current[0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut d = (previous[j] + 1).min(current[j - 1] + 1).min(previous[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(before[j - 2] + 1);
+            }
+            current[j] = d;
         }
+        std::mem::swap(&mut before, &mut previous);
+        std::mem::swap(&mut previous, &mut current);
     }
-    row[b.len()]
+    previous[b.len()]
 }
 
-/// "did you mean `x`?", or a list of what is allowed.
+/// "did you mean `x`?" for a likely typo, else `otherwise` followed by what is allowed
+/// (e.g. `use one of` → "use one of `a`, `b` or `c`").
 pub(crate) fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str> + Clone,
     otherwise: &str,
 ) -> String {
-    match suggest(word, candidates.clone()) {
-        Some(close) => format!("did you mean `{close}`?"),
-        None => {
-            let all: Vec<String> =
-                candidates.into_iter().take(12).map(|c| format!("`{c}`")).collect();
-            if all.is_empty() {
-                otherwise.to_string()
-            } else {
-                format!("{otherwise}: one of {}", all.join(", "))
-            }
+    /// Most candidates listed; a policy may have thousands of projects.
+    const LISTED_MAX: usize = 20;
+    if let Some(close) = suggest(word, candidates.clone()) {
+        return format!("did you mean `{close}`?");
+    }
+    let all: Vec<String> = candidates.into_iter().map(|c| format!("`{c}`")).collect();
+    match all.as_slice() {
+        [] => format!("{otherwise} (there are none yet)"),
+        [one] => format!("{otherwise} {one}"),
+        [head @ .., last] if all.len() <= LISTED_MAX => {
+            format!("{otherwise} {} or {last}", head.join(", "))
         }
+        _ => format!(
+            "{otherwise} {}, … ({} more)",
+            all[..LISTED_MAX].join(", "),
+            all.len() - LISTED_MAX
+        ),
     }
 }
 
@@ -369,7 +394,7 @@ pub(crate) fn one_of<T: Copy>(
             shown(&text),
             names.clone().collect::<Vec<_>>().join(", ")
         ),
-        did_you_mean(&text, names, "use"),
+        did_you_mean(&text, names, "use one of"),
     );
     None
 }
@@ -606,17 +631,28 @@ pub(crate) fn gpus_as_shares(ctx: &mut Ctx, node: &Node, path: &str) -> Option<S
 
 /// A fair-share weight in thousandths; must be > 0.
 pub(crate) fn weight_milli(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u64> {
-    let weight = milli(ctx, node, path, "weight units", "1 or 2.5")?;
-    if weight == 0 {
-        ctx.report(
-            node.pos,
-            path,
-            "must be > 0, got 0",
-            "use a small positive weight (e.g. 0.1) to rank the project last",
-        );
+    let (d, text) = decimal(ctx, node, path, "a weight", "1 or 2.5")?;
+    let fix = "use a positive weight, e.g. 1 or 2.5 (a small one like 0.1 ranks the project last)";
+    if d.is_negative() || d.is_zero() {
+        ctx.report(node.pos, path, format!("must be > 0, got {}", shown(&text)), fix);
         return None;
     }
-    Some(weight)
+    match d.scaled(3) {
+        Ok(v) => Some(v),
+        Err(ScaleError::TooFine) => {
+            ctx.report(
+                node.pos,
+                path,
+                format!("{} is finer than 0.001", shown(&text)),
+                "round to at most three decimals (e.g. 0.125)",
+            );
+            None
+        }
+        Err(ScaleError::TooLarge) => {
+            ctx.report(node.pos, path, format!("{} is too large", shown(&text)), fix);
+            None
+        }
+    }
 }
 
 /// CPU as cores (`64`, `0.5`) or millicores (`64000m`), in millicores.
@@ -770,7 +806,7 @@ pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, DurationError> {
 /// A duration in milliseconds (see [`parse_duration_ms`]).
 pub(crate) fn duration_ms(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u64> {
     let raw = text(ctx, node, path, "30s")?;
-    let fix = "write a number and a unit — ms, s, m, h or d (e.g. 30s, 15m, 2h, 7d, 1h30m) — \
+    let fix = "write a number with a unit (ms, s, m, h or d), e.g. 30s, 15m, 2h, 7d or 1h30m, \
                or a whole number of milliseconds";
     match parse_duration_ms(&raw) {
         Ok(ms) => Some(ms),
@@ -823,7 +859,8 @@ pub(crate) fn gpu_request(
                 node.pos,
                 path,
                 format!("{} GPUs: fractions are only allowed below one GPU", shown(&text)),
-                "ask for a whole number of GPUs per member, or a fraction below 1 with more members",
+                "ask for a whole number of GPUs per member, \
+                 or a fraction below 1 with more members",
             );
             None
         }
@@ -891,5 +928,10 @@ mod tests {
         assert_eq!(suggest("cohrt", known), Some("cohort"));
         assert_eq!(suggest("Quota", known), Some("quotas"));
         assert_eq!(suggest("gpus", known), None);
+        assert_eq!(suggest("nmae", known), Some("name"));
+        assert_eq!(levenshtein("abc", "abc"), 0);
+        assert_eq!(levenshtein("", "abc"), 3);
+        assert_eq!(levenshtein("kitten", "sitting"), 3);
+        assert_eq!(levenshtein("ca", "ac"), 1);
     }
 }

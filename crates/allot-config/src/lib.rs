@@ -55,7 +55,7 @@
 //!   - name: vision                    # required, unique
 //!     cohort: perception              # optional: projects in a cohort lend to each other
 //!     department: ai-research         # optional
-//!     weight: 2                       # optional fair-share weight > 0, default 1 (→ weight_milli)
+//!     weight: 2                       # optional fair-share weight > 0, default 1
 //!     queueing: best_effort_fifo      # optional: strict_fifo | best_effort_fifo (default)
 //!     preemption_mode: requeue        # optional: overrides `preemption.mode` for its victims
 //!     quotas:                         # optional; one line per model, `any` for the rest

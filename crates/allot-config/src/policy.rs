@@ -56,11 +56,7 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
 
     let half_life = match top.get("fair_share") {
         None => Some(0),
-        Some(n) => fields(ctx, n, "fair_share", "fair_share", &FAIR_SHARE_FIELDS, "`fair_share: {half_life: 7d}`")
-            .and_then(|f| {
-                f.required(ctx, "half_life", "say how fast past usage is forgotten, e.g. `half_life: 7d` (0: not at all remembered)")
-                    .and_then(|n| decode::duration_ms(ctx, n, &f.path("half_life")))
-            }),
+        Some(n) => half_life_ms(ctx, n),
     };
     let mode = match top.get("preemption") {
         None => Some(PreemptionMode::default()),
@@ -105,7 +101,7 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
             decode::did_you_mean(
                 name,
                 classes.iter().map(|c| c.name.as_str()),
-                "define it under priority_classes, or use",
+                "define it under priority_classes, or use one of",
             ),
         );
     }
@@ -121,6 +117,14 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         fair_share_half_life_ms: half_life?,
         preemption_mode: mode?,
     })
+}
+
+fn half_life_ms(ctx: &mut Ctx, node: &Node) -> Option<u64> {
+    let example = "`fair_share: {half_life: 7d}`";
+    let f = fields(ctx, node, "fair_share", "fair_share", &FAIR_SHARE_FIELDS, example)?;
+    let fix = "say how fast past usage is forgotten, e.g. `half_life: 7d` (0: not remembered)";
+    let n = f.required(ctx, "half_life", fix)?;
+    decode::duration_ms(ctx, n, &f.path("half_life"))
 }
 
 fn decode_classes(ctx: &mut Ctx, node: &Node) -> Option<Vec<PriorityClassSpec>> {
@@ -243,12 +247,12 @@ fn decode_project(ctx: &mut Ctx, item: &Node, path: &str) -> Option<(ProjectSpec
     };
     let project = ProjectSpec {
         name: name?,
-        cohort: cohort.map_or(Some(None), |c| c.map(Some))?,
-        department: department.map_or(Some(None), |d| d.map(Some))?,
+        cohort: decode::optional(cohort)?,
+        department: decode::optional(department)?,
         quotas: quotas?,
         weight_milli: weight?,
         queueing: queueing?,
-        preemption_mode: mode.map_or(Some(None), |m| m.map(Some))?,
+        preemption_mode: decode::optional(mode)?,
     };
     Some((project, name_node?.pos))
 }
@@ -317,7 +321,10 @@ fn decode_quotas(
             ctx.report(
                 pos,
                 &f.path("lend_limit"),
-                format!("lend_limit {l} is more than guaranteed {g}: a project can only lend GPUs it is guaranteed"),
+                format!(
+                    "lend_limit {l} is more than guaranteed {g}: \
+                     a project can only lend GPUs it is guaranteed"
+                ),
                 format!("set lend_limit to at most {g}, or raise guaranteed"),
             );
             ok = false;

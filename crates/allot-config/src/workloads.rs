@@ -144,7 +144,8 @@ pub fn parse_workloads(file: &str, text: &str) -> Result<WorkloadFile, Vec<Diagn
                     node.pos,
                     &path,
                     format!("expected a JSON object, got {}", node.kind()),
-                    "write one object per line, e.g. {\"name\": \"resnet\", \"project\": \"vision\", \"gpus\": 4}",
+                    "write one object per line, \
+                     e.g. {\"name\": \"resnet\", \"project\": \"vision\", \"gpus\": 4}",
                 );
                 decoded_all = false;
                 continue;
@@ -219,7 +220,8 @@ fn decode_into(
                 id_pos,
                 &decode::join(path, "id"),
                 format!("workload id {id} is already used at line {}", first.line),
-                "give every workload a different id (a workload without `id` gets its 1-based position in the file)",
+                "give every workload a different id \
+                 (a workload without `id` gets its 1-based position in the file)",
             );
             return false;
         }
@@ -288,18 +290,18 @@ fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> De
             kind: kind?,
             project: project?,
             user: user.unwrap_or(Some(String::new()))?,
-            priority_class: priority_class.map_or(Some(None), |p| p.map(Some))?,
+            priority_class: decode::optional(priority_class)?,
             members: u32::try_from(members?).ok()?,
             gpus_per_member: gpus?,
             gpu_models,
             cpu_millis_per_member: cpu?,
             memory_mib_per_member: memory?,
             same_node: same_node?,
-            preemptible: preemptible.map_or(Some(None), |p| p.map(Some))?,
-            checkpointing: checkpointing.map_or(Some(None), |c| c.map(Some))?,
+            preemptible: decode::optional(preemptible)?,
+            checkpointing: decode::optional(checkpointing)?,
             min_runtime_ms: min_runtime?,
-            max_runtime_ms: max_runtime.map_or(Some(None), |m| m.map(Some))?,
-            deadline: deadline.map_or(Some(None), |d| d.map(|ms| Some(Timestamp(ms))))?,
+            max_runtime_ms: decode::optional(max_runtime)?,
+            deadline: decode::optional(deadline)?.map(Timestamp),
         };
         let source = Source {
             path: path.to_string(),
@@ -349,11 +351,17 @@ fn gpu_models(ctx: &mut Ctx, node: &Node, path: &str) -> Option<(Vec<String>, Ve
                     models.push(part.to_string());
                     positions.push(node.pos);
                 } else {
+                    let message = if part.is_empty() {
+                        format!("empty GPU model name in `{}`", text.trim())
+                    } else {
+                        format!("`{part}` is not a GPU model name")
+                    };
                     ctx.report(
                         node.pos,
                         path,
-                        format!("`{part}` is not a GPU model name"),
-                        "list models separated by `|` (e.g. `V100M16|V100M32`), or as a list `[V100M16, V100M32]`",
+                        message,
+                        "list models separated by `|` (e.g. `V100M16|V100M32`), \
+                         or as a list `[V100M16, V100M32]`",
                     );
                     ok = false;
                 }
@@ -391,7 +399,7 @@ fn checkpoint(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Checkpointing> {
         .map(|n| decode::duration_ms(ctx, n, &f.path("last_checkpoint_at")));
     Some(Checkpointing {
         grace_ms: grace?,
-        last_checkpoint_at: last.map_or(Some(None), |l| l.map(|ms| Some(Timestamp(ms))))?,
+        last_checkpoint_at: decode::optional(last)?.map(Timestamp),
     })
 }
 
@@ -433,7 +441,7 @@ pub fn check_workloads(
                 decode::did_you_mean(
                     &spec.project,
                     projects.iter().copied(),
-                    "add it to the policy's projects, or use",
+                    "add it to the policy's projects, or use one of",
                 ),
             );
         }
@@ -447,7 +455,7 @@ pub fn check_workloads(
                 decode::did_you_mean(
                     class,
                     classes.iter().copied(),
-                    "define it in the policy's priority_classes, or use",
+                    "define it in the policy's priority_classes, or use one of",
                 ),
             );
         }
@@ -463,7 +471,7 @@ pub fn check_workloads(
                     decode::did_you_mean(
                         model,
                         most.keys().copied(),
-                        "use a model the cluster has",
+                        "use one of the cluster's models:",
                     ),
                 );
             }
@@ -490,15 +498,22 @@ pub fn check_workloads(
                 ctx.report(
                     source.gpus,
                     &path("gpus"),
-                    format!("no node has {per_member} GPUs of {which} for one member; the most on one node is {count} ({node})"),
-                    format!("ask for at most {count} GPUs per member and use more members, or accept more GPU models"),
+                    format!(
+                        "no node has {per_member} GPUs of {which} for one member; \
+                         the most on one node is {count} ({node})"
+                    ),
+                    format!(
+                        "ask for at most {count} GPUs per member and use more members, \
+                         or accept more GPU models"
+                    ),
                 );
             } else if spec.same_node && gang > count {
                 ctx.report(
                     source.gpus,
                     &path("gpus"),
                     format!(
-                        "same_node needs all {} members × {per_member} GPUs = {gang} on one node; the most of {which} on one node is {count} ({node})",
+                        "same_node needs all {} members × {per_member} GPUs = {gang} on one node; \
+                         the most of {which} on one node is {count} ({node})",
                         spec.members
                     ),
                     "set `same_node: false`, or ask for fewer members or GPUs",

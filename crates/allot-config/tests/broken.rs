@@ -127,7 +127,7 @@ fn cases() -> Vec<Case> {
             name: "negative weight and missing name",
             kind: Kind::Policy,
             text: policy("  - weight: -1\n"),
-            want: vec![(6, "projects[0].name", "missing required field `name`"), (6, "projects[0].weight", "must be ≥ 0, got -1")],
+            want: vec![(6, "projects[0].name", "missing required field `name`"), (6, "projects[0].weight", "must be > 0, got -1")],
         },
         Case {
             name: "GPUs finer than a share",

@@ -92,7 +92,7 @@ fn example_workloads_parse_and_check_cleanly() {
     assert_eq!(w.len(), 13);
     let ids: Vec<u64> = w.iter().map(|w| w.id.0).collect();
     assert_eq!(ids, [1, 2, 3, 4, 100, 6, 7, 8, 9, 10, 11, 12, 13]);
-    assert_eq!(file.line_of(1), Some(28));
+    assert_eq!(file.line_of(1), Some(30));
 
     let pretrain = &w[0];
     assert_eq!(pretrain.name, "vision-pretrain");
@@ -164,4 +164,21 @@ fn load_reads_files_and_reports_missing_ones() {
     assert_eq!(diagnostics.len(), 1);
     assert_eq!(diagnostics[0].line, 0);
     assert!(diagnostics[0].message.starts_with("cannot read the file"), "{}", diagnostics[0]);
+}
+
+/// What this crate produces is what the engine accepts: the examples build an engine, and a
+/// first cycle decides something for them.
+#[test]
+fn the_engine_accepts_the_examples() {
+    let nodes = ok(parse_cluster("examples/cluster.yaml", CLUSTER));
+    let policy = ok(parse_policy("examples/policy.yaml", POLICY));
+    let file = ok(parse_workloads("examples/workloads.yaml", WORKLOADS));
+    let mut engine = match allot_core::Engine::new(&nodes, &policy) {
+        Ok(engine) => engine,
+        Err(error) => panic!("the engine refuses the examples: {error}"),
+    };
+    for spec in file.into_specs() {
+        engine.apply(Timestamp(0), allot_core::Event::WorkloadSubmitted(spec));
+    }
+    assert!(!engine.decide(Timestamp(0)).is_empty());
 }

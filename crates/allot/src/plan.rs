@@ -111,9 +111,17 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
             let text: String = [n.err(), p.err(), w.err()]
                 .into_iter()
                 .flatten()
-                .map(|e| e.to_string().lines().filter(|l| !l.ends_with("nothing was changed.")).map(|l| format!("{l}\n")).collect::<String>())
+                .map(|e| {
+                    e.to_string()
+                        .lines()
+                        .filter(|l| !l.ends_with("nothing was changed."))
+                        .map(|l| format!("{l}\n"))
+                        .collect::<String>()
+                })
                 .collect();
-            return Err(InvalidInput(format!("{text}input is invalid; nothing was changed.\n")).into());
+            return Err(
+                InvalidInput(format!("{text}input is invalid; nothing was changed.\n")).into()
+            );
         }
     };
     let problems = allot_config::check_workloads(&workloads, &policy, &nodes);
@@ -198,7 +206,8 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
             );
             for (round, d) in &report {
                 let _ = writeln!(out, "[{round}] {}", engine.render(d));
-                if args.explain && matches!(d, Decision::Defer { .. })
+                if args.explain
+                    && matches!(d, Decision::Defer { .. })
                     && let Some(e) = engine.explain(now, d.workload())
                 {
                     for line in engine.render_explanation(&e).lines().skip(1) {

@@ -1,0 +1,168 @@
+//! The acceptance commands, run against the built binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn allot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_allot"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run allot")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn validate_accepts_the_example_policy() {
+    let out = allot(&["policy", "validate", "examples/policy.yaml"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("ok"));
+    let out = allot(&[
+        "policy",
+        "validate",
+        "examples/policy.yaml",
+        "--cluster",
+        "examples/cluster.yaml",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+}
+
+/// Writes a broken copy of the example policy and returns its path.
+fn broken(name: &str, edit: impl Fn(&str) -> String) -> PathBuf {
+    let original = std::fs::read_to_string(repo().join("examples/policy.yaml")).expect("example");
+    let edited = edit(&original);
+    assert_ne!(edited, original, "{name}: the edit changed nothing");
+    let dir = std::env::temp_dir().join(format!("allot-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, edited).expect("write");
+    path
+}
+
+fn assert_rejected(path: &Path, must_mention: &[&str]) {
+    let before = std::fs::read(path).expect("read");
+    let out = allot(&["policy", "validate", path.to_str().expect("utf-8 path")]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}: stderr {err}", path.display());
+    assert!(!err.contains("panicked"), "{err}");
+    let first = err.lines().next().unwrap_or("");
+    // file:line:column: field: message — fix: …
+    let file = path.display().to_string();
+    assert!(first.starts_with(&format!("{file}:")), "no file and line in {first:?}");
+    assert!(first.contains("fix:") || err.contains("fix:"), "no fix in {err}");
+    for word in must_mention {
+        assert!(err.contains(word), "{}: {word:?} not in {err}", path.display());
+    }
+    assert_eq!(std::fs::read(path).expect("read"), before, "validate changed its input");
+}
+
+#[test]
+fn validate_rejects_broken_policies_with_line_and_field() {
+    let truncated = broken("truncated", |s| {
+        let cut = s.find("projects:").expect("projects key") + 40;
+        let mut t = s[..cut].to_string();
+        t.push_str("\n  - name: [unclosed\n");
+        t
+    });
+    assert_rejected(&truncated, &[]);
+
+    let wrong_type = broken("wrong-type", |s| replace_first_value(s, "value:", "high-ish"));
+    assert_rejected(&wrong_type, &["value"]);
+
+    let negative = broken("negative", |s| replace_first_value(s, "guaranteed:", "-4"));
+    assert_rejected(&negative, &["guaranteed", "-4"]);
+
+    let unknown_class =
+        broken("unknown-class", |s| replace_first_value(s, "default_priority_class:", "platinum"));
+    assert_rejected(&unknown_class, &["default_priority_class", "platinum"]);
+
+    let duplicate = broken("duplicate-project", |s| {
+        let first = first_value(s, "  - name:", "projects:");
+        let second_at = s.find("projects:").expect("projects");
+        let rest = &s[second_at..];
+        let idx = rest.match_indices("  - name:").nth(1).expect("a second project").0 + second_at;
+        let line_end = s[idx..].find('\n').expect("eol") + idx;
+        format!("{}  - name: {first}{}", &s[..idx], &s[line_end..])
+    });
+    assert_rejected(&duplicate, &["duplicate", "projects["]);
+}
+
+fn first_value(s: &str, key: &str, after: &str) -> String {
+    let start = s.find(after).unwrap_or(0);
+    let at = s[start..].find(key).expect("key") + start + key.len();
+    let end = s[at..].find('\n').expect("eol") + at;
+    s[at..end].split('#').next().unwrap_or("").trim().to_string()
+}
+
+/// Replaces the value after the first occurrence of `key` (up to `,`, `}` or the line end,
+/// so that flow mappings stay well-formed).
+fn replace_first_value(s: &str, key: &str, value: &str) -> String {
+    let at = s.find(key).unwrap_or_else(|| panic!("{key} not in example")) + key.len();
+    let end = s[at..].find([',', '}', '\n']).expect("end of value") + at;
+    format!("{} {value}{}", &s[..at], &s[end..])
+}
+
+#[test]
+fn plan_prints_json_decisions() {
+    let out = allot(&[
+        "plan",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policy",
+        "examples/policy.yaml",
+        "--workloads",
+        "examples/workloads.yaml",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let decisions = doc["decisions"].as_array().expect("decisions array");
+    assert!(!decisions.is_empty());
+    for d in decisions {
+        for field in ["workload", "action", "reason"] {
+            assert!(d[field].is_string(), "{field} missing in {d}");
+        }
+    }
+    let actions: Vec<&str> = decisions.iter().filter_map(|d| d["action"].as_str()).collect();
+    assert!(actions.contains(&"admit"), "{actions:?}");
+    assert!(actions.contains(&"defer"), "{actions:?}");
+}
+
+#[test]
+fn plan_runs_on_embedded_defaults() {
+    let out = allot(&["plan", "--explain"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("admit"), "{stdout}");
+    assert!(stdout.contains("position"), "{stdout}");
+}
+
+#[test]
+fn plan_reports_all_broken_files_at_once() {
+    let dir = std::env::temp_dir().join(format!("allot-cli-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cluster = dir.join("cluster.yaml");
+    let workloads = dir.join("workloads.yaml");
+    std::fs::write(&cluster, "nodes:\n  - name: a\n    cpu: lots\n").expect("write");
+    std::fs::write(&workloads, "workloads:\n  - name: w\n    project: vision\n    gpus: -1\n")
+        .expect("write");
+    let out = allot(&[
+        "plan",
+        "--cluster",
+        cluster.to_str().expect("utf-8"),
+        "--workloads",
+        workloads.to_str().expect("utf-8"),
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cluster.yaml:3"), "{err}");
+    assert!(err.contains("workloads.yaml:4"), "{err}");
+}

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use allot_core::{
     Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, QuotaModel, QuotaSpec, Queueing, Shares, Timestamp,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp,
     WorkloadSpec,
 };
 
@@ -160,7 +160,9 @@ fn run(nodes: usize, workloads: usize, seed: u64) {
     // Churn: 5 % of running work finishes; the next cycle refills.
     let running: Vec<_> = first
         .iter()
-        .filter_map(|d| if let Decision::Admit { workload, .. } = d { Some(*workload) } else { None })
+        .filter_map(
+            |d| if let Decision::Admit { workload, .. } = d { Some(*workload) } else { None },
+        )
         .collect();
     for w in running.iter().step_by(20) {
         engine.apply(Timestamp(3_000_000), Event::WorkloadFinished { workload: *w });

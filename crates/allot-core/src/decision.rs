@@ -158,10 +158,18 @@ pub struct PlacementFacts {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RejectReason {
-    UnknownProject { name: String },
-    UnknownPriorityClass { name: String },
-    UnknownModel { name: String },
+    UnknownProject {
+        name: String,
+    },
+    UnknownPriorityClass {
+        name: String,
+    },
+    UnknownModel {
+        name: String,
+    },
     DuplicateId,
     /// The request is malformed (zero members, shares outside 1..=999, …).
-    InvalidRequest { detail: String },
+    InvalidRequest {
+        detail: String,
+    },
 }

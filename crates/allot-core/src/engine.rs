@@ -1,24 +1,26 @@
 //! The engine: facts in (`apply`), decisions out (`decide`), reasons on demand (`explain`).
 //!
 //! One `decide` is one scheduling cycle, numbered as in ARCHITECTURE.md:
-//! 1. reject invalid submissions; 2. stop cancelled and over-time workloads;
-//! 3. let pre-emptors whose victims are gone go first; 4. visit every project's queue in
-//! fair-share order (in-guarantee heads before borrowing heads, then lowest standing), taking
-//! one workload at a time: admit it if quota and placement allow, else plan a pre-emption
-//! through the single arbiter, else defer it with a typed reason.
+//! 1. reject invalid submissions;
+//! 2. stop cancelled and over-time workloads;
+//! 3. let pre-emptors whose victims are gone go first;
+//! 4. visit every project's queue in fair-share order (in-guarantee heads before borrowing
+//!    heads, then lowest standing), taking one workload at a time: admit it if quota and
+//!    placement allow, else plan a pre-emption through the single arbiter, else defer it with
+//!    a typed reason.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::capacity::{Capacity, DeviceCap, MemberShape, NodeCap};
 use crate::decision::{
-    AdmitReason, Decision, DeferReason, Placement, PlacementFacts, PreemptReason, QuotaKey,
-    RejectReason, StopReason,
+    AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
+    PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 use crate::event::Event;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::{
-    GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, QuotaModel, Queueing,
+    GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel,
     WorkloadSpec,
 };
 use crate::quota::{QuotaBook, QuotaLine};
@@ -30,14 +32,30 @@ pub const WHOLE_GPUS_PER_MEMBER_MAX: u32 = 1024;
 /// Why the engine could not be built from a cluster and a policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigError {
-    DuplicateNode { name: String },
-    DuplicateProject { name: String },
-    DuplicatePriorityClass { name: String },
-    DuplicateQuotaLine { project: String, model: String },
-    UnknownDefaultPriorityClass { name: String },
-    LendLimitAboveGuarantee { project: String, model: String },
+    DuplicateNode {
+        name: String,
+    },
+    DuplicateProject {
+        name: String,
+    },
+    DuplicatePriorityClass {
+        name: String,
+    },
+    DuplicateQuotaLine {
+        project: String,
+        model: String,
+    },
+    UnknownDefaultPriorityClass {
+        name: String,
+    },
+    LendLimitAboveGuarantee {
+        project: String,
+        model: String,
+    },
     /// A borrow or lend limit on a project that has no cohort to borrow from or lend to.
-    LimitWithoutCohort { project: String },
+    LimitWithoutCohort {
+        project: String,
+    },
     TooManyModels,
 }
 
@@ -128,6 +146,14 @@ impl WorkloadState {
     }
 }
 
+/// A quota line as `Engine::project_lines` reports it: (key, used, guaranteed, borrow limit,
+/// lend limit).
+type ProjectLineView = (QuotaKey, Shares, Shares, Option<Shares>, Option<Shares>);
+
+/// Victim order (see `Engine::plan_preemption`): (own project, priority, work lost in GPU-ms,
+/// latest start first, id).
+type VictimKey = (u8, i32, u64, Reverse<Timestamp>, WorkloadId);
+
 /// Order inside a project: higher priority, then earlier submit, then lower id.
 pub(crate) type QueueKey = (Reverse<i32>, Timestamp, WorkloadId);
 
@@ -177,6 +203,20 @@ pub struct Engine {
     /// Started workloads per project: the only pre-emption candidates.
     running: Vec<BTreeSet<WorkloadId>>,
     preemptors: BTreeSet<WorkloadId>,
+    /// What each waiting pre-emptor will charge once its victims are gone: (project, line,
+    /// shares). The arbiter counts it as the project's usage, as Kueue reserves a
+    /// pre-emptor's quota, so that two claimants never reclaim for the same guarantee.
+    reservations: BTreeMap<WorkloadId, (ProjectId, QuotaKey, Shares)>,
+    /// Shares per (project, line) held by workloads told to stop: still charged until the
+    /// backend reports the stop, but no longer lasting usage when judging who borrows.
+    stopping_shares: BTreeMap<(ProjectId, QuotaKey), Shares>,
+    /// Per waiting pre-emptor, the placement its pre-emption was planned for. During a cycle
+    /// the free parts of it are held (`held`), so that nobody else (a requeued victim
+    /// included) takes the room it counted on and forces another round of pre-emption.
+    planned: BTreeMap<WorkloadId, Placement>,
+    /// Room held for waiting pre-emptors during one cycle: single-member placements with the
+    /// CPU and memory taken for each. Empty between cycles.
+    held: BTreeMap<WorkloadId, Vec<(Placement, u64, u64)>>,
     rejected: Vec<(WorkloadId, RejectReason)>,
     stop_requests: BTreeMap<WorkloadId, StopReason>,
     /// (end time, workload) for running workloads with a max runtime.
@@ -341,6 +381,10 @@ impl Engine {
             queues: vec![BTreeSet::new(); project_count],
             running: vec![BTreeSet::new(); project_count],
             preemptors: BTreeSet::new(),
+            reservations: BTreeMap::new(),
+            stopping_shares: BTreeMap::new(),
+            planned: BTreeMap::new(),
+            held: BTreeMap::new(),
             rejected: Vec::new(),
             stop_requests: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -403,10 +447,7 @@ impl Engine {
         self.projects.get(id.0 as usize).map_or(Shares::ZERO, |p| p.allocated)
     }
     /// The quota lines of a project: (key, used, guaranteed, borrow limit, lend limit).
-    pub fn project_lines(
-        &self,
-        id: ProjectId,
-    ) -> Vec<(QuotaKey, Shares, Shares, Option<Shares>, Option<Shares>)> {
+    pub fn project_lines(&self, id: ProjectId) -> Vec<ProjectLineView> {
         self.quota.lines.get(id.0 as usize).map_or(Vec::new(), |lines| {
             lines
                 .iter()
@@ -429,19 +470,26 @@ impl Engine {
         let mut cpu_held = vec![0u64; self.capacity.nodes.len()];
         let mut mem_held = vec![0u64; self.capacity.nodes.len()];
         let mut charged: BTreeMap<(ProjectId, QuotaKey), Shares> = BTreeMap::new();
+        let mut stopping: BTreeMap<(ProjectId, QuotaKey), Shares> = BTreeMap::new();
         let mut allocated = vec![Shares::ZERO; self.projects.len()];
         for (id, w) in &self.workloads {
             let queued = self.queues[w.project.0 as usize].contains(&w.queue_key());
             match (w.stage, &w.allocation) {
                 (Stage::Pending, None) if queued => {}
-                (Stage::Pending, _) => return Err(format!("pending {id} holds devices or is not queued")),
+                (Stage::Pending, _) => {
+                    return Err(format!("pending {id} holds devices or is not queued"));
+                }
                 (_, None) => return Err(format!("{id} is {:?} without an allocation", w.stage)),
                 (_, Some(a)) => {
                     if queued {
                         return Err(format!("{id} is admitted and still queued"));
                     }
                     if a.placement.members.len() != w.spec.members as usize {
-                        return Err(format!("{id} placed {} of {} members", a.placement.members.len(), w.spec.members));
+                        return Err(format!(
+                            "{id} placed {} of {} members",
+                            a.placement.members.len(),
+                            w.spec.members
+                        ));
                     }
                     for m in &a.placement.members {
                         let n = m.node.0 as usize;
@@ -459,11 +507,29 @@ impl Engine {
                     if let Some(key) = a.key {
                         let c = charged.entry((w.project, key)).or_default();
                         *c = c.saturating_add(a.shares);
+                        if w.stage == Stage::Stopping {
+                            let st = stopping.entry((w.project, key)).or_default();
+                            *st = st.saturating_add(a.shares);
+                        }
                     }
                     allocated[w.project.0 as usize] =
                         allocated[w.project.0 as usize].saturating_add(a.shares);
                 }
             }
+        }
+        if !self.held.is_empty() {
+            return Err("room still held for pre-emptors between cycles".into());
+        }
+        if self.planned.keys().any(|p| !self.preemptors.contains(p))
+            || self.reservations.keys().any(|p| !self.preemptors.contains(p))
+        {
+            return Err("a plan or reservation for a workload that waits for no victim".into());
+        }
+        if stopping != self.stopping_shares {
+            return Err(format!(
+                "stopping shares {:?} but stopping workloads hold {stopping:?}",
+                self.stopping_shares
+            ));
         }
         for (n, node) in self.capacity.nodes.iter().enumerate() {
             for (d, dev) in node.devices.iter().enumerate() {
@@ -474,7 +540,9 @@ impl Engine {
                     ));
                 }
             }
-            if node.free_cpu + cpu_held[n] != node.cpu_total || node.free_mem + mem_held[n] != node.mem_total {
+            if node.free_cpu + cpu_held[n] != node.cpu_total
+                || node.free_mem + mem_held[n] != node.mem_total
+            {
                 return Err(format!("node {}: CPU or memory double-counted", self.node_names[n]));
             }
         }
@@ -483,12 +551,18 @@ impl Engine {
             for (key, line) in lines {
                 let expect = charged.get(&(project, *key)).copied().unwrap_or_default();
                 if line.used != expect {
-                    return Err(format!("{} {:?}: used {} but allocations hold {}", self.projects[p].name, key, line.used, expect));
+                    return Err(format!(
+                        "{} {:?}: used {} but allocations hold {}",
+                        self.projects[p].name, key, line.used, expect
+                    ));
                 }
                 if let Some(view) = self.quota.view(project, *key)
                     && line.used > view.max
                 {
-                    return Err(format!("{} {:?}: used {} above its maximum {}", self.projects[p].name, key, line.used, view.max));
+                    return Err(format!(
+                        "{} {:?}: used {} above its maximum {}",
+                        self.projects[p].name, key, line.used, view.max
+                    ));
                 }
             }
             if allocated[p] != self.projects[p].allocated {
@@ -507,7 +581,10 @@ impl Engine {
                     .map(|l| l.pool_use().0)
                     .sum();
                 if used != pool.used.0 || pool.used > pool.contributed {
-                    return Err(format!("cohort {}: pool {:?} used {} (lines say {used}) of {}", self.cohort_names[c], key, pool.used, pool.contributed));
+                    return Err(format!(
+                        "cohort {}: pool {:?} used {} (lines say {used}) of {}",
+                        self.cohort_names[c], key, pool.used, pool.contributed
+                    ));
                 }
             }
         }
@@ -642,8 +719,18 @@ impl Engine {
     /// Frees what the workload holds; it stays in the map (the caller decides its fate).
     fn release(&mut self, id: WorkloadId) {
         let Some(w) = self.workloads.get_mut(&id) else { return };
+        let stopping = w.stage == Stage::Stopping;
         let Some(alloc) = w.allocation.take() else { return };
         let project = w.project;
+        if stopping && let Some(key) = alloc.key {
+            let gone = self.stopping_shares.get(&(project, key)).copied().unwrap_or_default();
+            let left = gone.saturating_sub(alloc.shares);
+            if left == Shares::ZERO {
+                self.stopping_shares.remove(&(project, key));
+            } else {
+                self.stopping_shares.insert((project, key), left);
+            }
+        }
         let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
         if let (Some(max), Some(started)) = (w.spec.max_runtime_ms, alloc.started_at) {
             self.deadlines.remove(&(Timestamp(started.0.saturating_add(max)), id));
@@ -669,14 +756,14 @@ impl Engine {
         self.release(id);
         if let Some(w) = self.workloads.remove(&id) {
             self.queues[w.project.0 as usize].remove(&w.queue_key());
-            self.preemptors.remove(&id);
+            self.end_wait(id);
             self.stop_requests.remove(&id);
         }
     }
 
     /// Moves the fair-share clock: decays each project's average allocation toward its
     /// current allocation with the configured half-life (exact for piecewise-constant use).
-    fn advance(&mut self, now: Timestamp) {
+    pub(crate) fn advance(&mut self, now: Timestamp) {
         if now <= self.clock {
             return;
         }
@@ -705,14 +792,21 @@ impl Engine {
             out.push(Decision::Reject { workload, reason });
         }
 
+        self.stop_due(now, &mut out);
+        self.admission_cycle(now, &mut out, None);
+        out
+    }
+
+    /// Step 2, shared with `explain` so that it sees the state the cycle sees.
+    pub(crate) fn stop_due(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
         // 2. Stops the engine owes: cancellations, then max runtimes that have passed.
         for (id, reason) in std::mem::take(&mut self.stop_requests) {
-            if let Some(w) = self.workloads.get_mut(&id)
-                && matches!(w.stage, Stage::Assumed | Stage::Running)
+            if self
+                .workloads
+                .get(&id)
+                .is_some_and(|w| matches!(w.stage, Stage::Assumed | Stage::Running))
             {
-                w.stage = Stage::Stopping;
-                w.stop_kind = Some(StopKind::Cancelled);
-                self.running[w.project.0 as usize].remove(&id);
+                self.mark_stopping(id, StopKind::Cancelled);
                 out.push(Decision::Stop { workload: id, reason });
             }
         }
@@ -721,23 +815,18 @@ impl Engine {
                 break;
             }
             self.deadlines.pop_first();
-            if let Some(w) = self.workloads.get_mut(&id)
+            if let Some(w) = self.workloads.get(&id)
                 && w.stage == Stage::Running
             {
                 let started = w.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
-                w.stage = Stage::Stopping;
-                w.stop_kind = Some(StopKind::MaxRuntime);
-                self.running[w.project.0 as usize].remove(&id);
                 let reason = StopReason::MaxRuntimeExceeded {
                     max_runtime_ms: w.spec.max_runtime_ms.unwrap_or(0),
                     ran_ms: now.since(started),
                 };
+                self.mark_stopping(id, StopKind::MaxRuntime);
                 out.push(Decision::Stop { workload: id, reason });
             }
         }
-
-        self.admission_cycle(now, &mut out, None);
-        out
     }
 
     /// Steps 3 and 4. With `only`, stops after deciding that workload (used by `explain`).
@@ -747,13 +836,75 @@ impl Engine {
         out: &mut Vec<Decision>,
         only: Option<WorkloadId>,
     ) {
+        // Hold the free parts of every still-waiting pre-emptor's planned placement.
+        for id in self.preemptors.clone() {
+            let waiting = self.workloads.get(&id).is_some_and(|w| {
+                w.waiting_for
+                    .iter()
+                    .any(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
+            });
+            if waiting {
+                self.hold_plan(id);
+            }
+        }
+        self.admission_steps(now, out, only);
+        for id in self.held.keys().copied().collect::<Vec<_>>() {
+            self.release_hold(id);
+        }
+    }
+
+    /// Takes what is free now of the pre-emptor's planned placement, until `release_hold`.
+    fn hold_plan(&mut self, preemptor: WorkloadId) {
+        let (Some(plan), Some(w)) = (self.planned.get(&preemptor), self.workloads.get(&preemptor))
+        else {
+            return;
+        };
+        let plan = plan.clone();
+        let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+        for member in &plan.members {
+            let node = &self.capacity.nodes[member.node.0 as usize];
+            let devices: Vec<DeviceShare> = member
+                .devices
+                .iter()
+                .filter_map(|d| {
+                    let take = node.devices.get(d.device as usize)?.free.min(d.shares);
+                    (take > 0).then_some(DeviceShare { device: d.device, shares: take })
+                })
+                .collect();
+            let (c, m) = (node.free_cpu.min(cpu), node.free_mem.min(mem));
+            let part = Placement {
+                model: plan.model,
+                members: vec![MemberPlacement { node: member.node, devices }],
+            };
+            self.capacity.take(&part, c, m);
+            self.held.entry(preemptor).or_default().push((part, c, m));
+        }
+    }
+
+    /// Gives back what `hold_plan` took; an exact inverse.
+    fn release_hold(&mut self, preemptor: WorkloadId) {
+        for (part, cpu, mem) in self.held.remove(&preemptor).unwrap_or_default() {
+            self.capacity.give(&part, cpu, mem);
+        }
+    }
+
+    fn admission_steps(
+        &mut self,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+        only: Option<WorkloadId>,
+    ) {
         let mut failed_shapes: BTreeSet<ShapeKey> = BTreeSet::new();
         let mut handled: BTreeSet<WorkloadId> = BTreeSet::new();
+
+        // Pre-emptors that did not start, per project: under strict FIFO they are heads that
+        // block everyone queued behind them in step 4.
+        let mut stuck: BTreeMap<usize, (QueueKey, WorkloadId)> = BTreeMap::new();
 
         // 3. Pre-emptors: wait while a victim still holds devices; go first once all are gone.
         for id in self.preemptors.clone() {
             let Some(w) = self.workloads.get(&id) else {
-                self.preemptors.remove(&id);
+                self.end_wait(id);
                 continue;
             };
             let still: Vec<WorkloadId> = w
@@ -763,15 +914,21 @@ impl Engine {
                 .filter(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
                 .collect();
             handled.insert(id);
-            if still.is_empty() {
-                self.preemptors.remove(&id);
+            let (p, key) = (w.project.0 as usize, w.queue_key());
+            let started = if still.is_empty() {
+                self.end_wait(id);
+                self.release_hold(id);
                 if let Some(w) = self.workloads.get_mut(&id) {
                     w.waiting_for.clear();
                 }
-                self.schedule_one(now, id, &mut failed_shapes, out);
+                self.schedule_one(now, id, &mut failed_shapes, out) == OutcomeKind::Admitted
             } else {
                 let reason = DeferReason::WaitingForPreemption { victims: still };
                 out.push(Decision::Defer { workload: id, reason });
+                false
+            };
+            if !started && stuck.get(&p).is_none_or(|&(k, _)| key < k) {
+                stuck.insert(p, (key, id));
             }
             if only == Some(id) {
                 return;
@@ -793,16 +950,33 @@ impl Engine {
         }
         while let Some((_, _, project)) = order.pop_first() {
             let p = project.0 as usize;
+            let strict = self.projects[p].queueing == Queueing::StrictFifo;
             let id = snapshot[p][cursor[p]];
-            cursor[p] += 1;
-            let outcome = self.schedule_one(now, id, &mut failed_shapes, out);
-            if only == Some(id) {
-                return;
-            }
-            let blocked = !matches!(outcome, OutcomeKind::Admitted);
-            if blocked && self.projects[p].queueing == Queueing::StrictFifo {
+            let stuck_head = stuck
+                .get(&p)
+                .filter(|&&(k, _)| strict && k < self.workloads[&id].queue_key())
+                .map(|&(_, head)| head);
+            let head = match stuck_head {
+                // Behind a pre-emptor that has not started: blocked like the rest below.
+                Some(head) => head,
+                None => {
+                    cursor[p] += 1;
+                    let outcome = self.schedule_one(now, id, &mut failed_shapes, out);
+                    if only == Some(id) {
+                        return;
+                    }
+                    if outcome == OutcomeKind::Admitted {
+                        if let Some(&next) = snapshot[p].get(cursor[p]) {
+                            order.insert(self.project_order_key(project, next));
+                        }
+                        continue;
+                    }
+                    id
+                }
+            };
+            if strict {
                 for &behind in &snapshot[p][cursor[p]..] {
-                    let reason = DeferReason::BlockedByFifo { head: id };
+                    let reason = DeferReason::BlockedByFifo { head };
                     out.push(Decision::Defer { workload: behind, reason });
                     if only == Some(behind) {
                         return;
@@ -845,7 +1019,10 @@ impl Engine {
         self.candidate_models(w).find_map(|m| self.quota.resolve(w.project, QuotaKey::Model(m)))
     }
 
-    fn candidate_models<'a>(&'a self, w: &'a WorkloadState) -> Box<dyn Iterator<Item = ModelId> + 'a> {
+    fn candidate_models<'a>(
+        &'a self,
+        w: &'a WorkloadState,
+    ) -> Box<dyn Iterator<Item = ModelId> + 'a> {
         if w.models.is_empty() {
             Box::new((0..self.models.len()).map(|m| ModelId(m as u16)))
         } else {
@@ -903,7 +1080,9 @@ impl Engine {
         let known_failure = failed_shapes.contains(&shape_key);
 
         if total == Shares::ZERO {
-            if !known_failure && let Some(placement) = self.capacity.find(None, shape, members, same_node) {
+            if !known_failure
+                && let Some(placement) = self.capacity.find(None, shape, members, same_node)
+            {
                 self.commit(now, id, None, placement.clone());
                 return Outcome::Admitted(Decision::Admit {
                     workload: id,
@@ -912,7 +1091,9 @@ impl Engine {
                 });
             }
             failed_shapes.insert(shape_key);
-            return Outcome::Deferred(DeferReason::NoPlacement(self.facts(None, shape, members, same_node)));
+            return Outcome::Deferred(DeferReason::NoPlacement(
+                self.facts(None, shape, members, same_node),
+            ));
         }
 
         let models: Vec<ModelId> = self.candidate_models(w).collect();
@@ -954,8 +1135,8 @@ impl Engine {
 
         if !known_failure {
             for (m, key) in preemptible_models {
-                if let Some(victims) = self.plan_preemption(now, id, m, key, true) {
-                    return Outcome::Preempting(self.start_preemption(id, key, victims));
+                if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
+                    return Outcome::Preempting(self.start_preemption(id, key, victims, placement));
                 }
             }
         }
@@ -1004,7 +1185,9 @@ impl Engine {
                 preempt_key: Some(key),
             };
         }
-        if search && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.same_node) {
+        if search
+            && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.same_node)
+        {
             return ModelCheck::Fits(key, placement);
         }
         ModelCheck::Blocked {
@@ -1013,7 +1196,13 @@ impl Engine {
         }
     }
 
-    fn ever_placeable(&self, m: ModelId, shape: MemberShape, members: u32, same_node: bool) -> bool {
+    fn ever_placeable(
+        &self,
+        m: ModelId,
+        shape: MemberShape,
+        members: u32,
+        same_node: bool,
+    ) -> bool {
         let per_node = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
         match shape.gpus {
             GpuRequest::Whole(k) if same_node => k.saturating_mul(members) <= per_node,
@@ -1054,7 +1243,13 @@ impl Engine {
         }
     }
 
-    fn commit(&mut self, _now: Timestamp, id: WorkloadId, key: Option<QuotaKey>, placement: Placement) {
+    fn commit(
+        &mut self,
+        _now: Timestamp,
+        id: WorkloadId,
+        key: Option<QuotaKey>,
+        placement: Placement,
+    ) {
         let Some(w) = self.workloads.get_mut(&id) else { return };
         let shares = w.spec.total_shares();
         self.capacity.take(&placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
@@ -1091,7 +1286,7 @@ impl Engine {
         m: ModelId,
         key: QuotaKey,
         protect: bool,
-    ) -> Option<Vec<(WorkloadId, PreemptReason)>> {
+    ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
         let w = &self.workloads[&id];
         let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
         let (shape, members, same_node) = (w.shape(), w.spec.members, w.spec.same_node);
@@ -1108,7 +1303,7 @@ impl Engine {
                             .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
         };
         // (is_own, priority, lost work, Reverse(start), id)
-        let mut candidates: Vec<((u8, i32, u64, Reverse<Timestamp>, WorkloadId), bool)> = Vec::new();
+        let mut candidates: Vec<(VictimKey, bool)> = Vec::new();
         let mut own_shares = Shares::ZERO;
         for &v in &self.running[project.0 as usize] {
             let vw = &self.workloads[&v];
@@ -1117,13 +1312,14 @@ impl Engine {
                 candidates.push((self.victim_key(now, vw, 1), false));
             }
         }
-        let line = self.quota.line(project, key)?;
+        let guaranteed = self.quota.line(project, key)?.guaranteed;
         let reclaim_possible =
-            line.used.saturating_sub(own_shares).saturating_add(total) <= line.guaranteed;
+            self.committed(project, key, id).saturating_sub(own_shares).saturating_add(total)
+                <= guaranteed;
         if reclaim_possible {
             for (q, other) in self.projects.iter().enumerate() {
                 let q = ProjectId(q as u32);
-                if q == project || other.cohort != cohort || !self.quota.is_borrowing(q, key) {
+                if q == project || other.cohort != cohort || !self.borrows(q, key, id) {
                     continue;
                 }
                 for &v in &self.running[q.0 as usize] {
@@ -1134,87 +1330,137 @@ impl Engine {
                 }
             }
         }
-        if candidates.is_empty() {
-            return None;
-        }
         candidates.sort();
 
         let fits = |engine: &mut Engine| -> bool {
             engine.quota.view(project, key).is_some_and(|v| v.available >= total)
                 && engine.capacity.find(Some(m), shape, members, same_node).is_some()
         };
-        let mut removed: Vec<(WorkloadId, bool)> = Vec::new();
-        let mut fit = false;
-        for &(k, is_reclaim) in &candidates {
-            let v = k.4;
-            let v_project = self.workloads[&v].project;
-            if is_reclaim && !self.quota.is_borrowing(v_project, key) {
+        // Two passes, as Kueue's classical algorithm: first with reclaim candidates (valid
+        // only if the claimant ends within its guarantee), then with the claimant's own
+        // lower-priority work alone, so that a failed reclaim never hides a priority
+        // pre-emption that works by itself.
+        for with_reclaim in [true, false] {
+            let pass: Vec<_> = candidates.iter().filter(|c| with_reclaim || !c.1).collect();
+            if pass.is_empty() || (!with_reclaim && pass.len() == candidates.len()) {
                 continue;
             }
-            self.lift(v);
-            removed.push((v, is_reclaim));
-            if fits(self) {
-                fit = true;
-                break;
-            }
-        }
-        let mut kept_out = vec![true; removed.len()];
-        if fit && removed.len() > 1 {
-            for i in (0..removed.len() - 1).rev() {
-                self.unlift(removed[i].0);
+            let mut removed: Vec<(WorkloadId, bool)> = Vec::new();
+            let mut fit = false;
+            for &&(k, is_reclaim) in &pass {
+                let v = k.4;
+                let v_project = self.workloads[&v].project;
+                // A borrower back within its guarantee is not reclaimed from any further.
+                if is_reclaim && !self.borrows(v_project, key, id) {
+                    continue;
+                }
+                self.lift(v);
+                removed.push((v, is_reclaim));
                 if fits(self) {
-                    kept_out[i] = false;
-                } else {
-                    self.lift(removed[i].0);
+                    fit = true;
+                    break;
                 }
             }
-        }
-        // Reclaim is only for a claimant that ends within its guarantee.
-        let uses_reclaim = removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1);
-        let within_after = self
-            .quota
-            .line(project, key)
-            .is_some_and(|l| l.used.saturating_add(total) <= l.guaranteed);
-        let ok = fit && (!uses_reclaim || within_after);
-        // Reasons are computed while the victims are still lifted, then the state is restored.
-        let mut victims = Vec::new();
-        for (i, &(v, is_reclaim)) in removed.iter().enumerate().rev() {
-            if !kept_out[i] {
-                continue;
-            }
-            self.unlift(v);
-            if ok {
-                let vw = &self.workloads[&v];
-                let reason = if is_reclaim {
-                    PreemptReason::QuotaReclaim {
-                        borrower: vw.project,
-                        claimant: project,
-                        key,
-                        borrowed: self
-                            .quota
-                            .line(vw.project, key)
-                            .map_or(Shares::ZERO, QuotaLine::borrowed),
+            let mut kept_out = vec![true; removed.len()];
+            if fit && removed.len() > 1 {
+                for i in (0..removed.len() - 1).rev() {
+                    self.unlift(removed[i].0);
+                    if fits(self) {
+                        kept_out[i] = false;
+                    } else {
+                        self.lift(removed[i].0);
                     }
-                } else {
-                    PreemptReason::Priority {
-                        project,
-                        victim_priority: vw.priority,
-                        preemptor_priority: priority,
-                    }
-                };
-                victims.push((v, reason));
+                }
+            }
+            // Reclaim is only for a claimant that ends within its guarantee.
+            let uses_reclaim = removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1);
+            let within_after = self.committed(project, key, id).saturating_add(total) <= guaranteed;
+            let ok = fit && (!uses_reclaim || within_after);
+            // The room the workload will take once its victims are gone.
+            let placement =
+                if ok { self.capacity.find(Some(m), shape, members, same_node) } else { None };
+            // Reasons are computed while the victims are still lifted, then the state is
+            // restored.
+            let mut victims = Vec::new();
+            for (i, &(v, is_reclaim)) in removed.iter().enumerate().rev() {
+                if !kept_out[i] {
+                    continue;
+                }
+                self.unlift(v);
+                if ok {
+                    let vw = &self.workloads[&v];
+                    let reason = if is_reclaim {
+                        let line =
+                            self.quota.line(vw.project, key).map_or(Shares::ZERO, |l| l.guaranteed);
+                        PreemptReason::QuotaReclaim {
+                            borrower: vw.project,
+                            claimant: project,
+                            key,
+                            borrowed: self.committed(vw.project, key, id).saturating_sub(line),
+                        }
+                    } else {
+                        PreemptReason::Priority {
+                            project,
+                            victim_priority: vw.priority,
+                            preemptor_priority: priority,
+                        }
+                    };
+                    victims.push((v, reason));
+                }
+            }
+            if let Some(placement) = placement {
+                victims.sort_by_key(|(v, _)| *v);
+                return Some((victims, placement));
             }
         }
-        victims.sort_by_key(|(v, _)| *v);
-        ok.then_some(victims)
+        None
     }
 
-    fn victim_key(
-        &self,
-        now: Timestamp,
-        v: &WorkloadState,
-        is_own: u8,
-    ) -> (u8, i32, u64, Reverse<Timestamp>, WorkloadId) {
+    /// What a project's line will hold once the workloads told to stop are gone and its
+    /// waiting pre-emptors (other than `except`) have started: the usage by which the arbiter
+    /// judges who borrows and whether a claimant ends within its guarantee.
+    fn committed(&self, project: ProjectId, key: QuotaKey, except: WorkloadId) -> Shares {
+        let used = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
+        let stopping = self.stopping_shares.get(&(project, key)).copied().unwrap_or_default();
+        let reserved: u64 = self
+            .reservations
+            .iter()
+            .filter(|(w, (p, k, _))| **w != except && *p == project && *k == key)
+            .map(|(_, (_, _, s))| s.0)
+            .sum();
+        used.saturating_sub(stopping).saturating_add(Shares(reserved))
+    }
+
+    /// Whether `project` borrows on `key` by its committed usage (see `committed`).
+    fn borrows(&self, project: ProjectId, key: QuotaKey, except: WorkloadId) -> bool {
+        self.quota
+            .line(project, key)
+            .is_some_and(|l| self.committed(project, key, except) > l.guaranteed)
+    }
+
+    /// Tells an admitted workload to stop: it is no pre-emption candidate any more and no
+    /// lasting usage, though it holds its devices and quota until the backend reports the stop.
+    fn mark_stopping(&mut self, id: WorkloadId, kind: StopKind) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        w.stage = Stage::Stopping;
+        w.stop_kind = Some(kind);
+        self.running[w.project.0 as usize].remove(&id);
+        if let Some(a) = &w.allocation
+            && let Some(key) = a.key
+        {
+            let s = self.stopping_shares.entry((w.project, key)).or_default();
+            *s = s.saturating_add(a.shares);
+        }
+    }
+
+    /// A pre-emptor stops waiting (its victims are gone, or it left the engine).
+    fn end_wait(&mut self, id: WorkloadId) {
+        self.preemptors.remove(&id);
+        self.reservations.remove(&id);
+        self.planned.remove(&id);
+    }
+
+    fn victim_key(&self, now: Timestamp, v: &WorkloadState, is_own: u8) -> VictimKey {
         let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
         let since = v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started);
         let gpus_ms = v.spec.total_shares().0.saturating_mul(now.since(since)) / SHARES_PER_GPU;
@@ -1225,7 +1471,11 @@ impl Engine {
     fn lift(&mut self, v: WorkloadId) {
         let w = &self.workloads[&v];
         if let Some(a) = &w.allocation {
-            self.capacity.give(&a.placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+            self.capacity.give(
+                &a.placement,
+                w.spec.cpu_millis_per_member,
+                w.spec.memory_mib_per_member,
+            );
             if let Some(key) = a.key {
                 self.quota.release(w.project, key, a.shares);
             }
@@ -1236,7 +1486,11 @@ impl Engine {
     fn unlift(&mut self, v: WorkloadId) {
         let w = &self.workloads[&v];
         if let Some(a) = &w.allocation {
-            self.capacity.take(&a.placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+            self.capacity.take(
+                &a.placement,
+                w.spec.cpu_millis_per_member,
+                w.spec.memory_mib_per_member,
+            );
             if let Some(key) = a.key {
                 self.quota.charge(w.project, key, a.shares);
             }
@@ -1246,28 +1500,32 @@ impl Engine {
     fn start_preemption(
         &mut self,
         preemptor: WorkloadId,
-        _key: QuotaKey,
+        key: QuotaKey,
         victims: Vec<(WorkloadId, PreemptReason)>,
+        placement: Placement,
     ) -> Vec<Decision> {
         let mut decisions = Vec::with_capacity(victims.len());
         for (v, reason) in victims {
-            let Some(vw) = self.workloads.get_mut(&v) else { continue };
+            let Some(vw) = self.workloads.get(&v) else { continue };
             let mode = self.projects[vw.project.0 as usize].mode;
-            vw.stage = Stage::Stopping;
-            vw.stop_kind = Some(StopKind::Preempted(mode));
-            self.running[vw.project.0 as usize].remove(&v);
+            let checkpoint_grace_ms = vw.spec.checkpointing.map(|c| c.grace_ms);
+            self.mark_stopping(v, StopKind::Preempted(mode));
             decisions.push(Decision::Preempt {
                 victim: v,
                 for_workload: preemptor,
                 mode,
                 reason,
-                checkpoint_grace_ms: vw.spec.checkpointing.map(|c| c.grace_ms),
+                checkpoint_grace_ms,
             });
         }
         if let Some(w) = self.workloads.get_mut(&preemptor) {
             w.waiting_for = decisions.iter().map(Decision::workload).collect();
+            self.reservations.insert(preemptor, (w.project, key, w.spec.total_shares()));
         }
         self.preemptors.insert(preemptor);
+        self.planned.insert(preemptor, placement);
+        // Hold its free room for the rest of this cycle too.
+        self.hold_plan(preemptor);
         decisions
     }
 }
@@ -1297,7 +1555,10 @@ impl Request {
 pub(crate) enum ModelCheck {
     Fits(QuotaKey, Placement),
     /// With `preempt_key`, removing victims charged to that line could help.
-    Blocked { reason: DeferReason, preempt_key: Option<QuotaKey> },
+    Blocked {
+        reason: DeferReason,
+        preempt_key: Option<QuotaKey>,
+    },
 }
 
 impl ModelCheck {

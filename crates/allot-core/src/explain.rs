@@ -75,13 +75,18 @@ impl Engine {
             ahead: ahead.iter().copied().take(AHEAD_NAMED_MAX).collect(),
         });
 
+        // The clone runs the cycle as `decide` would at `now`: clock moved, owed stops made.
         let mut sim = self.clone();
         let mut decisions = Vec::new();
+        sim.advance(now);
+        sim.stop_due(now, &mut decisions);
         sim.admission_cycle(now, &mut decisions, Some(id));
         explanation.decision = decisions
             .iter()
             .rev()
-            .find(|d| matches!(d, Decision::Admit { .. } | Decision::Defer { .. }) && d.workload() == id)
+            .find(|d| {
+                matches!(d, Decision::Admit { .. } | Decision::Defer { .. }) && d.workload() == id
+            })
             .cloned();
         if !matches!(explanation.decision, Some(Decision::Defer { .. })) {
             return Some(explanation);
@@ -130,7 +135,8 @@ impl Engine {
                         let mut r = request;
                         r.members = members;
                         r.shape.gpus = GpuRequest::Whole(per);
-                        r.total = crate::ids::Shares::from_gpus(u64::from(per) * u64::from(members));
+                        r.total =
+                            crate::ids::Shares::from_gpus(u64::from(per) * u64::from(members));
                         if fits_any(&mut sim, &r, &accepted) {
                             found = Some((members, GpuRequest::Whole(per)));
                             break 'search;
@@ -138,7 +144,9 @@ impl Engine {
                     }
                 }
                 if let Some((members, gpus_per_member)) = found {
-                    explanation.counterfactuals.push(Counterfactual::FewerGpus { members, gpus_per_member });
+                    explanation
+                        .counterfactuals
+                        .push(Counterfactual::FewerGpus { members, gpus_per_member });
                 }
             }
             _ => {}
@@ -161,7 +169,7 @@ impl Engine {
         }
         // Named victims, ignoring protections.
         for (m, key) in keys {
-            if let Some(victims) = sim.plan_preemption(now, id, m, key, false) {
+            if let Some((victims, _)) = sim.plan_preemption(now, id, m, key, false) {
                 let victims = victims.into_iter().map(|(v, _)| v).collect();
                 explanation.counterfactuals.push(Counterfactual::Reclaim { victims });
                 break;

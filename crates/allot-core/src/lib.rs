@@ -24,6 +24,6 @@ pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 pub use model::{
-    Checkpointing, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, QuotaModel, QuotaSpec, Queueing, WorkloadKind, WorkloadSpec,
+    Checkpointing, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
+    ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
 };

@@ -35,9 +35,6 @@ impl QuotaLine {
     pub fn pool_use(&self) -> Shares {
         self.used.saturating_sub(self.local())
     }
-    pub fn borrowed(&self) -> Shares {
-        self.used.saturating_sub(self.guaranteed)
-    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -138,10 +135,5 @@ impl QuotaBook {
         if let Some(pool) = self.pools[cohort].get_mut(&key) {
             pool.used = pool.used.saturating_sub(before).saturating_add(after);
         }
-    }
-
-    /// Whether the project uses more than its guarantee on `key`.
-    pub fn is_borrowing(&self, project: ProjectId, key: QuotaKey) -> bool {
-        self.line(project, key).is_some_and(|l| l.used > l.guaranteed)
     }
 }

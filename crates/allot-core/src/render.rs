@@ -1,6 +1,8 @@
 //! Decisions and reasons as sentences with names, for the CLI, logs and `why`.
 
-use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PreemptReason, RejectReason, StopReason};
+use crate::decision::{
+    AdmitReason, Decision, DeferReason, Placement, PreemptReason, RejectReason, StopReason,
+};
 use crate::engine::{Engine, Stage};
 use crate::explain::{Counterfactual, Explanation};
 use crate::model::GpuRequest;
@@ -132,7 +134,11 @@ impl Engine {
                 };
                 let block = match f.largest_free_block_node {
                     Some(node) => {
-                        format!("largest free block {} on {}", f.largest_free_block, self.node_name(node))
+                        format!(
+                            "largest free block {} on {}",
+                            f.largest_free_block,
+                            self.node_name(node)
+                        )
                     }
                     None => "no whole device free".to_string(),
                 };
@@ -161,7 +167,12 @@ impl Engine {
 
     /// A one-line summary: `admit train-1: within vision's guarantee …`.
     pub fn render(&self, decision: &Decision) -> String {
-        format!("{} {}: {}", decision.action(), self.wl(decision.workload()), self.render_reason(decision))
+        format!(
+            "{} {}: {}",
+            decision.action(),
+            self.wl(decision.workload()),
+            self.render_reason(decision)
+        )
     }
 
     /// A multi-line `why` report.
@@ -182,7 +193,11 @@ impl Engine {
             lines.push(format!(
                 "  position {} in its project queue{}",
                 q.position,
-                if ahead.is_empty() { String::new() } else { format!(", behind {}", ahead.join(", ")) }
+                if ahead.is_empty() {
+                    String::new()
+                } else {
+                    format!(", behind {}", ahead.join(", "))
+                }
             ));
         }
         if let Some(d) = &e.decision {

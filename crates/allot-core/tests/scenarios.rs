@@ -15,13 +15,17 @@
 //! submit NAME PROJECT gpus=N|0.5 [members=N] [class=C] [models=A|B] [same-node]
 //!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
 //!              [checkpoint=GRACE_MS] at=MS
-//! start|fail|stop|finish|cancel|checkpoint NAME at=MS
+//! start|fail|stop|finish|cancel|checkpoint NAME|id:N at=MS  # id:N: a raw id, maybe unknown
 //! decide at=MS                         # prints each decision
 //! settle at=MS                         # decide, then start every admit and stop every
 //!                                      # victim, until nothing changes; prints it all
 //! explain NAME at=MS                   # prints `why`
 //! usage PROJECT                        # prints the project's quota lines
 //! ```
+//! `gpus=N` (an integer) asks N whole GPUs per member; a number with a decimal point asks that
+//! fraction of one device, rounded to shares (`gpus=0.25` is 250 shares, `gpus=0.0001` is 0
+//! shares and `gpus=1.5` is 1500 shares, both invalid). `gpus=0` is a CPU-only workload.
+//!
 //! The engine's invariants (`Engine::audit`) are checked after every step.
 
 use std::collections::BTreeMap;
@@ -31,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 use allot_core::{
     Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
-    PreemptionMode, PriorityClassSpec, ProjectSpec, QuotaModel, QuotaSpec, Queueing, Shares,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares,
     Timestamp, WorkloadId, WorkloadSpec,
 };
 
@@ -54,8 +58,13 @@ fn scenarios() {
             failures.push(format!("{}: {msg}", file.display()));
         }
     }
-    assert!(failures.is_empty(), "{} scenario(s) failed:\n{}", failures.len(), failures.join("\n\n"));
-    assert!(files.len() >= 40, "expected at least 40 scenarios, found {}", files.len());
+    assert!(
+        failures.is_empty(),
+        "{} scenario(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+    assert!(files.len() >= 45, "expected at least 45 scenarios, found {}", files.len());
 }
 
 /// Runs one scenario file and compares (or, with `update`, rewrites) its expectation.
@@ -74,7 +83,9 @@ fn check(file: &Path, update: bool) -> Result<(), String> {
         fs::write(file, blessed).map_err(|e| e.to_string())?;
         return Ok(());
     }
-    Err(format!("output differs (UPDATE_EXPECT=1 to bless)\n--- expected\n{expected}--- actual\n{actual}"))
+    Err(format!(
+        "output differs (UPDATE_EXPECT=1 to bless)\n--- expected\n{expected}--- actual\n{actual}"
+    ))
 }
 
 #[derive(Default)]
@@ -104,7 +115,8 @@ fn run(script: &str) -> Result<String, String> {
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         let ctx = |e: String| format!("line {}: {e}: {raw}", n + 1);
-        let is_setup = matches!(words[0], "node" | "class" | "default" | "half-life" | "mode" | "project");
+        let is_setup =
+            matches!(words[0], "node" | "class" | "default" | "half-life" | "mode" | "project");
         if is_setup {
             if state.is_some() {
                 return Err(ctx("setup lines must come before events".into()));
@@ -155,7 +167,11 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                     None => (num(rest)?, 0),
                 };
                 for _ in 0..count {
-                    devices.push(DeviceSpec { model: model.to_string(), memory_mib: 81920, island });
+                    devices.push(DeviceSpec {
+                        model: model.to_string(),
+                        memory_mib: 81920,
+                        island,
+                    });
                 }
             }
             setup.nodes.push(NodeSpec {
@@ -173,7 +189,9 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
             value: words.get(2).ok_or("class needs a value")?.parse().map_err(|_| "bad value")?,
             preemptible: !flag(words, "fixed"),
         }),
-        "default" => setup.default_class = Some(words.get(1).ok_or("default needs a class")?.to_string()),
+        "default" => {
+            setup.default_class = Some(words.get(1).ok_or("default needs a class")?.to_string())
+        }
         "half-life" => setup.half_life_ms = num(words.get(1).ok_or("half-life needs ms")?)?,
         "mode" => setup.mode = mode(words.get(1).ok_or("mode needs a value")?)?,
         "project" => {
@@ -181,9 +199,14 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
             for (field, slot) in [("quota", 0), ("borrow", 1), ("lend", 2)] {
                 let Some(list) = args.get(field) else { continue };
                 for item in list.split(',') {
-                    let (model, amount) = item.split_once(':').ok_or(format!("bad {field} {item}"))?;
+                    let (model, amount) =
+                        item.split_once(':').ok_or(format!("bad {field} {item}"))?;
                     let q = quotas.entry(model.to_string()).or_insert_with(|| QuotaSpec {
-                        model: if model == "any" { QuotaModel::Any } else { QuotaModel::Model(model.to_string()) },
+                        model: if model == "any" {
+                            QuotaModel::Any
+                        } else {
+                            QuotaModel::Model(model.to_string())
+                        },
                         guaranteed: Shares::ZERO,
                         borrow_limit: None,
                         lend_limit: None,
@@ -202,7 +225,11 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                 department: args.get("dept").map(|s| s.to_string()),
                 quotas: quotas.into_values().collect(),
                 weight_milli: args.get("weight").map_or(Ok(1000), |w| gpus(w).map(|s| s.0))?,
-                queueing: if args.get("fifo") == Some(&"strict") { Queueing::StrictFifo } else { Queueing::BestEffortFifo },
+                queueing: if args.get("fifo") == Some(&"strict") {
+                    Queueing::StrictFifo
+                } else {
+                    Queueing::BestEffortFifo
+                },
                 preemption_mode: args.get("mode").map(|m| mode(m)).transpose()?,
             });
         }
@@ -226,7 +253,10 @@ fn build(setup: &Setup) -> Result<Run, String> {
         classes.push(PriorityClassSpec { name: "normal".into(), value: 0, preemptible: true });
     }
     let policy = PolicySpec {
-        default_priority_class: setup.default_class.clone().unwrap_or_else(|| classes[0].name.clone()),
+        default_priority_class: setup
+            .default_class
+            .clone()
+            .unwrap_or_else(|| classes[0].name.clone()),
         priority_classes: classes,
         projects: setup.projects.clone(),
         fair_share_half_life_ms: setup.half_life_ms,
@@ -240,7 +270,12 @@ fn at(words: &[&str]) -> Result<Timestamp, String> {
     kv(words).get("at").map(|t| num(t).map(Timestamp)).ok_or("missing at=MS")?
 }
 
+/// A submitted workload's id by name; `id:N` names the raw id N, for events about workloads the
+/// engine never saw.
 fn id_of(run: &Run, name: &str) -> Result<WorkloadId, String> {
+    if let Some(raw) = name.strip_prefix("id:") {
+        return num(raw).map(WorkloadId);
+    }
     run.ids.get(name).copied().ok_or(format!("unknown workload {name}"))
 }
 
@@ -251,14 +286,21 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
         "submit" => {
             let args = kv(words);
             let project = words.get(2).ok_or("submit needs a project")?;
-            let g = gpus(args.get("gpus").ok_or("submit needs gpus=")?)?;
-            let request = if g.0 % 1000 == 0 { GpuRequest::Whole((g.0 / 1000) as u32) } else { GpuRequest::Shares(g.0 as u32) };
+            let text = args.get("gpus").ok_or("submit needs gpus=")?;
+            let request = if text.contains('.') {
+                GpuRequest::Shares(gpus(text)?.0 as u32)
+            } else {
+                GpuRequest::Whole(num(text)? as u32)
+            };
             let id = run.next_id;
             run.next_id += 1;
             let mut spec = WorkloadSpec::new(id, name, project, request);
             spec.members = args.get("members").map_or(Ok(1), |m| num(m))? as u32;
             spec.priority_class = args.get("class").map(|s| s.to_string());
-            spec.gpu_models = args.get("models").map(|m| m.split('|').map(String::from).collect()).unwrap_or_default();
+            spec.gpu_models = args
+                .get("models")
+                .map(|m| m.split('|').map(String::from).collect())
+                .unwrap_or_default();
             spec.same_node = flag(words, "same-node");
             spec.cpu_millis_per_member = args.get("cpu").map_or(Ok(0), |c| num(c))? * 1000;
             spec.memory_mib_per_member = args.get("mem").map_or(Ok(0), |m| num(m))? * 1024;
@@ -267,7 +309,9 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
             spec.preemptible = flag(words, "fixed").then_some(false);
             spec.checkpointing = args
                 .get("checkpoint")
-                .map(|g| num(g).map(|grace_ms| Checkpointing { grace_ms, last_checkpoint_at: None }))
+                .map(|g| {
+                    num(g).map(|grace_ms| Checkpointing { grace_ms, last_checkpoint_at: None })
+                })
                 .transpose()?;
             run.ids.insert(name.to_string(), WorkloadId(id));
             run.engine.apply(now, Event::WorkloadSubmitted(spec));
@@ -299,7 +343,8 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
                             run.engine.apply(now, Event::AllocationStarted { workload: *workload });
                             acted = true;
                         }
-                        Decision::Preempt { victim, .. } | Decision::Stop { workload: victim, .. } => {
+                        Decision::Preempt { victim, .. }
+                        | Decision::Stop { workload: victim, .. } => {
                             run.engine.apply(now, Event::WorkloadStopped { workload: *victim });
                             acted = true;
                         }
@@ -323,7 +368,11 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
         "usage" => {
             let project = run.engine.project_id(name).ok_or(format!("unknown project {name}"))?;
             for (key, used, guaranteed, _, _) in run.engine.project_lines(project) {
-                let _ = writeln!(run.out, "usage {name} {}: {used}/{guaranteed}", run.engine.key_name(key));
+                let _ = writeln!(
+                    run.out,
+                    "usage {name} {}: {used}/{guaranteed}",
+                    run.engine.key_name(key)
+                );
             }
         }
         other => return Err(format!("unknown step {other}")),

@@ -22,10 +22,12 @@ fn normal_dependencies(manifest: &str) -> Vec<String> {
             }
             continue;
         }
-        if in_deps && !line.is_empty() && !line.starts_with('#') {
-            if let Some((name, _)) = line.split_once('=') {
-                deps.push(name.trim().to_string());
-            }
+        if in_deps
+            && !line.is_empty()
+            && !line.starts_with('#')
+            && let Some((name, _)) = line.split_once('=')
+        {
+            deps.push(name.trim().to_string());
         }
     }
     deps
@@ -35,8 +37,23 @@ fn normal_dependencies(manifest: &str) -> Vec<String> {
 fn core_has_no_forbidden_dependencies() {
     let manifest = fs::read_to_string(crate_dir().join("Cargo.toml")).expect("read manifest");
     let forbidden_prefixes = [
-        "allot", "tokio", "async", "futures", "serde", "hyper", "axum", "reqwest", "http",
-        "rusqlite", "sqlx", "rand", "getrandom", "chrono", "time", "walkdir", "tempfile",
+        "allot",
+        "tokio",
+        "async",
+        "futures",
+        "serde",
+        "hyper",
+        "axum",
+        "reqwest",
+        "http",
+        "rusqlite",
+        "sqlx",
+        "rand",
+        "getrandom",
+        "chrono",
+        "time",
+        "walkdir",
+        "tempfile",
     ];
     for dep in normal_dependencies(&manifest) {
         let bad = forbidden_prefixes.iter().any(|p| dep.starts_with(p));
@@ -97,6 +114,8 @@ fn core_sources_do_no_io_and_read_no_clock() {
 #[test]
 fn tidy_parser_sees_dependencies() {
     // Guards the check above against silently passing on a manifest it cannot read.
-    let deps = normal_dependencies("[dependencies]\nfoo = \"1\"\n[dependencies.bar]\n[dev-dependencies]\nbaz = \"1\"\n");
+    let deps = normal_dependencies(
+        "[dependencies]\nfoo = \"1\"\n[dependencies.bar]\n[dev-dependencies]\nbaz = \"1\"\n",
+    );
     assert_eq!(deps, vec!["foo".to_string(), "bar".to_string()]);
 }

@@ -1,0 +1,928 @@
+//! Property tests: random small clusters, policies and event sequences, with the engine's
+//! invariants checked after every step (STYLE.md, testing tier 3).
+//!
+//! After every step: `Engine::audit` holds (no device share or CPU held twice, free + held =
+//! capacity, quota usage = allocations, usage ≤ guarantee + allowed borrowing).
+//! After every `decide`:
+//! - each pending workload gets exactly one `Admit` or `Defer`, each rejected submission one
+//!   `Reject`, and nothing else gets one;
+//! - every victim was running, is preemptible, has run its min runtime, and goes once;
+//! - a `Priority` pre-emption is inside one project and strictly outranks its victim;
+//! - a `QuotaReclaim` victim's project was still borrowing (by its lasting usage: workloads
+//!   told to stop do not count, waiting pre-emptors do) when its last victim was chosen, and
+//!   the claimant ends within its guarantee;
+//! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
+//!
+//! The test keeps its own model of what it submitted (project, priority, preemptibility, min
+//! runtime, start times) rather than asking the engine for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use allot_core::{
+    Checkpointing, Decision, DeferReason, DeviceSpec, Engine, Event, GpuRequest, NodeSpec,
+    PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
+};
+use proptest::prelude::*;
+
+// ----- raw, shrinkable inputs ------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct RawNode {
+    /// (model index, island) per device.
+    devices: Vec<(u8, u8)>,
+    cpu_cores: u64,
+}
+
+#[derive(Clone, Debug)]
+struct RawLine {
+    /// `None`: the `any` line.
+    model: Option<u8>,
+    guaranteed: u64,
+    borrow: Option<u64>,
+    lend: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct RawProject {
+    cohort: Option<u8>,
+    lines: Vec<RawLine>,
+    weight_milli: u64,
+    strict: bool,
+    mode: Option<u8>,
+}
+
+#[derive(Clone, Debug)]
+struct RawSubmit {
+    /// An index modulo the project count; every tenth value names an unknown project.
+    project: u8,
+    /// An index modulo the class count; every twentieth value names an unknown class.
+    class: Option<u8>,
+    whole: Option<u32>,
+    shares: u32,
+    members: u32,
+    /// Indexes modulo the model count; every sixteenth value names a model nobody has.
+    models: Vec<u8>,
+    same_node: bool,
+    cpu_cores: u64,
+    min_runtime_ms: u64,
+    max_runtime_ms: Option<u64>,
+    fixed: bool,
+    checkpoint_grace_ms: Option<u64>,
+    /// Reuse an earlier id (a duplicate submission) instead of a fresh one.
+    duplicate: bool,
+}
+
+#[derive(Clone, Debug)]
+enum RawOp {
+    Submit(RawSubmit),
+    /// kind 0..6: start, fail, stop, finish, cancel, checkpoint. `id` is taken modulo one more
+    /// than the ids submitted so far, so that it may name a workload never submitted.
+    Event {
+        kind: u8,
+        id: u64,
+    },
+    Decide,
+    Settle,
+}
+
+#[derive(Clone, Debug)]
+struct RawCase {
+    models: u8,
+    nodes: Vec<RawNode>,
+    classes: Vec<(i32, bool)>,
+    half_life_ms: u64,
+    mode: u8,
+    projects: Vec<RawProject>,
+    steps: Vec<(u64, RawOp)>,
+}
+
+fn raw_line() -> impl Strategy<Value = RawLine> {
+    (
+        prop::option::weighted(0.7, 0u8..3),
+        prop_oneof![1 => Just(0u64), 6 => 1u64..=8],
+        any::<bool>(),
+        prop::option::of(0u64..=6),
+        prop::option::of(0u64..=6),
+    )
+        .prop_map(|(model, g, half, borrow, lend)| RawLine {
+            model,
+            guaranteed: g * 1000 + if half { 500 } else { 0 },
+            borrow: borrow.map(|b| b * 1000),
+            lend: lend.map(|l| l * 1000),
+        })
+}
+
+fn raw_project() -> impl Strategy<Value = RawProject> {
+    (
+        prop::option::weighted(0.8, prop_oneof![3 => Just(0u8), 1 => 1u8..3]),
+        prop::collection::vec(raw_line(), 1..=3),
+        prop_oneof![Just(1000u64), Just(500), Just(3000), Just(0)],
+        prop::bool::weighted(0.3),
+        prop::option::weighted(0.3, 0u8..3),
+    )
+        .prop_map(|(cohort, lines, weight_milli, strict, mode)| RawProject {
+            cohort,
+            lines,
+            weight_milli,
+            strict,
+            mode,
+        })
+}
+
+fn raw_submit() -> impl Strategy<Value = RawSubmit> {
+    (
+        (any::<u8>(), prop::option::weighted(0.6, any::<u8>())),
+        (
+            prop::option::weighted(0.8, prop_oneof![1 => Just(0u32), 6 => 1u32..=2, 2 => 3u32..=4]),
+            1u32..=999,
+            prop_oneof![4 => Just(1u32), 1 => 2u32..=3],
+        ),
+        (
+            prop_oneof![2 => Just(Vec::new()), 1 => prop::collection::vec(any::<u8>(), 1..=2)],
+            prop::bool::weighted(0.3),
+            0u64..=24,
+        ),
+        (
+            prop_oneof![3 => Just(0u64), 1 => Just(1000), 1 => Just(3000)],
+            prop::option::weighted(0.2, 1u64..=10),
+        ),
+        (
+            prop::bool::weighted(0.1),
+            prop::option::weighted(0.2, 0u64..=2000),
+            prop::bool::weighted(0.05),
+        ),
+    )
+        .prop_map(
+            |(
+                (project, class),
+                (whole, shares, members),
+                (models, same_node, cpu_cores),
+                (min_runtime_ms, max_runtime),
+                (fixed, checkpoint_grace_ms, duplicate),
+            )| RawSubmit {
+                project,
+                class,
+                whole,
+                shares,
+                members,
+                models,
+                same_node,
+                cpu_cores,
+                min_runtime_ms,
+                max_runtime_ms: max_runtime.map(|m| m * 1000),
+                fixed,
+                checkpoint_grace_ms,
+                duplicate,
+            },
+        )
+}
+
+fn raw_op() -> impl Strategy<Value = RawOp> {
+    prop_oneof![
+        9 => raw_submit().prop_map(RawOp::Submit),
+        5 => (0u8..6, any::<u64>()).prop_map(|(kind, id)| RawOp::Event { kind, id }),
+        3 => Just(RawOp::Decide),
+        5 => Just(RawOp::Settle),
+    ]
+}
+
+/// Half the cases are dense: one model, one cohort, distinct priorities and small requests,
+/// so that borrowing, reclaim and priority pre-emption happen often.
+fn raw_case() -> impl Strategy<Value = RawCase> {
+    prop_oneof![raw_case_general(), raw_case_dense()]
+}
+
+fn raw_case_dense() -> impl Strategy<Value = RawCase> {
+    let line = (
+        prop::bool::weighted(0.5),
+        1u64..=4,
+        prop::option::of(0u64..=4),
+        prop::option::of(0u64..=4),
+    )
+        .prop_map(|(any_line, g, borrow, lend)| RawLine {
+            model: (!any_line).then_some(0),
+            guaranteed: g * 1000,
+            borrow: borrow.map(|b| b * 1000),
+            lend: lend.map(|l| l * 1000),
+        });
+    let project = (line, prop::bool::weighted(0.2), prop::option::weighted(0.3, 0u8..3)).prop_map(
+        |(line, strict, mode)| RawProject {
+            cohort: Some(0),
+            lines: vec![line],
+            weight_milli: 1000,
+            strict,
+            mode,
+        },
+    );
+    (
+        prop::collection::vec(
+            (2usize..=6).prop_map(|n| RawNode { devices: vec![(0, 0); n], cpu_cores: 256 }),
+            1..=3,
+        ),
+        2usize..=3,
+        0u8..3,
+        prop::collection::vec(project, 2..=4),
+        prop::collection::vec((0u64..=3000, raw_op()), 20..=60),
+    )
+        .prop_map(|(nodes, n_classes, mode, projects, steps)| RawCase {
+            models: 1,
+            nodes,
+            classes: (0..n_classes).map(|c| (c as i32 - 1, true)).collect(),
+            half_life_ms: 0,
+            mode,
+            projects,
+            steps,
+        })
+}
+
+fn raw_case_general() -> impl Strategy<Value = RawCase> {
+    (
+        prop_oneof![2 => Just(1u8), 1 => 2u8..=3],
+        prop::collection::vec(
+            (
+                prop::collection::vec((0u8..3, 0u8..2), 1..=8),
+                prop_oneof![Just(16u64), Just(64), Just(256)],
+            )
+                .prop_map(|(devices, cpu_cores)| RawNode { devices, cpu_cores }),
+            1..=6,
+        ),
+        prop::collection::vec((-2i32..=2, prop::bool::weighted(0.85)), 1..=3),
+        prop_oneof![Just(0u64), Just(5000), Just(60_000)],
+        0u8..3,
+        prop::collection::vec(raw_project(), 1..=6),
+        prop::collection::vec((0u64..=3000, raw_op()), 1..=60),
+    )
+        .prop_map(|(models, nodes, classes, half_life_ms, mode, projects, steps)| RawCase {
+            models,
+            nodes,
+            classes,
+            half_life_ms,
+            mode,
+            projects,
+            steps,
+        })
+}
+
+// ----- a concrete case ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Step {
+    Submit(WorkloadSpec),
+    Event(Event),
+    Decide,
+    Settle,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    nodes: Vec<NodeSpec>,
+    policy: PolicySpec,
+    /// (time, step); times never go back.
+    steps: Vec<(Timestamp, Step)>,
+}
+
+fn mode_of(m: u8) -> PreemptionMode {
+    match m % 3 {
+        0 => PreemptionMode::Suspend,
+        1 => PreemptionMode::Requeue,
+        _ => PreemptionMode::Delete,
+    }
+}
+
+fn model_name(m: u8) -> String {
+    format!("M{m}")
+}
+
+/// Turns raw input into a valid cluster and policy (lend ≤ guarantee, no limits without a
+/// cohort, one line per key) and a step list with ids.
+fn build(raw: &RawCase) -> Case {
+    let n_models = raw.models;
+    let nodes = raw
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| NodeSpec {
+            name: format!("n{i}"),
+            cpu_millis: n.cpu_cores * 1000,
+            memory_mib: 1024 * 1024,
+            labels: BTreeMap::new(),
+            pool: None,
+            rack: None,
+            devices: n
+                .devices
+                .iter()
+                .map(|&(m, island)| DeviceSpec {
+                    model: model_name(m % n_models),
+                    memory_mib: 81920,
+                    island: u32::from(island),
+                })
+                .collect(),
+        })
+        .collect();
+    let classes: Vec<PriorityClassSpec> = raw
+        .classes
+        .iter()
+        .enumerate()
+        .map(|(i, &(value, preemptible))| PriorityClassSpec {
+            name: format!("c{i}"),
+            value,
+            preemptible,
+        })
+        .collect();
+    let projects = raw
+        .projects
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut quotas: BTreeMap<QuotaModel, QuotaSpec> = BTreeMap::new();
+            for l in &p.lines {
+                let model = match l.model {
+                    Some(m) => QuotaModel::Model(model_name(m % n_models)),
+                    None => QuotaModel::Any,
+                };
+                let in_cohort = p.cohort.is_some();
+                quotas.entry(model.clone()).or_insert(QuotaSpec {
+                    model,
+                    guaranteed: Shares(l.guaranteed),
+                    borrow_limit: l.borrow.filter(|_| in_cohort).map(Shares),
+                    lend_limit: l.lend.filter(|_| in_cohort).map(|x| Shares(x.min(l.guaranteed))),
+                });
+            }
+            ProjectSpec {
+                name: format!("p{i}"),
+                cohort: p.cohort.map(|c| format!("co{c}")),
+                department: None,
+                quotas: quotas.into_values().collect(),
+                weight_milli: p.weight_milli,
+                queueing: if p.strict { Queueing::StrictFifo } else { Queueing::BestEffortFifo },
+                preemption_mode: p.mode.map(mode_of),
+            }
+        })
+        .collect::<Vec<_>>();
+    let n_projects = projects.len() as u8;
+    let n_classes = classes.len() as u8;
+    let policy = PolicySpec {
+        default_priority_class: classes[0].name.clone(),
+        priority_classes: classes,
+        projects,
+        fair_share_half_life_ms: raw.half_life_ms,
+        preemption_mode: mode_of(raw.mode),
+    };
+
+    let mut now = 0u64;
+    let mut next_id = 1u64;
+    let mut steps = Vec::new();
+    for (dt, op) in &raw.steps {
+        now += dt;
+        let step = match op {
+            RawOp::Submit(s) => {
+                let id = if s.duplicate && next_id > 1 {
+                    next_id - 1
+                } else {
+                    next_id += 1;
+                    next_id - 1
+                };
+                let project = if s.project % 10 == 9 {
+                    "nope".into()
+                } else {
+                    format!("p{}", s.project % n_projects)
+                };
+                let gpus = match s.whole {
+                    Some(n) => GpuRequest::Whole(n),
+                    None => GpuRequest::Shares(s.shares),
+                };
+                let mut spec = WorkloadSpec::new(id, &format!("w{id}"), &project, gpus);
+                spec.members = s.members;
+                spec.priority_class = s.class.map(|c| {
+                    if c % 20 == 19 { "nope".into() } else { format!("c{}", c % n_classes) }
+                });
+                spec.gpu_models = s
+                    .models
+                    .iter()
+                    .map(|&m| if m % 16 == 15 { "X".into() } else { model_name(m % n_models) })
+                    .collect();
+                spec.same_node = s.same_node;
+                spec.cpu_millis_per_member = s.cpu_cores * 1000;
+                spec.min_runtime_ms = s.min_runtime_ms;
+                spec.max_runtime_ms = s.max_runtime_ms;
+                spec.preemptible = s.fixed.then_some(false);
+                spec.checkpointing = s
+                    .checkpoint_grace_ms
+                    .map(|grace_ms| Checkpointing { grace_ms, last_checkpoint_at: None });
+                Step::Submit(spec)
+            }
+            &RawOp::Event { kind, id } => {
+                let workload = WorkloadId(1 + id % next_id);
+                Step::Event(match kind {
+                    0 => Event::AllocationStarted { workload },
+                    1 => Event::AllocationFailed { workload, reason: "property".into() },
+                    2 => Event::WorkloadStopped { workload },
+                    3 => Event::WorkloadFinished { workload },
+                    4 => Event::WorkloadCancelled { workload },
+                    _ => Event::CheckpointSaved { workload },
+                })
+            }
+            RawOp::Decide => Step::Decide,
+            RawOp::Settle => Step::Settle,
+        };
+        steps.push((Timestamp(now), step));
+    }
+    Case { nodes, policy, steps }
+}
+
+// ----- the test's own model of the workloads -----------------------------------------------------
+
+/// What the test knows about a workload it submitted and the engine accepted.
+#[derive(Clone, Debug)]
+struct Known {
+    project: String,
+    priority: i32,
+    preemptible: bool,
+    min_runtime_ms: u64,
+    total: Shares,
+    /// Set when the engine moved it from admitted to running.
+    started_at: Option<Timestamp>,
+}
+
+/// Quota line of a project by key name ("any" or a model name).
+#[derive(Clone, Debug)]
+struct Line {
+    guaranteed: Shares,
+}
+
+struct Checker<'a> {
+    case: &'a Case,
+    engine: Engine,
+    known: BTreeMap<WorkloadId, Known>,
+    /// Per project: key name → line.
+    lines: BTreeMap<String, BTreeMap<String, Line>>,
+    cohort: BTreeMap<String, String>,
+    /// Waiting pre-emptors: id → (project, key, shares).
+    waiting: BTreeMap<WorkloadId, (String, String, Shares)>,
+    /// Submissions since the last decide that the engine must reject, by id.
+    rejects_due: Vec<WorkloadId>,
+    transcript: Vec<String>,
+}
+
+/// Rounds of `settle`; each round admits or stops something, so this bounds a settle.
+const SETTLE_ROUNDS_MAX: usize = 12;
+
+impl<'a> Checker<'a> {
+    fn new(case: &'a Case) -> Checker<'a> {
+        let engine = Engine::new(&case.nodes, &case.policy).expect("generated config is valid");
+        let mut lines = BTreeMap::new();
+        let mut cohort = BTreeMap::new();
+        for p in &case.policy.projects {
+            let l: BTreeMap<String, Line> = p
+                .quotas
+                .iter()
+                .map(|q| {
+                    let key = match &q.model {
+                        QuotaModel::Any => "any".to_string(),
+                        QuotaModel::Model(m) => m.clone(),
+                    };
+                    (key, Line { guaranteed: q.guaranteed })
+                })
+                .collect();
+            lines.insert(p.name.clone(), l);
+            cohort.insert(
+                p.name.clone(),
+                p.cohort.clone().unwrap_or_else(|| format!("{}:solo", p.name)),
+            );
+        }
+        Checker {
+            case,
+            engine,
+            known: BTreeMap::new(),
+            lines,
+            cohort,
+            waiting: BTreeMap::new(),
+            rejects_due: Vec::new(),
+            transcript: Vec::new(),
+        }
+    }
+
+    /// The key name a project's workload on `model` is charged to.
+    fn key_of(&self, project: &str, model: &str) -> Option<String> {
+        let lines = self.lines.get(project)?;
+        if lines.contains_key(model) {
+            Some(model.to_string())
+        } else if lines.contains_key("any") {
+            Some("any".to_string())
+        } else {
+            None
+        }
+    }
+
+    fn charged_key(&self, id: WorkloadId) -> Option<String> {
+        let k = self.known.get(&id)?;
+        let model = self.engine.placement(id)?.model?;
+        self.key_of(&k.project, self.engine.model_name(model))
+    }
+
+    fn run(&mut self) -> Result<(), String> {
+        for (i, (now, step)) in self.case.steps.iter().enumerate() {
+            let now = *now;
+            match step {
+                Step::Submit(spec) => self.submit(now, spec),
+                Step::Event(e) => self.event(now, e.clone()),
+                Step::Decide => {
+                    self.decide(now).map_err(|e| format!("step {i} (decide at {}): {e}", now.0))?;
+                }
+                Step::Settle => {
+                    for round in 0..SETTLE_ROUNDS_MAX {
+                        let decisions = self.decide(now).map_err(|e| {
+                            format!("step {i} (settle round {round} at {}): {e}", now.0)
+                        })?;
+                        let mut acted = false;
+                        for d in &decisions {
+                            match d {
+                                Decision::Admit { workload, .. } => {
+                                    self.event(
+                                        now,
+                                        Event::AllocationStarted { workload: *workload },
+                                    );
+                                    acted = true;
+                                }
+                                Decision::Preempt { victim: workload, .. }
+                                | Decision::Stop { workload, .. } => {
+                                    self.event(now, Event::WorkloadStopped { workload: *workload });
+                                    acted = true;
+                                }
+                                _ => {}
+                            }
+                        }
+                        if !acted {
+                            break;
+                        }
+                    }
+                }
+            }
+            self.engine.audit().map_err(|e| format!("step {i} ({step:?}): audit: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, now: Timestamp, spec: &WorkloadSpec) {
+        let held_before = self.engine.stage(spec.id).is_some();
+        self.engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
+        if held_before || self.engine.stage(spec.id).is_none() {
+            self.rejects_due.push(spec.id);
+            return;
+        }
+        let class_name = spec
+            .priority_class
+            .clone()
+            .unwrap_or_else(|| self.case.policy.default_priority_class.clone());
+        let class = self
+            .case
+            .policy
+            .priority_classes
+            .iter()
+            .find(|c| c.name == class_name)
+            .expect("the engine accepted the class");
+        self.known.insert(
+            spec.id,
+            Known {
+                project: spec.project.clone(),
+                priority: class.value,
+                preemptible: class.preemptible && spec.preemptible != Some(false),
+                min_runtime_ms: spec.min_runtime_ms,
+                total: spec.total_shares(),
+                started_at: None,
+            },
+        );
+    }
+
+    fn event(&mut self, now: Timestamp, event: Event) {
+        let id = event.workload();
+        let before = self.engine.stage(id);
+        self.engine.apply(now, event);
+        let after = self.engine.stage(id);
+        if before == Some(Stage::Assumed)
+            && after == Some(Stage::Running)
+            && let Some(k) = self.known.get_mut(&id)
+        {
+            k.started_at = Some(now);
+        }
+        if after.is_none() {
+            self.known.remove(&id);
+            self.waiting.remove(&id);
+        }
+    }
+
+    /// Runs one decide and checks its decisions against the state before it.
+    fn decide(&mut self, now: Timestamp) -> Result<Vec<Decision>, String> {
+        // State before the cycle.
+        let ids: Vec<WorkloadId> = self.engine.workload_ids().collect();
+        let stage_before: BTreeMap<WorkloadId, Stage> =
+            ids.iter().filter_map(|&id| self.engine.stage(id).map(|s| (id, s))).collect();
+        // Lasting usage: admitted or running, not told to stop. (project, key) → shares.
+        let mut lasting: BTreeMap<WorkloadId, (String, String, Shares)> = BTreeMap::new();
+        for (&id, &stage) in &stage_before {
+            if matches!(stage, Stage::Assumed | Stage::Running)
+                && let (Some(k), Some(key)) = (self.known.get(&id), self.charged_key(id))
+            {
+                lasting.insert(id, (k.project.clone(), key, k.total));
+            }
+        }
+        self.waiting.retain(|id, _| stage_before.get(id) == Some(&Stage::Pending));
+
+        // What `explain` says each pending workload would get now.
+        let explained: BTreeMap<WorkloadId, Option<Decision>> = stage_before
+            .iter()
+            .filter(|(_, s)| **s == Stage::Pending)
+            .map(|(&id, _)| (id, self.engine.explain(now, id).and_then(|e| e.decision)))
+            .collect();
+
+        let decisions = self.engine.decide(now);
+        self.transcript.push(format!("{decisions:?}"));
+
+        // `explain` runs the same checks as `decide`, so they agree.
+        for d in &decisions {
+            if let Decision::Admit { workload, .. } | Decision::Defer { workload, .. } = d
+                && let Some(said) = explained.get(workload)
+                && said.as_ref() != Some(d)
+            {
+                return Err(format!("explain said {said:?} but decide said {d:?}"));
+            }
+        }
+
+        // Exactly one Admit/Defer per pending workload; Rejects as due.
+        let mut verdicts: BTreeMap<WorkloadId, usize> = BTreeMap::new();
+        let mut rejects: Vec<WorkloadId> = Vec::new();
+        for d in &decisions {
+            match d {
+                Decision::Admit { workload, .. } | Decision::Defer { workload, .. } => {
+                    *verdicts.entry(*workload).or_default() += 1;
+                }
+                Decision::Reject { workload, .. } => rejects.push(*workload),
+                _ => {}
+            }
+        }
+        let mut due = std::mem::take(&mut self.rejects_due);
+        due.sort();
+        rejects.sort();
+        if due != rejects {
+            return Err(format!("rejects {rejects:?}, expected {due:?}"));
+        }
+        for (&id, &stage) in &stage_before {
+            let n = verdicts.get(&id).copied().unwrap_or(0);
+            if stage == Stage::Pending && n != 1 {
+                return Err(format!("pending {id} got {n} admit/defer decisions"));
+            }
+        }
+        for (&id, &n) in &verdicts {
+            if stage_before.get(&id) != Some(&Stage::Pending) {
+                return Err(format!("{id} was not pending but got {n} admit/defer decisions"));
+            }
+        }
+
+        // Walk the decisions in order, keeping lasting usage and waiting pre-emptors as the
+        // engine saw them at each point.
+        let mut victims_seen: BTreeSet<WorkloadId> = BTreeSet::new();
+        let mut i = 0;
+        while i < decisions.len() {
+            match &decisions[i] {
+                Decision::Stop { workload, .. } => {
+                    if !matches!(stage_before.get(workload), Some(Stage::Assumed | Stage::Running))
+                    {
+                        return Err(format!(
+                            "stop of {workload}, which was {:?}",
+                            stage_before.get(workload)
+                        ));
+                    }
+                    lasting.remove(workload);
+                    i += 1;
+                }
+                Decision::Admit { workload, placement, .. } => {
+                    if let (Some(k), Some(model)) = (self.known.get(workload), placement.model)
+                        && let Some(key) = self.key_of(&k.project, self.engine.model_name(model))
+                    {
+                        lasting.insert(*workload, (k.project.clone(), key, k.total));
+                    }
+                    self.waiting.remove(workload);
+                    i += 1;
+                }
+                Decision::Defer { workload, reason } => {
+                    if !matches!(reason, DeferReason::WaitingForPreemption { .. }) {
+                        self.waiting.remove(workload);
+                    }
+                    i += 1;
+                }
+                Decision::Reject { .. } => i += 1,
+                Decision::Preempt { for_workload, .. } => {
+                    // One plan: the consecutive pre-emptions for one workload.
+                    let claimant = *for_workload;
+                    let mut end = i;
+                    while let Some(Decision::Preempt { for_workload, .. }) = decisions.get(end)
+                        && *for_workload == claimant
+                    {
+                        end += 1;
+                    }
+                    self.check_plan(
+                        now,
+                        &decisions[i..end],
+                        &stage_before,
+                        &lasting,
+                        &mut victims_seen,
+                    )?;
+                    match decisions.get(end) {
+                        Some(Decision::Defer {
+                            workload,
+                            reason: DeferReason::WaitingForPreemption { .. },
+                        }) if *workload == claimant => {}
+                        other => {
+                            return Err(format!(
+                                "pre-emption for {claimant} not followed by its wait: {other:?}"
+                            ));
+                        }
+                    }
+                    let mut key = None;
+                    for d in &decisions[i..end] {
+                        let v = d.workload();
+                        if let (Some(k), Some(model)) = (
+                            self.known.get(&claimant),
+                            self.engine.placement(v).and_then(|p| p.model),
+                        ) {
+                            key = key
+                                .or_else(|| self.key_of(&k.project, self.engine.model_name(model)));
+                        }
+                        lasting.remove(&v);
+                    }
+                    if let (Some(k), Some(key)) = (self.known.get(&claimant), key) {
+                        self.waiting.insert(claimant, (k.project.clone(), key, k.total));
+                    }
+                    i = end;
+                }
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// Lasting usage of `project` on `key` (see `decide`), plus its waiting pre-emptors' but
+    /// `except`'s.
+    fn committed(
+        &self,
+        lasting: &BTreeMap<WorkloadId, (String, String, Shares)>,
+        project: &str,
+        key: &str,
+        except: WorkloadId,
+    ) -> u64 {
+        let held: u64 =
+            lasting.values().filter(|l| l.0 == project && l.1 == key).map(|l| l.2.0).sum();
+        let waiting: u64 = self
+            .waiting
+            .iter()
+            .filter(|(w, l)| **w != except && l.0 == project && l.1 == key)
+            .map(|(_, l)| l.2.0)
+            .sum();
+        held + waiting
+    }
+
+    fn check_plan(
+        &self,
+        now: Timestamp,
+        plan: &[Decision],
+        stage_before: &BTreeMap<WorkloadId, Stage>,
+        lasting: &BTreeMap<WorkloadId, (String, String, Shares)>,
+        victims_seen: &mut BTreeSet<WorkloadId>,
+    ) -> Result<(), String> {
+        let mut reclaimed: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+        let mut own_victims = 0u64;
+        let mut claim: Option<(String, String, WorkloadId)> = None;
+        for d in plan {
+            let Decision::Preempt { victim, for_workload, reason, .. } = d else { unreachable!() };
+            if !victims_seen.insert(*victim) {
+                return Err(format!("{victim} pre-empted twice in one cycle"));
+            }
+            if stage_before.get(victim) != Some(&Stage::Running) {
+                return Err(format!(
+                    "victim {victim} was {:?}, not running",
+                    stage_before.get(victim)
+                ));
+            }
+            let v = self.known.get(victim).ok_or(format!("victim {victim} unknown"))?;
+            let c =
+                self.known.get(for_workload).ok_or(format!("pre-emptor {for_workload} unknown"))?;
+            if stage_before.get(for_workload) != Some(&Stage::Pending) {
+                return Err(format!("pre-emptor {for_workload} was not pending"));
+            }
+            if !v.preemptible {
+                return Err(format!("victim {victim} is not preemptible"));
+            }
+            let started = v.started_at.ok_or(format!("victim {victim} never started"))?;
+            if now.since(started) < v.min_runtime_ms {
+                return Err(format!(
+                    "victim {victim} ran {} ms, less than its min runtime {} ms",
+                    now.since(started),
+                    v.min_runtime_ms
+                ));
+            }
+            let (vproject, vkey, vshares) = lasting
+                .get(victim)
+                .cloned()
+                .ok_or(format!("victim {victim} holds no quota line"))?;
+            match reason {
+                PreemptReason::Priority { project, victim_priority, preemptor_priority } => {
+                    let pname = self.engine.project_name(*project);
+                    if v.project != c.project || pname != c.project {
+                        return Err(format!(
+                            "priority pre-emption across projects: {victim} for {for_workload}"
+                        ));
+                    }
+                    if *victim_priority != v.priority || *preemptor_priority != c.priority {
+                        return Err(format!("priorities misreported for {victim}"));
+                    }
+                    if preemptor_priority <= victim_priority {
+                        return Err(format!(
+                            "{for_workload} ({preemptor_priority}) pre-empts {victim} ({victim_priority})"
+                        ));
+                    }
+                    own_victims += vshares.0;
+                }
+                PreemptReason::QuotaReclaim { borrower, claimant, key, borrowed } => {
+                    let (bname, cname, kname) = (
+                        self.engine.project_name(*borrower),
+                        self.engine.project_name(*claimant),
+                        self.engine.key_name(*key),
+                    );
+                    if bname != v.project
+                        || cname != c.project
+                        || kname != vkey
+                        || vproject != v.project
+                    {
+                        return Err(format!("reclaim of {victim} misnames its projects or line"));
+                    }
+                    if v.project == c.project || self.cohort[&v.project] != self.cohort[&c.project]
+                    {
+                        return Err(format!("reclaim of {victim} outside the claimant's cohort"));
+                    }
+                    if *borrowed == Shares::ZERO {
+                        return Err(format!(
+                            "reclaim of {victim} from a project that borrows nothing"
+                        ));
+                    }
+                    reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
+                    claim = Some((c.project.clone(), vkey.clone(), *for_workload));
+                }
+            }
+        }
+        // The borrower still borrowed when its last victim was chosen.
+        for ((project, key), shares) in &reclaimed {
+            let committed = self.committed(lasting, project, key, WorkloadId(u64::MAX));
+            let all: u64 = shares.iter().sum();
+            let largest = shares.iter().copied().max().unwrap_or(0);
+            let guaranteed = self.lines[project][key].guaranteed.0;
+            if committed.saturating_sub(all) + largest <= guaranteed {
+                return Err(format!(
+                    "reclaimed {shares:?} from {project} {key}: lasting usage {committed} of guarantee {guaranteed}"
+                ));
+            }
+        }
+        // The claimant ends within its guarantee.
+        if let Some((project, key, claimant)) = claim {
+            let committed = self.committed(lasting, &project, &key, claimant);
+            let total = self.known[&claimant].total.0;
+            let guaranteed = self.lines[&project][&key].guaranteed.0;
+            if committed.saturating_sub(own_victims) + total > guaranteed {
+                return Err(format!(
+                    "{claimant} reclaims but ends at {} of {project}'s {guaranteed} {key}",
+                    committed.saturating_sub(own_victims) + total
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the case twice: once checking every property, once more on a fresh engine to compare
+/// the decisions byte for byte.
+fn check_case(case: &Case) -> Result<(), String> {
+    let mut first = Checker::new(case);
+    first.run()?;
+    let mut again = Checker::new(case);
+    again.run()?;
+    for (n, (a, b)) in first.transcript.iter().zip(&again.transcript).enumerate() {
+        if a != b {
+            return Err(format!("decide #{n} differs on replay:\n{a}\n{b}"));
+        }
+    }
+    if first.transcript.len() != again.transcript.len() {
+        return Err("replay ran a different number of decides".into());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_invariants_hold_on_random_histories(raw in raw_case()) {
+        let case = build(&raw);
+        if let Err(e) = check_case(&case) {
+            prop_assert!(false, "{}\ncase: {:#?}", e, case);
+        }
+    }
+}

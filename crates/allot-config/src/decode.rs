@@ -601,24 +601,33 @@ fn milli(ctx: &mut Ctx, node: &Node, path: &str, unit: &str, example: &str) -> O
         );
         return None;
     }
+    let finer = format!("finer than 1/1000 of one of the {unit}");
+    scaled_milli(ctx, node, path, &d, &text, &finer, &format!("write e.g. {example}"))
+}
+
+/// `d` in thousandths, reporting a value finer than 0.001 or too large to hold.
+fn scaled_milli(
+    ctx: &mut Ctx,
+    node: &Node,
+    path: &str,
+    d: &Decimal,
+    text: &str,
+    finer: &str,
+    too_large_fix: &str,
+) -> Option<u64> {
     match d.scaled(3) {
         Ok(v) => Some(v),
         Err(ScaleError::TooFine) => {
             ctx.report(
                 node.pos,
                 path,
-                format!("{} is finer than 1/1000 of one of the {unit}", shown(&text)),
+                format!("{} is {finer}", shown(text)),
                 "round to at most three decimals (e.g. 0.125)",
             );
             None
         }
         Err(ScaleError::TooLarge) => {
-            ctx.report(
-                node.pos,
-                path,
-                format!("{} is too large", shown(&text)),
-                format!("write e.g. {example}"),
-            );
+            ctx.report(node.pos, path, format!("{} is too large", shown(text)), too_large_fix);
             None
         }
     }
@@ -637,22 +646,7 @@ pub(crate) fn weight_milli(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u64
         ctx.report(node.pos, path, format!("must be > 0, got {}", shown(&text)), fix);
         return None;
     }
-    match d.scaled(3) {
-        Ok(v) => Some(v),
-        Err(ScaleError::TooFine) => {
-            ctx.report(
-                node.pos,
-                path,
-                format!("{} is finer than 0.001", shown(&text)),
-                "round to at most three decimals (e.g. 0.125)",
-            );
-            None
-        }
-        Err(ScaleError::TooLarge) => {
-            ctx.report(node.pos, path, format!("{} is too large", shown(&text)), fix);
-            None
-        }
-    }
+    scaled_milli(ctx, node, path, &d, &text, "finer than 0.001", fix)
 }
 
 /// CPU as cores (`64`, `0.5`) or millicores (`64000m`), in millicores.

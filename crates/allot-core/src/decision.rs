@@ -23,8 +23,9 @@ pub enum Decision {
     Stop { workload: WorkloadId, reason: StopReason },
     /// Leave the workload pending this cycle.
     Defer { workload: WorkloadId, reason: DeferReason },
-    /// The submission can never run as written; it is dropped.
-    Reject { workload: WorkloadId, reason: RejectReason },
+    /// The submission can never run as written; it is dropped. `name` is kept here because
+    /// the engine holds nothing else of a rejected workload.
+    Reject { workload: WorkloadId, name: String, reason: RejectReason },
 }
 
 impl Decision {

@@ -217,7 +217,7 @@ pub struct Engine {
     /// Room held for waiting pre-emptors during one cycle: single-member placements with the
     /// CPU and memory taken for each. Empty between cycles.
     held: BTreeMap<WorkloadId, Vec<(Placement, u64, u64)>>,
-    rejected: Vec<(WorkloadId, RejectReason)>,
+    rejected: Vec<(WorkloadId, String, RejectReason)>,
     stop_requests: BTreeMap<WorkloadId, StopReason>,
     /// (end time, workload) for running workloads with a max runtime.
     deadlines: BTreeSet<(Timestamp, WorkloadId)>,
@@ -650,12 +650,12 @@ impl Engine {
     fn submit(&mut self, now: Timestamp, spec: WorkloadSpec) {
         let id = spec.id;
         if self.workloads.contains_key(&id) {
-            self.rejected.push((id, RejectReason::DuplicateId));
+            self.rejected.push((id, spec.name.clone(), RejectReason::DuplicateId));
             return;
         }
         let Some(&project) = self.project_index.get(&spec.project) else {
             let name = spec.project.clone();
-            self.rejected.push((id, RejectReason::UnknownProject { name }));
+            self.rejected.push((id, spec.name.clone(), RejectReason::UnknownProject { name }));
             return;
         };
         let class = match &spec.priority_class {
@@ -664,7 +664,11 @@ impl Engine {
                 Some(&c) => c,
                 None => {
                     let name = name.clone();
-                    self.rejected.push((id, RejectReason::UnknownPriorityClass { name }));
+                    self.rejected.push((
+                        id,
+                        spec.name.clone(),
+                        RejectReason::UnknownPriorityClass { name },
+                    ));
                     return;
                 }
             },
@@ -676,13 +680,17 @@ impl Engine {
                 Some(_) => {}
                 None => {
                     let name = name.clone();
-                    self.rejected.push((id, RejectReason::UnknownModel { name }));
+                    self.rejected.push((
+                        id,
+                        spec.name.clone(),
+                        RejectReason::UnknownModel { name },
+                    ));
                     return;
                 }
             }
         }
         if let Some(detail) = invalid_request(&spec) {
-            self.rejected.push((id, RejectReason::InvalidRequest { detail }));
+            self.rejected.push((id, spec.name.clone(), RejectReason::InvalidRequest { detail }));
             return;
         }
         let class_spec = &self.classes[class];
@@ -788,8 +796,8 @@ impl Engine {
         let mut out = Vec::new();
 
         // 1. Submissions that can never run.
-        for (workload, reason) in std::mem::take(&mut self.rejected) {
-            out.push(Decision::Reject { workload, reason });
+        for (workload, name, reason) in std::mem::take(&mut self.rejected) {
+            out.push(Decision::Reject { workload, name, reason });
         }
 
         self.stop_due(now, &mut out);

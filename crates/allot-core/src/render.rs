@@ -30,7 +30,11 @@ impl Engine {
                     }
                 })
                 .collect();
-            parts.push(format!("{}[{}]", self.node_name(m.node), devices.join(",")));
+            if devices.is_empty() {
+                parts.push(format!("{} (no GPU)", self.node_name(m.node)));
+            } else {
+                parts.push(format!("{}[{}]", self.node_name(m.node), devices.join(",")));
+            }
         }
         parts.join(" ")
     }
@@ -170,9 +174,17 @@ impl Engine {
         format!(
             "{} {}: {}",
             decision.action(),
-            self.wl(decision.workload()),
+            self.decision_subject(decision),
             self.render_reason(decision)
         )
+    }
+
+    /// The name of the workload a decision is about (`#id` when it has none).
+    pub fn decision_subject(&self, decision: &Decision) -> String {
+        match decision {
+            Decision::Reject { name, .. } if !name.is_empty() => name.clone(),
+            _ => self.wl(decision.workload()),
+        }
     }
 
     /// A multi-line `why` report.

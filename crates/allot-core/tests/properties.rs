@@ -915,8 +915,13 @@ fn check_case(case: &Case) -> Result<(), String> {
     Ok(())
 }
 
+/// 256 cases by default; `.ci/run`'s slow tier sets `ALLOT_PROPTEST_CASES` higher.
+fn cases() -> u32 {
+    std::env::var("ALLOT_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2048, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2048, ..ProptestConfig::default() })]
 
     #[test]
     fn engine_invariants_hold_on_random_histories(raw in raw_case()) {

@@ -272,7 +272,7 @@ fn reason_code(d: &Decision) -> &'static str {
 
 fn decision_json(engine: &Engine, d: &Decision) -> Value {
     let mut v = json!({
-        "workload": name(engine, d.workload()),
+        "workload": engine.decision_subject(d),
         "id": d.workload().0,
         "action": d.action(),
         "reason": engine.render_reason(d),

@@ -131,6 +131,8 @@ pub(crate) struct WorkloadState {
     pub last_checkpoint_at: Option<Timestamp>,
     /// Victims this pre-emptor waits for.
     pub waiting_for: BTreeSet<WorkloadId>,
+    /// Times this workload was pre-empted and requeued (suspended or requeued).
+    pub preemptions: u32,
 }
 
 impl WorkloadState {
@@ -632,11 +634,12 @@ impl Engine {
                         if mode != PreemptionMode::Delete =>
                     {
                         self.release(workload);
-                        if mode == PreemptionMode::Requeue
-                            && let Some(w) = self.workloads.get_mut(&workload)
-                        {
-                            // Requeued work starts over; the old checkpoint is gone.
-                            w.last_checkpoint_at = None;
+                        if let Some(w) = self.workloads.get_mut(&workload) {
+                            w.preemptions = w.preemptions.saturating_add(1);
+                            if mode == PreemptionMode::Requeue {
+                                // Requeued work starts over; the old checkpoint is gone.
+                                w.last_checkpoint_at = None;
+                            }
                         }
                         self.requeue(workload);
                     }
@@ -706,6 +709,7 @@ impl Engine {
             allocation: None,
             last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
             waiting_for: BTreeSet::new(),
+            preemptions: 0,
             spec,
         };
         self.queues[project.0 as usize].insert(state.queue_key());

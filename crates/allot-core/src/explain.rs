@@ -26,6 +26,10 @@ pub struct Explanation {
     pub counterfactuals: Vec<Counterfactual>,
     /// Where it runs, when admitted.
     pub placement: Option<Placement>,
+    /// Times it was pre-empted and requeued; a pending workload with some is *suspended*.
+    pub preemptions: u32,
+    /// The finish time its user asked for, if any.
+    pub deadline: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +66,8 @@ impl Engine {
             blocking: Vec::new(),
             counterfactuals: Vec::new(),
             placement: w.allocation.as_ref().map(|a| a.placement.clone()),
+            preemptions: w.preemptions,
+            deadline: w.spec.deadline,
         };
         if w.stage != Stage::Pending {
             return Some(explanation);

@@ -190,13 +190,25 @@ impl Engine {
     /// A multi-line `why` report.
     pub fn render_explanation(&self, e: &Explanation) -> String {
         let mut lines = Vec::new();
+        let suspended;
         let stage = match e.stage {
+            Stage::Pending if e.preemptions > 0 => {
+                suspended = format!(
+                    "suspended (pre-empted {} time{}), pending",
+                    e.preemptions,
+                    if e.preemptions == 1 { "" } else { "s" }
+                );
+                suspended.as_str()
+            }
             Stage::Pending => "pending",
             Stage::Assumed => "admitted (start not yet confirmed)",
             Stage::Running => "running",
             Stage::Stopping => "stopping",
         };
         lines.push(format!("{}: {stage}", self.wl(e.workload)));
+        if let Some(deadline) = e.deadline {
+            lines.push(format!("  deadline {deadline}"));
+        }
         if let Some(p) = &e.placement {
             lines.push(format!("  placed on {}", self.render_placement(p)));
         }

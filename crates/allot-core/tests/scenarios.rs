@@ -14,7 +14,7 @@
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
 //! submit NAME PROJECT gpus=N|0.5 [members=N] [class=C] [models=A|B] [same-node]
 //!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
-//!              [checkpoint=GRACE_MS] at=MS
+//!              [checkpoint=GRACE_MS] [deadline=MS] at=MS
 //! start|fail|stop|finish|cancel|checkpoint NAME|id:N at=MS  # id:N: a raw id, maybe unknown
 //! decide at=MS                         # prints each decision
 //! settle at=MS                         # decide, then start every admit and stop every
@@ -306,6 +306,7 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
             spec.memory_mib_per_member = args.get("mem").map_or(Ok(0), |m| num(m))? * 1024;
             spec.min_runtime_ms = args.get("min-runtime").map_or(Ok(0), |m| num(m))?;
             spec.max_runtime_ms = args.get("max-runtime").map(|m| num(m)).transpose()?;
+            spec.deadline = args.get("deadline").map(|d| num(d).map(Timestamp)).transpose()?;
             spec.preemptible = flag(words, "fixed").then_some(false);
             spec.checkpointing = args
                 .get("checkpoint")

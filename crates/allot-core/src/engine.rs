@@ -189,6 +189,8 @@ pub(crate) enum Outcome {
 #[derive(Clone, Debug)]
 pub struct Engine {
     pub(crate) models: Vec<String>,
+    /// Every model id, in catalogue order: the candidates of an unconstrained workload.
+    all_models: Vec<ModelId>,
     model_index: BTreeMap<String, ModelId>,
     pub(crate) node_names: Vec<String>,
     pub(crate) capacity: Capacity,
@@ -209,6 +211,8 @@ pub struct Engine {
     /// shares). The arbiter counts it as the project's usage, as Kueue reserves a
     /// pre-emptor's quota, so that two claimants never reclaim for the same guarantee.
     reservations: BTreeMap<WorkloadId, (ProjectId, QuotaKey, Shares)>,
+    /// `reservations` summed per line, so the arbiter's `committed` is a lookup.
+    reserved_by_line: BTreeMap<(ProjectId, QuotaKey), Shares>,
     /// Shares per (project, line) held by workloads told to stop: still charged until the
     /// backend reports the stop, but no longer lasting usage when judging who borrows.
     stopping_shares: BTreeMap<(ProjectId, QuotaKey), Shares>,
@@ -367,6 +371,7 @@ impl Engine {
         let project_count = projects.len();
 
         Ok(Engine {
+            all_models: (0..models.len()).map(|m| ModelId(m as u16)).collect(),
             models,
             model_index,
             node_names: nodes.iter().map(|n| n.name.clone()).collect(),
@@ -384,6 +389,7 @@ impl Engine {
             running: vec![BTreeSet::new(); project_count],
             preemptors: BTreeSet::new(),
             reservations: BTreeMap::new(),
+            reserved_by_line: BTreeMap::new(),
             stopping_shares: BTreeMap::new(),
             planned: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -424,13 +430,6 @@ impl Engine {
     pub fn workload_ids(&self) -> impl Iterator<Item = WorkloadId> + '_ {
         self.workloads.keys().copied()
     }
-    /// Shares a project holds now on one quota line, and its guarantee there.
-    pub fn project_usage(&self, project: ProjectId, key: QuotaKey) -> Option<(Shares, Shares)> {
-        self.quota.line(project, key).map(|l| (l.used, l.guaranteed))
-    }
-    pub fn model_id(&self, name: &str) -> Option<ModelId> {
-        self.model_index.get(name).copied()
-    }
     pub fn node_count(&self) -> usize {
         self.node_names.len()
     }
@@ -443,10 +442,6 @@ impl Engine {
     }
     pub fn project_count(&self) -> usize {
         self.projects.len()
-    }
-    /// Shares each project holds now, by project id.
-    pub fn project_allocated(&self, id: ProjectId) -> Shares {
-        self.projects.get(id.0 as usize).map_or(Shares::ZERO, |p| p.allocated)
     }
     /// The quota lines of a project: (key, used, guaranteed, borrow limit, lend limit).
     pub fn project_lines(&self, id: ProjectId) -> Vec<ProjectLineView> {
@@ -526,6 +521,16 @@ impl Engine {
             || self.reservations.keys().any(|p| !self.preemptors.contains(p))
         {
             return Err("a plan or reservation for a workload that waits for no victim".into());
+        }
+        let mut reserved: BTreeMap<(ProjectId, QuotaKey), Shares> = BTreeMap::new();
+        for &(p, k, shares) in self.reservations.values() {
+            adjust_line_total(&mut reserved, (p, k), |t| t.saturating_add(shares));
+        }
+        if reserved != self.reserved_by_line {
+            return Err(format!(
+                "reserved per line {:?} but reservations sum to {reserved:?}",
+                self.reserved_by_line
+            ));
         }
         if stopping != self.stopping_shares {
             return Err(format!(
@@ -730,26 +735,18 @@ impl Engine {
 
     /// Frees what the workload holds; it stays in the map (the caller decides its fate).
     fn release(&mut self, id: WorkloadId) {
+        self.book_resources(id, false);
         let Some(w) = self.workloads.get_mut(&id) else { return };
         let stopping = w.stage == Stage::Stopping;
         let Some(alloc) = w.allocation.take() else { return };
         let project = w.project;
         if stopping && let Some(key) = alloc.key {
-            let gone = self.stopping_shares.get(&(project, key)).copied().unwrap_or_default();
-            let left = gone.saturating_sub(alloc.shares);
-            if left == Shares::ZERO {
-                self.stopping_shares.remove(&(project, key));
-            } else {
-                self.stopping_shares.insert((project, key), left);
-            }
+            adjust_line_total(&mut self.stopping_shares, (project, key), |t| {
+                t.saturating_sub(alloc.shares)
+            });
         }
-        let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
         if let (Some(max), Some(started)) = (w.spec.max_runtime_ms, alloc.started_at) {
             self.deadlines.remove(&(Timestamp(started.0.saturating_add(max)), id));
-        }
-        self.capacity.give(&alloc.placement, cpu, mem);
-        if let Some(key) = alloc.key {
-            self.quota.release(project, key, alloc.shares);
         }
         let p = &mut self.projects[project.0 as usize];
         p.allocated = p.allocated.saturating_sub(alloc.shares);
@@ -850,12 +847,7 @@ impl Engine {
     ) {
         // Hold the free parts of every still-waiting pre-emptor's planned placement.
         for id in self.preemptors.clone() {
-            let waiting = self.workloads.get(&id).is_some_and(|w| {
-                w.waiting_for
-                    .iter()
-                    .any(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
-            });
-            if waiting {
+            if !self.victims_still_stopping(id).is_empty() {
                 self.hold_plan(id);
             }
         }
@@ -863,6 +855,17 @@ impl Engine {
         for id in self.held.keys().copied().collect::<Vec<_>>() {
             self.release_hold(id);
         }
+    }
+
+    /// The victims a pre-emptor waits for that still hold their devices.
+    fn victims_still_stopping(&self, preemptor: WorkloadId) -> Vec<WorkloadId> {
+        self.workloads.get(&preemptor).map_or(Vec::new(), |w| {
+            w.waiting_for
+                .iter()
+                .copied()
+                .filter(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
+                .collect()
+        })
     }
 
     /// Takes what is free now of the pre-emptor's planned placement, until `release_hold`.
@@ -915,16 +918,11 @@ impl Engine {
 
         // 3. Pre-emptors: wait while a victim still holds devices; go first once all are gone.
         for id in self.preemptors.clone() {
+            let still = self.victims_still_stopping(id);
             let Some(w) = self.workloads.get(&id) else {
                 self.end_wait(id);
                 continue;
             };
-            let still: Vec<WorkloadId> = w
-                .waiting_for
-                .iter()
-                .copied()
-                .filter(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
-                .collect();
             handled.insert(id);
             let (p, key) = (w.project.0 as usize, w.queue_key());
             let started = if still.is_empty() {
@@ -1028,18 +1026,14 @@ impl Engine {
         if w.spec.total_shares() == Shares::ZERO {
             return None;
         }
-        self.candidate_models(w).find_map(|m| self.quota.resolve(w.project, QuotaKey::Model(m)))
+        self.candidate_models(w)
+            .iter()
+            .find_map(|&m| self.quota.resolve(w.project, QuotaKey::Model(m)))
     }
 
-    fn candidate_models<'a>(
-        &'a self,
-        w: &'a WorkloadState,
-    ) -> Box<dyn Iterator<Item = ModelId> + 'a> {
-        if w.models.is_empty() {
-            Box::new((0..self.models.len()).map(|m| ModelId(m as u16)))
-        } else {
-            Box::new(w.models.iter().copied())
-        }
+    /// The GPU models a workload accepts, in order of preference: its own list, else all.
+    pub(crate) fn candidate_models<'a>(&'a self, w: &'a WorkloadState) -> &'a [ModelId] {
+        if w.models.is_empty() { &self.all_models } else { &w.models }
     }
 
     fn schedule_one(
@@ -1076,9 +1070,8 @@ impl Engine {
         failed_shapes: &mut BTreeSet<ShapeKey>,
     ) -> Outcome {
         let w = &self.workloads[&id];
-        let (project, shape, members, same_node) =
-            (w.project, w.shape(), w.spec.members, w.spec.same_node);
-        let total = w.spec.total_shares();
+        let request = Request::of(w);
+        let Request { project, shape, members, same_node, total } = request;
         let shape_key: ShapeKey = (
             project,
             w.priority,
@@ -1095,7 +1088,7 @@ impl Engine {
             if !known_failure
                 && let Some(placement) = self.capacity.find(None, shape, members, same_node)
             {
-                self.commit(now, id, None, placement.clone());
+                self.commit(id, None, placement.clone());
                 return Outcome::Admitted(Decision::Admit {
                     workload: id,
                     placement,
@@ -1108,15 +1101,14 @@ impl Engine {
             ));
         }
 
-        let models: Vec<ModelId> = self.candidate_models(w).collect();
-        let request = Request { project, shape, members, same_node, total };
+        let models: Vec<ModelId> = self.candidate_models(w).to_vec();
         let mut best: Option<DeferReason> = None;
         let mut preemptible_models = Vec::new();
         for &m in &models {
             match self.check_model(&request, m, !known_failure) {
                 ModelCheck::Fits(key, placement) => {
                     let before = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
-                    self.commit(now, id, Some(key), placement.clone());
+                    self.commit(id, Some(key), placement.clone());
                     let (used, guaranteed) = self
                         .quota
                         .line(project, key)
@@ -1255,24 +1247,15 @@ impl Engine {
         }
     }
 
-    fn commit(
-        &mut self,
-        _now: Timestamp,
-        id: WorkloadId,
-        key: Option<QuotaKey>,
-        placement: Placement,
-    ) {
+    fn commit(&mut self, id: WorkloadId, key: Option<QuotaKey>, placement: Placement) {
         let Some(w) = self.workloads.get_mut(&id) else { return };
         let shares = w.spec.total_shares();
-        self.capacity.take(&placement, w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
-        if let Some(key) = key {
-            self.quota.charge(w.project, key, shares);
-        }
         let p = &mut self.projects[w.project.0 as usize];
         p.allocated = p.allocated.saturating_add(shares);
         self.queues[w.project.0 as usize].remove(&w.queue_key());
         w.stage = Stage::Assumed;
         w.allocation = Some(Allocation { key, placement, shares, started_at: None });
+        self.book_resources(id, true);
     }
 
     // ----- the pre-emption arbiter ----------------------------------------------------------
@@ -1434,13 +1417,12 @@ impl Engine {
     fn committed(&self, project: ProjectId, key: QuotaKey, except: WorkloadId) -> Shares {
         let used = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
         let stopping = self.stopping_shares.get(&(project, key)).copied().unwrap_or_default();
-        let reserved: u64 = self
-            .reservations
-            .iter()
-            .filter(|(w, (p, k, _))| **w != except && *p == project && *k == key)
-            .map(|(_, (_, _, s))| s.0)
-            .sum();
-        used.saturating_sub(stopping).saturating_add(Shares(reserved))
+        let reserved = self.reserved_by_line.get(&(project, key)).copied().unwrap_or_default();
+        let own = match self.reservations.get(&except) {
+            Some(&(p, k, s)) if p == project && k == key => s,
+            _ => Shares::ZERO,
+        };
+        used.saturating_sub(stopping).saturating_add(reserved.saturating_sub(own))
     }
 
     /// Whether `project` borrows on `key` by its committed usage (see `committed`).
@@ -1460,15 +1442,19 @@ impl Engine {
         if let Some(a) = &w.allocation
             && let Some(key) = a.key
         {
-            let s = self.stopping_shares.entry((w.project, key)).or_default();
-            *s = s.saturating_add(a.shares);
+            let shares = a.shares;
+            adjust_line_total(&mut self.stopping_shares, (w.project, key), |t| {
+                t.saturating_add(shares)
+            });
         }
     }
 
     /// A pre-emptor stops waiting (its victims are gone, or it left the engine).
     fn end_wait(&mut self, id: WorkloadId) {
         self.preemptors.remove(&id);
-        self.reservations.remove(&id);
+        if let Some((p, k, s)) = self.reservations.remove(&id) {
+            adjust_line_total(&mut self.reserved_by_line, (p, k), |t| t.saturating_sub(s));
+        }
         self.planned.remove(&id);
     }
 
@@ -1481,30 +1467,31 @@ impl Engine {
 
     /// Temporarily frees a running workload's quota and devices (the arbiter's what-if).
     fn lift(&mut self, v: WorkloadId) {
-        let w = &self.workloads[&v];
-        if let Some(a) = &w.allocation {
-            self.capacity.give(
-                &a.placement,
-                w.spec.cpu_millis_per_member,
-                w.spec.memory_mib_per_member,
-            );
-            if let Some(key) = a.key {
-                self.quota.release(w.project, key, a.shares);
-            }
-        }
+        self.book_resources(v, false);
     }
 
     /// Exact inverse of `lift`.
     fn unlift(&mut self, v: WorkloadId) {
-        let w = &self.workloads[&v];
-        if let Some(a) = &w.allocation {
-            self.capacity.take(
-                &a.placement,
-                w.spec.cpu_millis_per_member,
-                w.spec.memory_mib_per_member,
-            );
-            if let Some(key) = a.key {
+        self.book_resources(v, true);
+    }
+
+    /// Takes (`hold`) or gives back the devices, CPU, memory and quota of `v`'s allocation.
+    /// The only place that moves them, so admission, release and the arbiter's what-if can
+    /// never disagree.
+    fn book_resources(&mut self, v: WorkloadId, hold: bool) {
+        let Some(w) = self.workloads.get(&v) else { return };
+        let Some(a) = &w.allocation else { return };
+        let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+        if hold {
+            self.capacity.take(&a.placement, cpu, mem);
+        } else {
+            self.capacity.give(&a.placement, cpu, mem);
+        }
+        if let Some(key) = a.key {
+            if hold {
                 self.quota.charge(w.project, key, a.shares);
+            } else {
+                self.quota.release(w.project, key, a.shares);
             }
         }
     }
@@ -1532,7 +1519,11 @@ impl Engine {
         }
         if let Some(w) = self.workloads.get_mut(&preemptor) {
             w.waiting_for = decisions.iter().map(Decision::workload).collect();
-            self.reservations.insert(preemptor, (w.project, key, w.spec.total_shares()));
+            let shares = w.spec.total_shares();
+            self.reservations.insert(preemptor, (w.project, key, shares));
+            adjust_line_total(&mut self.reserved_by_line, (w.project, key), |t| {
+                t.saturating_add(shares)
+            });
         }
         self.preemptors.insert(preemptor);
         self.planned.insert(preemptor, placement);
@@ -1584,6 +1575,21 @@ pub(crate) enum OutcomeKind {
     Admitted,
     Waiting,
     Deferred,
+}
+
+/// Updates a per-line running total, dropping the entry at zero so that totals compare equal
+/// to a recomputation in `audit`.
+fn adjust_line_total(
+    totals: &mut BTreeMap<(ProjectId, QuotaKey), Shares>,
+    line: (ProjectId, QuotaKey),
+    f: impl FnOnce(Shares) -> Shares,
+) {
+    let next = f(totals.get(&line).copied().unwrap_or_default());
+    if next == Shares::ZERO {
+        totals.remove(&line);
+    } else {
+        totals.insert(line, next);
+    }
 }
 
 /// How close a deferral came to starting; the closest reason across models is reported.

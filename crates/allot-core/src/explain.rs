@@ -107,11 +107,7 @@ impl Engine {
         let w = &sim.workloads[&id];
         let request = Request::of(w);
         let constrained = !w.models.is_empty();
-        let accepted: Vec<ModelId> = if constrained {
-            w.models.clone()
-        } else {
-            (0..sim.models.len()).map(|m| ModelId(m as u16)).collect()
-        };
+        let accepted: Vec<ModelId> = sim.candidate_models(w).to_vec();
         let mut keys = Vec::new();
         for &m in &accepted {
             match sim.check_model(&request, m, true) {

@@ -29,28 +29,27 @@ fn invalid(diagnostics: &[Diagnostic]) -> anyhow::Error {
     InvalidInput(text).into()
 }
 
-fn load_cluster(path: Option<&Path>) -> Result<Vec<NodeSpec>> {
+type Loaded<T> = std::result::Result<T, Vec<Diagnostic>>;
+
+fn load_cluster(path: Option<&Path>) -> Loaded<Vec<NodeSpec>> {
     match path {
         Some(p) => allot_config::load_cluster(p),
         None => allot_config::parse_cluster(EMBEDDED_CLUSTER.0, EMBEDDED_CLUSTER.1),
     }
-    .map_err(|d| invalid(&d))
 }
 
-fn load_policy(path: Option<&Path>) -> Result<PolicySpec> {
+fn load_policy(path: Option<&Path>) -> Loaded<PolicySpec> {
     match path {
         Some(p) => allot_config::load_policy(p),
         None => allot_config::parse_policy(EMBEDDED_POLICY.0, EMBEDDED_POLICY.1),
     }
-    .map_err(|d| invalid(&d))
 }
 
-fn load_workloads(path: Option<&Path>) -> Result<WorkloadFile> {
+fn load_workloads(path: Option<&Path>) -> Loaded<WorkloadFile> {
     match path {
         Some(p) => allot_config::load_workloads(p),
         None => allot_config::parse_workloads(EMBEDDED_WORKLOADS.0, EMBEDDED_WORKLOADS.1),
     }
-    .map_err(|d| invalid(&d))
 }
 
 /// Builds the engine; a policy the config crate accepted but the core refuses is still the
@@ -64,21 +63,14 @@ fn engine(nodes: &[NodeSpec], policy: &PolicySpec, policy_file: &str) -> Result<
 
 pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
     let policy = allot_config::load_policy(file);
-    let nodes = cluster.map(allot_config::load_cluster);
-    let mut problems = Vec::new();
-    if let Err(d) = &policy {
-        problems.extend(d.iter().cloned());
-    }
-    if let Some(Err(d)) = &nodes {
-        problems.extend(d.iter().cloned());
-    }
-    if !problems.is_empty() {
-        return Err(invalid(&problems));
-    }
-    let policy = policy.map_err(|d| invalid(&d))?;
-    let nodes = match nodes {
-        Some(n) => n.map_err(|d| invalid(&d))?,
-        None => Vec::new(),
+    let nodes = cluster.map_or(Ok(Vec::new()), allot_config::load_cluster);
+    let (policy, nodes) = match (policy, nodes) {
+        (Ok(p), Ok(n)) => (p, n),
+        (p, n) => {
+            return Err(invalid(
+                &[p.err(), n.err()].into_iter().flatten().flatten().collect::<Vec<_>>(),
+            ));
+        }
     };
     let engine = engine(&nodes, &policy, &file.display().to_string())?;
     let mut out = format!(
@@ -108,20 +100,9 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
     let (nodes, policy, workloads) = match (nodes, policy, workloads) {
         (Ok(n), Ok(p), Ok(w)) => (n, p, w),
         (n, p, w) => {
-            let text: String = [n.err(), p.err(), w.err()]
-                .into_iter()
-                .flatten()
-                .map(|e| {
-                    e.to_string()
-                        .lines()
-                        .filter(|l| !l.ends_with("nothing was changed."))
-                        .map(|l| format!("{l}\n"))
-                        .collect::<String>()
-                })
-                .collect();
-            return Err(
-                InvalidInput(format!("{text}input is invalid; nothing was changed.\n")).into()
-            );
+            let problems: Vec<Diagnostic> =
+                [n.err(), p.err(), w.err()].into_iter().flatten().flatten().collect();
+            return Err(invalid(&problems));
         }
     };
     let problems = allot_config::check_workloads(&workloads, &policy, &nodes);

@@ -4,6 +4,9 @@
 //! 2 the command line itself is wrong (clap's usage error); 3 an internal error.
 
 mod plan;
+mod sim;
+mod sim_pack;
+mod sim_replay;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +32,12 @@ enum Command {
     /// to a fixed point, and print every decision with its reason. Without files, runs on
     /// the embedded examples.
     Plan(PlanArgs),
+    /// What-if simulation on real cluster traces: the FGD packing experiment and time-based
+    /// replay with quotas, pre-emption and an activity model.
+    Sim {
+        #[command(subcommand)]
+        command: sim::SimCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,6 +88,7 @@ fn main() -> ExitCode {
             plan::validate(&file, cluster.as_deref())
         }
         Command::Plan(args) => plan::plan(&args),
+        Command::Sim { command } => sim::run(command),
     };
     match result {
         Ok(text) => {

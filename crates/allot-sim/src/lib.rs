@@ -1,0 +1,25 @@
+//! allot-sim: what-if simulation over real cluster traces.
+//!
+//! Everything here drives `allot-core` — the engine for time-based replay, the placement
+//! policies for the packing experiment — with a virtual clock; there is no second scheduler.
+//!
+//! - [`openb`]: Alibaba openb node and pod lists (FGD, ATC'23).
+//! - [`trace`]: Philly jobs, machines and virtual clusters; the allot trace format.
+//! - [`pack`]: the FGD packing experiment (arrival-only, inflated, metrics per 1 % of demand).
+//! - [`replay`]: discrete-event replay with quotas, priorities, pre-emption and [`activity`].
+//! - [`report`], [`charts`], [`progress`]: tables, JSON/CSV, SVG/PNG charts, progress bars.
+
+pub mod activity;
+pub mod charts;
+pub mod error;
+pub mod openb;
+pub mod outcome;
+pub mod pack;
+pub mod progress;
+pub mod replay;
+pub mod report;
+pub mod rng;
+pub mod trace;
+
+pub use error::{BadRows, Skipped, TraceError};
+pub use rng::SimRng;

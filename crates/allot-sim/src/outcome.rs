@@ -1,0 +1,60 @@
+//! What one replay of one policy produced: the figures `allot sim replay` prints and the series
+//! its charts draw. Data only; `replay` fills it, `report` and `charts` render it.
+
+use serde::Serialize;
+
+/// The result of replaying one trace under one policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ReplayReport {
+    /// The policy's label (its file stem, or `default`).
+    pub policy: String,
+    pub seed: u64,
+    pub jobs_total: usize,
+    pub jobs_finished: usize,
+    /// Still queued or running when the replay stopped (`--until`).
+    pub jobs_pending: usize,
+    /// Rejected or cancelled (e.g. asks for more GPUs than the cluster has).
+    pub jobs_cancelled: usize,
+    /// Mean job completion time (submit → finish) of finished jobs, seconds.
+    pub jct_s_mean: f64,
+    pub queue_delay_s_p50: f64,
+    pub queue_delay_s_p95: f64,
+    pub queue_delay_s_p99: f64,
+    /// Time-average allocated GPUs as % of capacity over the replayed span.
+    pub gpu_allocated_pct: f64,
+    /// Time-average GPUs doing work (activity model) as % of capacity.
+    pub gpu_active_pct: f64,
+    pub preemptions: u64,
+    /// GPU-hours of work redone after pre-emptions (since the last checkpoint) plus restart delay.
+    pub lost_gpu_hours: f64,
+    /// Useful GPU-hours / allocated GPU-hours.
+    pub goodput: f64,
+    pub wall_ms: u64,
+    /// Allocation over time, for charts.
+    pub timeline: Vec<TimelinePoint>,
+    /// Every admitted job's first queue delay, seconds, ascending (the CDF's data).
+    pub queue_delays_s: Vec<f64>,
+    /// The ledger per project.
+    pub projects: Vec<ProjectLedger>,
+}
+
+/// One sample of the cluster over time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    /// Seconds since the start of the trace.
+    pub t_s: f64,
+    pub allocated_gpus: f64,
+    pub active_gpus: f64,
+    pub pending_jobs: usize,
+}
+
+/// Allocated vs active vs useful GPU-hours of one project.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProjectLedger {
+    pub project: String,
+    pub allocated_gpu_hours: f64,
+    pub active_gpu_hours: f64,
+    pub useful_gpu_hours: f64,
+    pub lost_gpu_hours: f64,
+    pub jobs_finished: usize,
+}

@@ -1,0 +1,22 @@
+//! `allot sim …`: the simulator's commands.
+
+use clap::Subcommand;
+
+use crate::{sim_pack, sim_replay};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SimCommand {
+    /// The FGD packing experiment (ATC'23): pods arrive and never leave, the trace is inflated
+    /// with seeded copies of its own pods, metrics at every 1 % of arrived GPU demand.
+    Pack(sim_pack::PackArgs),
+    /// Time-based replay of a job trace through the engine: quotas, priorities, pre-emption
+    /// with its real costs, and the activity model; several policies side by side.
+    Replay(sim_replay::ReplayArgs),
+}
+
+pub(crate) fn run(command: SimCommand) -> anyhow::Result<String> {
+    match command {
+        SimCommand::Pack(args) => sim_pack::run(&args),
+        SimCommand::Replay(args) => sim_replay::run(&args),
+    }
+}

@@ -12,6 +12,7 @@ mod event;
 mod explain;
 mod ids;
 mod model;
+pub mod packing;
 mod quota;
 mod render;
 

@@ -11,6 +11,7 @@
 
 pub mod activity;
 pub mod charts;
+pub mod csv;
 pub mod error;
 pub mod openb;
 pub mod outcome;

@@ -114,7 +114,7 @@ fn print_out(text: &str) {
 }
 
 #[allow(clippy::print_stderr)]
-fn print_err(text: &str) {
+pub(crate) fn print_err(text: &str) {
     eprint!("{text}");
 }
 

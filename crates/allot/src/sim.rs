@@ -12,11 +12,15 @@ pub(crate) enum SimCommand {
     /// Time-based replay of a job trace through the engine: quotas, priorities, pre-emption
     /// with its real costs, and the activity model; several policies side by side.
     Replay(sim_replay::ReplayArgs),
+    /// The packing experiment on every shared openb pod list that has the FGD authors'
+    /// published results: ours vs theirs at 130 % arrived demand, per placement policy.
+    FgdCompare(sim_pack::CompareArgs),
 }
 
 pub(crate) fn run(command: SimCommand) -> anyhow::Result<String> {
     match command {
         SimCommand::Pack(args) => sim_pack::run(&args),
         SimCommand::Replay(args) => sim_replay::run(&args),
+        SimCommand::FgdCompare(args) => sim_pack::compare(&args),
     }
 }

@@ -1,8 +1,289 @@
-//! `allot sim pack` (being written).
+//! `allot sim pack` (the FGD packing experiment on one node list and one pod list) and
+//! `allot sim fgd-compare` (every shared pod list with published results, ours vs theirs).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use allot_core::packing::PackPolicy;
+use allot_sim::pack::{self, PackInput, PackReport, PublishedResults};
+use allot_sim::{BadRows, TraceError, openb};
+use anyhow::Result;
+
+use crate::InvalidInput;
 
 #[derive(Debug, clap::Args)]
-pub(crate) struct PackArgs {}
+pub(crate) struct PackArgs {
+    /// Openb node list CSV (`sn,cpu_milli,memory_mib,gpu,model`).
+    #[arg(long)]
+    nodes: PathBuf,
+    /// Openb pod list CSV (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,…]`).
+    #[arg(long)]
+    pods: PathBuf,
+    /// Placement policies, comma-separated, or `all`: random, dotprod, clustering, packing,
+    /// bestfit, fgd.
+    #[arg(long, default_value = "fgd")]
+    placement: String,
+    /// Arrived GPU demand to stop at, as a multiple of capacity (the paper uses 1.3).
+    #[arg(long, default_value_t = 1.3)]
+    inflate: f64,
+    /// Seeds: `42`, `42-51` or `42,43,50`.
+    #[arg(long, alias = "seed", default_value = "42")]
+    seeds: String,
+    #[arg(long, value_enum, default_value_t = SimOutput::Text)]
+    output: SimOutput,
+    /// Skip malformed rows (counted on stderr) instead of stopping at the first.
+    #[arg(long)]
+    skip_bad_rows: bool,
+    /// Report `wall_ms` as 0, so that the same inputs give byte-identical output.
+    #[arg(long)]
+    no_timing: bool,
+}
 
-pub(crate) fn run(_args: &PackArgs) -> anyhow::Result<String> {
-    anyhow::bail!("allot sim pack is being written")
+#[derive(Debug, clap::Args)]
+pub(crate) struct CompareArgs {
+    /// The openb folder: node lists, pod lists and `fgd-expected-results/`.
+    #[arg(long, default_value = "../shared/traces/alibaba-gpu-v2023-openb")]
+    dir: PathBuf,
+    /// Seeds: `42-51` (the paper's) or a list.
+    #[arg(long, alias = "seed", default_value = "42-51")]
+    seeds: String,
+    /// Placement policies, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    placement: String,
+    /// Only these pod lists (comma-separated workload names such as `openb_pod_list_default`).
+    #[arg(long)]
+    workloads: Option<String>,
+    /// Distance from the published mean, in points, inside which a cell passes.
+    #[arg(long, default_value_t = 1.5)]
+    band: f64,
+    #[arg(long, value_enum, default_value_t = SimOutput::Text)]
+    output: SimOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SimOutput {
+    Text,
+    Json,
+}
+
+pub(crate) fn run(args: &PackArgs) -> Result<String> {
+    let policies = parse_policies(&args.placement)?;
+    let seeds = parse_seeds(&args.seeds)?;
+    if !(args.inflate > 0.0 && args.inflate <= 10.0) {
+        return Err(usage("--inflate", &args.inflate.to_string(), "give a factor in (0, 10], e.g. 1.3"));
+    }
+    let mode = if args.skip_bad_rows { BadRows::Skip } else { BadRows::Fail };
+    let input = load(&args.nodes, &args.pods, mode)?;
+    let mut reports = Vec::new();
+    for policy in policies {
+        let started = Instant::now();
+        let mut report = pack::run(&input, policy, args.inflate, &seeds);
+        report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
+        reports.push(report);
+    }
+    Ok(match args.output {
+        SimOutput::Json => {
+            let value = match reports.as_slice() {
+                [one] => serde_json::to_value(one)?,
+                many => serde_json::json!({ "placements": many }),
+            };
+            format!("{}\n", serde_json::to_string_pretty(&value)?)
+        }
+        SimOutput::Text => pack_text(&input, &reports),
+    })
+}
+
+fn pack_text(input: &PackInput, reports: &[PackReport]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} nodes, {:.0} GPUs, {} pods in the trace; {} target classes; empty-cluster \
+         fragmentation {:.2} % of capacity",
+        input.node_count(),
+        input.capacity_milli as f64 / 1000.0,
+        input.pod_count(),
+        input.target_classes().len(),
+        input.empty_fragmentation_pct(),
+    );
+    let _ = writeln!(out, "GPU allocation % of capacity at arrived demand % (mean over seeds):");
+    let Some(first) = reports.first() else { return out };
+    let last = first.allocation_pct.len().saturating_sub(1);
+    let points: Vec<usize> = (0..=last).filter(|k| k % 10 == 0 || *k == last).collect();
+    let _ = write!(out, "{:>11}", "placement");
+    for k in &points {
+        let _ = write!(out, "{:>7}", format!("{k}%"));
+    }
+    let _ = writeln!(out, "{:>9}{:>9}{:>10}", "failed", "pods", "wall ms");
+    for report in reports {
+        let _ = write!(out, "{:>11}", report.placement);
+        for &k in &points {
+            let cell = report.allocation_pct.get(k).copied().flatten();
+            let _ = write!(out, "{:>7}", cell.map_or("-".to_owned(), |v| format!("{v:.2}")));
+        }
+        let runs = report.per_seed.len().max(1) as f64;
+        let failed = report.per_seed.iter().map(|r| r.pods_failed).sum::<usize>() as f64 / runs;
+        let pods = report.per_seed.iter().map(|r| r.pods_arrived).sum::<usize>() as f64 / runs;
+        let _ = writeln!(out, "{failed:>9.0}{pods:>9.0}{:>10}", report.wall_ms);
+    }
+    out
+}
+
+/// Every openb pod list in the folder × every policy: our mean over the seeds at 130 % vs the
+/// FGD authors' mean over the same seeds, where they published one.
+pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
+    let policies = parse_policies(&args.placement)?;
+    let seeds = parse_seeds(&args.seeds)?;
+    let expected_path = args.dir.join("fgd-expected-results/analysis_allo_discrete.csv");
+    let published = PublishedResults::load(&expected_path, "130").map_err(trace_error)?;
+    let wanted: Option<Vec<&str>> = args.workloads.as_deref().map(|w| w.split(',').collect());
+    let nodes_path = args.dir.join("openb_node_list_gpu_node.csv");
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for workload in pod_lists(&args.dir)? {
+        if wanted.as_ref().is_some_and(|w| !w.contains(&workload.as_str())) {
+            continue;
+        }
+        let pods_path = args.dir.join(format!("{workload}.csv"));
+        let input = load(&nodes_path, &pods_path, BadRows::Fail)?;
+        for &policy in &policies {
+            let report = pack::run(&input, policy, 1.3, &seeds);
+            let ours = report.final_allocation();
+            let theirs = published.mean(&workload, policy, &seeds);
+            rows.push((workload.clone(), policy, ours, theirs));
+        }
+    }
+    let wall_ms = started.elapsed().as_millis();
+    if args.output == SimOutput::Json {
+        let cells: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(w, p, ours, theirs)| {
+                serde_json::json!({"workload": w, "placement": p.name(), "ours": ours,
+                    "published": theirs, "diff": ours.zip(*theirs).map(|(a, b)| a - b)})
+            })
+            .collect();
+        let value = serde_json::json!({"seeds": seeds, "band": args.band, "cells": cells,
+            "wall_ms": wall_ms});
+        return Ok(format!("{}\n", serde_json::to_string_pretty(&value)?));
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "GPU allocation % at 130 % arrived demand, mean of seeds {}: ours / FGD authors' (diff)",
+        args.seeds
+    );
+    let _ = write!(out, "| workload |");
+    for p in &policies {
+        let _ = write!(out, " {p} |");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "|---|{}", "---|".repeat(policies.len()));
+    let mut outside = 0;
+    let mut current = String::new();
+    for (workload, _, ours, theirs) in &rows {
+        if *workload != current {
+            if !current.is_empty() {
+                let _ = writeln!(out);
+            }
+            let _ = write!(out, "| {} |", workload.trim_start_matches("openb_pod_list_"));
+            current.clone_from(workload);
+        }
+        match (ours, theirs) {
+            (Some(a), Some(b)) => {
+                let flag = if (a - b).abs() > args.band {
+                    outside += 1;
+                    " **!**"
+                } else {
+                    ""
+                };
+                let _ = write!(out, " {a:.2} / {b:.2} ({:+.2}){flag} |", a - b);
+            }
+            _ => {
+                let mine = ours.map_or("–".to_owned(), |v| format!("{v:.2}"));
+                let _ = write!(out, " {mine} / – |");
+            }
+        }
+    }
+    let _ = writeln!(out);
+    let compared = rows.iter().filter(|(_, _, a, b)| a.is_some() && b.is_some()).count();
+    let _ = writeln!(
+        out,
+        "{} cells, {compared} with published results, {outside} outside ±{} points; \
+         {} runs in {wall_ms} ms",
+        rows.len(),
+        args.band,
+        rows.len() * seeds.len()
+    );
+    Ok(out)
+}
+
+/// The pod lists in an openb folder (`openb_pod_list_*.csv`), by name.
+fn pod_lists(dir: &Path) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| trace_error(TraceError::io(dir, &e)))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter_map(|n| n.strip_suffix(".csv").map(str::to_owned))
+        .filter(|n| n.starts_with("openb_pod_list_"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn load(nodes: &Path, pods: &Path, mode: BadRows) -> Result<PackInput> {
+    let (nodes, skipped_nodes) = openb::load_nodes(nodes, mode).map_err(trace_error)?;
+    let (pods, skipped_pods) = openb::load_pods(pods, mode).map_err(trace_error)?;
+    for skipped in [&skipped_nodes, &skipped_pods] {
+        if skipped.count > 0 {
+            let first = skipped.first.first().map(ToString::to_string).unwrap_or_default();
+            crate::print_err(&format!("skipped {} malformed row(s); first: {first}\n", skipped.count));
+        }
+    }
+    PackInput::new(&nodes, &pods).map_err(|e| InvalidInput(format!("{e}\n")).into())
+}
+
+pub(crate) fn trace_error(e: TraceError) -> anyhow::Error {
+    InvalidInput(format!("{e}\nnothing was run.\n")).into()
+}
+
+fn usage(flag: &str, value: &str, fix: &str) -> anyhow::Error {
+    InvalidInput(format!("{flag}: '{value}' is not valid — {fix}\n")).into()
+}
+
+fn parse_policies(text: &str) -> Result<Vec<PackPolicy>> {
+    if text == "all" {
+        return Ok(PackPolicy::ALL.to_vec());
+    }
+    text.split(',')
+        .map(|name| {
+            PackPolicy::parse(name.trim()).ok_or_else(|| {
+                usage(
+                    "--placement",
+                    name,
+                    "use random, dotprod, clustering, packing, bestfit, fgd or all",
+                )
+            })
+        })
+        .collect()
+}
+
+/// `42`, `42-51`, `42,45,50-51`.
+pub(crate) fn parse_seeds(text: &str) -> Result<Vec<u64>> {
+    let mut seeds = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let bad = || usage("--seeds", part, "write a seed (42), a range (42-51) or a list (42,43)");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u64, u64) =
+                    (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+                if b < a || b - a > 10_000 {
+                    return Err(bad());
+                }
+                seeds.extend(a..=b);
+            }
+            None => seeds.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(seeds)
 }

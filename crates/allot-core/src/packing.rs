@@ -197,16 +197,14 @@ impl TargetMix {
         let idle_f = idle as f64;
         let mut fragment = 0.0;
         for (class, &t) in self.classes.iter().zip(&self.threshold_of_class) {
-            let unusable = if class.gpus == 0 || class.gpu_milli == 0 || t >= thresholds.len() {
-                idle_f
-            } else if !class.models.contains(model)
-                || cpu_free < class.cpu_milli
-                || count_at_least[t] < class.gpus
-            {
-                idle_f
-            } else {
-                sum_below[t] as f64
-            };
+            // CPU-only classes count every idle share; so does a class that cannot run here.
+            let runs_here = class.gpus > 0
+                && class.gpu_milli > 0
+                && t < thresholds.len()
+                && class.models.contains(model)
+                && cpu_free >= class.cpu_milli
+                && count_at_least[t] >= class.gpus;
+            let unusable = if runs_here { sum_below[t] as f64 } else { idle_f };
             fragment += class.popularity * unusable;
         }
         fragment
@@ -252,7 +250,8 @@ impl NodeState {
             return true;
         }
         pod.models.contains(self.model)
-            && self.gpu_free.iter().filter(|&&f| f >= pod.gpu_milli).count() >= usize::from(pod.gpus)
+            && self.gpu_free.iter().filter(|&&f| f >= pod.gpu_milli).count()
+                >= usize::from(pod.gpus)
     }
 
     /// The GPUs a pod that does not share one takes: those with enough free, least free first,
@@ -289,8 +288,16 @@ pub struct PackCluster {
     mix: TargetMix,
     capacity_milli: u64,
     used_milli: u64,
-    cache: Vec<Vec<CachedScore>>,
+    cache: Vec<ClassCache>,
     scratch: Vec<usize>,
+}
+
+/// Cached scores of one score class, with the shape they were computed for: a caller that
+/// reuses a class number for another shape gets fresh scores, not wrong ones.
+#[derive(Clone, Debug, Default)]
+struct ClassCache {
+    shape: Option<(u64, u8, u16, ModelSet)>,
+    scores: Vec<CachedScore>,
 }
 
 impl PackCluster {
@@ -313,7 +320,14 @@ impl PackCluster {
             })
             .collect();
         let capacity_milli = nodes.iter().map(|n| n.gpu_free.len() as u64 * 1000).sum();
-        PackCluster { nodes, mix, capacity_milli, used_milli: 0, cache: Vec::new(), scratch: Vec::new() }
+        PackCluster {
+            nodes,
+            mix,
+            capacity_milli,
+            used_milli: 0,
+            cache: Vec::new(),
+            scratch: Vec::new(),
+        }
     }
 
     pub fn capacity_milli(&self) -> u64 {
@@ -351,17 +365,19 @@ impl PackCluster {
         }
         let class = pod.class as usize;
         if self.cache.len() <= class {
-            self.cache.resize_with(class + 1, Vec::new);
+            self.cache.resize_with(class + 1, ClassCache::default);
         }
-        if self.cache[class].len() != self.nodes.len() {
-            self.cache[class] = vec![CachedScore::default(); self.nodes.len()];
+        let shape = Some((pod.cpu_milli, pod.gpus, pod.gpu_milli, pod.models));
+        let entry = &mut self.cache[class];
+        if entry.shape != shape || entry.scores.len() != self.nodes.len() {
+            *entry = ClassCache { shape, scores: vec![CachedScore::default(); self.nodes.len()] };
         }
         let mut best: Option<(i64, usize, u8)> = None;
         for (index, node) in self.nodes.iter().enumerate() {
             if !node.fits(pod) {
                 continue;
             }
-            let cached = &mut self.cache[class][index];
+            let cached = &mut self.cache[class].scores[index];
             if cached.version != node.version {
                 let (score, gpu) = score(policy, node, pod, &self.mix);
                 *cached = CachedScore { version: node.version, score, gpu };
@@ -387,7 +403,8 @@ impl PackCluster {
         random: &mut dyn RandomSource,
     ) -> Option<PackPlacement> {
         self.scratch.clear();
-        self.scratch.extend(self.nodes.iter().enumerate().filter(|(_, n)| n.fits(pod)).map(|(i, _)| i));
+        self.scratch
+            .extend(self.nodes.iter().enumerate().filter(|(_, n)| n.fits(pod)).map(|(i, _)| i));
         if self.scratch.is_empty() {
             return None;
         }

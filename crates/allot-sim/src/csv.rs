@@ -25,7 +25,13 @@ impl CsvFile {
     pub fn parse(path: &Path, text: &str) -> Result<CsvFile, TraceError> {
         let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
         let Some((_, header_line)) = lines.next() else {
-            return Err(TraceError::new(path, 0, "", "empty file".into(), "expected a header line"));
+            return Err(TraceError::new(
+                path,
+                0,
+                "",
+                "empty file".into(),
+                "expected a header line",
+            ));
         };
         let header = split(header_line.trim_start_matches('\u{feff}'))
             .into_iter()
@@ -90,7 +96,11 @@ impl Row<'_> {
     }
 
     /// A number; floats with an integral value (`12.0`) are accepted for integer fields.
-    pub fn number<T: std::str::FromStr>(&self, column: usize, field: &str) -> Result<T, TraceError> {
+    pub fn number<T: std::str::FromStr>(
+        &self,
+        column: usize,
+        field: &str,
+    ) -> Result<T, TraceError> {
         let value = self.text(column, field)?;
         if let Ok(v) = value.parse::<T>() {
             return Ok(v);

@@ -71,7 +71,11 @@ pub fn load_nodes(path: &Path, mode: BadRows) -> Result<(Vec<OpenbNode>, Skipped
                 ));
             }
             if node.gpus > 0 && node.model.is_empty() {
-                return Err(row.error("model", "empty for a GPU node".into(), "give the GPU model"));
+                return Err(row.error(
+                    "model",
+                    "empty for a GPU node".into(),
+                    "give the GPU model",
+                ));
             }
             Ok(node)
         })();
@@ -176,7 +180,10 @@ mod tests {
 
     #[test]
     fn a_bad_number_names_file_line_and_field() {
-        let path = write("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,lots,10,1,500\n");
+        let path = write(
+            "pods.csv",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,10,1,500\np1,lots,10,1,500\n",
+        );
         let err = load_pods(&path, BadRows::Fail).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("pods.csv:3: cpu_milli: "), "{err}");
         let (pods, skipped) = load_pods(&path, BadRows::Skip).unwrap_or_default();

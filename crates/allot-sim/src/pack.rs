@@ -20,8 +20,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use allot_core::packing::{
-    ModelSet, PackCluster, PackNodeSpec, PackPolicy, PodShape, RandomSource, TargetClass,
-    TargetMix,
+    ModelSet, PackCluster, PackNodeSpec, PackPolicy, PodShape, RandomSource, TargetClass, TargetMix,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -81,7 +80,7 @@ impl PackInput {
         sorted_pods.sort_by(|a, b| a.name.cmp(&b.name));
         let mut classes: BTreeMap<(u64, u8, u16, ModelSet), u32> = BTreeMap::new();
         let mut shapes = Vec::with_capacity(pods.len());
-        let mut census: BTreeMap<(u64, u16, u8, String), usize> = BTreeMap::new();
+        let mut census: BTreeMap<ClassKey, usize> = BTreeMap::new();
         for pod in sorted_pods {
             let milli = pod.gpu_milli.min(1000) as u16;
             let cpu_only = pod.num_gpu == 0 || milli == 0;
@@ -129,14 +128,18 @@ impl PackInput {
     }
 }
 
+/// A pod class of FGD's target workload: (CPU millicores, share per GPU, GPU count, model list
+/// as written). Memory is not part of it.
+type ClassKey = (u64, u16, u8, String);
+
 /// FGD's target workload: pod classes (CPU, share, GPU count, model list) by popularity, the
 /// most common first, until they cover [`TARGET_COVERAGE`] of the pods.
 fn target_mix(
-    census: &BTreeMap<(u64, u16, u8, String), usize>,
+    census: &BTreeMap<ClassKey, usize>,
     pod_count: usize,
     model: impl Fn(&str) -> Option<u8>,
 ) -> TargetMix {
-    let mut ranked: Vec<(&(u64, u16, u8, String), &usize)> = census.iter().collect();
+    let mut ranked: Vec<(&ClassKey, &usize)> = census.iter().collect();
     // Most pods first; equal counts: larger CPU, share and count first, then the model list.
     ranked.sort_by(|(ka, ca), (kb, cb)| {
         cb.cmp(ca)
@@ -307,7 +310,8 @@ pub fn run(input: &PackInput, policy: PackPolicy, inflate: f64, seeds: &[u64]) -
             .map(|k| {
                 let values: Vec<f64> =
                     per_seed.iter().filter_map(|r| pick(r).get(k).copied().flatten()).collect();
-                (!values.is_empty()).then(|| round2(values.iter().sum::<f64>() / values.len() as f64))
+                (!values.is_empty())
+                    .then(|| round2(values.iter().sum::<f64>() / values.len() as f64))
             })
             .collect()
     };
@@ -449,7 +453,9 @@ impl PublishedResults {
                 ));
             };
             let key = (row.text(workload, "workload")?.to_owned(), parsed);
-            rows.entry(key).or_default().push((row.number(seed, "seed")?, row.number(value, column)?));
+            rows.entry(key)
+                .or_default()
+                .push((row.number(seed, "seed")?, row.number(value, column)?));
         }
         Ok(PublishedResults { rows })
     }

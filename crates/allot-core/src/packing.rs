@@ -515,15 +515,25 @@ fn packing_score(node: &NodeState, pod: &PodShape) -> i64 {
     (100 - free_pct / 10).max(50)
 }
 
-/// FGD: score = trunc(100 · sigmoid((F_before − F_after) / 1000)). A sharing pod tries every
-/// fitting GPU (equal free shares give equal results, so each distinct value once) and keeps
-/// the best, lowest index on ties.
+/// FGD: score = trunc(100 · sigmoid((F_before − F_after) / 1000)), ties to the node order.
 fn fgd_score(node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
     let before = node.fragment;
-    let cpu_after = node.cpu_free.saturating_sub(pod.cpu_milli);
-    let fgd = |after: f64| truncate(100.0 * sigmoid((before - after) / 1000.0));
+    best_candidate(node, pod, mix, |after| truncate(100.0 * sigmoid((before - after) / 1000.0)))
+}
+
+/// Rate the fragment left by every way `pod` can go on `node` and keep the best: a sharing pod tries each fitting
+/// GPU (equal free shares rate equally, so each distinct value once; the lowest index wins
+/// ties); other pods have one way (the lowest-index GPUs with enough free).
+fn best_candidate(
+    node: &NodeState,
+    pod: &PodShape,
+    mix: &TargetMix,
+    rate: impl Fn(f64) -> i64,
+) -> (i64, u8) {
+    let cpu_free = node.cpu_free.saturating_sub(pod.cpu_milli);
+    let rate_state = |gpus: &[u16]| rate(mix.node_fragment(cpu_free, node.model, gpus));
     if pod.is_cpu_only() {
-        return (fgd(mix.node_fragment(cpu_after, node.model, &node.gpu_free)), 0);
+        return (rate_state(&node.gpu_free), 0);
     }
     let mut after = node.gpu_free.clone();
     if !pod.is_sharing() {
@@ -531,27 +541,24 @@ fn fgd_score(node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
             let free = &mut after[usize::from(gpu)];
             *free -= (*free).min(pod.gpu_milli);
         }
-        return (fgd(mix.node_fragment(cpu_after, node.model, &after)), 0);
+        return (rate_state(&after), 0);
     }
     let mut best: Option<(i64, u8)> = None;
-    let mut tried: [u16; 8] = [u16::MAX; 8];
-    let mut tried_scores = [0i64; 8];
+    let mut tried: [(u16, i64); 8] = [(u16::MAX, 0); 8];
     let mut tried_len = 0;
     for gpu in 0..node.gpu_free.len() {
         let free = node.gpu_free[gpu];
         if free < pod.gpu_milli {
             continue;
         }
-        let seen = tried[..tried_len].iter().position(|&f| f == free);
-        let gpu_score = match seen {
-            Some(i) => tried_scores[i],
+        let gpu_score = match tried[..tried_len].iter().find(|(f, _)| *f == free) {
+            Some(&(_, s)) => s,
             None => {
                 after[gpu] = free - pod.gpu_milli;
-                let s = fgd(mix.node_fragment(cpu_after, node.model, &after));
+                let s = rate_state(&after);
                 after[gpu] = free;
                 if tried_len < tried.len() {
-                    tried[tried_len] = free;
-                    tried_scores[tried_len] = s;
+                    tried[tried_len] = (free, s);
                     tried_len += 1;
                 }
                 s

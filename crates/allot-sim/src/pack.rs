@@ -211,13 +211,6 @@ pub struct PackReport {
     pub wall_ms: u64,
 }
 
-impl PackReport {
-    /// The mean allocation at the last column (e.g. 130 % arrived), if any pod landed there.
-    pub fn final_allocation(&self) -> Option<f64> {
-        self.allocation_pct.last().copied().flatten()
-    }
-}
-
 struct Draws(SimRng);
 
 impl RandomSource for Draws {

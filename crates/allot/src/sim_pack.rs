@@ -53,11 +53,52 @@ pub(crate) struct CompareArgs {
     /// Only these pod lists (comma-separated workload names such as `openb_pod_list_default`).
     #[arg(long)]
     workloads: Option<String>,
+    /// What to compare: `allocation` (GPU allocation %, the paper's KPI), `fragmentation`
+    /// (fragmented GPU % of capacity) or `ratio` (fragmented % of idle).
+    #[arg(long, value_enum, default_value_t = Metric::Allocation)]
+    metric: Metric,
+    /// The arrived-demand column to compare at (% of capacity).
+    #[arg(long, default_value_t = 130)]
+    column: usize,
     /// Distance from the published mean, in points, inside which a cell passes.
     #[arg(long, default_value_t = 1.5)]
     band: f64,
     #[arg(long, value_enum, default_value_t = SimOutput::Text)]
     output: SimOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Metric {
+    Allocation,
+    Fragmentation,
+    Ratio,
+}
+
+impl Metric {
+    fn published_file(self) -> &'static str {
+        match self {
+            Metric::Allocation => "analysis_allo_discrete.csv",
+            Metric::Fragmentation => "analysis_frag_discrete.csv",
+            Metric::Ratio => "analysis_frag_ratio_discrete.csv",
+        }
+    }
+
+    fn ours(self, report: &PackReport, column: usize) -> Option<f64> {
+        let curve = match self {
+            Metric::Allocation => &report.allocation_pct,
+            Metric::Fragmentation => &report.fragmentation_pct,
+            Metric::Ratio => &report.fragmentation_ratio_pct,
+        };
+        curve.get(column).copied().flatten()
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Metric::Allocation => "GPU allocation % of capacity",
+            Metric::Fragmentation => "fragmented GPU % of capacity",
+            Metric::Ratio => "fragmented % of idle GPU",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -132,13 +173,17 @@ fn pack_text(input: &PackInput, reports: &[PackReport]) -> String {
     out
 }
 
-/// Every openb pod list in the folder × every policy: our mean over the seeds at 130 % vs the
-/// FGD authors' mean over the same seeds, where they published one.
+/// Every openb pod list in the folder × every policy: our mean over the seeds at one column
+/// (130 % by default) vs the FGD authors' mean over the same seeds, where they published one.
 pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
     let policies = parse_policies(&args.placement)?;
     let seeds = parse_seeds(&args.seeds)?;
-    let expected_path = args.dir.join("fgd-expected-results/analysis_allo_discrete.csv");
-    let published = PublishedResults::load(&expected_path, "130").map_err(trace_error)?;
+    if args.column > 130 {
+        return Err(usage("--column", &args.column.to_string(), "give 0..=130"));
+    }
+    let expected_path = args.dir.join("fgd-expected-results").join(args.metric.published_file());
+    let published =
+        PublishedResults::load(&expected_path, &args.column.to_string()).map_err(trace_error)?;
     let wanted: Option<Vec<&str>> = args.workloads.as_deref().map(|w| w.split(',').collect());
     let nodes_path = args.dir.join("openb_node_list_gpu_node.csv");
     let started = wall_clock();
@@ -151,7 +196,7 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
         let input = load(&nodes_path, &pods_path, BadRows::Fail)?;
         for &policy in &policies {
             let report = pack::run(&input, policy, 1.3, &seeds);
-            let ours = report.final_allocation();
+            let ours = args.metric.ours(&report, args.column);
             let theirs = published.mean(&workload, policy, &seeds);
             rows.push((workload.clone(), policy, ours, theirs));
         }
@@ -172,7 +217,9 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "GPU allocation % at 130 % arrived demand, mean of seeds {}: ours / FGD authors' (diff)",
+        "{} at {} % arrived demand, mean of seeds {}: ours / FGD authors' (diff)",
+        args.metric.title(),
+        args.column,
         args.seeds
     );
     let _ = write!(out, "| workload |");

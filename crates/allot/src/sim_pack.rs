@@ -8,6 +8,7 @@ use allot_core::packing::PackPolicy;
 use allot_sim::pack::{self, PackInput, PackReport, PublishedResults};
 use allot_sim::{BadRows, TraceError, openb};
 use anyhow::Result;
+use rayon::prelude::*;
 
 use crate::InvalidInput;
 
@@ -187,20 +188,24 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
     let wanted: Option<Vec<&str>> = args.workloads.as_deref().map(|w| w.split(',').collect());
     let nodes_path = args.dir.join("openb_node_list_gpu_node.csv");
     let started = wall_clock();
-    let mut rows = Vec::new();
+    let mut jobs = Vec::new();
     for workload in pod_lists(&args.dir)? {
         if wanted.as_ref().is_some_and(|w| !w.contains(&workload.as_str())) {
             continue;
         }
-        let pods_path = args.dir.join(format!("{workload}.csv"));
-        let input = load(&nodes_path, &pods_path, BadRows::Fail)?;
-        for &policy in &policies {
+        let input = load(&nodes_path, &args.dir.join(format!("{workload}.csv")), BadRows::Fail)?;
+        jobs.extend(policies.iter().map(|&policy| (workload.clone(), input.clone(), policy)));
+    }
+    // Every (pod list, policy) pair in parallel; rows keep the listing order.
+    let rows: Vec<(String, PackPolicy, Option<f64>, Option<f64>)> = jobs
+        .into_par_iter()
+        .map(|(workload, input, policy)| {
             let report = pack::run(&input, policy, 1.3, &seeds);
             let ours = args.metric.ours(&report, args.column);
             let theirs = published.mean(&workload, policy, &seeds);
-            rows.push((workload.clone(), policy, ours, theirs));
-        }
-    }
+            (workload, policy, ours, theirs)
+        })
+        .collect();
     let wall_ms = started.elapsed().as_millis();
     if args.output == SimOutput::Json {
         let cells: Vec<serde_json::Value> = rows

@@ -259,7 +259,7 @@ fn show_value(value: &Value) -> String {
 }
 
 /// `x` rounded to `decimals` places with thousands separators; `n/a` for NaN, `inf`/`-inf`.
-fn fixed(x: f64, decimals: usize) -> String {
+pub(crate) fn fixed(x: f64, decimals: usize) -> String {
     if x.is_nan() {
         return "n/a".to_owned();
     }
@@ -481,7 +481,7 @@ fn number(x: f64) -> Value {
 }
 
 /// Indices of at most `max` items out of `len`, evenly spaced, first and last included.
-fn even_indices(len: usize, max: usize) -> Vec<usize> {
+pub(crate) fn even_indices(len: usize, max: usize) -> Vec<usize> {
     if len <= max {
         return (0..len).collect();
     }

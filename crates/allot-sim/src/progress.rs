@@ -13,17 +13,18 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressFinish, ProgressStyle};
 
 /// A run shorter than this never shows a bar.
 pub const SHOW_AFTER: Duration = Duration::from_secs(1);
-/// `inc` looks at the clock at most once per this many calls …
-const STRIDE_MAX: u64 = 1 << 20;
-/// … and adapts its stride so that looks are about this far apart: fast loops read the clock
-/// rarely, slow loops still update the bar promptly.
-const LOOK_GAP_MIN: Duration = Duration::from_millis(20);
-const LOOK_GAP_MAX: Duration = Duration::from_millis(200);
+/// `inc` looks at the clock at least once per this many calls. Small on purpose: one look per
+/// 4,096 calls is already negligible, and a loop that turns slow after a fast phase is seen
+/// again after at most this many calls.
+const STRIDE_MAX: u64 = 1 << 12;
+/// Between those bounds the stride adapts so that looks are about this far apart.
+const LOOK_GAP_MIN: Duration = Duration::from_millis(10);
+const LOOK_GAP_MAX: Duration = Duration::from_millis(100);
 
 /// Progress of `total` steps, labelled. Cheap to [`inc`](Progress::inc) millions of times and
 /// from several threads (`&self`, atomics): the count is one atomic add; the clock is read and
-/// the bar updated only every `stride` calls, with the stride doubling while looks come less
-/// than 20 ms apart and halving when they come more than 200 ms apart.
+/// the bar updated only every `stride` calls (1 to 4,096), the stride doubling while looks come
+/// less than 10 ms apart and halving when they come more than 100 ms apart.
 ///
 /// The bar starts hidden and switches to stderr on the first look after [`SHOW_AFTER`], and only
 /// if stderr is a terminal. [`finish`](Progress::finish) (or dropping) clears it, so the

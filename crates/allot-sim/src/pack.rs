@@ -295,8 +295,25 @@ pub fn run_seed(input: &PackInput, policy: PackPolicy, inflate: f64, seed: u64) 
 
 /// Run one policy over several seeds, in parallel; results are in seed order.
 pub fn run(input: &PackInput, policy: PackPolicy, inflate: f64, seeds: &[u64]) -> PackReport {
-    let per_seed: Vec<SeedRun> =
-        seeds.par_iter().map(|&seed| run_seed(input, policy, inflate, seed)).collect();
+    run_with_progress(input, policy, inflate, seeds, &|| {})
+}
+
+/// [`run`], calling `seed_done` as each seed's run ends (from any thread).
+pub fn run_with_progress(
+    input: &PackInput,
+    policy: PackPolicy,
+    inflate: f64,
+    seeds: &[u64],
+    seed_done: &(dyn Fn() + Sync),
+) -> PackReport {
+    let per_seed: Vec<SeedRun> = seeds
+        .par_iter()
+        .map(|&seed| {
+            let run = run_seed(input, policy, inflate, seed);
+            seed_done();
+            run
+        })
+        .collect();
     let columns = column_count(inflate);
     let mean = |pick: fn(&SeedRun) -> &Vec<Option<f64>>| -> Vec<Option<f64>> {
         (0..=columns)

@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use allot_core::packing::PackPolicy;
-use allot_sim::pack::{self, PackInput, PackReport, PublishedResults};
+use allot_sim::charts::{self, ChartError, Series};
+use allot_sim::pack::{self, PackInput, PackReport, PublishedResults, SeedRun};
+use allot_sim::progress::Progress;
+use allot_sim::report;
 use allot_sim::{BadRows, TraceError, openb};
 use anyhow::Result;
 use rayon::prelude::*;
@@ -32,6 +35,10 @@ pub(crate) struct PackArgs {
     seeds: String,
     #[arg(long, value_enum, default_value_t = SimOutput::Text)]
     output: SimOutput,
+    /// Also draw the curves (allocation, fragmentation, fragmentation ratio vs arrived demand,
+    /// one line per placement) as SVG and PNG into this folder.
+    #[arg(long)]
+    charts: Option<PathBuf>,
     /// Skip malformed rows (counted on stderr) instead of stopping at the first.
     #[arg(long)]
     skip_bad_rows: bool,
@@ -120,12 +127,19 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
     }
     let mode = if args.skip_bad_rows { BadRows::Skip } else { BadRows::Fail };
     let input = load(&args.nodes, &args.pods, mode)?;
+    let progress = Progress::new((policies.len() * seeds.len()) as u64, "packing");
     let mut reports = Vec::new();
     for policy in policies {
         let started = wall_clock();
-        let mut report = pack::run(&input, policy, args.inflate, &seeds);
+        let mut report = pack::run_with_progress(&input, policy, args.inflate, &seeds, &|| {
+            progress.inc(1);
+        });
         report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
         reports.push(report);
+    }
+    progress.finish();
+    if let Some(dir) = &args.charts {
+        write_pack_charts(dir, &reports)?;
     }
     Ok(match args.output {
         SimOutput::Json => {
@@ -137,6 +151,50 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
         }
         SimOutput::Text => pack_text(&input, &reports),
     })
+}
+
+/// The three curves of the paper's figures, one line per placement (mean over seeds).
+fn write_pack_charts(dir: &Path, reports: &[PackReport]) -> Result<()> {
+    let curves: [(&str, &str, &str, fn(&PackReport) -> &Vec<Option<f64>>); 3] = [
+        ("pack_allocation", "GPU allocation", "allocated GPU % of capacity", |r| &r.allocation_pct),
+        ("pack_fragmentation", "GPU fragmentation (FGD)", "fragmented GPU % of capacity", |r| {
+            &r.fragmentation_pct
+        }),
+        ("pack_fragmentation_ratio", "Fragmentation ratio", "fragmented % of idle GPU", |r| {
+            &r.fragmentation_ratio_pct
+        }),
+    ];
+    for (stem, title, y_label, curve) in curves {
+        let series: Vec<Series> = reports
+            .iter()
+            .map(|r| Series {
+                label: r.placement.clone(),
+                points: curve(r)
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, v)| v.map(|v| (k as f64, v)))
+                    .collect(),
+            })
+            .collect();
+        match charts::line_chart(
+            dir,
+            stem,
+            title,
+            "arrived GPU demand, % of capacity",
+            y_label,
+            &series,
+        ) {
+            Ok(_) => {}
+            Err(ChartError::NoFont { .. }) => {
+                crate::print_err(&format!(
+                    "warning: {stem}.svg written, {stem}.png not: no TrueType font found \
+                     (install fonts-dejavu-core)\n"
+                ));
+            }
+            Err(e) => return Err(InvalidInput(format!("--charts: {e}\n")).into()),
+        }
+    }
+    Ok(())
 }
 
 fn pack_text(input: &PackInput, reports: &[PackReport]) -> String {
@@ -155,22 +213,33 @@ fn pack_text(input: &PackInput, reports: &[PackReport]) -> String {
     let Some(first) = reports.first() else { return out };
     let last = first.allocation_pct.len().saturating_sub(1);
     let points: Vec<usize> = (0..=last).filter(|k| k % 10 == 0 || *k == last).collect();
-    let _ = write!(out, "{:>11}", "placement");
-    for k in &points {
-        let _ = write!(out, "{:>7}", format!("{k}%"));
-    }
-    let _ = writeln!(out, "{:>9}{:>9}{:>10}", "failed", "pods", "wall ms");
-    for report in reports {
-        let _ = write!(out, "{:>11}", report.placement);
-        for &k in &points {
-            let cell = report.allocation_pct.get(k).copied().flatten();
-            let _ = write!(out, "{:>7}", cell.map_or("-".to_owned(), |v| format!("{v:.2}")));
-        }
-        let runs = report.per_seed.len().max(1) as f64;
-        let failed = report.per_seed.iter().map(|r| r.pods_failed).sum::<usize>() as f64 / runs;
-        let pods = report.per_seed.iter().map(|r| r.pods_arrived).sum::<usize>() as f64 / runs;
-        let _ = writeln!(out, "{failed:>9.0}{pods:>9.0}{:>10}", report.wall_ms);
-    }
+    let labels: Vec<String> = points.iter().map(|k| format!("{k}%")).collect();
+    let mut headers: Vec<&str> = vec!["placement"];
+    headers.extend(labels.iter().map(String::as_str));
+    headers.extend(["failed pods", "pods", "wall ms"]);
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|report| {
+            let mut row = vec![report.placement.clone()];
+            row.extend(points.iter().map(|&k| {
+                report
+                    .allocation_pct
+                    .get(k)
+                    .copied()
+                    .flatten()
+                    .map_or("-".into(), |v| format!("{v:.2}"))
+            }));
+            let runs = report.per_seed.len().max(1) as f64;
+            let mean = |f: fn(&SeedRun) -> usize| {
+                report.per_seed.iter().map(f).sum::<usize>() as f64 / runs
+            };
+            row.push(format!("{:.0}", mean(|r| r.pods_failed)));
+            row.push(format!("{:.0}", mean(|r| r.pods_arrived)));
+            row.push(report.wall_ms.to_string());
+            row
+        })
+        .collect();
+    out.push_str(&report::table(&headers, &rows));
     out
 }
 
@@ -197,15 +266,17 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
         jobs.extend(policies.iter().map(|&policy| (workload.clone(), input.clone(), policy)));
     }
     // Every (pod list, policy) pair in parallel; rows keep the listing order.
+    let progress = Progress::new((jobs.len() * seeds.len()) as u64, "packing runs");
     let rows: Vec<(String, PackPolicy, Option<f64>, Option<f64>)> = jobs
         .into_par_iter()
         .map(|(workload, input, policy)| {
-            let report = pack::run(&input, policy, 1.3, &seeds);
+            let report = pack::run_with_progress(&input, policy, 1.3, &seeds, &|| progress.inc(1));
             let ours = args.metric.ours(&report, args.column);
             let theirs = published.mean(&workload, policy, &seeds);
             (workload, policy, ours, theirs)
         })
         .collect();
+    progress.finish();
     let wall_ms = started.elapsed().as_millis();
     if args.output == SimOutput::Json {
         let cells: Vec<serde_json::Value> = rows

@@ -101,3 +101,32 @@ fn fgd_compare_prints_ours_against_the_published_means() {
     assert!(table.contains("| cpu050 |"), "{table}");
     assert!(table.contains("0 outside ±1.5 points"), "{table}");
 }
+
+#[test]
+fn charts_are_written_as_svg_and_png() {
+    let dir = std::env::temp_dir().join(format!("allot-sim-pack-charts-{}", std::process::id()));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let out = allot(&[
+        "sim",
+        "pack",
+        "--nodes",
+        NODES,
+        "--pods",
+        PODS,
+        "--placement",
+        "bestfit,random",
+        "--seeds",
+        "42",
+        "--charts",
+        &dir_arg,
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    for stem in ["pack_allocation", "pack_fragmentation", "pack_fragmentation_ratio"] {
+        let svg = std::fs::read_to_string(dir.join(format!("{stem}.svg"))).unwrap_or_default();
+        assert!(svg.contains("bestfit") && svg.contains("random"), "{stem}.svg");
+        assert!(dir.join(format!("{stem}.png")).exists(), "{stem}.png");
+    }
+    // The text table lists both placements with the 130 % column.
+    let table = text(&out.stdout);
+    assert!(table.contains("130%") && table.contains("bestfit") && table.contains("random"));
+}

@@ -91,13 +91,24 @@ impl Metric {
         }
     }
 
-    fn ours(self, report: &PackReport, column: usize) -> Option<f64> {
-        let curve = match self {
+    fn curve(self, report: &PackReport) -> &[Option<f64>] {
+        match self {
             Metric::Allocation => &report.allocation_pct,
             Metric::Fragmentation => &report.fragmentation_pct,
             Metric::Ratio => &report.fragmentation_ratio_pct,
-        };
-        curve.get(column).copied().flatten()
+        }
+    }
+
+    fn ours(self, report: &PackReport, column: usize) -> Option<f64> {
+        self.curve(report).get(column).copied().flatten()
+    }
+
+    fn chart_stem(self) -> &'static str {
+        match self {
+            Metric::Allocation => "pack_allocation",
+            Metric::Fragmentation => "pack_fragmentation",
+            Metric::Ratio => "pack_fragmentation_ratio",
+        }
     }
 
     fn title(self) -> &'static str {
@@ -155,21 +166,14 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
 
 /// The three curves of the paper's figures, one line per placement (mean over seeds).
 fn write_pack_charts(dir: &Path, reports: &[PackReport]) -> Result<()> {
-    let curves: [(&str, &str, &str, fn(&PackReport) -> &Vec<Option<f64>>); 3] = [
-        ("pack_allocation", "GPU allocation", "allocated GPU % of capacity", |r| &r.allocation_pct),
-        ("pack_fragmentation", "GPU fragmentation (FGD)", "fragmented GPU % of capacity", |r| {
-            &r.fragmentation_pct
-        }),
-        ("pack_fragmentation_ratio", "Fragmentation ratio", "fragmented % of idle GPU", |r| {
-            &r.fragmentation_ratio_pct
-        }),
-    ];
-    for (stem, title, y_label, curve) in curves {
+    for metric in [Metric::Allocation, Metric::Fragmentation, Metric::Ratio] {
+        let stem = metric.chart_stem();
         let series: Vec<Series> = reports
             .iter()
             .map(|r| Series {
                 label: r.placement.clone(),
-                points: curve(r)
+                points: metric
+                    .curve(r)
                     .iter()
                     .enumerate()
                     .filter_map(|(k, v)| v.map(|v| (k as f64, v)))
@@ -179,9 +183,9 @@ fn write_pack_charts(dir: &Path, reports: &[PackReport]) -> Result<()> {
         match charts::line_chart(
             dir,
             stem,
-            title,
+            metric.title(),
             "arrived GPU demand, % of capacity",
-            y_label,
+            metric.title(),
             &series,
         ) {
             Ok(_) => {}

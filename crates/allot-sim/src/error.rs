@@ -26,7 +26,13 @@ impl TraceError {
 
     /// The file could not be read at all.
     pub fn io(file: &Path, err: &std::io::Error) -> TraceError {
-        TraceError::new(file, 0, "", format!("cannot read: {err}"), "check the path and permissions")
+        TraceError::new(
+            file,
+            0,
+            "",
+            format!("cannot read: {err}"),
+            "check the path and permissions",
+        )
     }
 }
 

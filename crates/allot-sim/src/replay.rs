@@ -34,6 +34,9 @@ use crate::trace::TraceJob;
 /// Most points in a timeline: the sampling step grows for long traces to stay under it.
 pub const TIMELINE_POINTS_MAX: usize = 5_000;
 
+/// Most cycles at one virtual instant before the next waits a millisecond.
+pub const ROUNDS_PER_INSTANT_MAX: u32 = 4;
+
 /// How a replay runs. `Default` is what `allot sim replay` uses without flags.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayConfig {
@@ -221,6 +224,8 @@ struct Sim<'a> {
     dirty: bool,
     decide_at_ms: Option<u64>,
     last_decide_ms: Option<u64>,
+    /// Cycles run so far at `last_decide_ms`.
+    rounds_at_instant: u32,
     decide_calls: u64,
     preemptions: u64,
     timeline: Vec<TimelinePoint>,
@@ -301,6 +306,7 @@ pub fn replay(
         dirty: false,
         decide_at_ms: None,
         last_decide_ms: None,
+        rounds_at_instant: 0,
         decide_calls: 0,
         preemptions: 0,
         timeline: Vec::new(),
@@ -350,11 +356,18 @@ impl Sim<'_> {
     }
 
     /// The next cycle: on the cadence grid, at least one cadence after the previous cycle.
+    /// Per instant (cadence 0), a cycle may run again at the same instant — a victim stopped
+    /// without grace frees its GPUs at once — up to `ROUNDS_PER_INSTANT_MAX` times, then the
+    /// next one waits a millisecond so that virtual time always moves on.
     fn schedule_decide(&mut self, now_ms: u64) {
-        let every = ms(self.config.decide_every_s).max(1);
-        let mut at = now_ms.div_ceil(every) * every;
+        let every = ms(self.config.decide_every_s);
+        let mut at = if every == 0 { now_ms } else { now_ms.div_ceil(every) * every };
         if let Some(last) = self.last_decide_ms {
-            at = at.max(last + every);
+            let again =
+                every == 0 && last == now_ms && self.rounds_at_instant < ROUNDS_PER_INSTANT_MAX;
+            if !again {
+                at = at.max(last + every.max(1));
+            }
         }
         self.decide_at_ms = Some(at);
         self.push(at, Happening::Decide);
@@ -373,6 +386,11 @@ impl Sim<'_> {
             }
             Happening::Decide => {
                 self.decide_at_ms = None;
+                if self.last_decide_ms == Some(t_ms) {
+                    self.rounds_at_instant += 1;
+                } else {
+                    self.rounds_at_instant = 1;
+                }
                 self.last_decide_ms = Some(t_ms);
                 self.dirty = false;
                 self.decide_calls += 1;

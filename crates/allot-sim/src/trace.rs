@@ -288,7 +288,7 @@ impl PhillyJob {
     pub fn to_trace_job(&self, id: u64, gpus_per_node_max: u32) -> TraceJob {
         let per_member = (1..=gpus_per_node_max.max(1))
             .rev()
-            .find(|d| self.num_gpus % d == 0)
+            .find(|d| self.num_gpus.is_multiple_of(*d))
             .unwrap_or(1)
             .min(self.num_gpus.max(1));
         let (gpus, members) = if self.num_gpus == 0 {

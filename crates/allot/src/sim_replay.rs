@@ -23,8 +23,15 @@ pub(crate) enum ReplayOutput {
     Csv,
 }
 
+/// The command's arguments, boxed: the sub-command enum stays small whatever it grows to.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ReplayArgs {
+    #[command(flatten)]
+    options: Box<ReplayOptions>,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReplayOptions {
     /// Philly job list (`timestamp,duration,num_gpus,gpu_time,cluster`).
     #[arg(long, conflicts_with = "trace", required_unless_present = "trace")]
     jobs: Option<PathBuf>,
@@ -94,6 +101,7 @@ fn positive(flag: &str, value: f64) -> Result<()> {
 }
 
 pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
+    let args = &*args.options;
     if !(args.decide_every.is_finite() && args.decide_every >= 0.0) {
         return Err(InvalidInput("--decide-every: must be 0 or more seconds\n".into()).into());
     }
@@ -165,7 +173,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
     })
 }
 
-fn load_nodes(args: &ReplayArgs, bad_rows: BadRows) -> Result<Vec<NodeSpec>> {
+fn load_nodes(args: &ReplayOptions, bad_rows: BadRows) -> Result<Vec<NodeSpec>> {
     if let Some(path) = &args.machines {
         let (machines, _skipped) = load_philly_machines(path, bad_rows).map_err(|e| invalid(&e))?;
         return Ok(philly_nodes(&machines));
@@ -181,7 +189,7 @@ fn load_nodes(args: &ReplayArgs, bad_rows: BadRows) -> Result<Vec<NodeSpec>> {
 }
 
 fn load_jobs(
-    args: &ReplayArgs,
+    args: &ReplayOptions,
     bad_rows: BadRows,
     gpus_per_node_max: u32,
 ) -> Result<(Vec<TraceJob>, usize, PathBuf)> {

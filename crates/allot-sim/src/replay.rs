@@ -317,7 +317,8 @@ pub fn replay(
 
     // The timeline's step: as configured, grown so that the expected span fits the cap.
     let horizon_s = jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0, f64::max);
-    let horizon_s = config.until_s.map_or(horizon_s, |u| u.min(horizon_s.max(u)));
+    // (An estimate: queueing can stretch the real span; the cap then ends the timeline early.)
+    let horizon_s = config.until_s.unwrap_or(horizon_s);
     let step_s = config.timeline_step_s.max(1.0).max(horizon_s / TIMELINE_POINTS_MAX as f64).ceil();
     let step_ms = ms(step_s);
     let until_ms = config.until_s.map(ms);
@@ -507,7 +508,7 @@ impl Sim<'_> {
                 });
                 let run = s.run_no;
                 let shares = s.shares;
-                self.queued -= 1;
+                self.queued = self.queued.saturating_sub(1);
                 self.holding.insert(job);
                 self.held_shares += shares;
                 let delay = if is_restart {
@@ -563,7 +564,7 @@ impl Sim<'_> {
     fn cancel_queued(&mut self, job: usize) {
         if self.state[job].fate == Fate::Queued {
             self.state[job].fate = Fate::Cancelled;
-            self.queued -= 1;
+            self.queued = self.queued.saturating_sub(1);
         }
     }
 
@@ -596,7 +597,7 @@ impl Sim<'_> {
         let s = &mut self.state[job];
         let Some(r) = s.run.take() else { return s.saved_progress_s };
         self.holding.remove(&job);
-        self.held_shares -= s.shares;
+        self.held_shares = self.held_shares.saturating_sub(s.shares);
         let gpus = s.shares as f64 / SHARES_PER_GPU as f64;
         let started = r.started_s.unwrap_or(t).min(t);
         let delay = (started - r.admitted_s).max(0.0);

@@ -36,6 +36,22 @@ pub struct ReplayReport {
     pub queue_delays_s: Vec<f64>,
     /// The ledger per project.
     pub projects: Vec<ProjectLedger>,
+    /// GPUs in the cluster.
+    pub capacity_gpus: f64,
+    /// Virtual seconds replayed (t = 0 to the last event, or `--until`).
+    pub span_s: f64,
+    /// The cluster's GPU-hour books: allocated = useful + lost + idle.
+    pub allocated_gpu_hours: f64,
+    /// GPU-hours of activity (activity model), work later lost included.
+    pub active_gpu_hours: f64,
+    /// Activity-weighted GPU-hours of work that was kept.
+    pub useful_gpu_hours: f64,
+    /// Allocated GPU-hours of kept work without activity, and launch delays.
+    pub idle_gpu_hours: f64,
+    /// Scheduling cycles the engine ran.
+    pub decide_calls: u64,
+    /// Trace rows skipped as malformed (`--skip-bad-rows`).
+    pub bad_rows_skipped: usize,
 }
 
 /// One sample of the cluster over time.
@@ -57,4 +73,9 @@ pub struct ProjectLedger {
     pub useful_gpu_hours: f64,
     pub lost_gpu_hours: f64,
     pub jobs_finished: usize,
+    /// Allocated GPU-hours of kept work without activity (allocated = useful + lost + idle).
+    pub idle_gpu_hours: f64,
+    pub jobs_total: usize,
+    /// Times this project's jobs were pre-empted.
+    pub preemptions: u64,
 }

@@ -1,8 +1,390 @@
-//! `allot sim replay` (being written).
+//! `allot sim replay`: load a job trace, a cluster and one or more policies, replay the trace
+//! through the engine under each policy, print the reports side by side.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use allot_core::{NodeSpec, PolicySpec};
+use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
+use allot_sim::trace::{
+    TraceJob, VirtualCluster, load_allot_trace, load_philly_jobs, load_philly_machines,
+    load_philly_vcs, philly_nodes,
+};
+use allot_sim::{BadRows, TraceError};
+use anyhow::Result;
+
+use crate::InvalidInput;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ReplayOutput {
+    Text,
+    Json,
+    Csv,
+}
+
+/// The command's arguments, boxed: the sub-command enum stays small whatever it grows to.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReplayArgs {
+    #[command(flatten)]
+    options: Box<ReplayOptions>,
+}
 
 #[derive(Debug, clap::Args)]
-pub(crate) struct ReplayArgs {}
+pub(crate) struct ReplayOptions {
+    /// Philly job list (`timestamp,duration,num_gpus,gpu_time,cluster`).
+    #[arg(long, conflicts_with = "trace", required_unless_present = "trace")]
+    jobs: Option<PathBuf>,
+    /// A trace in the allot trace format, CSV or JSON lines (docs/design/trace-format.md).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Philly machine list (`machineId, number of GPUs, single GPU mem`).
+    #[arg(long, conflicts_with = "cluster", required_unless_present = "cluster")]
+    machines: Option<PathBuf>,
+    /// A cluster YAML file, instead of `--machines`.
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Philly VC sizes (`vc,node num`): every listed VC must be a project of each policy.
+    #[arg(long)]
+    vcs: Option<PathBuf>,
+    /// Policy YAML; repeat to compare several policies side by side.
+    #[arg(long, required = true)]
+    policy: Vec<PathBuf>,
+    /// Seed of the activity model and kind assignment.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Stop at this virtual time (seconds since the first job); later work counts as pending.
+    #[arg(long)]
+    until: Option<f64>,
+    /// Replay only the first N jobs of the trace.
+    #[arg(long)]
+    limit_jobs: Option<usize>,
+    /// Skip malformed trace rows (counted in the report) instead of stopping at the first.
+    #[arg(long)]
+    skip_bad_rows: bool,
+    /// Refuse jobs whose project (VC) the policy does not name, instead of adding a project
+    /// with no guarantee for it.
+    #[arg(long)]
+    strict_vcs: bool,
+    /// Seconds of virtual time between scheduling cycles; 0 (default): a cycle at every
+    /// instant where something happened that can change the engine's answer.
+    #[arg(long, default_value_t = 0.0)]
+    decide_every: f64,
+    /// Checkpoint interval (seconds) for training and batch jobs whose trace gives none;
+    /// without it they do not checkpoint.
+    #[arg(long)]
+    checkpoint_every: Option<f64>,
+    /// Seconds a pre-empted job needs to restart (allocated, counted as lost).
+    #[arg(long, default_value_t = 60.0)]
+    restart_delay: f64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ReplayOutput::Text)]
+    output: ReplayOutput,
+    /// Also write charts (allocation over time, queue-delay CDF, goodput per project) here.
+    #[arg(long)]
+    charts: Option<PathBuf>,
+    /// Report `wall_ms` as 0 so that the whole output is byte-identical between runs.
+    #[arg(long)]
+    no_timing: bool,
+}
 
-pub(crate) fn run(_args: &ReplayArgs) -> anyhow::Result<String> {
-    anyhow::bail!("allot sim replay is being written")
+fn invalid(e: &TraceError) -> anyhow::Error {
+    InvalidInput(format!("{e}\n")).into()
+}
+
+fn positive(flag: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(InvalidInput(format!("{flag}: {value} is not a positive number of seconds\n")).into())
+    }
+}
+
+pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
+    let args = &*args.options;
+    if !(args.decide_every.is_finite() && args.decide_every >= 0.0) {
+        return Err(InvalidInput("--decide-every: must be 0 or more seconds\n".into()).into());
+    }
+    if let Some(c) = args.checkpoint_every {
+        positive("--checkpoint-every", c)?;
+    }
+    if let Some(u) = args.until {
+        positive("--until", u)?;
+    }
+    if !(args.restart_delay.is_finite() && args.restart_delay >= 0.0) {
+        return Err(InvalidInput("--restart-delay: must be 0 or more seconds\n".into()).into());
+    }
+    let bad_rows = if args.skip_bad_rows { BadRows::Skip } else { BadRows::Fail };
+
+    let nodes = load_nodes(args, bad_rows)?;
+    let gpus_per_node_max = nodes.iter().map(|n| n.devices.len() as u32).max().unwrap_or(0);
+    let (mut jobs, skipped, jobs_file) = load_jobs(args, bad_rows, gpus_per_node_max)?;
+    if let Some(n) = args.limit_jobs {
+        jobs.truncate(n);
+    }
+    let vcs = args.vcs.as_deref().map(load_philly_vcs).transpose().map_err(|e| invalid(&e))?;
+
+    let mut policies = Vec::new();
+    for path in &args.policy {
+        let policy = allot_config::load_policy(path).map_err(|d| {
+            let mut text = allot_config::render(&d);
+            let _ = writeln!(text, "{} problem(s) found; nothing was changed.", d.len());
+            anyhow::Error::from(InvalidInput(text))
+        })?;
+        check_projects(
+            path,
+            &policy,
+            vcs.as_ref().zip(args.vcs.as_deref()),
+            &jobs,
+            &jobs_file,
+            args.strict_vcs,
+        )?;
+        policies.push((path.clone(), policy));
+    }
+
+    let config = ReplayConfig {
+        seed: args.seed,
+        until_s: args.until,
+        decide_every_s: args.decide_every,
+        restart_delay_s: args.restart_delay,
+        default_checkpoint_interval_s: args.checkpoint_every,
+        ..ReplayConfig::default()
+    };
+    let labels = labels(&args.policy);
+    let mut reports = Vec::with_capacity(policies.len());
+    for ((path, policy), label) in policies.iter().zip(labels) {
+        let (policy, _added) = add_unlisted_projects(policy, &jobs);
+        #[allow(clippy::disallowed_methods)] // the CLI measures wall time; the replay does not
+        let started = std::time::Instant::now();
+        let mut report = replay(&nodes, &policy, &label, &jobs, &config)
+            .map_err(|e| anyhow::Error::from(InvalidInput(format!("{}: {e}\n", path.display()))))?;
+        report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
+        report.bad_rows_skipped = skipped;
+        reports.push(report);
+    }
+
+    if let Some(dir) = &args.charts {
+        temporary_render::write_chart_data(dir, &reports)?;
+    }
+    Ok(match args.output {
+        ReplayOutput::Text => temporary_render::text(&reports),
+        ReplayOutput::Json => temporary_render::json(&reports)?,
+        ReplayOutput::Csv => temporary_render::csv(&reports),
+    })
+}
+
+fn load_nodes(args: &ReplayOptions, bad_rows: BadRows) -> Result<Vec<NodeSpec>> {
+    if let Some(path) = &args.machines {
+        let (machines, _skipped) = load_philly_machines(path, bad_rows).map_err(|e| invalid(&e))?;
+        return Ok(philly_nodes(&machines));
+    }
+    let Some(path) = &args.cluster else {
+        return Err(InvalidInput("give --machines FILE or --cluster FILE\n".into()).into());
+    };
+    allot_config::load_cluster(path).map_err(|d| {
+        let mut text = allot_config::render(&d);
+        let _ = writeln!(text, "{} problem(s) found; nothing was changed.", d.len());
+        InvalidInput(text).into()
+    })
+}
+
+fn load_jobs(
+    args: &ReplayOptions,
+    bad_rows: BadRows,
+    gpus_per_node_max: u32,
+) -> Result<(Vec<TraceJob>, usize, PathBuf)> {
+    if let Some(path) = &args.jobs {
+        let philly = load_philly_jobs(path, bad_rows).map_err(|e| invalid(&e))?;
+        let jobs = philly
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| j.to_trace_job(i as u64 + 1, gpus_per_node_max))
+            .collect();
+        return Ok((jobs, philly.skipped.count, path.clone()));
+    }
+    let Some(path) = &args.trace else {
+        return Err(InvalidInput("give --jobs FILE (Philly) or --trace FILE\n".into()).into());
+    };
+    let trace = load_allot_trace(path, bad_rows).map_err(|e| invalid(&e))?;
+    Ok((trace.jobs, trace.skipped.count, path.clone()))
+}
+
+/// Every VC listed in the VC file must be a project of the policy (its guarantee lives
+/// there); with `strict`, every project a job names must be too.
+fn check_projects(
+    policy_file: &Path,
+    policy: &PolicySpec,
+    vcs: Option<(&Vec<VirtualCluster>, &Path)>,
+    jobs: &[TraceJob],
+    jobs_file: &Path,
+    strict: bool,
+) -> Result<()> {
+    let names: BTreeSet<&str> = policy.projects.iter().map(|p| p.name.as_str()).collect();
+    if let Some((vcs, vc_file)) = vcs {
+        for vc in vcs {
+            if !names.contains(vc.name.as_str()) {
+                return Err(InvalidInput(format!(
+                    "{}:{}: vc: `{}` has no project in {} — add a project named {} with its \
+                     guarantee (see examples/philly-policy.yaml)\n",
+                    vc_file.display(),
+                    vc.line,
+                    vc.name,
+                    policy_file.display(),
+                    vc.name
+                ))
+                .into());
+            }
+        }
+    }
+    if strict && let Some(job) = jobs.iter().find(|j| !names.contains(j.project.as_str())) {
+        return Err(InvalidInput(format!(
+            "{}:{}: project: `{}` is not a project in {} — add it to the policy, or drop \
+             --strict-vcs to give it a project with no guarantee\n",
+            jobs_file.display(),
+            job.line,
+            job.project,
+            policy_file.display()
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Each policy's label: its file stem, or its whole path where stems repeat.
+fn labels(paths: &[PathBuf]) -> Vec<String> {
+    let stem = |p: &PathBuf| {
+        p.file_stem().map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned())
+    };
+    paths
+        .iter()
+        .map(|p| {
+            let s = stem(p);
+            if paths.iter().filter(|q| stem(q) == s).count() > 1 {
+                p.display().to_string()
+            } else {
+                s
+            }
+        })
+        .collect()
+}
+
+// TEMPORARY until report.rs lands: switch to allot_sim::report::{replay_text, replay_json,
+// replay_csv} and allot_sim::charts::write_replay_charts at merge, then delete this module.
+mod temporary_render {
+    use std::fmt::Write as _;
+    use std::path::Path;
+
+    use allot_sim::outcome::ReplayReport;
+    use anyhow::Result;
+
+    pub(super) fn json(reports: &[ReplayReport]) -> Result<String> {
+        let mut out = match reports {
+            [one] => serde_json::to_string_pretty(one)?,
+            many => serde_json::to_string_pretty(many)?,
+        };
+        out.push('\n');
+        Ok(out)
+    }
+
+    const COLUMNS: [&str; 14] = [
+        "policy",
+        "jobs_total",
+        "jobs_finished",
+        "jobs_pending",
+        "jobs_cancelled",
+        "jct_s_mean",
+        "queue_delay_s_p50",
+        "queue_delay_s_p95",
+        "queue_delay_s_p99",
+        "gpu_allocated_pct",
+        "gpu_active_pct",
+        "preemptions",
+        "lost_gpu_hours",
+        "goodput",
+    ];
+
+    fn cells(r: &ReplayReport) -> Vec<String> {
+        vec![
+            r.policy.clone(),
+            r.jobs_total.to_string(),
+            r.jobs_finished.to_string(),
+            r.jobs_pending.to_string(),
+            r.jobs_cancelled.to_string(),
+            format!("{:.0}", r.jct_s_mean),
+            format!("{:.0}", r.queue_delay_s_p50),
+            format!("{:.0}", r.queue_delay_s_p95),
+            format!("{:.0}", r.queue_delay_s_p99),
+            format!("{:.1}", r.gpu_allocated_pct),
+            format!("{:.1}", r.gpu_active_pct),
+            r.preemptions.to_string(),
+            format!("{:.1}", r.lost_gpu_hours),
+            format!("{:.3}", r.goodput),
+        ]
+    }
+
+    pub(super) fn csv(reports: &[ReplayReport]) -> String {
+        let mut out = COLUMNS.join(",");
+        out.push('\n');
+        for r in reports {
+            out.push_str(&cells(r).join(","));
+            out.push('\n');
+        }
+        out
+    }
+
+    pub(super) fn text(reports: &[ReplayReport]) -> String {
+        let mut out = String::new();
+        for (i, name) in COLUMNS.iter().enumerate() {
+            let _ = write!(out, "{name:<20}");
+            for r in reports {
+                let _ = write!(out, " {:>14}", cells(r)[i]);
+            }
+            out.push('\n');
+        }
+        for r in reports {
+            let _ = writeln!(
+                out,
+                "{}: wall {} ms, {} scheduling cycles",
+                r.policy, r.wall_ms, r.decide_calls
+            );
+        }
+        out
+    }
+
+    /// The series the charts are drawn from, as CSV files, until the charts land.
+    pub(super) fn write_chart_data(dir: &Path, reports: &[ReplayReport]) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        for r in reports {
+            let file_label: String = r
+                .policy
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                .collect();
+            let mut timeline = String::from("t_s,allocated_gpus,active_gpus,pending_jobs\n");
+            for p in &r.timeline {
+                let _ = writeln!(
+                    timeline,
+                    "{},{},{},{}",
+                    p.t_s, p.allocated_gpus, p.active_gpus, p.pending_jobs
+                );
+            }
+            std::fs::write(dir.join(format!("{file_label}-timeline.csv")), timeline)?;
+            let mut ledger = String::from("project,allocated_gpu_hours,useful_gpu_hours,goodput\n");
+            for p in &r.projects {
+                let goodput = if p.allocated_gpu_hours > 0.0 {
+                    p.useful_gpu_hours / p.allocated_gpu_hours
+                } else {
+                    0.0
+                };
+                let _ = writeln!(
+                    ledger,
+                    "{},{},{},{}",
+                    p.project, p.allocated_gpu_hours, p.useful_gpu_hours, goodput
+                );
+            }
+            std::fs::write(dir.join(format!("{file_label}-projects.csv")), ledger)?;
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,167 @@
+//! `allot sim replay`: the acceptance command (on the first jobs of the trace), its
+//! determinism, several policies side by side, and bad input → exit 1 with file:line.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn traces() -> String {
+    repo().join("../shared/traces").display().to_string()
+}
+
+fn allot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_allot"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run allot")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn acceptance(extra: &[&str]) -> Output {
+    acceptance_as("json", extra)
+}
+
+fn acceptance_as(output: &str, extra: &[&str]) -> Output {
+    let t = traces();
+    let jobs = format!("{t}/philly-pollux/philly.csv");
+    let machines = format!("{t}/philly-machines/cluster_machine_list");
+    let vcs = format!("{t}/philly-machines/philly_vc.csv");
+    let mut args = vec![
+        "sim",
+        "replay",
+        "--jobs",
+        &jobs,
+        "--machines",
+        &machines,
+        "--vcs",
+        &vcs,
+        "--policy",
+        "examples/philly-policy.yaml",
+        "--output",
+        output,
+    ];
+    args.extend_from_slice(extra);
+    allot(&args)
+}
+
+#[test]
+fn the_acceptance_command_prints_the_documented_keys_byte_identically() {
+    let out = acceptance(&["--limit-jobs", "300", "--no-timing"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for key in [
+        "jobs_total",
+        "jobs_finished",
+        "jct_s_mean",
+        "queue_delay_s_p50",
+        "queue_delay_s_p95",
+        "queue_delay_s_p99",
+        "gpu_allocated_pct",
+        "gpu_active_pct",
+        "preemptions",
+        "lost_gpu_hours",
+        "goodput",
+        "wall_ms",
+        "timeline",
+        "queue_delays_s",
+        "projects",
+    ] {
+        assert!(json.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(json["jobs_total"], 300);
+    assert_eq!(json["jobs_finished"], 300);
+    assert_eq!(json["wall_ms"], 0);
+    assert_eq!(json["policy"], "philly-policy");
+    let again = acceptance(&["--limit-jobs", "300", "--no-timing"]);
+    assert_eq!(out.stdout, again.stdout, "same inputs and seed, different output");
+    let other = acceptance(&["--limit-jobs", "300", "--no-timing", "--seed", "7"]);
+    assert_ne!(out.stdout, other.stdout, "the seed changes nothing");
+}
+
+#[test]
+fn several_policies_give_one_report_each_and_text_and_csv_render() {
+    let out = acceptance(&[
+        "--limit-jobs",
+        "100",
+        "--policy",
+        "examples/philly-policy.yaml",
+        "--no-timing",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json.as_array().map(Vec::len), Some(2));
+    let csv = acceptance_as("csv", &["--limit-jobs", "100"]);
+    let csv = text(&csv.stdout);
+    assert!(csv.starts_with("policy,jobs_total,"), "{csv}");
+    assert_eq!(csv.lines().count(), 2);
+    let table = acceptance_as("text", &["--limit-jobs", "100"]);
+    assert!(text(&table.stdout).contains("gpu_allocated_pct"));
+}
+
+#[test]
+fn bad_input_exits_1_naming_file_line_and_field() {
+    let out = acceptance(&["--policy", "no/such-policy.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no/such-policy.yaml"), "{}", text(&out.stderr));
+
+    let dir = std::env::temp_dir().join(format!("allot-sim-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let broken = dir.join("jobs.csv");
+    std::fs::write(
+        &broken,
+        "timestamp,duration,num_gpus,gpu_time,cluster\n2017-09-04 10:30:41,10.0,one,10.0,a\n",
+    )
+    .expect("write");
+    let t = traces();
+    let out = allot(&[
+        "sim",
+        "replay",
+        "--jobs",
+        &broken.display().to_string(),
+        "--machines",
+        &format!("{t}/philly-machines/cluster_machine_list"),
+        "--policy",
+        "examples/philly-policy.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("jobs.csv:2: num_gpus: `one` is not a GPU count — "), "{err}");
+
+    // The Pollux copy has jobs of VCs that philly_vc.csv does not list (first: line 1867).
+    let out = acceptance(&["--limit-jobs", "2000", "--strict-vcs"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("philly.csv:1867: project: `23dbec` is not a project"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_allot_trace_format_replays_on_a_cluster_file() {
+    let out = allot(&[
+        "sim",
+        "replay",
+        "--trace",
+        "crates/allot-sim/tests/data/small.csv",
+        "--cluster",
+        "examples/cluster.yaml",
+        "--policy",
+        "examples/policy.yaml",
+        "--output",
+        "json",
+        "--no-timing",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["jobs_total"], 4);
+    assert_eq!(
+        json["jobs_finished"].as_u64().unwrap_or(0) + json["jobs_cancelled"].as_u64().unwrap_or(0),
+        4
+    );
+}

@@ -541,8 +541,9 @@ fn policy_json(report: &ReplayReport) -> Node {
     Node::Object(entries)
 }
 
-/// `{"policies": [...]}` as pretty JSON, one object per report in the given order, ending with
-/// a newline. Byte-identical for identical input.
+/// Pretty JSON ending with a newline, byte-identical for identical input: one report's object
+/// as the whole document, or `{"policies": [...]}` with one object per report in the given
+/// order when there are several (or none) — the same shape as `allot sim pack`.
 ///
 /// Each policy object has the scalar figures (in `ReplayReport`'s field order, then any field
 /// added later, by name), `projects` (the ledger), and the series, bounded so that a long trace
@@ -555,10 +556,13 @@ fn policy_json(report: &ReplayReport) -> Node {
 ///
 /// Non-finite numbers are written as `null`.
 pub fn replay_json(reports: &[ReplayReport]) -> String {
-    let doc = Node::Object(vec![(
-        "policies".to_owned(),
-        Node::Array(reports.iter().map(policy_json).collect()),
-    )]);
+    let doc = match reports {
+        [one] => policy_json(one),
+        many => Node::Object(vec![(
+            "policies".to_owned(),
+            Node::Array(many.iter().map(policy_json).collect()),
+        )]),
+    };
     let mut text = serde_json::to_string_pretty(&doc).unwrap_or_else(|e| {
         // Serializing in-memory values to a String cannot fail; say so if it ever does.
         format!("{{\"error\": {}}}", Value::String(e.to_string()))

@@ -53,6 +53,7 @@ fn report(policy: &str, scale: f64) -> ReplayReport {
                     useful_gpu_hours: 60.0 * f,
                     lost_gpu_hours: 5.0,
                     jobs_finished: 10,
+                    ..ProjectLedger::default()
                 }
             })
             .collect(),

@@ -6,12 +6,13 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use allot_core::{NodeSpec, PolicySpec};
+use allot_sim::charts::{self, ChartError};
 use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
 use allot_sim::trace::{
     TraceJob, VirtualCluster, load_allot_trace, load_philly_jobs, load_philly_machines,
     load_philly_vcs, philly_nodes,
 };
-use allot_sim::{BadRows, TraceError};
+use allot_sim::{BadRows, TraceError, report};
 use anyhow::Result;
 
 use crate::InvalidInput;
@@ -164,12 +165,20 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
     }
 
     if let Some(dir) = &args.charts {
-        temporary_render::write_chart_data(dir, &reports)?;
+        match charts::write_replay_charts(dir, &reports) {
+            Ok(_) => {}
+            Err(ChartError::NoFont { written, .. }) => crate::print_err(&format!(
+                "warning: {} SVG chart(s) written, no PNG: no TrueType font found (install \
+                 fonts-dejavu-core)\n",
+                written.len()
+            )),
+            Err(e) => return Err(InvalidInput(format!("--charts: {e}\n")).into()),
+        }
     }
     Ok(match args.output {
-        ReplayOutput::Text => temporary_render::text(&reports),
-        ReplayOutput::Json => temporary_render::json(&reports)?,
-        ReplayOutput::Csv => temporary_render::csv(&reports),
+        ReplayOutput::Text => report::replay_text(&reports),
+        ReplayOutput::Json => report::replay_json(&reports),
+        ReplayOutput::Csv => report::replay_csv(&reports),
     })
 }
 
@@ -267,124 +276,4 @@ fn labels(paths: &[PathBuf]) -> Vec<String> {
             }
         })
         .collect()
-}
-
-// TEMPORARY until report.rs lands: switch to allot_sim::report::{replay_text, replay_json,
-// replay_csv} and allot_sim::charts::write_replay_charts at merge, then delete this module.
-mod temporary_render {
-    use std::fmt::Write as _;
-    use std::path::Path;
-
-    use allot_sim::outcome::ReplayReport;
-    use anyhow::Result;
-
-    pub(super) fn json(reports: &[ReplayReport]) -> Result<String> {
-        let mut out = match reports {
-            [one] => serde_json::to_string_pretty(one)?,
-            many => serde_json::to_string_pretty(many)?,
-        };
-        out.push('\n');
-        Ok(out)
-    }
-
-    const COLUMNS: [&str; 14] = [
-        "policy",
-        "jobs_total",
-        "jobs_finished",
-        "jobs_pending",
-        "jobs_cancelled",
-        "jct_s_mean",
-        "queue_delay_s_p50",
-        "queue_delay_s_p95",
-        "queue_delay_s_p99",
-        "gpu_allocated_pct",
-        "gpu_active_pct",
-        "preemptions",
-        "lost_gpu_hours",
-        "goodput",
-    ];
-
-    fn cells(r: &ReplayReport) -> Vec<String> {
-        vec![
-            r.policy.clone(),
-            r.jobs_total.to_string(),
-            r.jobs_finished.to_string(),
-            r.jobs_pending.to_string(),
-            r.jobs_cancelled.to_string(),
-            format!("{:.0}", r.jct_s_mean),
-            format!("{:.0}", r.queue_delay_s_p50),
-            format!("{:.0}", r.queue_delay_s_p95),
-            format!("{:.0}", r.queue_delay_s_p99),
-            format!("{:.1}", r.gpu_allocated_pct),
-            format!("{:.1}", r.gpu_active_pct),
-            r.preemptions.to_string(),
-            format!("{:.1}", r.lost_gpu_hours),
-            format!("{:.3}", r.goodput),
-        ]
-    }
-
-    pub(super) fn csv(reports: &[ReplayReport]) -> String {
-        let mut out = COLUMNS.join(",");
-        out.push('\n');
-        for r in reports {
-            out.push_str(&cells(r).join(","));
-            out.push('\n');
-        }
-        out
-    }
-
-    pub(super) fn text(reports: &[ReplayReport]) -> String {
-        let mut out = String::new();
-        for (i, name) in COLUMNS.iter().enumerate() {
-            let _ = write!(out, "{name:<20}");
-            for r in reports {
-                let _ = write!(out, " {:>14}", cells(r)[i]);
-            }
-            out.push('\n');
-        }
-        for r in reports {
-            let _ = writeln!(
-                out,
-                "{}: wall {} ms, {} scheduling cycles",
-                r.policy, r.wall_ms, r.decide_calls
-            );
-        }
-        out
-    }
-
-    /// The series the charts are drawn from, as CSV files, until the charts land.
-    pub(super) fn write_chart_data(dir: &Path, reports: &[ReplayReport]) -> Result<()> {
-        std::fs::create_dir_all(dir)?;
-        for r in reports {
-            let file_label: String = r
-                .policy
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
-                .collect();
-            let mut timeline = String::from("t_s,allocated_gpus,active_gpus,pending_jobs\n");
-            for p in &r.timeline {
-                let _ = writeln!(
-                    timeline,
-                    "{},{},{},{}",
-                    p.t_s, p.allocated_gpus, p.active_gpus, p.pending_jobs
-                );
-            }
-            std::fs::write(dir.join(format!("{file_label}-timeline.csv")), timeline)?;
-            let mut ledger = String::from("project,allocated_gpu_hours,useful_gpu_hours,goodput\n");
-            for p in &r.projects {
-                let goodput = if p.allocated_gpu_hours > 0.0 {
-                    p.useful_gpu_hours / p.allocated_gpu_hours
-                } else {
-                    0.0
-                };
-                let _ = writeln!(
-                    ledger,
-                    "{},{},{},{}",
-                    p.project, p.allocated_gpu_hours, p.useful_gpu_hours, goodput
-                );
-            }
-            std::fs::write(dir.join(format!("{file_label}-projects.csv")), ledger)?;
-        }
-        Ok(())
-    }
 }

@@ -96,10 +96,10 @@ fn several_policies_give_one_report_each_and_text_and_csv_render() {
     ]);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(json.as_array().map(Vec::len), Some(2));
+    assert_eq!(json["policies"].as_array().map(Vec::len), Some(2));
     let csv = acceptance_as("csv", &["--limit-jobs", "100"]);
     let csv = text(&csv.stdout);
-    assert!(csv.starts_with("policy,jobs_total,"), "{csv}");
+    assert!(csv.starts_with("policy,seed,jobs_total,"), "{csv}");
     assert_eq!(csv.lines().count(), 2);
     let table = acceptance_as("text", &["--limit-jobs", "100"]);
     assert!(text(&table.stdout).contains("gpu_allocated_pct"));

@@ -584,7 +584,13 @@ impl Sim<'_> {
         let s = &self.state[job];
         let Some(interval) = s.checkpoint_interval_s else { return };
         let run = s.run_no;
-        let next = ((progress_s / interval).floor() + 1.0) * interval;
+        let mut next = ((progress_s / interval).floor() + 1.0) * interval;
+        // Progress is measured in whole milliseconds, so at a checkpoint it may sit a hair
+        // below the multiple it stands on; that multiple is this checkpoint, not the next
+        // (rescheduling it at the same millisecond would never let time move on).
+        if ms(next - progress_s) == 0 {
+            next += interval;
+        }
         if next < self.jobs[job].duration_s {
             self.push(t_ms + ms(next - progress_s), Happening::Checkpoint { job, run });
         }

@@ -164,6 +164,19 @@ fn a_checkpointing_job_loses_only_the_work_since_its_last_checkpoint() {
 }
 
 #[test]
+fn checkpoints_at_fractional_start_times_do_not_stall_virtual_time() {
+    // Started at 2.001 s, the first checkpoint falls at 32.001 s, where 32.001 − 2.001 is
+    // 29.999999999999996 in floating point: the checkpoint must not be rescheduled at the same
+    // millisecond forever (a hang seen with `--load 3`).
+    let nodes = [node("n0", 4)];
+    let mut j = job(1, "a", 2.001, 100.0, 1);
+    j.checkpoint_interval_s = Some(30.0);
+    let r = replay(&nodes, &policy(PreemptionMode::Suspend), "p", &[j], &config()).expect("runs");
+    assert_eq!(r.jobs_finished, 1);
+    assert_books_balance(&r);
+}
+
+#[test]
 fn requeue_throws_away_checkpoints_and_delete_cancels() {
     let nodes = [node("n0", 4)];
     let mut b = job(1, "b", 0.0, 1000.0, 4);

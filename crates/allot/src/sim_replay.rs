@@ -60,6 +60,11 @@ pub(crate) struct ReplayOptions {
     /// Replay only the first N jobs of the trace.
     #[arg(long)]
     limit_jobs: Option<usize>,
+    /// Offered-load multiplier: submit times are divided by this factor (durations kept), so
+    /// `--load 6` asks what the same jobs do when they arrive six times as fast — how queues,
+    /// borrowing and pre-emption behave as the cluster gets busier.
+    #[arg(long, default_value_t = 1.0)]
+    load: f64,
     /// Skip malformed trace rows (counted in the report) instead of stopping at the first.
     #[arg(long)]
     skip_bad_rows: bool,
@@ -122,6 +127,15 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
     let (mut jobs, skipped, jobs_file) = load_jobs(args, bad_rows, gpus_per_node_max)?;
     if let Some(n) = args.limit_jobs {
         jobs.truncate(n);
+    }
+    if !(args.load.is_finite() && args.load > 0.0 && args.load <= 1000.0) {
+        return Err(InvalidInput("--load: give a factor in (0, 1000], e.g. 4\n".into()).into());
+    }
+    if args.load != 1.0 {
+        for job in &mut jobs {
+            // Whole milliseconds, the engine's clock resolution.
+            job.submit_s = (job.submit_s / args.load * 1000.0).round() / 1000.0;
+        }
     }
     let vcs = args.vcs.as_deref().map(load_philly_vcs).transpose().map_err(|e| invalid(&e))?;
 

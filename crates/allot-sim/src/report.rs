@@ -30,7 +30,7 @@ pub const QUEUE_DELAY_PERCENTILES: usize = 101;
 pub const TEXT_LEDGER_PROJECTS_MAX: usize = 100;
 
 /// The scalar figures in the order they are shown: `ReplayReport`'s field order.
-const REPORT_SCALARS: [&str; 16] = [
+const REPORT_SCALARS: [&str; 24] = [
     "policy",
     "seed",
     "jobs_total",
@@ -47,6 +47,14 @@ const REPORT_SCALARS: [&str; 16] = [
     "lost_gpu_hours",
     "goodput",
     "wall_ms",
+    "capacity_gpus",
+    "span_s",
+    "allocated_gpu_hours",
+    "active_gpu_hours",
+    "useful_gpu_hours",
+    "idle_gpu_hours",
+    "decide_calls",
+    "bad_rows_skipped",
 ];
 /// Fields of `ReplayReport` that are series or tables, rendered on their own.
 const REPORT_SERIES: [&str; 3] = ["timeline", "queue_delays_s", "projects"];
@@ -77,7 +85,7 @@ enum Shown {
 
 /// The rows of the figure table: the JSON name (so a reader can find it in `--output json`),
 /// the unit shown, and how the value is rounded.
-const TEXT_FIGURES: [(&str, &str, Shown); 15] = [
+const TEXT_FIGURES: [(&str, &str, Shown); 23] = [
     ("jobs_total", "jobs", Shown::Count),
     ("jobs_finished", "jobs", Shown::Count),
     ("jobs_pending", "jobs", Shown::Count),
@@ -93,6 +101,14 @@ const TEXT_FIGURES: [(&str, &str, Shown); 15] = [
     ("goodput", "%", Shown::RatioAsPercent),
     ("wall_ms", "ms", Shown::Millis),
     ("seed", "", Shown::Count),
+    ("capacity_gpus", "GPUs", Shown::Count),
+    ("span_s", "s", Shown::Seconds),
+    ("allocated_gpu_hours", "GPU-h", Shown::GpuHours),
+    ("active_gpu_hours", "GPU-h", Shown::GpuHours),
+    ("useful_gpu_hours", "GPU-h", Shown::GpuHours),
+    ("idle_gpu_hours", "GPU-h", Shown::GpuHours),
+    ("decide_calls", "", Shown::Count),
+    ("bad_rows_skipped", "rows", Shown::Count),
 ];
 
 fn figure_value(report: &ReplayReport, name: &str) -> f64 {
@@ -112,6 +128,14 @@ fn figure_value(report: &ReplayReport, name: &str) -> f64 {
         "goodput" => report.goodput,
         "wall_ms" => report.wall_ms as f64,
         "seed" => report.seed as f64,
+        "capacity_gpus" => report.capacity_gpus,
+        "span_s" => report.span_s,
+        "allocated_gpu_hours" => report.allocated_gpu_hours,
+        "active_gpu_hours" => report.active_gpu_hours,
+        "useful_gpu_hours" => report.useful_gpu_hours,
+        "idle_gpu_hours" => report.idle_gpu_hours,
+        "decide_calls" => report.decide_calls as f64,
+        "bad_rows_skipped" => report.bad_rows_skipped as f64,
         _ => f64::NAN,
     }
 }
@@ -126,6 +150,8 @@ fn show(report: &ReplayReport, name: &str, shown: Shown) -> String {
         ("jobs_cancelled", _) => group_digits(&report.jobs_cancelled.to_string()),
         ("preemptions", _) => group_digits(&report.preemptions.to_string()),
         ("wall_ms", _) => group_digits(&report.wall_ms.to_string()),
+        ("decide_calls", _) => group_digits(&report.decide_calls.to_string()),
+        ("bad_rows_skipped", _) => group_digits(&report.bad_rows_skipped.to_string()),
         (_, Shown::RatioAsPercent) => fixed(figure_value(report, name) * 100.0, 1),
         (_, Shown::Seconds | Shown::Percent | Shown::GpuHours) => {
             fixed(figure_value(report, name), 1)

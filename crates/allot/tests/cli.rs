@@ -1,23 +1,10 @@
 //! The acceptance commands, run against the built binary.
 
+mod common;
+
+use common::{allot, repo, text};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn allot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("run allot")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 #[test]
 fn validate_accepts_the_example_policy() {

@@ -1,23 +1,8 @@
 //! `allot sim pack` and `allot sim fgd-compare` as a user runs them.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn allot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("run allot")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{allot, text};
 
 const NODES: &str = "../shared/traces/alibaba-gpu-v2023-openb/openb_node_list_gpu_node.csv";
 const PODS: &str = "../shared/traces/alibaba-gpu-v2023-openb/openb_pod_list_default.csv";

@@ -1,27 +1,14 @@
 //! `allot sim replay`: the acceptance command (on the first jobs of the trace), its
 //! determinism, several policies side by side, and bad input → exit 1 with file:line.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{allot, repo, text};
+
+use std::process::Output;
 
 fn traces() -> String {
     repo().join("../shared/traces").display().to_string()
-}
-
-fn allot(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_allot"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("run allot")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn acceptance(extra: &[&str]) -> Output {
@@ -110,6 +97,10 @@ fn bad_input_exits_1_naming_file_line_and_field() {
     let out = acceptance(&["--policy", "no/such-policy.yaml"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no/such-policy.yaml"), "{}", text(&out.stderr));
+
+    let out = acceptance(&["--limit-jobs", "10", "--load", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--load: give a factor"), "{}", text(&out.stderr));
 
     let dir = std::env::temp_dir().join(format!("allot-sim-replay-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

@@ -210,6 +210,8 @@ struct JobState {
 
 struct Sim<'a> {
     config: &'a ReplayConfig,
+    /// Called once per job that arrived (for a progress bar).
+    on_arrival: &'a (dyn Fn() + 'a),
     jobs: &'a [TraceJob],
     state: Vec<JobState>,
     by_id: BTreeMap<u64, usize>,
@@ -248,6 +250,19 @@ pub fn replay(
     label: &str,
     jobs: &[TraceJob],
     config: &ReplayConfig,
+) -> Result<ReplayReport, ReplayError> {
+    replay_with_progress(nodes, policy, label, jobs, config, &|| {})
+}
+
+/// [`replay`], calling `on_arrival` as each job arrives in virtual time (for a progress bar;
+/// arrivals are spread over the whole run, finishes bunch at its end).
+pub fn replay_with_progress(
+    nodes: &[NodeSpec],
+    policy: &PolicySpec,
+    label: &str,
+    jobs: &[TraceJob],
+    config: &ReplayConfig,
+    on_arrival: &dyn Fn(),
 ) -> Result<ReplayReport, ReplayError> {
     let engine = Engine::new(nodes, policy).map_err(|e| ReplayError::Config(e.to_string()))?;
     let capacity_shares: u64 =
@@ -294,6 +309,7 @@ pub fn replay(
 
     let mut sim = Sim {
         config,
+        on_arrival,
         jobs,
         state,
         by_id,
@@ -379,6 +395,7 @@ impl Sim<'_> {
         let t = secs(t_ms);
         match h {
             Happening::Arrive { job } => {
+                (self.on_arrival)();
                 let spec = self.spec(job);
                 self.engine.apply(now, Event::WorkloadSubmitted(spec));
                 self.state[job].fate = Fate::Queued;

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use allot_core::{NodeSpec, PolicySpec};
 use allot_sim::charts::{self, ChartError};
-use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
+use allot_sim::progress::Progress;
+use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay_with_progress};
 use allot_sim::trace::{
     TraceJob, VirtualCluster, load_allot_trace, load_philly_jobs, load_philly_machines,
     load_philly_vcs, philly_nodes,
@@ -167,16 +168,19 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
     };
     let labels = labels(&args.policy);
     let mut reports = Vec::with_capacity(policies.len());
+    let progress = Progress::new((jobs.len() * policies.len()) as u64, "replaying jobs");
     for ((path, policy), label) in policies.iter().zip(labels) {
         let (policy, _added) = add_unlisted_projects(policy, &jobs);
         #[allow(clippy::disallowed_methods)] // the CLI measures wall time; the replay does not
         let started = std::time::Instant::now();
-        let mut report = replay(&nodes, &policy, &label, &jobs, &config)
+        let tick = || progress.inc(1);
+        let mut report = replay_with_progress(&nodes, &policy, &label, &jobs, &config, &tick)
             .map_err(|e| anyhow::Error::from(InvalidInput(format!("{}: {e}\n", path.display()))))?;
         report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
         report.bad_rows_skipped = skipped;
         reports.push(report);
     }
+    progress.finish();
 
     if let Some(dir) = &args.charts {
         match charts::write_replay_charts(dir, &reports) {

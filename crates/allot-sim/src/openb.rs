@@ -46,7 +46,23 @@ pub const GPUS_PER_NODE_MAX: u32 = 64;
 
 /// Read an openb node list.
 pub fn load_nodes(path: &Path, mode: BadRows) -> Result<(Vec<OpenbNode>, Skipped), TraceError> {
-    let file = CsvFile::read(path)?;
+    nodes_from(&CsvFile::read(path)?, path, mode)
+}
+
+/// Parse the text of an openb node list; `path` names it in errors.
+pub fn parse_nodes(
+    path: &Path,
+    text: &str,
+    mode: BadRows,
+) -> Result<(Vec<OpenbNode>, Skipped), TraceError> {
+    nodes_from(&CsvFile::parse(path, text)?, path, mode)
+}
+
+fn nodes_from(
+    file: &CsvFile,
+    path: &Path,
+    mode: BadRows,
+) -> Result<(Vec<OpenbNode>, Skipped), TraceError> {
     let name = file.column(&["sn", "name"])?;
     let cpu = file.column(&["cpu_milli"])?;
     let memory = file.column(&["memory_mib"])?;
@@ -92,7 +108,23 @@ pub fn load_nodes(path: &Path, mode: BadRows) -> Result<(Vec<OpenbNode>, Skipped
 
 /// Read an openb pod list.
 pub fn load_pods(path: &Path, mode: BadRows) -> Result<(Vec<OpenbPod>, Skipped), TraceError> {
-    let file = CsvFile::read(path)?;
+    pods_from(&CsvFile::read(path)?, path, mode)
+}
+
+/// Parse the text of an openb pod list; `path` names it in errors.
+pub fn parse_pods(
+    path: &Path,
+    text: &str,
+    mode: BadRows,
+) -> Result<(Vec<OpenbPod>, Skipped), TraceError> {
+    pods_from(&CsvFile::parse(path, text)?, path, mode)
+}
+
+fn pods_from(
+    file: &CsvFile,
+    path: &Path,
+    mode: BadRows,
+) -> Result<(Vec<OpenbPod>, Skipped), TraceError> {
     let name = file.column(&["name"])?;
     let cpu = file.column(&["cpu_milli"])?;
     let memory = file.column(&["memory_mib"])?;

@@ -89,6 +89,9 @@ pub enum ReplayError {
     Job { line: usize, message: String },
     /// The engine's invariants broke (only checked with `ReplayConfig::audit`).
     Invariant { at_s: f64, message: String },
+    /// Virtual time stopped moving: more happenings at one millisecond than the trace could
+    /// cause. A bug in the replay, reported instead of looping forever.
+    Stalled { at_s: f64, happenings: u64 },
 }
 
 impl fmt::Display for ReplayError {
@@ -99,6 +102,11 @@ impl fmt::Display for ReplayError {
             ReplayError::Invariant { at_s, message } => {
                 write!(f, "engine invariant broken at t={at_s}s: {message}")
             }
+            ReplayError::Stalled { at_s, happenings } => write!(
+                f,
+                "virtual time stalled at t={at_s}s after {happenings} happenings at that \
+                 instant; this is a bug in allot's replay — please report it with the trace"
+            ),
         }
     }
 }
@@ -340,6 +348,10 @@ pub fn replay_with_progress(
     let until_ms = config.until_s.map(ms);
     let mut next_sample_ms = 0u64;
     let mut end_ms = 0u64;
+    // Every job can arrive, start, checkpoint, stop, finish and be decided on at one instant
+    // a few times over; far more than that at one millisecond means time no longer moves.
+    let stall_limit = 64 * jobs.len() as u64 + 10_000;
+    let mut at_instant = 0u64;
 
     while let Some(&Reverse((t, _, _, _))) = sim.queue.peek() {
         if until_ms.is_some_and(|u| t > u) {
@@ -351,6 +363,10 @@ pub fn replay_with_progress(
             next_sample_ms += step_ms;
         }
         let Some(Reverse((t, _, _, happening))) = sim.queue.pop() else { break };
+        at_instant = if t == end_ms { at_instant + 1 } else { 1 };
+        if at_instant > stall_limit {
+            return Err(ReplayError::Stalled { at_s: secs(t), happenings: at_instant });
+        }
         end_ms = t;
         sim.handle(t, happening)?;
         if sim.dirty && sim.queued > 0 && sim.decide_at_ms.is_none() {

@@ -329,3 +329,75 @@ fn the_whole_philly_trace_replays_when_slow_tests_are_on() {
     assert_eq!((r.jobs_total, r.jobs_finished), (65_797, 65_797));
     assert_books_balance(&r);
 }
+
+mod random_traces {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("ALLOT_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
+    }
+
+    /// (project b?, submit ms, duration ms, GPUs, checkpoint interval ms or 0, kind)
+    type JobShape = (bool, u64, u64, u32, u64, u8);
+
+    fn traces() -> impl Strategy<Value = Vec<JobShape>> {
+        prop::collection::vec(
+            (any::<bool>(), 0u64..600_000, 1u64..3_000_000, 1u32..=6, 0u64..400_000, 0u8..6),
+            1..30,
+        )
+    }
+
+    fn build(shapes: &[JobShape]) -> Vec<TraceJob> {
+        let kinds = [
+            None,
+            Some(WorkloadKind::Notebook),
+            Some(WorkloadKind::Inference),
+            Some(WorkloadKind::Service),
+            Some(WorkloadKind::Training),
+            Some(WorkloadKind::Batch),
+        ];
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(b, submit, duration, gpus, interval, kind))| {
+                let mut j = job(
+                    i as u64 + 1,
+                    if b { "b" } else { "a" },
+                    submit as f64 / 1000.0,
+                    duration as f64 / 1000.0,
+                    gpus,
+                );
+                j.checkpoint_interval_s = (interval > 0).then(|| interval as f64 / 1000.0);
+                j.kind = kinds[usize::from(kind) % kinds.len()];
+                j
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        /// Any trace on a small contended cluster: the replay ends (time never stalls), every
+        /// job is finished, pending or cancelled, the GPU-hour books balance, the engine's
+        /// invariants hold after every cycle, and the same inputs give the same report.
+        #[test]
+        fn any_trace_ends_with_balanced_books(
+            shapes in traces(),
+            mode in 0usize..3,
+            guaranteed in 0u64..=4,
+        ) {
+            let mode = [PreemptionMode::Suspend, PreemptionMode::Requeue, PreemptionMode::Delete][mode];
+            let nodes = [node("n0", 4), node("n1", 2)];
+            let policy = policy_with(mode, guaranteed);
+            let jobs = build(&shapes);
+            let first = replay(&nodes, &policy, "p", &jobs, &config());
+            let first = first.map_err(|e| TestCaseError::fail(e.to_string()))?;
+            assert_books_balance(&first);
+            prop_assert_eq!(first.jobs_total, jobs.len());
+            let again = replay(&nodes, &policy, "p", &jobs, &config())
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(report_json(&first), report_json(&again));
+        }
+    }
+}

@@ -16,10 +16,9 @@ pub struct CsvFile {
 }
 
 impl CsvFile {
+    /// Read a whole file (size-capped, UTF-8 checked by [`crate::trace::read_text`]).
     pub fn read(path: &Path) -> Result<CsvFile, TraceError> {
-        let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, &e))?;
-        let text = String::from_utf8_lossy(&bytes);
-        CsvFile::parse(path, &text)
+        CsvFile::parse(path, &crate::trace::read_text(path)?)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<CsvFile, TraceError> {

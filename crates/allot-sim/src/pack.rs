@@ -196,6 +196,8 @@ pub struct SeedRun {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PackReport {
     pub placement: String,
+    /// `online` (the experiment) or `decreasing` (the hindsight reference).
+    pub arrival_order: String,
     pub inflate: f64,
     pub seeds: Vec<u64>,
     pub nodes: usize,
@@ -250,10 +252,32 @@ pub fn arrivals(input: &PackInput, inflate: f64, seed: u64) -> Vec<PodShape> {
     sequence
 }
 
+/// The order pods arrive in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ArrivalOrder {
+    /// The experiment's: the shuffled trace, then the copies.
+    #[default]
+    Online,
+    /// The same pods sorted by GPU demand, largest first (then CPU): an offline hindsight
+    /// reference (first-fit/best-fit-decreasing style), not something an online scheduler can
+    /// do. The gap between the two separates the loss to arrival order from packing loss.
+    Decreasing,
+}
+
 /// Run one policy for one seed.
-pub fn run_seed(input: &PackInput, policy: PackPolicy, inflate: f64, seed: u64) -> SeedRun {
+pub fn run_seed(
+    input: &PackInput,
+    policy: PackPolicy,
+    inflate: f64,
+    seed: u64,
+    order: ArrivalOrder,
+) -> SeedRun {
     let root = SimRng::new(seed);
-    let sequence = arrivals(input, inflate, seed);
+    let mut sequence = arrivals(input, inflate, seed);
+    if order == ArrivalOrder::Decreasing {
+        // Stable: equal pods keep their seeded order.
+        sequence.sort_by_key(|p| std::cmp::Reverse((p.total_milli(), p.cpu_milli)));
+    }
     let mut order = input.nodes.clone();
     root.fork(STREAM_NODES).shuffle(&mut order);
     let mut cluster = PackCluster::new(&order, input.mix.clone());
@@ -295,7 +319,7 @@ pub fn run_seed(input: &PackInput, policy: PackPolicy, inflate: f64, seed: u64) 
 
 /// Run one policy over several seeds, in parallel; results are in seed order.
 pub fn run(input: &PackInput, policy: PackPolicy, inflate: f64, seeds: &[u64]) -> PackReport {
-    run_with_progress(input, policy, inflate, seeds, &|| {})
+    run_with_progress(input, policy, inflate, seeds, ArrivalOrder::Online, &|| {})
 }
 
 /// [`run`], calling `seed_done` as each seed's run ends (from any thread).
@@ -304,12 +328,13 @@ pub fn run_with_progress(
     policy: PackPolicy,
     inflate: f64,
     seeds: &[u64],
+    order: ArrivalOrder,
     seed_done: &(dyn Fn() + Sync),
 ) -> PackReport {
     let per_seed: Vec<SeedRun> = seeds
         .par_iter()
         .map(|&seed| {
-            let run = run_seed(input, policy, inflate, seed);
+            let run = run_seed(input, policy, inflate, seed, order);
             seed_done();
             run
         })
@@ -327,6 +352,11 @@ pub fn run_with_progress(
     };
     PackReport {
         placement: policy.name().to_owned(),
+        arrival_order: match order {
+            ArrivalOrder::Online => "online",
+            ArrivalOrder::Decreasing => "decreasing",
+        }
+        .to_owned(),
         inflate,
         seeds: seeds.to_vec(),
         nodes: input.nodes.len(),

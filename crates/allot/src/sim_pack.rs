@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use allot_core::packing::PackPolicy;
 use allot_sim::charts::{self, ChartError, Series};
-use allot_sim::pack::{self, PackInput, PackReport, PublishedResults, SeedRun};
+use allot_sim::pack::{self, ArrivalOrder, PackInput, PackReport, PublishedResults, SeedRun};
 use allot_sim::progress::Progress;
 use allot_sim::report;
 use allot_sim::{BadRows, TraceError, openb};
@@ -45,6 +45,10 @@ pub(crate) struct PackArgs {
     /// Report `wall_ms` as 0, so that the same inputs give byte-identical output.
     #[arg(long)]
     no_timing: bool,
+    /// Offline hindsight reference: the same pods sorted by GPU demand, largest first, instead
+    /// of arriving in trace order. Not an online policy; it shows how much is lost to order.
+    #[arg(long)]
+    hindsight: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -142,9 +146,11 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
     let mut reports = Vec::new();
     for policy in policies {
         let started = wall_clock();
-        let mut report = pack::run_with_progress(&input, policy, args.inflate, &seeds, &|| {
-            progress.inc(1);
-        });
+        let order = if args.hindsight { ArrivalOrder::Decreasing } else { ArrivalOrder::Online };
+        let mut report =
+            pack::run_with_progress(&input, policy, args.inflate, &seeds, order, &|| {
+                progress.inc(1);
+            });
         report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
         reports.push(report);
     }
@@ -274,7 +280,9 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
     let rows: Vec<(String, PackPolicy, Option<f64>, Option<f64>)> = jobs
         .into_par_iter()
         .map(|(workload, input, policy)| {
-            let report = pack::run_with_progress(&input, policy, 1.3, &seeds, &|| progress.inc(1));
+            let online = ArrivalOrder::Online;
+            let report =
+                pack::run_with_progress(&input, policy, 1.3, &seeds, online, &|| progress.inc(1));
             let ours = args.metric.ours(&report, args.column);
             let theirs = published.mean(&workload, policy, &seeds);
             (workload, policy, ours, theirs)

@@ -115,3 +115,38 @@ fn charts_are_written_as_svg_and_png() {
     let table = text(&out.stdout);
     assert!(table.contains("130%") && table.contains("bestfit") && table.contains("random"));
 }
+
+#[test]
+fn hindsight_packs_the_same_pods_largest_first() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "sim",
+            "pack",
+            "--nodes",
+            NODES,
+            "--pods",
+            PODS,
+            "--placement",
+            "bestfit",
+            "--seeds",
+            "42",
+            "--output",
+            "json",
+            "--no-timing",
+        ];
+        args.extend_from_slice(extra);
+        let out = allot(&args);
+        assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
+    };
+    let online = run(&[]);
+    let hindsight = run(&["--hindsight"]);
+    assert_eq!(online["arrival_order"], "online");
+    assert_eq!(hindsight["arrival_order"], "decreasing");
+    // The same multiset of pods arrives either way.
+    assert_eq!(online["per_seed"][0]["pods_arrived"], hindsight["per_seed"][0]["pods_arrived"]);
+    assert_eq!(
+        online["per_seed"][0]["final_arrived_pct"],
+        hindsight["per_seed"][0]["final_arrived_pct"]
+    );
+}

@@ -105,7 +105,12 @@ impl PackInput {
         let mix = target_mix(&census, pods.len(), |name| {
             models.iter().position(|m| m == name).map(|i| i as u8)
         });
-        let capacity_milli = node_specs.iter().map(|n| u64::from(n.gpus) * 1000).sum();
+        let capacity_milli: u64 = node_specs.iter().map(|n| u64::from(n.gpus) * 1000).sum();
+        if capacity_milli == 0 {
+            return Err("the node list has no GPUs: the experiment measures GPU allocation, \
+                        so give at least one GPU node"
+                .to_owned());
+        }
         Ok(PackInput { nodes: node_specs, pods: shapes, mix, capacity_milli, models })
     }
 
@@ -405,11 +410,11 @@ impl Bins {
     }
 
     fn add(&mut self, arrive: i64, alloc: f64, fragment: f64, ratio: Option<f64>) {
-        let Ok(index) = usize::try_from(arrive) else { return };
-        if index >= self.0.len() {
-            self.0.resize(index + 1, Bin::default());
-        }
-        let bin = &mut self.0[index];
+        // Rows past the last column + 1 feed no column (a tiny cluster can see arrivals of
+        // millions of % of capacity; growing the bins for them would only waste memory).
+        let Some(bin) = usize::try_from(arrive).ok().and_then(|i| self.0.get_mut(i)) else {
+            return;
+        };
         bin.rows += 1;
         bin.alloc_sum += alloc;
         bin.fragment_sum += fragment;

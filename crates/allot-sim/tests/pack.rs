@@ -131,3 +131,19 @@ fn published_results_are_read_per_workload_and_policy() {
     assert!(published.mean("openb_pod_list_default", PackPolicy::Random, &[42]).is_some());
     assert!(published.mean("no_such_list", PackPolicy::Fgd, &[]).is_none());
 }
+
+#[test]
+fn degenerate_clusters_are_refused_or_packed_without_trouble() {
+    let path = Path::new("nodes.csv");
+    let no_gpus = "sn,cpu_milli,memory_mib,gpu,model\nn0,1000,100,0,\n";
+    let (nodes0, _) = openb::parse_nodes(path, no_gpus, BadRows::Fail).unwrap_or_default();
+    let err = PackInput::new(&nodes0, &pods("default")).err().unwrap_or_default();
+    assert!(err.contains("no GPUs"), "{err}");
+    // One GPU against the whole trace: arrivals reach ~600,000 % of capacity at once.
+    let one_gpu = "sn,cpu_milli,memory_mib,gpu,model\nn0,128000,1048576,1,T4\n";
+    let (nodes1, _) = openb::parse_nodes(path, one_gpu, BadRows::Fail).unwrap_or_default();
+    let input = PackInput::new(&nodes1, &pods("default")).unwrap_or_else(|e| panic!("{e}"));
+    let report = pack::run(&input, PackPolicy::Fgd, 1.3, &[1]);
+    assert_eq!(report.allocation_pct.len(), 131);
+    assert!(report.per_seed[0].final_allocation_pct <= 100.0);
+}

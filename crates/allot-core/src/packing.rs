@@ -230,6 +230,10 @@ struct NodeState {
     memory_free: u64,
     model: u8,
     gpu_free: Vec<u16>,
+    /// The most free shares on one GPU, and how many GPUs are wholly free: with these, the
+    /// feasibility test of one-GPU and whole-GPU pods (nearly all pods) is two comparisons.
+    max_free: u16,
+    fully_free: u8,
     /// Clustering's GPU-shape tags hosted here, with counts; few entries.
     tags: Vec<(u8, u32)>,
     /// Bumped on every change; cached scores remember the version they were computed at.
@@ -249,9 +253,22 @@ impl NodeState {
         if pod.is_cpu_only() {
             return true;
         }
-        pod.models.contains(self.model)
-            && self.gpu_free.iter().filter(|&&f| f >= pod.gpu_milli).count()
-                >= usize::from(pod.gpus)
+        if !pod.models.contains(self.model) {
+            return false;
+        }
+        if pod.gpus == 1 {
+            self.max_free >= pod.gpu_milli
+        } else if pod.gpu_milli == MILLI {
+            self.fully_free >= pod.gpus
+        } else {
+            self.gpu_free.iter().filter(|&&f| f >= pod.gpu_milli).count() >= usize::from(pod.gpus)
+        }
+    }
+
+    fn refresh_summary(&mut self) {
+        self.max_free = self.gpu_free.iter().copied().max().unwrap_or(0);
+        let full = self.gpu_free.iter().filter(|&&f| f == MILLI).count();
+        self.fully_free = u8::try_from(full).unwrap_or(u8::MAX);
     }
 
     /// The GPUs a pod that does not share one takes: those with enough free, least free first,
@@ -308,15 +325,19 @@ impl PackCluster {
             .map(|spec| {
                 let gpu_free = vec![MILLI; usize::from(spec.gpus)];
                 let fragment = mix.node_fragment(spec.cpu_milli, spec.model, &gpu_free);
-                NodeState {
+                let mut node = NodeState {
                     cpu_free: spec.cpu_milli,
                     memory_free: spec.memory_mib,
                     model: spec.model,
                     gpu_free,
+                    max_free: 0,
+                    fully_free: 0,
                     tags: Vec::new(),
                     version: 1,
                     fragment,
-                }
+                };
+                node.refresh_summary();
+                node
             })
             .collect();
         let capacity_milli = nodes.iter().map(|n| n.gpu_free.len() as u64 * 1000).sum();
@@ -441,6 +462,7 @@ impl PackCluster {
                 None => node.tags.push((tag, 1)),
             }
         }
+        node.refresh_summary();
         node.version = node.version.wrapping_add(1).max(1);
         node.fragment = self.mix.node_fragment(node.cpu_free, node.model, &node.gpu_free);
     }

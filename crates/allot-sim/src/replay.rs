@@ -644,6 +644,9 @@ impl Sim<'_> {
         let reached = r.base_progress_s + ran;
         let kept =
             kept_progress_s.unwrap_or(r.checkpoint_progress_s).clamp(r.base_progress_s, reached);
+        // Within the clock's millisecond of the end of the run is the end of the run: a job
+        // that finished keeps all of it, not all but a float residue booked as lost.
+        let kept = if reached - kept < 0.000_5 { reached } else { kept };
         let kept_len = kept - r.base_progress_s;
         s.allocated += gpus * (delay + ran);
         if r.is_restart {
@@ -747,13 +750,17 @@ impl Sim<'_> {
             useful += s.useful;
             idle += s.idle;
             lost += s.lost;
+            // Times in whole milliseconds, as the engine saw them (the submit time is rounded
+            // to the engine's clock), so that a delay is never a float residue below zero.
+            let submitted_ms = ms(self.jobs[i].submit_s);
+            let since_submit = |t: f64| secs(ms(t).saturating_sub(submitted_ms));
             if let Some(a) = s.first_admit_s {
-                delays.push(a - self.jobs[i].submit_s);
+                delays.push(since_submit(a));
             }
             match s.fate {
                 Fate::Finished => {
                     finished += 1;
-                    jct_sum += s.finish_s.unwrap_or(end_s) - self.jobs[i].submit_s;
+                    jct_sum += since_submit(s.finish_s.unwrap_or(end_s));
                 }
                 Fate::Cancelled => cancelled += 1,
                 Fate::Waiting | Fate::Queued | Fate::Holding => pending += 1,

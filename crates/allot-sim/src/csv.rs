@@ -22,7 +22,7 @@ impl CsvFile {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<CsvFile, TraceError> {
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+        let mut lines = numbered_lines(text);
         let Some((_, header_line)) = lines.next() else {
             return Err(TraceError::new(
                 path,
@@ -36,7 +36,7 @@ impl CsvFile {
             .into_iter()
             .map(|h| h.trim().to_owned())
             .collect();
-        let records = lines.map(|(i, l)| (i + 1, split(l))).collect();
+        let records = lines.map(|(i, l)| (i, split(l))).collect();
         Ok(CsvFile { path: path.to_path_buf(), header, records })
     }
 
@@ -119,8 +119,16 @@ impl Row<'_> {
     }
 }
 
+/// Non-blank lines with their 1-based numbers; a trailing `\r` is dropped. Every trace reader
+/// goes through this, so line numbers in errors mean the same everywhere.
+pub fn numbered_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.strip_suffix('\r').unwrap_or(l)))
+        .filter(|(_, l)| !l.trim().is_empty())
+}
+
 fn split(line: &str) -> Vec<String> {
-    let line = line.strip_suffix('\r').unwrap_or(line);
     let mut fields = Vec::new();
     let mut field = String::new();
     let mut quoted = false;
@@ -148,7 +156,8 @@ mod tests {
     #[test]
     fn quotes_and_empty_fields() {
         assert_eq!(split(r#"a,"b,c",,"d""e""#), vec!["a", "b,c", "", "d\"e"]);
-        assert_eq!(split("x\r"), vec!["x"]);
+        let lines: Vec<(usize, &str)> = numbered_lines("h\r\n\n  \nx,y\r\n").collect();
+        assert_eq!(lines, vec![(1, "h"), (4, "x,y")]);
     }
 
     #[test]

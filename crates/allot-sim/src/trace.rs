@@ -10,6 +10,7 @@ use std::path::Path;
 
 use allot_core::{DeviceSpec, MEMBERS_MAX, NodeSpec, WHOLE_GPUS_PER_MEMBER_MAX, WorkloadKind};
 
+use crate::csv::numbered_lines;
 use crate::error::{BadRows, Skipped, TraceError};
 
 /// Largest trace file read; the Philly job list is 2.8 MB, openb pod lists a few MB.
@@ -544,14 +545,6 @@ pub fn parse_philly_vcs(path: &Path, text: &str) -> Result<Vec<VirtualCluster>, 
         out.push(VirtualCluster { name: name.to_owned(), nodes, line });
     }
     Ok(out)
-}
-
-/// Non-blank lines with their 1-based numbers; a trailing `\r` is dropped.
-fn numbered_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, l.strip_suffix('\r').unwrap_or(l)))
-        .filter(|(_, l)| !l.trim().is_empty())
 }
 
 // ----- the allot trace format --------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 use clap::Subcommand;
 
-use crate::{sim_pack, sim_replay};
+use allot_sim::TraceError;
+
+use crate::{InvalidInput, sim_pack, sim_replay};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SimCommand {
@@ -23,4 +25,9 @@ pub(crate) fn run(command: SimCommand) -> anyhow::Result<String> {
         SimCommand::Replay(args) => sim_replay::run(&args),
         SimCommand::FgdCompare(args) => sim_pack::compare(&args),
     }
+}
+
+/// A trace file the user gave is wrong: exit 1 with file, line, field and fix.
+pub(crate) fn trace_error(e: TraceError) -> anyhow::Error {
+    InvalidInput(format!("{e}\nnothing was run.\n")).into()
 }

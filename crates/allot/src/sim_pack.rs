@@ -14,6 +14,7 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::InvalidInput;
+use crate::sim::trace_error;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct PackArgs {
@@ -267,14 +268,18 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
     let wanted: Option<Vec<&str>> = args.workloads.as_deref().map(|w| w.split(',').collect());
     let nodes_path = args.dir.join("openb_node_list_gpu_node.csv");
     let started = wall_clock();
-    let mut jobs = Vec::new();
+    let mut inputs: Vec<(String, PackInput)> = Vec::new();
     for workload in pod_lists(&args.dir)? {
         if wanted.as_ref().is_some_and(|w| !w.contains(&workload.as_str())) {
             continue;
         }
         let input = load(&nodes_path, &args.dir.join(format!("{workload}.csv")), BadRows::Fail)?;
-        jobs.extend(policies.iter().map(|&policy| (workload.clone(), input.clone(), policy)));
+        inputs.push((workload, input));
     }
+    let jobs: Vec<(&str, &PackInput, PackPolicy)> = inputs
+        .iter()
+        .flat_map(|(w, input)| policies.iter().map(move |&p| (w.as_str(), input, p)))
+        .collect();
     // Every (pod list, policy) pair in parallel; rows keep the listing order.
     let progress = Progress::new((jobs.len() * seeds.len()) as u64, "packing runs");
     let rows: Vec<(String, PackPolicy, Option<f64>, Option<f64>)> = jobs
@@ -282,10 +287,10 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<String> {
         .map(|(workload, input, policy)| {
             let online = ArrivalOrder::Online;
             let report =
-                pack::run_with_progress(&input, policy, 1.3, &seeds, online, &|| progress.inc(1));
+                pack::run_with_progress(input, policy, 1.3, &seeds, online, &|| progress.inc(1));
             let ours = args.metric.ours(&report, args.column);
-            let theirs = published.mean(&workload, policy, &seeds);
-            (workload, policy, ours, theirs)
+            let theirs = published.mean(workload, policy, &seeds);
+            (workload.to_owned(), policy, ours, theirs)
         })
         .collect();
     progress.finish();
@@ -381,10 +386,6 @@ fn load(nodes: &Path, pods: &Path, mode: BadRows) -> Result<PackInput> {
         }
     }
     PackInput::new(&nodes, &pods).map_err(|e| InvalidInput(format!("{e}\n")).into())
-}
-
-pub(crate) fn trace_error(e: TraceError) -> anyhow::Error {
-    InvalidInput(format!("{e}\nnothing was run.\n")).into()
 }
 
 fn usage(flag: &str, value: &str, fix: &str) -> anyhow::Error {

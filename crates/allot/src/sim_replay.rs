@@ -13,10 +13,11 @@ use allot_sim::trace::{
     TraceJob, VirtualCluster, load_allot_trace, load_philly_jobs, load_philly_machines,
     load_philly_vcs, philly_nodes,
 };
-use allot_sim::{BadRows, TraceError, report};
+use allot_sim::{BadRows, report};
 use anyhow::Result;
 
 use crate::InvalidInput;
+use crate::sim::trace_error;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum ReplayOutput {
@@ -95,10 +96,6 @@ pub(crate) struct ReplayOptions {
     no_timing: bool,
 }
 
-fn invalid(e: &TraceError) -> anyhow::Error {
-    InvalidInput(format!("{e}\n")).into()
-}
-
 fn positive(flag: &str, value: f64) -> Result<()> {
     if value.is_finite() && value > 0.0 {
         Ok(())
@@ -138,7 +135,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
             job.submit_s = (job.submit_s / args.load * 1000.0).round() / 1000.0;
         }
     }
-    let vcs = args.vcs.as_deref().map(load_philly_vcs).transpose().map_err(|e| invalid(&e))?;
+    let vcs = args.vcs.as_deref().map(load_philly_vcs).transpose().map_err(trace_error)?;
 
     let mut policies = Vec::new();
     for path in &args.policy {
@@ -202,7 +199,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
 
 fn load_nodes(args: &ReplayOptions, bad_rows: BadRows) -> Result<Vec<NodeSpec>> {
     if let Some(path) = &args.machines {
-        let (machines, _skipped) = load_philly_machines(path, bad_rows).map_err(|e| invalid(&e))?;
+        let (machines, _skipped) = load_philly_machines(path, bad_rows).map_err(trace_error)?;
         return Ok(philly_nodes(&machines));
     }
     let Some(path) = &args.cluster else {
@@ -221,7 +218,7 @@ fn load_jobs(
     gpus_per_node_max: u32,
 ) -> Result<(Vec<TraceJob>, usize, PathBuf)> {
     if let Some(path) = &args.jobs {
-        let philly = load_philly_jobs(path, bad_rows).map_err(|e| invalid(&e))?;
+        let philly = load_philly_jobs(path, bad_rows).map_err(trace_error)?;
         let jobs = philly
             .jobs
             .iter()
@@ -233,7 +230,7 @@ fn load_jobs(
     let Some(path) = &args.trace else {
         return Err(InvalidInput("give --jobs FILE (Philly) or --trace FILE\n".into()).into());
     };
-    let trace = load_allot_trace(path, bad_rows).map_err(|e| invalid(&e))?;
+    let trace = load_allot_trace(path, bad_rows).map_err(trace_error)?;
     Ok((trace.jobs, trace.skipped.count, path.clone()))
 }
 

@@ -7,16 +7,17 @@ use common::{allot, text};
 const NODES: &str = "../shared/traces/alibaba-gpu-v2023-openb/openb_node_list_gpu_node.csv";
 const PODS: &str = "../shared/traces/alibaba-gpu-v2023-openb/openb_pod_list_default.csv";
 
+/// `allot sim pack` on the shared default trace with `extra` flags.
+fn pack(extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["sim", "pack", "--nodes", NODES, "--pods", PODS];
+    args.extend_from_slice(extra);
+    allot(&args)
+}
+
 #[test]
 fn the_acceptance_command_prints_the_curves_as_json() {
     // The command, with two seeds instead of ten to keep `cargo test` fast.
     let args = [
-        "sim",
-        "pack",
-        "--nodes",
-        NODES,
-        "--pods",
-        PODS,
         "--placement",
         "fgd",
         "--inflate",
@@ -27,7 +28,7 @@ fn the_acceptance_command_prints_the_curves_as_json() {
         "json",
         "--no-timing",
     ];
-    let out = allot(&args);
+    let out = pack(&args);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     for key in ["allocation_pct", "fragmentation_pct", "fragmentation_ratio_pct"] {
@@ -39,7 +40,7 @@ fn the_acceptance_command_prints_the_curves_as_json() {
     // FGD on default: the authors' 10-seed mean is 95.39 with a seed spread of ±0.08.
     assert!((at_130 - 95.39).abs() < 1.5, "{at_130}");
     // Byte-identical on a second run.
-    assert_eq!(allot(&args).stdout, out.stdout);
+    assert_eq!(pack(&args).stdout, out.stdout);
 }
 
 #[test]
@@ -60,11 +61,11 @@ fn bad_input_names_the_file_line_and_field_and_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("nope.csv: cannot read"), "{}", text(&out.stderr));
 
-    let out = allot(&["sim", "pack", "--nodes", NODES, "--pods", PODS, "--seeds", "51-42"]);
+    let out = pack(&["--seeds", "51-42"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--seeds: '51-42'"), "{}", text(&out.stderr));
 
-    let out = allot(&["sim", "pack", "--nodes", NODES, "--pods", PODS, "--placement", "tetris"]);
+    let out = pack(&["--placement", "tetris"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("use random, dotprod"), "{}", text(&out.stderr));
 }
@@ -91,20 +92,7 @@ fn fgd_compare_prints_ours_against_the_published_means() {
 fn charts_are_written_as_svg_and_png() {
     let dir = std::env::temp_dir().join(format!("allot-sim-pack-charts-{}", std::process::id()));
     let dir_arg = dir.to_string_lossy().into_owned();
-    let out = allot(&[
-        "sim",
-        "pack",
-        "--nodes",
-        NODES,
-        "--pods",
-        PODS,
-        "--placement",
-        "bestfit,random",
-        "--seeds",
-        "42",
-        "--charts",
-        &dir_arg,
-    ]);
+    let out = pack(&["--placement", "bestfit,random", "--seeds", "42", "--charts", &dir_arg]);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     for stem in ["pack_allocation", "pack_fragmentation", "pack_fragmentation_ratio"] {
         let svg = std::fs::read_to_string(dir.join(format!("{stem}.svg"))).unwrap_or_default();
@@ -119,23 +107,10 @@ fn charts_are_written_as_svg_and_png() {
 #[test]
 fn hindsight_packs_the_same_pods_largest_first() {
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "sim",
-            "pack",
-            "--nodes",
-            NODES,
-            "--pods",
-            PODS,
-            "--placement",
-            "bestfit",
-            "--seeds",
-            "42",
-            "--output",
-            "json",
-            "--no-timing",
-        ];
+        let mut args =
+            vec!["--placement", "bestfit", "--seeds", "42", "--output", "json", "--no-timing"];
         args.extend_from_slice(extra);
-        let out = allot(&args);
+        let out = pack(&args);
         assert!(out.status.success(), "stderr: {}", text(&out.stderr));
         serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")
     };

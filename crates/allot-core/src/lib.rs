@@ -11,6 +11,7 @@ mod engine;
 mod event;
 mod explain;
 mod ids;
+pub mod mig;
 mod model;
 pub mod packing;
 mod quota;
@@ -24,6 +25,7 @@ pub use engine::{ConfigError, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
     Checkpointing, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
     ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,

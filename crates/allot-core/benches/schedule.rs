@@ -47,7 +47,12 @@ fn cluster(nodes: usize) -> Vec<NodeSpec> {
                 pool: Some(format!("pool-{}", i % 4)),
                 rack: Some(format!("rack-{}", i / 32)),
                 devices: (0..8)
-                    .map(|d| DeviceSpec { model: model.into(), memory_mib: 81_920, island: d / 4 })
+                    .map(|d| DeviceSpec {
+                        model: model.into(),
+                        memory_mib: 81_920,
+                        island: d / 4,
+                        mig: false,
+                    })
                     .collect(),
             }
         })

@@ -5,8 +5,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::decision::{DeviceShare, MemberPlacement, Placement};
+use crate::decision::{DeviceShare, MemberPlacement, MigSlot, Placement};
 use crate::ids::{ModelId, NodeId, SHARES_PER_GPU};
+use crate::mig::{MigGpu, MigProfile, MigState};
 use crate::model::GpuRequest;
 
 const FULL: u32 = SHARES_PER_GPU as u32;
@@ -16,6 +17,42 @@ pub(crate) struct DeviceCap {
     pub model: ModelId,
     pub island: u32,
     pub free: u32,
+    /// The MIG slot state of a MIG-enabled device.
+    pub mig: Option<MigDevice>,
+}
+
+/// A MIG-enabled device's instances, and its key in `Capacity::mig_index`.
+#[derive(Clone, Debug)]
+pub(crate) struct MigDevice {
+    pub state: MigState,
+    indexed: Option<u8>,
+}
+
+impl MigDevice {
+    pub fn new(gpu: MigGpu) -> MigDevice {
+        MigDevice { state: MigState::new(gpu), indexed: None }
+    }
+}
+
+impl DeviceCap {
+    /// Holds at least one MIG instance (and so takes no whole or fractional request).
+    pub fn mig_in_use(&self) -> bool {
+        self.mig.as_ref().is_some_and(|m| !m.state.is_empty())
+    }
+
+    /// The device's key in the MIG index: its free memory slices, when it may take a MIG
+    /// instance (MIG-enabled, and either holding instances or entirely free).
+    fn mig_key(&self) -> Option<u8> {
+        let m = self.mig.as_ref()?;
+        (!m.state.is_empty() || self.free == FULL).then(|| m.state.free_memory_slices())
+    }
+
+    /// Whether a MIG instance of `profile` could start at `start` now.
+    pub fn mig_fits_at(&self, slot: MigSlot) -> bool {
+        self.mig_key().is_some()
+            && self.free >= slot.profile.shares().0 as u32
+            && self.mig.as_ref().is_some_and(|m| m.state.fits_at(slot.profile, slot.start))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -55,6 +92,14 @@ pub(crate) struct Capacity {
     pub max_devices_per_node: Vec<u32>,
     pub free_whole: Vec<u64>,
     pub free_shares: Vec<u64>,
+    /// Per model: (free memory slices, node, device) for every MIG-enabled device that may take
+    /// a MIG instance now (holding instances, or entirely free): best fit is the first entry
+    /// where the profile fits.
+    mig_index: Vec<BTreeSet<(u8, NodeId, u16)>>,
+    /// Per model: its MIG table, when it has MIG-enabled devices, and the most MIG-enabled
+    /// devices on one node.
+    mig_gpu: Vec<Option<MigGpu>>,
+    max_mig_devices_per_node: Vec<u32>,
 }
 
 impl Capacity {
@@ -66,7 +111,11 @@ impl Capacity {
             max_devices_per_node: vec![0; model_count],
             free_whole: vec![0; model_count],
             free_shares: vec![0; model_count],
+            mig_index: vec![BTreeSet::new(); model_count],
+            mig_gpu: vec![None; model_count],
+            max_mig_devices_per_node: vec![0; model_count],
         };
+        cap.index_mig_devices();
         for (n, node) in cap.nodes.iter().enumerate() {
             let node_id = NodeId(n as u32);
             let mut models: BTreeSet<ModelId> = BTreeSet::new();
@@ -89,6 +138,184 @@ impl Capacity {
             }
         }
         cap
+    }
+
+    fn index_mig_devices(&mut self) {
+        for n in 0..self.nodes.len() {
+            let mut per_model: std::collections::BTreeMap<ModelId, u32> = Default::default();
+            for d in 0..self.nodes[n].devices.len() {
+                let dev = &self.nodes[n].devices[d];
+                if let Some(m) = &dev.mig {
+                    self.mig_gpu[dev.model.0 as usize] = Some(m.state.gpu());
+                    *per_model.entry(dev.model).or_default() += 1;
+                }
+                self.sync_mig_index(NodeId(n as u32), d as u16);
+            }
+            for (model, count) in per_model {
+                let most = &mut self.max_mig_devices_per_node[model.0 as usize];
+                *most = (*most).max(count);
+            }
+        }
+    }
+
+    /// Puts a device under its current key in the MIG index (or takes it out).
+    fn sync_mig_index(&mut self, node: NodeId, device: u16) {
+        let dev = &mut self.nodes[node.0 as usize].devices[device as usize];
+        let key = dev.mig_key();
+        let model = dev.model.0 as usize;
+        let Some(m) = dev.mig.as_mut() else { return };
+        if m.indexed == key {
+            return;
+        }
+        let old = std::mem::replace(&mut m.indexed, key);
+        if let Some(old) = old {
+            self.mig_index[model].remove(&(old, node, device));
+        }
+        if let Some(key) = key {
+            self.mig_index[model].insert((key, node, device));
+        }
+    }
+
+    /// Whether some node could ever hold `members` instances of `profile` on `model` (all on
+    /// one node with `same_node`): the model has MIG-enabled devices whose table has the
+    /// profile, and for a same-node gang one node has room for that many when empty.
+    pub fn mig_ever_placeable(
+        &self,
+        model: ModelId,
+        profile: MigProfile,
+        members: u32,
+        same_node: bool,
+    ) -> bool {
+        let m = model.0 as usize;
+        let Some(spec) = self.mig_gpu.get(m).copied().flatten().and_then(|g| g.profile(profile))
+        else {
+            return false;
+        };
+        let per_node = self.max_mig_devices_per_node.get(m).copied().unwrap_or(0);
+        per_node > 0
+            && (!same_node || u64::from(members) <= u64::from(per_node) * u64::from(spec.max_count))
+    }
+
+    /// Whether `model` has MIG-enabled devices that offer `profile` at all.
+    pub fn offers_mig(&self, model: ModelId, profile: MigProfile) -> bool {
+        self.mig_ever_placeable(model, profile, 1, false)
+    }
+
+    /// Best-fit MIG placement of one member: the MIG-enabled device of `model` where the
+    /// instance fits with the fewest free memory slices left (then lowest node, device), on a
+    /// node with the CPU and memory; the start by `MigState::best_start`.
+    fn find_mig(
+        &self,
+        model: ModelId,
+        profile: MigProfile,
+        cpu: u64,
+        mem: u64,
+    ) -> Option<MemberPlacement> {
+        let index = self.mig_index.get(model.0 as usize)?;
+        index.iter().find_map(|&(_, node_id, device)| {
+            let node = &self.nodes[node_id.0 as usize];
+            let dev = &node.devices[device as usize];
+            if !node.fits_host(cpu, mem) || dev.free < profile.shares().0 as u32 {
+                return None;
+            }
+            let start = dev.mig.as_ref()?.state.best_start(profile)?;
+            Some(MemberPlacement {
+                node: node_id,
+                devices: vec![mig_share(device, profile, start)],
+            })
+        })
+    }
+
+    /// A same-node gang of MIG instances: nodes in the order of their tightest MIG device,
+    /// members placed one by one on that node, each best fit on a copy of its devices' slots.
+    fn find_mig_same_node(
+        &self,
+        model: ModelId,
+        profile: MigProfile,
+        members: u32,
+        cpu: u64,
+        mem: u64,
+    ) -> Option<Placement> {
+        let index = self.mig_index.get(model.0 as usize)?;
+        let mut tried: BTreeSet<NodeId> = BTreeSet::new();
+        let charge = profile.shares().0 as u32;
+        for &(_, node_id, _) in index {
+            if !tried.insert(node_id) {
+                continue;
+            }
+            let node = &self.nodes[node_id.0 as usize];
+            if !node.fits_host(cpu, mem) {
+                continue;
+            }
+            // (free slices, device, state, free shares) of this node's eligible devices.
+            let mut devices: Vec<(u8, u16, MigState, u32)> = index
+                .iter()
+                .filter(|e| e.1 == node_id)
+                .filter_map(|&(k, _, d)| {
+                    let dev = &node.devices[d as usize];
+                    Some((k, d, dev.mig.as_ref()?.state, dev.free))
+                })
+                .collect();
+            let mut placed = Vec::with_capacity(members as usize);
+            for _ in 0..members {
+                devices.sort_by_key(|e| (e.0, e.1));
+                let Some(slot) = devices.iter_mut().find(|e| e.3 >= charge && e.2.fits(profile))
+                else {
+                    break;
+                };
+                let Some(start) = slot.2.place(profile) else { break };
+                slot.0 = slot.2.free_memory_slices();
+                slot.3 -= charge;
+                placed.push(MemberPlacement {
+                    node: node_id,
+                    devices: vec![mig_share(slot.1, profile, start)],
+                });
+            }
+            if placed.len() == members as usize {
+                return Some(Placement { model: Some(model), members: placed });
+            }
+        }
+        None
+    }
+
+    /// Takes one MIG instance (exact inverse: `give_mig`).
+    fn take_mig(&mut self, node: NodeId, ds: &DeviceShare, slot: MigSlot) {
+        let dev = &mut self.nodes[node.0 as usize].devices[ds.device as usize];
+        if let Some(m) = dev.mig.as_mut() {
+            m.state.occupy(slot.profile, slot.start);
+        }
+        let free = dev.free.saturating_sub(ds.shares);
+        self.set_device_free(node, ds.device, free);
+        self.sync_mig_index(node, ds.device);
+    }
+
+    fn give_mig(&mut self, node: NodeId, ds: &DeviceShare, slot: MigSlot) {
+        let dev = &mut self.nodes[node.0 as usize].devices[ds.device as usize];
+        if let Some(m) = dev.mig.as_mut()
+            && m.state.instances().any(|(s, p)| s == slot.start && p == slot.profile)
+        {
+            m.state.free(slot.start);
+        }
+        let free = (dev.free + ds.shares).min(FULL);
+        self.set_device_free(node, ds.device, free);
+        self.sync_mig_index(node, ds.device);
+    }
+
+    /// The MIG index holds exactly the devices that may take an instance, under their free
+    /// memory slices (checked by `Engine::audit`).
+    pub fn check_mig_index(&self) -> Result<(), String> {
+        let mut expect = vec![BTreeSet::new(); self.mig_index.len()];
+        for (n, node) in self.nodes.iter().enumerate() {
+            for (d, dev) in node.devices.iter().enumerate() {
+                if let Some(key) = dev.mig_key() {
+                    expect[dev.model.0 as usize].insert((key, NodeId(n as u32), d as u16));
+                }
+            }
+        }
+        if expect != self.mig_index {
+            return Err("the MIG index is out of step with the devices".into());
+        }
+        Ok(())
     }
 
     /// Largest whole free block of `model`: (devices, node).
@@ -121,11 +348,13 @@ impl Capacity {
         if old_free > 0 {
             self.share_index[m].remove(&(old_free, node, device));
         }
-        if new_free > 0 {
+        // A device holding MIG instances takes no fractional request.
+        if new_free > 0 && !self.nodes[node.0 as usize].devices[device as usize].mig_in_use() {
             self.share_index[m].insert((new_free, node, device));
         }
         self.free_shares[m] = self.free_shares[m] + u64::from(new_free) - u64::from(old_free);
         self.nodes[node.0 as usize].devices[device as usize].free = new_free;
+        self.sync_mig_index(node, device);
         if old_free == FULL || new_free == FULL {
             let new_whole = self.nodes[node.0 as usize].whole_free(model);
             self.whole_index[m].remove(&(old_whole, node));
@@ -145,6 +374,10 @@ impl Capacity {
             node.free_cpu = node.free_cpu.saturating_sub(cpu);
             node.free_mem = node.free_mem.saturating_sub(mem);
             for ds in &member.devices {
+                if let Some(slot) = ds.mig {
+                    self.take_mig(member.node, ds, slot);
+                    continue;
+                }
                 let free = self.nodes[member.node.0 as usize].devices[ds.device as usize].free;
                 self.set_device_free(member.node, ds.device, free.saturating_sub(ds.shares));
             }
@@ -158,6 +391,10 @@ impl Capacity {
             node.free_cpu = (node.free_cpu + cpu).min(node.cpu_total);
             node.free_mem = (node.free_mem + mem).min(node.mem_total);
             for ds in &member.devices {
+                if let Some(slot) = ds.mig {
+                    self.give_mig(member.node, ds, slot);
+                    continue;
+                }
                 let free = self.nodes[member.node.0 as usize].devices[ds.device as usize].free;
                 self.set_device_free(member.node, ds.device, (free + ds.shares).min(FULL));
             }
@@ -217,9 +454,12 @@ impl Capacity {
                     let node = &self.nodes[node_id.0 as usize];
                     node.fits_host(shape.cpu, shape.mem).then(|| MemberPlacement {
                         node: node_id,
-                        devices: vec![DeviceShare { device, shares: s }],
+                        devices: vec![DeviceShare { device, shares: s, mig: None }],
                     })
                 })
+            }
+            (Some(model), GpuRequest::Mig(profile)) => {
+                self.find_mig(model, profile, shape.cpu, shape.mem)
             }
         }
     }
@@ -283,6 +523,9 @@ impl Capacity {
                 }
                 None
             }
+            (Some(model), GpuRequest::Mig(profile)) => {
+                self.find_mig_same_node(model, profile, members, cpu, mem)
+            }
         }
     }
 }
@@ -300,7 +543,10 @@ fn pick_whole_devices(node: &NodeCap, model: ModelId, k: u32) -> Vec<DeviceShare
     if let Some(devices) =
         by_island.values().filter(|v| v.len() >= k).min_by_key(|v| (v.len(), v[0]))
     {
-        return devices[..k].iter().map(|&device| DeviceShare { device, shares: FULL }).collect();
+        return devices[..k]
+            .iter()
+            .map(|&device| DeviceShare { device, shares: FULL, mig: None })
+            .collect();
     }
     let mut islands: Vec<&Vec<u16>> = by_island.values().collect();
     islands.sort_by_key(|v| (std::cmp::Reverse(v.len()), v[0]));
@@ -308,8 +554,13 @@ fn pick_whole_devices(node: &NodeCap, model: ModelId, k: u32) -> Vec<DeviceShare
         .into_iter()
         .flatten()
         .take(k)
-        .map(|&device| DeviceShare { device, shares: FULL })
+        .map(|&device| DeviceShare { device, shares: FULL, mig: None })
         .collect()
+}
+
+/// One MIG instance of `profile` at `start` on `device`, charged its shares.
+fn mig_share(device: u16, profile: MigProfile, start: u8) -> DeviceShare {
+    DeviceShare { device, shares: profile.shares().0 as u32, mig: Some(MigSlot { profile, start }) }
 }
 
 /// Packs `members` slices of `s` shares onto devices of one node, tightest device first.
@@ -324,7 +575,7 @@ fn pack_shares(
         .devices
         .iter()
         .enumerate()
-        .filter(|(_, d)| d.model == model && d.free >= s)
+        .filter(|(_, d)| d.model == model && d.free >= s && !d.mig_in_use())
         .map(|(i, d)| (d.free, i as u16))
         .collect();
     let mut out = Vec::with_capacity(members as usize);
@@ -334,7 +585,7 @@ fn pack_shares(
         slot.0 -= s;
         out.push(MemberPlacement {
             node: node_id,
-            devices: vec![DeviceShare { device: slot.1, shares: s }],
+            devices: vec![DeviceShare { device: slot.1, shares: s, mig: None }],
         });
     }
     Some(out)

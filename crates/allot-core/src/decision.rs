@@ -4,6 +4,7 @@
 //! `Engine::render` turns one into a sentence with names.
 
 use crate::ids::{ModelId, NodeId, ProjectId, Shares, WorkloadId};
+use crate::mig::MigProfile;
 use crate::model::PreemptionMode;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,11 +66,26 @@ pub struct MemberPlacement {
     pub devices: Vec<DeviceShare>,
 }
 
-/// A slice of one device: `shares` of device `device` (its index on the node).
+/// A slice of one device: `shares` of device `device` (its index on the node). For a MIG
+/// instance, `mig` says which (profile and first memory slice) and `shares` is its charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DeviceShare {
     pub device: u16,
     pub shares: u32,
+    pub mig: Option<MigSlot>,
+}
+
+/// A MIG instance on a device: its profile and the memory slice it starts at (`3g.40gb@4`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MigSlot {
+    pub profile: MigProfile,
+    pub start: u8,
+}
+
+impl std::fmt::Display for MigSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.profile, self.start)
+    }
 }
 
 /// The quota line a workload is charged to: a model-specific line or the project's "any" line.
@@ -129,6 +145,8 @@ pub enum DeferReason {
     },
     /// Quota allows it but no set of nodes has room now.
     NoPlacement(PlacementFacts),
+    /// A MIG instance asked on a model with no MIG-enabled device offering that profile.
+    NoMigProfile { model: ModelId, profile: MigProfile },
     /// Bigger than any node of the accepted models could hold even when empty.
     NeverPlaceable { model: Option<ModelId>, members: u32, per_member: Shares, same_node: bool },
     /// Victims were told to stop; the workload starts when they are gone.
@@ -155,6 +173,8 @@ pub struct PlacementFacts {
     pub nodes_with_free: u32,
     /// Most shares free on any single device of this model (for fractional requests).
     pub largest_device_free: Shares,
+    /// The MIG profile asked, for a MIG request.
+    pub mig: Option<MigProfile>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,13 +12,14 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::capacity::{Capacity, DeviceCap, MemberShape, NodeCap};
+use crate::capacity::{Capacity, DeviceCap, MemberShape, MigDevice, NodeCap};
 use crate::decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
     PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 use crate::event::Event;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::mig::{COMPUTE_SLICES, MigGpu};
 use crate::model::{
     GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel,
     WorkloadSpec,
@@ -57,6 +58,11 @@ pub enum ConfigError {
         project: String,
     },
     TooManyModels,
+    /// A device declared MIG-enabled whose model has no MIG table.
+    NoMigTable {
+        node: String,
+        model: String,
+    },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -83,6 +89,12 @@ impl std::fmt::Display for ConfigError {
                 "project {project:?} sets a borrow or lend limit but belongs to no cohort"
             ),
             ConfigError::TooManyModels => write!(f, "more than 65535 GPU models"),
+            ConfigError::NoMigTable { node, model } => write!(
+                f,
+                "node {node:?}: GPU model {model:?} is declared MIG-enabled but has no MIG table \
+                 (known: {})",
+                MigGpu::known_models().join(", ")
+            ),
         }
     }
 }
@@ -259,20 +271,31 @@ impl Engine {
             if !seen_nodes.insert(node.name.as_str()) {
                 return Err(ConfigError::DuplicateNode { name: node.name.clone() });
             }
+            let mut devices = Vec::with_capacity(node.devices.len());
+            for d in &node.devices {
+                let mig = match (d.mig, MigGpu::from_model(&d.model)) {
+                    (false, _) => None,
+                    (true, Some(gpu)) => Some(MigDevice::new(gpu)),
+                    (true, None) => {
+                        return Err(ConfigError::NoMigTable {
+                            node: node.name.clone(),
+                            model: d.model.clone(),
+                        });
+                    }
+                };
+                devices.push(DeviceCap {
+                    model: model_index[&d.model],
+                    island: d.island,
+                    free: SHARES_PER_GPU as u32,
+                    mig,
+                });
+            }
             node_caps.push(NodeCap {
                 cpu_total: node.cpu_millis,
                 mem_total: node.memory_mib,
                 free_cpu: node.cpu_millis,
                 free_mem: node.memory_mib,
-                devices: node
-                    .devices
-                    .iter()
-                    .map(|d| DeviceCap {
-                        model: model_index[&d.model],
-                        island: d.island,
-                        free: SHARES_PER_GPU as u32,
-                    })
-                    .collect(),
+                devices,
             });
         }
         let capacity = Capacity::new(node_caps, models.len());
@@ -576,6 +599,7 @@ impl Engine {
                 return Err(format!("{}: allocated total out of step", self.projects[p].name));
             }
         }
+        self.audit_mig()?;
         for (c, pools) in self.quota.pools.iter().enumerate() {
             for (key, pool) in pools {
                 let used: u64 = self
@@ -882,8 +906,19 @@ impl Engine {
                 .devices
                 .iter()
                 .filter_map(|d| {
-                    let take = node.devices.get(d.device as usize)?.free.min(d.shares);
-                    (take > 0).then_some(DeviceShare { device: d.device, shares: take })
+                    let dev = node.devices.get(d.device as usize)?;
+                    let take = match d.mig {
+                        // A MIG instance is held whole, once its slot is free, or not at all.
+                        Some(slot) => {
+                            if dev.mig_fits_at(slot) {
+                                d.shares
+                            } else {
+                                0
+                            }
+                        }
+                        None => dev.free.min(d.shares),
+                    };
+                    (take > 0).then_some(DeviceShare { device: d.device, shares: take, mig: d.mig })
                 })
                 .collect();
             let (c, m) = (node.free_cpu.min(cpu), node.free_mem.min(mem));
@@ -1167,6 +1202,11 @@ impl Engine {
                 max: view.max,
             });
         }
+        if let GpuRequest::Mig(profile) = r.shape.gpus
+            && !self.capacity.offers_mig(m, profile)
+        {
+            return ModelCheck::blocked(DeferReason::NoMigProfile { model: m, profile });
+        }
         if !self.ever_placeable(m, r.shape, r.members, r.same_node) {
             return ModelCheck::blocked(DeferReason::NeverPlaceable {
                 model: Some(m),
@@ -1215,6 +1255,9 @@ impl Engine {
                 u64::from(s) * u64::from(members) <= u64::from(per_node) * SHARES_PER_GPU
             }
             GpuRequest::Shares(_) => per_node > 0,
+            GpuRequest::Mig(profile) => {
+                self.capacity.mig_ever_placeable(m, profile, members, same_node)
+            }
         }
     }
 
@@ -1244,6 +1287,10 @@ impl Engine {
             largest_device_free: Shares(u64::from(
                 model.map_or(0, |m| self.capacity.largest_share_gap(m)),
             )),
+            mig: match shape.gpus {
+                GpuRequest::Mig(profile) => Some(profile),
+                _ => None,
+            },
         }
     }
 
@@ -1596,7 +1643,7 @@ fn adjust_line_total(
 fn rank(reason: &DeferReason) -> u8 {
     match reason {
         DeferReason::NoQuotaForModel { .. } => 0,
-        DeferReason::NeverPlaceable { .. } => 1,
+        DeferReason::NeverPlaceable { .. } | DeferReason::NoMigProfile { .. } => 1,
         DeferReason::ExceedsMaxQuota { .. } => 2,
         DeferReason::QuotaExhausted { .. } => 3,
         DeferReason::NoPlacement(_) => 4,
@@ -1617,6 +1664,9 @@ fn invalid_request(spec: &WorkloadSpec) -> Option<String> {
         }
         GpuRequest::Shares(s) if s == 0 || u64::from(s) >= SHARES_PER_GPU => {
             Some(format!("a fractional GPU must be 1..=999 shares, got {s}"))
+        }
+        GpuRequest::Mig(p) if !(1..=COMPUTE_SLICES).contains(&p.compute_slices) => {
+            Some(format!("a MIG profile has 1 to {COMPUTE_SLICES} compute slices, got {p}"))
         }
         _ => None,
     }

@@ -12,14 +12,15 @@ mod event;
 mod explain;
 mod ids;
 pub mod mig;
+mod mig_audit;
 mod model;
 pub mod packing;
 mod quota;
 mod render;
 
 pub use decision::{
-    AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
-    PreemptReason, QuotaKey, RejectReason, StopReason,
+    AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, MigSlot, Placement,
+    PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 pub use engine::{ConfigError, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX};
 pub use event::Event;

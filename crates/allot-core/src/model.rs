@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{Shares, Timestamp, WorkloadId};
+use crate::mig::MigProfile;
 
 /// One machine with GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +28,11 @@ pub struct DeviceSpec {
     pub memory_mib: u64,
     /// Devices with the same island id on a node share a fast interconnect (NVLink, xGMI).
     pub island: u32,
+    /// MIG-enabled: the device may be split into MIG instances (`GpuRequest::Mig`). Its table
+    /// is chosen by `model` (`MigGpu::from_model`); `Engine::new` refuses a model without one.
+    /// While any instance is on it, the device takes no whole or fractional request; while a
+    /// whole or fractional request holds it, no instance.
+    pub mig: bool,
 }
 
 /// The whole policy: projects, cohorts (named by projects), priority classes, defaults.
@@ -145,6 +151,9 @@ pub enum GpuRequest {
     Whole(u32),
     /// Shares (1..=999) of one device.
     Shares(u32),
+    /// One MIG instance of this profile on a MIG-enabled device, charged
+    /// `MigProfile::shares` (compute slices × 1000 / 7, rounded down).
+    Mig(MigProfile),
 }
 
 impl GpuRequest {
@@ -153,6 +162,7 @@ impl GpuRequest {
         match self {
             GpuRequest::Whole(n) => Shares::from_gpus(u64::from(n)),
             GpuRequest::Shares(s) => Shares(u64::from(s)),
+            GpuRequest::Mig(p) => p.shares(),
         }
     }
 }

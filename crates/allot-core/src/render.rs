@@ -15,7 +15,8 @@ impl Engine {
         }
     }
 
-    /// "node-1[0,1] node-2[3:500]": devices per member; `:N` marks a partial device.
+    /// "node-1[0,1] node-2[3:500] node-3[2:3g.40gb@4]": devices per member; `:N` marks a
+    /// partial device, `:PROFILE@START` a MIG instance (its profile and first memory slice).
     pub fn render_placement(&self, placement: &Placement) -> String {
         let mut parts = Vec::new();
         for m in &placement.members {
@@ -23,7 +24,9 @@ impl Engine {
                 .devices
                 .iter()
                 .map(|d| {
-                    if d.shares as u64 == crate::ids::SHARES_PER_GPU {
+                    if let Some(slot) = d.mig {
+                        format!("{}:{slot}", d.device)
+                    } else if d.shares as u64 == crate::ids::SHARES_PER_GPU {
                         d.device.to_string()
                     } else {
                         format!("{}:{}", d.device, d.shares)
@@ -129,6 +132,20 @@ impl Engine {
                     format!("{available} available incl. cohort lending")
                 }
             ),
+            DeferReason::NoMigProfile { model, profile } => {
+                format!("no MIG-enabled {} device offers {profile}", self.model_name(*model))
+            }
+            DeferReason::NoPlacement(f) if f.mig.is_some() => {
+                let model = f.model.map_or("cpu", |m| self.model_name(m));
+                let profile = f.mig.map(|p| p.to_string()).unwrap_or_default();
+                format!(
+                    "no room for {}{profile} on {model}{}: no MIG-enabled device has a free \
+                     placement for it; {} whole {model} free",
+                    if f.members > 1 { format!("{} × ", f.members) } else { String::new() },
+                    if f.same_node { " on one node" } else { "" },
+                    f.free_whole_gpus,
+                )
+            }
             DeferReason::NoPlacement(f) => {
                 let model = f.model.map_or("cpu", |m| self.model_name(m));
                 let shape = if f.members > 1 {
@@ -240,6 +257,7 @@ impl Engine {
                     let per = match gpus_per_member {
                         GpuRequest::Whole(n) => n.to_string(),
                         GpuRequest::Shares(s) => format!("{}", crate::ids::Shares(u64::from(*s))),
+                        GpuRequest::Mig(p) => p.to_string(),
                     };
                     format!("would start now with {members} × {per} GPUs")
                 }

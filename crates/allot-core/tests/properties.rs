@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
-    Checkpointing, Decision, DeferReason, DeviceSpec, Engine, Event, GpuRequest, NodeSpec,
+    Checkpointing, Decision, DeferReason, DeviceSpec, Engine, Event, GpuRequest, MigGpu, NodeSpec,
     PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
     QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
 };
@@ -290,8 +290,9 @@ fn mode_of(m: u8) -> PreemptionMode {
     }
 }
 
+/// Model 2 (when there are three) is an A100-80GB, MIG-enabled on island-1 devices.
 fn model_name(m: u8) -> String {
-    format!("M{m}")
+    if m == 2 { "A100-80GB".into() } else { format!("M{m}") }
 }
 
 /// Turns raw input into a valid cluster and policy (lend ≤ guarantee, no limits without a
@@ -316,6 +317,7 @@ fn build(raw: &RawCase) -> Case {
                     model: model_name(m % n_models),
                     memory_mib: 81920,
                     island: u32::from(island),
+                    mig: m % n_models == 2 && island == 1,
                 })
                 .collect(),
         })
@@ -390,6 +392,11 @@ fn build(raw: &RawCase) -> Case {
                 };
                 let gpus = match s.whole {
                     Some(n) => GpuRequest::Whole(n),
+                    // Every fourth fractional request asks a MIG instance instead.
+                    None if s.shares % 4 == 0 => {
+                        let profiles = MigGpu::A100M80.profiles();
+                        GpuRequest::Mig(profiles[(s.shares / 4) as usize % profiles.len()].profile)
+                    }
                     None => GpuRequest::Shares(s.shares),
                 };
                 let mut spec = WorkloadSpec::new(id, &format!("w{id}"), &project, gpus);

@@ -5,14 +5,14 @@
 //!
 //! Script lines (one per line; `#` starts a comment):
 //! ```text
-//! node NAME MODELxN[@ISLAND] ... [cpu=CORES] [mem=GIB] [rack=R] [pool=P]
+//! node NAME MODELxN[@ISLAND][+mig] ... [cpu=CORES] [mem=GIB] [rack=R] [pool=P]   # +mig: MIG-enabled
 //! class NAME VALUE [fixed]             # `fixed`: not preemptible
 //! default CLASS                        # default priority class (first class if absent)
 //! half-life MS                         # fair-share half-life (default 0)
 //! mode suspend|requeue|delete          # default pre-emption mode
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
-//! submit NAME PROJECT gpus=N|0.5 [members=N] [class=C] [models=A|B] [same-node]
+//! submit NAME PROJECT gpus=N|0.5|3g.40gb [members=N] [class=C] [models=A|B] [same-node]
 //!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
 //!              [checkpoint=GRACE_MS] [deadline=MS] at=MS
 //! start|fail|stop|finish|cancel|checkpoint NAME|id:N at=MS  # id:N: a raw id, maybe unknown
@@ -23,7 +23,7 @@
 //! usage PROJECT                        # prints the project's quota lines
 //! ```
 //! `gpus=N` (an integer) asks N whole GPUs per member; a number with a decimal point asks that
-//! fraction of one device, rounded to shares (`gpus=0.25` is 250 shares, `gpus=0.0001` is 0
+//! fraction of one device (`gpus=3g.40gb`: one MIG instance of that profile), rounded to shares (`gpus=0.25` is 250 shares, `gpus=0.0001` is 0
 //! shares and `gpus=1.5` is 1500 shares, both invalid). `gpus=0` is a CPU-only workload.
 //!
 //! The engine's invariants (`Engine::audit`) are checked after every step.
@@ -34,9 +34,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use allot_core::{
-    Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
-    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares,
-    Timestamp, WorkloadId, WorkloadSpec,
+    Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, MigProfile, NodeSpec,
+    PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
+    Shares, Timestamp, WorkloadId, WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -161,6 +161,10 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                 if w.contains('=') {
                     continue;
                 }
+                let (w, mig) = match w.strip_suffix("+mig") {
+                    Some(w) => (w, true),
+                    None => (*w, false),
+                };
                 let (model, rest) = w.split_once('x').ok_or(format!("bad device group {w}"))?;
                 let (count, island) = match rest.split_once('@') {
                     Some((c, i)) => (num(c)?, num(i)? as u32),
@@ -171,6 +175,7 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                         model: model.to_string(),
                         memory_mib: 81920,
                         island,
+                        mig,
                     });
                 }
             }
@@ -287,7 +292,9 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
             let args = kv(words);
             let project = words.get(2).ok_or("submit needs a project")?;
             let text = args.get("gpus").ok_or("submit needs gpus=")?;
-            let request = if text.contains('.') {
+            let request = if let Some(profile) = MigProfile::parse(text) {
+                GpuRequest::Mig(profile)
+            } else if text.contains('.') {
                 GpuRequest::Shares(gpus(text)?.0 as u32)
             } else {
                 GpuRequest::Whole(num(text)? as u32)

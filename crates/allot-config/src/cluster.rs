@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::{DeviceSpec, NodeSpec};
+use allot_core::{DeviceSpec, MigGpu, NodeSpec};
 
 use crate::decode::{self, Ctx, fields, index, list};
 use crate::diagnostic::Diagnostic;
@@ -17,7 +17,23 @@ const ISLAND_MAX: u64 = 1024;
 
 const TOP_FIELDS: [&str; 1] = ["nodes"];
 const NODE_FIELDS: [&str; 8] = ["name", "count", "cpu", "memory", "labels", "pool", "rack", "gpus"];
-const GPU_FIELDS: [&str; 4] = ["model", "count", "memory", "island"];
+const GPU_FIELDS: [&str; 6] = ["model", "count", "memory", "island", "mig", "partition"];
+const PARTITION_FIELDS: [&str; 2] = ["compute", "memory"];
+const PARTITION_EXAMPLE: &str = "`partition: {compute: CPX, memory: NPS4}`";
+
+/// AMD MI300X compute partition modes: (name, logical devices per GPU).
+const COMPUTE_MODES: [(&str, u64); 4] = [("SPX", 1), ("DPX", 2), ("QPX", 4), ("CPX", 8)];
+/// The memory (NPS) modes each compute mode works with on MI300X, from the amdgpu driver's
+/// `aqua_vanjaram` partition table (`compatible_nps_modes`; `docs/reference/
+/// telemetry-and-crates.md` §2.6): SPX→NPS1; DPX→NPS1 (NPS2 on newer kernels and parts);
+/// QPX→NPS1|NPS4; CPX→NPS1|NPS4 (NPS2 only on virtual functions, so not accepted here).
+const MI300X_PAIRS: [(&str, &[&str]); 4] = [
+    ("SPX", &["NPS1"]),
+    ("DPX", &["NPS1", "NPS2"]),
+    ("QPX", &["NPS1", "NPS4"]),
+    ("CPX", &["NPS1", "NPS4"]),
+];
+const MEMORY_MODES: [(&str, &str); 3] = [("NPS1", "NPS1"), ("NPS2", "NPS2"), ("NPS4", "NPS4")];
 
 const NODE_EXAMPLE: &str =
     "`- {name: gpu-1, cpu: 64, memory: 512Gi, gpus: [{model: A100, count: 8, memory: 80Gi}]}`";
@@ -185,11 +201,66 @@ fn decode_gpus(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Vec<DeviceSpec>
             None => Some(0),
             Some(n) => decode::uint(ctx, n, &f.path("island"), 0, ISLAND_MAX, "0"),
         };
-        let (Some(model), Some(count), Some(memory_mib), Some(island)) =
-            (model, count, memory, island)
+        let mig = match f.get("mig") {
+            None => Some(false),
+            Some(n) => decode::boolean(ctx, n, &f.path("mig")),
+        };
+        let partition = f.get("partition").map(|n| (n, partition(ctx, n, &f.path("partition"))));
+        let (Some(model), Some(count), Some(memory_mib), Some(island), Some(mig)) =
+            (model, count, memory, island, mig)
         else {
             ok = false;
             continue;
+        };
+        if mig && let Some(n) = f.get("mig") {
+            if partition.is_some() {
+                ctx.report(
+                    n.pos,
+                    &f.path("mig"),
+                    "`mig` and `partition` cannot both be set",
+                    "MIG is NVIDIA's partitioning, `partition` AMD's: keep the one of this model",
+                );
+                ok = false;
+                continue;
+            }
+            if MigGpu::from_model(&model).is_none() {
+                ctx.report(
+                    n.pos,
+                    &f.path("mig"),
+                    format!("GPU model `{model}` has no MIG table"),
+                    format!(
+                        "name the model as one of {} (MIG profiles depend on the memory size), \
+                         or drop `mig`",
+                        MigGpu::known_models().join(", ")
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+        }
+        // An AMD partition: each GPU becomes `per_gpu` devices named `<model>-<mode>`, with an
+        // equal part of the memory, all in the GPU group's island.
+        let (model, count, memory_mib) = match partition {
+            None => (model, count, memory_mib),
+            Some((_, None)) => {
+                ok = false;
+                continue;
+            }
+            Some((n, Some((compute, per_gpu)))) => {
+                if !model.eq_ignore_ascii_case("MI300X") {
+                    ctx.report(
+                        n.pos,
+                        &f.path("partition"),
+                        format!(
+                            "compute and memory partitions are only known for MI300X, not `{model}`"
+                        ),
+                        "drop `partition`, or declare the partitions as devices of their own",
+                    );
+                    ok = false;
+                    continue;
+                }
+                (format!("{model}-{compute}"), count.saturating_mul(per_gpu), memory_mib / per_gpu)
+            }
         };
         if u64::try_from(devices.len()).map_or(true, |have| have + count > DEVICES_PER_NODE_MAX) {
             ctx.report(
@@ -202,10 +273,38 @@ fn decode_gpus(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Vec<DeviceSpec>
         }
         let island = u32::try_from(island).unwrap_or(u32::MAX);
         for _ in 0..count {
-            devices.push(DeviceSpec { model: model.clone(), memory_mib, island });
+            devices.push(DeviceSpec { model: model.clone(), memory_mib, island, mig });
         }
     }
     ok.then_some(devices)
+}
+
+/// `partition: {compute: CPX, memory: NPS4}` of an MI300X group: the compute mode and the
+/// number of logical devices per GPU, once the pair is one the driver accepts.
+fn partition(ctx: &mut Ctx, node: &Node, path: &str) -> Option<(&'static str, u64)> {
+    let f = fields(ctx, node, path, "a partition", &PARTITION_FIELDS, PARTITION_EXAMPLE)?;
+    let compute = f
+        .required(ctx, "compute", "give the compute partition mode, e.g. `compute: CPX`")
+        .and_then(|n| {
+            decode::one_of(ctx, n, &f.path("compute"), &COMPUTE_MODES.map(|(m, _)| (m, m)))
+        });
+    let memory = f
+        .required(ctx, "memory", "give the memory partition (NPS) mode, e.g. `memory: NPS4`")
+        .and_then(|n| decode::one_of(ctx, n, &f.path("memory"), &MEMORY_MODES));
+    let (compute, memory) = (compute?, memory?);
+    let valid = MI300X_PAIRS.iter().find(|(c, _)| *c == compute).map_or(&[][..], |(_, v)| *v);
+    if !valid.contains(&memory) {
+        let pos = f.get("memory").map_or(f.pos, |n| n.pos);
+        ctx.report(
+            pos,
+            &f.path("memory"),
+            format!("MI300X in {compute} does not work with memory mode {memory}"),
+            format!("with `compute: {compute}` use `memory:` {}", valid.join(" or ")),
+        );
+        return None;
+    }
+    let per_gpu = COMPUTE_MODES.iter().find(|(c, _)| *c == compute).map_or(1, |(_, n)| *n);
+    Some((compute, per_gpu))
 }
 
 /// A GPU model name: a name, not `any` (reserved for quotas) and without `|`.

@@ -829,8 +829,23 @@ pub(crate) fn gpu_request(
     path: &str,
     whole_max: u64,
 ) -> Option<allot_core::GpuRequest> {
-    use allot_core::GpuRequest;
-    let (d, text) = decimal(ctx, node, path, "a number of GPUs", "1, 8 or 0.25")?;
+    use allot_core::{GpuRequest, MigProfile};
+    if let Value::Scalar { text, .. } = &node.value {
+        if let Some(profile) = MigProfile::parse(text) {
+            return Some(GpuRequest::Mig(profile));
+        }
+        if text.to_ascii_lowercase().contains("gb") {
+            ctx.report(
+                node.pos,
+                path,
+                format!("`{}` is not a MIG profile", shown(text)),
+                "write a MIG profile as <compute slices>g.<memory>gb with 1 to 7 compute slices, \
+                 e.g. `3g.40gb` or `1g.10gb+me`, or a number of GPUs",
+            );
+            return None;
+        }
+    }
+    let (d, text) = decimal(ctx, node, path, "a number of GPUs", "1, 8, 0.25 or 3g.40gb")?;
     let fix_range =
         format!("ask for 1 to {whole_max} whole GPUs, or a fraction from 0.001 to 0.999");
     if d.is_negative() || d.is_zero() {

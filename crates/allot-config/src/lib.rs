@@ -38,9 +38,24 @@
 //!     gpus:               # optional (a CPU-only node has none): groups of identical devices
 //!       - {model: H100, count: 4, memory: 80Gi, island: 0}   # island: NVLink group, default 0
 //!       - {model: H100, count: 4, memory: 80Gi, island: 1}
+//!   - name: a100-mig
+//!     cpu: 128
+//!     memory: 1Ti
+//!     gpus:               # mig: true — MIG-enabled, requests may ask `gpus: 3g.40gb`
+//!       - {model: A100-80GB, count: 8, memory: 80Gi, mig: true}
+//!   - name: mi300x
+//!     cpu: 192
+//!     memory: 2Ti
+//!     gpus:               # each GPU becomes 8 devices `MI300X-CPX` of 192Gi / 8 each
+//!       - {model: MI300X, count: 8, memory: 192Gi, partition: {compute: CPX, memory: NPS4}}
 //! ```
 //! Checked: node names unique (after `count` expansion), at least one node, ≤ 1024 devices
-//! per node, ≤ 100 000 nodes, `any` is not a model name.
+//! per node (after partition expansion), ≤ 100 000 nodes, `any` is not a model name.
+//! `mig: true` needs a model with a MIG table (`A100-40GB`, `A100-80GB`, `H100-80GB`,
+//! `H100-94GB`/`H100-NVL`, `H200-141GB`; `allot_core::MigGpu`). `partition` is MI300X only:
+//! `compute` SPX | DPX | QPX | CPX (1, 2, 4, 8 devices per GPU, memory split evenly, all in
+//! the group's island), `memory` NPS1 | NPS2 | NPS4, in the pairs the amdgpu driver accepts:
+//! SPX–NPS1, DPX–NPS1|NPS2, QPX–NPS1|NPS4, CPX–NPS1|NPS4.
 //!
 //! # Policy file → `PolicySpec`
 //!
@@ -78,7 +93,8 @@
 //!     user: alice           # optional
 //!     priority_class: high  # optional; default: the policy's default class
 //!     members: 2            # gang size, default 1
-//!     gpus: 4               # required, per member: whole GPUs (≥ 1) or a fraction < 1 (shares)
+//!     gpus: 4               # required, per member: whole GPUs (≥ 1), a fraction < 1 (shares),
+//!                           # or one MIG instance (`3g.40gb`, `1g.10gb+me`) on a MIG-enabled GPU
 //!     gpu_models: [H100, A100]   # or "H100|A100"; optional, in order of preference; any if absent
 //!     cpu: 16               # per member, default 0
 //!     memory: 128Gi         # per member, default 0

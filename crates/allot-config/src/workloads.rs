@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use allot_core::{Checkpointing, GpuRequest, NodeSpec, PolicySpec, WorkloadKind, WorkloadSpec};
+use allot_core::{
+    Checkpointing, GpuRequest, MigGpu, MigProfile, NodeSpec, PolicySpec, WorkloadKind, WorkloadSpec,
+};
 use allot_core::{Timestamp, WorkloadId};
 
 use crate::decode::{self, Ctx, fields, index, list};
@@ -403,6 +405,65 @@ fn checkpoint(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Checkpointing> {
     })
 }
 
+/// A MIG request needs a MIG-enabled device of an accepted model whose table has the profile;
+/// a same-node gang, that many instances' room on one node (`max_count` per device).
+fn check_mig(
+    ctx: &mut Ctx,
+    spec: &WorkloadSpec,
+    source: &Source,
+    profile: MigProfile,
+    nodes: &[NodeSpec],
+    acceptable: &dyn Fn(&&str) -> bool,
+    which: &str,
+) {
+    let path = decode::join(&source.path, "gpus");
+    // (instances one node holds when empty, node) at best.
+    let mut best: Option<(u64, &str)> = None;
+    let mut offered: BTreeSet<String> = BTreeSet::new();
+    for node in nodes {
+        let mut room = 0u64;
+        for d in node.devices.iter().filter(|d| d.mig && acceptable(&d.model.as_str())) {
+            let Some(gpu) = MigGpu::from_model(&d.model) else { continue };
+            offered.extend(gpu.profiles().iter().map(|p| format!("{} ({})", p.profile, d.model)));
+            if let Some(p) = gpu.profile(profile) {
+                room += u64::from(p.max_count);
+            }
+        }
+        if room > 0 && best.is_none_or(|(r, _)| room > r) {
+            best = Some((room, node.name.as_str()));
+        }
+    }
+    match best {
+        None => {
+            let fix = if offered.is_empty() {
+                format!("enable MIG on GPUs of {which} in the cluster file (`mig: true`)")
+            } else {
+                let list: Vec<&str> = offered.iter().map(String::as_str).collect();
+                format!("ask for one of {}", list.join(", "))
+            };
+            ctx.report(
+                source.gpus,
+                &path,
+                format!("no MIG-enabled GPU of {which} offers {profile}"),
+                fix,
+            );
+        }
+        Some((room, node)) if spec.same_node && u64::from(spec.members) > room => {
+            ctx.report(
+                source.gpus,
+                &path,
+                format!(
+                    "same_node needs {} × {profile} on one node; the most one node holds is \
+                     {room} ({node})",
+                    spec.members
+                ),
+                "set `same_node: false`, or ask for fewer members",
+            );
+        }
+        Some(_) => {}
+    }
+}
+
 /// Checks parsed workloads against a policy and a cluster: unknown projects, priority classes
 /// and GPU models, and requests no node could ever hold (more GPUs, CPU or memory per member
 /// than the largest node has; a `same_node` gang larger than any node). Empty when all is well.
@@ -490,7 +551,9 @@ pub fn check_workloads(
         } else {
             known_models.join("|")
         };
-        if let GpuRequest::Whole(per_member) = spec.gpus_per_member {
+        if let GpuRequest::Mig(profile) = spec.gpus_per_member {
+            check_mig(&mut ctx, spec, source, profile, nodes, &acceptable, &which);
+        } else if let GpuRequest::Whole(per_member) = spec.gpus_per_member {
             let per_member = u64::from(per_member);
             let (count, node) = best.unwrap_or((0, "none"));
             let gang = per_member.saturating_mul(u64::from(spec.members));

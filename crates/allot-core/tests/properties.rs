@@ -290,9 +290,9 @@ fn mode_of(m: u8) -> PreemptionMode {
     }
 }
 
-/// Model 2 (when there are three) is an A100-80GB, MIG-enabled on island-1 devices.
+/// Model 0 is an A100-80GB, MIG-enabled on its island-1 devices.
 fn model_name(m: u8) -> String {
-    if m == 2 { "A100-80GB".into() } else { format!("M{m}") }
+    if m == 0 { "A100-80GB".into() } else { format!("M{m}") }
 }
 
 /// Turns raw input into a valid cluster and policy (lend ≤ guarantee, no limits without a
@@ -317,7 +317,7 @@ fn build(raw: &RawCase) -> Case {
                     model: model_name(m % n_models),
                     memory_mib: 81920,
                     island: u32::from(island),
-                    mig: m % n_models == 2 && island == 1,
+                    mig: m % n_models == 0 && island == 1,
                 })
                 .collect(),
         })

@@ -465,6 +465,7 @@ pub fn philly_nodes(machines: &[PhillyMachine]) -> Vec<NodeSpec> {
                     model: philly_model_name(m.gpu_memory_gb),
                     memory_mib: u64::from(m.gpu_memory_gb) * 1024,
                     island: 0,
+                    mig: false,
                 })
                 .collect(),
         })

@@ -25,7 +25,7 @@ fn node(name: &str, gpus: usize) -> NodeSpec {
         pool: None,
         rack: None,
         devices: (0..gpus)
-            .map(|_| DeviceSpec { model: "G".into(), memory_mib: 0, island: 0 })
+            .map(|_| DeviceSpec { model: "G".into(), memory_mib: 0, island: 0, mig: false })
             .collect(),
     }
 }

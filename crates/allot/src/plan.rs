@@ -238,6 +238,7 @@ fn reason_code(d: &Decision) -> &'static str {
             DeferReason::QuotaExhausted { .. } => "quota_exhausted",
             DeferReason::NoPlacement(_) => "no_placement",
             DeferReason::NeverPlaceable { .. } => "never_placeable",
+            DeferReason::NoMigProfile { .. } => "no_mig_profile",
             DeferReason::WaitingForPreemption { .. } => "waiting_for_preemption",
             DeferReason::BlockedByFifo { .. } => "blocked_by_fifo",
         },
@@ -268,7 +269,13 @@ fn decision_json(engine: &Engine, d: &Decision) -> Value {
                 .map(|m| {
                     json!({
                         "node": engine.node_name(m.node),
-                        "devices": m.devices.iter().map(|d| json!({"index": d.device, "shares": d.shares})).collect::<Vec<_>>(),
+                        "devices": m.devices.iter().map(|d| {
+                            let mut dev = json!({"index": d.device, "shares": d.shares});
+                            if let Some(slot) = d.mig {
+                                dev["mig"] = json!(slot.to_string());
+                            }
+                            dev
+                        }).collect::<Vec<_>>(),
                     })
                 })
                 .collect();

@@ -24,7 +24,20 @@ fn ok<T>(result: Result<T, Vec<Diagnostic>>) -> T {
 fn example_cluster_parses() {
     let nodes = ok(parse_cluster("examples/cluster.yaml", CLUSTER));
     let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    assert_eq!(names, ["h100-0", "h100-1", "a100-0", "a100-1", "v100-0", "l4-0", "cpu-0"]);
+    assert_eq!(
+        names,
+        [
+            "h100-0",
+            "h100-1",
+            "a100-0",
+            "a100-1",
+            "v100-0",
+            "l4-0",
+            "cpu-0",
+            "a100-mig-0",
+            "mi300x-0"
+        ]
+    );
     let h100 = &nodes[1];
     assert_eq!(h100.cpu_millis, 192_000);
     assert_eq!(h100.memory_mib, 2048 * 1024);
@@ -38,6 +51,11 @@ fn example_cluster_parses() {
     assert_eq!(nodes[2].memory_mib, 1024 * 1024);
     assert_eq!(nodes[4].memory_mib, 512 * 1024);
     assert!(nodes[6].devices.is_empty());
+    assert_eq!(nodes[7].devices.len(), 2);
+    assert!(nodes[7].devices.iter().all(|d| d.mig && d.model == "A100-80GB"));
+    // 8 MI300X in CPX/NPS4: 8 logical devices each, 192Gi / 8 apiece.
+    assert_eq!(nodes[8].devices.len(), 64);
+    assert!(nodes[8].devices.iter().all(|d| d.model == "MI300X-CPX" && d.memory_mib == 24 * 1024));
 }
 
 #[test]
@@ -89,10 +107,10 @@ fn example_workloads_parse_and_check_cleanly() {
     assert!(problems.is_empty(), "{}", render(&problems));
 
     let w = file.specs();
-    assert_eq!(w.len(), 13);
+    assert_eq!(w.len(), 16);
     let ids: Vec<u64> = w.iter().map(|w| w.id.0).collect();
-    assert_eq!(ids, [1, 2, 3, 4, 100, 6, 7, 8, 9, 10, 11, 12, 13]);
-    assert_eq!(file.line_of(1), Some(30));
+    assert_eq!(ids, [1, 2, 3, 4, 100, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+    assert_eq!(file.line_of(1), Some(33));
 
     let pretrain = &w[0];
     assert_eq!(pretrain.name, "vision-pretrain");
@@ -128,6 +146,10 @@ fn example_workloads_parse_and_check_cleanly() {
     assert_eq!(w[10].gpu_models, ["V100M32", "A100"]);
     assert_eq!(w[12].kind, WorkloadKind::Service);
     assert_eq!(w[12].memory_mib_per_member, 4096);
+    let mig = |s: &str| GpuRequest::Mig(allot_core::MigProfile::parse(s).expect("profile"));
+    assert_eq!(w[13].gpus_per_member, mig("3g.40gb"));
+    assert_eq!(w[14].gpus_per_member, mig("1g.10gb"));
+    assert_eq!(w[15].gpu_models, ["MI300X-CPX"]);
 }
 
 #[test]

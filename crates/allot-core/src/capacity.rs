@@ -211,8 +211,10 @@ impl Capacity {
         cpu: u64,
         mem: u64,
     ) -> Option<MemberPlacement> {
+        let size = self.mig_gpu.get(model.0 as usize).copied().flatten()?.profile(profile)?;
         let index = self.mig_index.get(model.0 as usize)?;
-        index.iter().find_map(|&(_, node_id, device)| {
+        // Devices with fewer free memory slices than the instance takes are skipped unseen.
+        index.range((size.memory_slices, NodeId(0), 0)..).find_map(|&(_, node_id, device)| {
             let node = &self.nodes[node_id.0 as usize];
             let dev = &node.devices[device as usize];
             if !node.fits_host(cpu, mem) || dev.free < profile.shares().0 as u32 {
@@ -248,12 +250,13 @@ impl Capacity {
                 continue;
             }
             // (free slices, device, state, free shares) of this node's eligible devices.
-            let mut devices: Vec<(u8, u16, MigState, u32)> = index
+            let mut devices: Vec<(u8, u16, MigState, u32)> = node
+                .devices
                 .iter()
-                .filter(|e| e.1 == node_id)
-                .filter_map(|&(k, _, d)| {
-                    let dev = &node.devices[d as usize];
-                    Some((k, d, dev.mig.as_ref()?.state, dev.free))
+                .enumerate()
+                .filter(|(_, dev)| dev.model == model)
+                .filter_map(|(d, dev)| {
+                    Some((dev.mig_key()?, d as u16, dev.mig.as_ref()?.state, dev.free))
                 })
                 .collect();
             let mut placed = Vec::with_capacity(members as usize);

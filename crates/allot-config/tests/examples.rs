@@ -175,6 +175,31 @@ fn json_lines_carry_the_same_fields() {
     }
 }
 
+/// Model alternatives in order of preference, as a list or as the compact `A|B` string, in
+/// YAML and in JSON lines: the same list.
+#[test]
+fn model_alternatives_in_every_form() {
+    let forms = [
+        ("w.yaml", "workloads:\n  - {project: p, gpus: 1, gpu_models: [V100M16, V100M32]}\n"),
+        ("w.yaml", "workloads:\n  - {project: p, gpus: 1, gpu_models: V100M16|V100M32}\n"),
+        ("w.yaml", "workloads:\n  - {project: p, gpus: 1, gpu_models: \"V100M16 | V100M32\"}\n"),
+        (
+            "w.jsonl",
+            "{\"project\": \"p\", \"gpus\": 1, \"gpu_models\": [\"V100M16\", \"V100M32\"]}\n",
+        ),
+        ("w.jsonl", "{\"project\": \"p\", \"gpus\": 1, \"gpu_models\": \"V100M16|V100M32\"}\n"),
+    ];
+    for (file, text) in forms {
+        let parsed = ok(parse_workloads(file, text));
+        assert_eq!(parsed.specs()[0].gpu_models, ["V100M16", "V100M32"], "{text}");
+    }
+    let reversed = ok(parse_workloads(
+        "w.yaml",
+        "workloads:\n  - {project: p, gpus: 1, gpu_models: V100M32|V100M16}\n",
+    ));
+    assert_eq!(reversed.specs()[0].gpu_models, ["V100M32", "V100M16"]);
+}
+
 #[test]
 fn load_reads_files_and_reports_missing_ones() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");

@@ -2,6 +2,11 @@
 //!
 //! Invariant: for every device, `free` + shares held by allocations = 1000; for every node,
 //! free CPU and memory + what allocations hold = the node's size. `Engine::audit` checks both.
+//!
+//! A MIG-enabled device also carries its MIG slot state (`MigState`); a MIG instance holds
+//! its charge in shares like any slice, plus its slot. A device holding instances is in no
+//! whole or share index (it takes no whole or fractional request), and a device holding whole
+//! or fractional work is not in the MIG index; an empty MIG-enabled device is in all of them.
 
 use std::collections::BTreeSet;
 

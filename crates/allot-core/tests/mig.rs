@@ -2,7 +2,10 @@
 //! start rule of `MigState::best_start` worked out by hand for each step), and a property test
 //! that no sequence of place/free over-allocates and that free restores.
 
-use allot_core::{MigGpu, MigProfile, MigState};
+use allot_core::{
+    ConfigError, DeviceSpec, Engine, MigGpu, MigProfile, MigState, NodeSpec, PolicySpec,
+    PreemptionMode, PriorityClassSpec,
+};
 use proptest::prelude::*;
 
 fn p(s: &str) -> MigProfile {
@@ -104,6 +107,31 @@ fn explicit_starts() {
     assert!(gpu.occupy(p("1g.10gb"), 6));
     assert!(!gpu.fits_at(p("3g.40gb"), 4));
     assert!(gpu.fits_at(p("3g.40gb"), 0));
+}
+
+/// A device declared MIG-enabled must have a model with a MIG table.
+#[test]
+fn engine_refuses_mig_without_a_table() {
+    let node = |model: &str| NodeSpec {
+        name: "n1".into(),
+        cpu_millis: 1000,
+        memory_mib: 1024,
+        labels: Default::default(),
+        pool: None,
+        rack: None,
+        devices: vec![DeviceSpec { model: model.into(), memory_mib: 81920, island: 0, mig: true }],
+    };
+    let policy = PolicySpec {
+        priority_classes: vec![PriorityClassSpec { name: "c".into(), value: 0, preemptible: true }],
+        default_priority_class: "c".into(),
+        projects: Vec::new(),
+        fair_share_half_life_ms: 0,
+        preemption_mode: PreemptionMode::Suspend,
+    };
+    assert!(Engine::new(&[node("H200")], &policy).is_ok());
+    let error = Engine::new(&[node("A100")], &policy).err().expect("no table for A100");
+    assert_eq!(error, ConfigError::NoMigTable { node: "n1".into(), model: "A100".into() });
+    assert!(error.to_string().contains("A100-40GB, A100-80GB"), "{error}");
 }
 
 proptest! {

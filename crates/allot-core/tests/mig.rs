@@ -129,7 +129,7 @@ fn engine_refuses_mig_without_a_table() {
         preemption_mode: PreemptionMode::Suspend,
     };
     assert!(Engine::new(&[node("H200")], &policy).is_ok());
-    let error = Engine::new(&[node("A100")], &policy).err().expect("no table for A100");
+    let error = Engine::new(&[node("A100")], &policy).expect_err("no table for A100");
     assert_eq!(error, ConfigError::NoMigTable { node: "n1".into(), model: "A100".into() });
     assert!(error.to_string().contains("A100-40GB, A100-80GB"), "{error}");
 }

@@ -248,6 +248,59 @@ fn fgd_keeps_whole_gpus_for_the_target_workload() {
 }
 
 #[test]
+fn allot_keeps_cpu_where_free_gpus_need_it() {
+    // Target: one class, 1 whole GPU with 4 cores: the mix needs 4 cores per GPU.
+    // A CPU-only pod of 26 cores, nodes A (2 free GPUs, 32 cores) and B (2 free GPUs, 100 cores).
+    // FGD: on A 6 cores stay, still ≥ 4, so the class runs there before and after: Δ = 0 on
+    //  both nodes, score 50 on both, and the earlier node, A, wins.
+    // allot: on A the stranded shares grow from max(0, 2000 − 1000·32/4) = 0 to
+    //  2000 − 1000·6/4 = 500: score trunc(100·sigmoid(−0.5)) = 37; on B nothing strands
+    //  (74 cores feed 18 GPUs): 50. B wins.
+    let mix = TargetMix::new(vec![TargetClass {
+        cpu_milli: 4_000,
+        gpus: 1,
+        gpu_milli: 1000,
+        models: ModelSet::ANY,
+        popularity: 1.0,
+    }]);
+    assert_eq!(mix.cpu_stranded(6_000, 2_000), 500.0);
+    assert_eq!(mix.cpu_stranded(32_000, 2_000), 0.0);
+    let nodes = [node(32_000, &[1000, 1000]), node(100_000, &[1000, 1000])];
+    check(PackPolicy::Fgd, &nodes, pod(26_000, 0, 0), mix.clone(), Some((0, &[])));
+    check(PackPolicy::Allot, &nodes, pod(26_000, 0, 0), mix.clone(), Some((1, &[])));
+    // A GPU pod of 30 cores and 1 GPU: on A 2 cores stay for 1 free GPU — the class cannot run
+    // (FGD: fragment 1000, Δ = −1000, score 26); on B 70 cores stay (score 50). Both pick B.
+    check(PackPolicy::Fgd, &nodes, pod(30_000, 1, 1000), mix.clone(), Some((1, &[0])));
+    check(PackPolicy::Allot, &nodes, pod(30_000, 1, 1000), mix, Some((1, &[0])));
+}
+
+#[test]
+fn allot_is_fgd_when_cpu_is_plentiful() {
+    // The FGD case above, with 64 free cores on every node and a mix that asks none: nothing
+    // strands, so allot makes FGD's choices.
+    let mix = TargetMix::new(vec![
+        TargetClass {
+            cpu_milli: 0,
+            gpus: 1,
+            gpu_milli: 1000,
+            models: ModelSet::ANY,
+            popularity: 0.5,
+        },
+        TargetClass {
+            cpu_milli: 0,
+            gpus: 1,
+            gpu_milli: 500,
+            models: ModelSet::ANY,
+            popularity: 0.5,
+        },
+    ]);
+    assert_eq!(mix.cpu_stranded(0, 8_000), 0.0);
+    let nodes = [node(64_000, &[1000, 1000]), node(64_000, &[1000, 500])];
+    check(PackPolicy::Allot, &nodes, pod(1000, 1, 500), mix.clone(), Some((1, &[1])));
+    check(PackPolicy::Allot, &nodes, pod(1000, 1, 300), mix, Some((1, &[1])));
+}
+
+#[test]
 fn equal_scores_go_to_the_earlier_node() {
     let nodes = [node(64_000, &[1000]), node(64_000, &[1000]), node(64_000, &[1000])];
     for policy in PackPolicy::ALL {

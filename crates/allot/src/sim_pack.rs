@@ -25,8 +25,8 @@ pub(crate) struct PackArgs {
     #[arg(long)]
     pods: PathBuf,
     /// Placement policies, comma-separated, or `all`: random, dotprod, clustering, packing,
-    /// bestfit, fgd.
-    #[arg(long, default_value = "fgd")]
+    /// bestfit, fgd, allot (allot's own, the default).
+    #[arg(long, default_value = "allot")]
     placement: String,
     /// Arrived GPU demand to stop at, as a multiple of capacity (the paper uses 1.3).
     #[arg(long, default_value_t = 1.3)]
@@ -402,7 +402,7 @@ fn parse_policies(text: &str) -> Result<Vec<PackPolicy>> {
                 usage(
                     "--placement",
                     name,
-                    "use random, dotprod, clustering, packing, bestfit, fgd or all",
+                    "use random, dotprod, clustering, packing, bestfit, fgd, allot or all",
                 )
             })
         })

@@ -86,6 +86,7 @@ fn policy(nodes: usize) -> PolicySpec {
             .collect(),
         fair_share_half_life_ms: 7 * 24 * 3_600_000,
         preemption_mode: PreemptionMode::Suspend,
+        defragmentation: None,
     }
 }
 

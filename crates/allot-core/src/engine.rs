@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::capacity::{Capacity, DeviceCap, MemberShape, NodeCap};
+use crate::capacity::{Capacity, DeviceCap, Layout, MemberShape, NodeCap};
 use crate::decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
     PreemptReason, QuotaKey, RejectReason, StopReason,
@@ -177,7 +177,7 @@ pub(crate) struct ProjectState {
 
 /// A cycle's memory of request shapes that found neither room nor victims. Capacity only
 /// shrinks and claimed victims only grow within a cycle, so such a shape fails again.
-type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, bool);
+type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, Layout);
 
 pub(crate) enum Outcome {
     Admitted(Decision),
@@ -275,7 +275,8 @@ impl Engine {
                     .collect(),
             });
         }
-        let capacity = Capacity::new(node_caps, models.len());
+        let mut capacity = Capacity::new(node_caps, models.len());
+        capacity.set_domains(topology_domains(nodes, true), topology_domains(nodes, false));
 
         let mut class_index = BTreeMap::new();
         for (i, c) in policy.priority_classes.iter().enumerate() {
@@ -1071,7 +1072,7 @@ impl Engine {
     ) -> Outcome {
         let w = &self.workloads[&id];
         let request = Request::of(w);
-        let Request { project, shape, members, same_node, total } = request;
+        let Request { project, shape, members, same_node, total, .. } = request;
         let shape_key: ShapeKey = (
             project,
             w.priority,
@@ -1080,13 +1081,13 @@ impl Engine {
             w.models.clone(),
             shape.cpu,
             shape.mem,
-            same_node,
+            request.layout(),
         );
         let known_failure = failed_shapes.contains(&shape_key);
 
         if total == Shares::ZERO {
             if !known_failure
-                && let Some(placement) = self.capacity.find(None, shape, members, same_node)
+                && let Some(placement) = self.capacity.find(None, shape, members, request.layout())
             {
                 self.commit(id, None, placement.clone());
                 return Outcome::Admitted(Decision::Admit {
@@ -1190,7 +1191,7 @@ impl Engine {
             };
         }
         if search
-            && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.same_node)
+            && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.layout())
         {
             return ModelCheck::Fits(key, placement);
         }
@@ -1284,7 +1285,8 @@ impl Engine {
     ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
         let w = &self.workloads[&id];
         let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
-        let (shape, members, same_node) = (w.shape(), w.spec.members, w.spec.same_node);
+        let (shape, members) = (w.shape(), w.spec.members);
+        let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
         let cohort = self.projects[project.0 as usize].cohort;
 
         let eligible = |v: &WorkloadState| -> bool {
@@ -1329,7 +1331,7 @@ impl Engine {
 
         let fits = |engine: &mut Engine| -> bool {
             engine.quota.view(project, key).is_some_and(|v| v.available >= total)
-                && engine.capacity.find(Some(m), shape, members, same_node).is_some()
+                && engine.capacity.can_place(Some(m), shape, members, layout)
         };
         // Two passes, as Kueue's classical algorithm: first with reclaim candidates (valid
         // only if the claimant ends within its guarantee), then with the claimant's own
@@ -1373,7 +1375,7 @@ impl Engine {
             let ok = fit && (!uses_reclaim || within_after);
             // The room the workload will take once its victims are gone.
             let placement =
-                if ok { self.capacity.find(Some(m), shape, members, same_node) } else { None };
+                if ok { self.capacity.find(Some(m), shape, members, layout) } else { None };
             // Reasons are computed while the victims are still lifted, then the state is
             // restored.
             let mut victims = Vec::new();
@@ -1540,6 +1542,7 @@ pub(crate) struct Request {
     pub shape: MemberShape,
     pub members: u32,
     pub same_node: bool,
+    pub prefer_same_node: bool,
     pub total: Shares,
 }
 
@@ -1550,9 +1553,32 @@ impl Request {
             shape: w.shape(),
             members: w.spec.members,
             same_node: w.spec.same_node,
+            prefer_same_node: w.spec.prefer_same_node,
             total: w.spec.total_shares(),
         }
     }
+
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::of(self.same_node, self.prefer_same_node)
+    }
+}
+
+/// Per node, its rack (`racks`) or pool domain id: nodes with the same pool and rack share a
+/// rack domain, nodes with the same pool a pool domain; a node without one has none.
+fn topology_domains(nodes: &[NodeSpec], racks: bool) -> Vec<Option<u32>> {
+    let mut ids: BTreeMap<(Option<&str>, Option<&str>), u32> = BTreeMap::new();
+    nodes
+        .iter()
+        .map(|n| {
+            let key = if racks {
+                (n.pool.as_deref(), Some(n.rack.as_deref()?))
+            } else {
+                (Some(n.pool.as_deref()?), None)
+            };
+            let next = ids.len() as u32;
+            Some(*ids.entry(key).or_insert(next))
+        })
+        .collect()
 }
 
 pub(crate) enum ModelCheck {

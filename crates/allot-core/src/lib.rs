@@ -15,6 +15,7 @@ mod model;
 pub mod packing;
 mod quota;
 mod render;
+mod topology;
 
 pub use decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
@@ -25,6 +26,6 @@ pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 pub use model::{
-    Checkpointing, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
-    ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
+    Checkpointing, Defragmentation, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
 };

@@ -368,6 +368,7 @@ fn build(raw: &RawCase) -> Case {
         projects,
         fair_share_half_life_ms: raw.half_life_ms,
         preemption_mode: mode_of(raw.mode),
+        defragmentation: None,
     };
 
     let mut now = 0u64;

@@ -20,10 +20,13 @@ use crate::decision::{
 use crate::event::Event;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::{
-    GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel,
-    WorkloadSpec,
+    Defragmentation, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing,
+    QuotaModel, WorkloadSpec,
 };
 use crate::quota::{QuotaBook, QuotaLine};
+
+mod defrag;
+pub use defrag::{DefragPlan, DefragVictim};
 
 /// Limits on one submission, so that a malformed request cannot make a cycle unbounded.
 pub const MEMBERS_MAX: u32 = 4096;
@@ -202,6 +205,8 @@ pub struct Engine {
     class_index: BTreeMap<String, usize>,
     default_class: usize,
     half_life_ms: u64,
+    /// The defragmentation policy; `None`: off.
+    pub(crate) defrag: Option<Defragmentation>,
     pub(crate) workloads: BTreeMap<WorkloadId, WorkloadState>,
     pub(crate) queues: Vec<BTreeSet<QueueKey>>,
     /// Started workloads per project: the only pre-emption candidates.
@@ -385,6 +390,7 @@ impl Engine {
             class_index,
             default_class,
             half_life_ms: policy.fair_share_half_life_ms,
+            defrag: policy.defragmentation,
             workloads: BTreeMap::new(),
             queues: vec![BTreeSet::new(); project_count],
             running: vec![BTreeSet::new(); project_count],
@@ -423,6 +429,10 @@ impl Engine {
     }
     pub fn workload_name(&self, id: WorkloadId) -> Option<&str> {
         self.workloads.get(&id).map(|w| w.spec.name.as_str())
+    }
+    /// What pre-empting this workload would do: its project's mode.
+    pub fn victim_mode(&self, id: WorkloadId) -> Option<PreemptionMode> {
+        self.workloads.get(&id).map(|w| self.projects[w.project.0 as usize].mode)
     }
     pub fn stage(&self, id: WorkloadId) -> Option<Stage> {
         self.workloads.get(&id).map(|w| w.stage)
@@ -1105,6 +1115,7 @@ impl Engine {
         let models: Vec<ModelId> = self.candidate_models(w).to_vec();
         let mut best: Option<DeferReason> = None;
         let mut preemptible_models = Vec::new();
+        let mut placement_blocked = Vec::new();
         for &m in &models {
             match self.check_model(&request, m, !known_failure) {
                 ModelCheck::Fits(key, placement) => {
@@ -1130,6 +1141,9 @@ impl Engine {
                 ModelCheck::Blocked { reason, preempt_key } => {
                     if let Some(key) = preempt_key {
                         preemptible_models.push((m, key));
+                        if matches!(reason, DeferReason::NoPlacement(_)) {
+                            placement_blocked.push((m, key));
+                        }
                     }
                     if best.as_ref().is_none_or(|b| rank(&reason) > rank(b)) {
                         best = Some(reason);
@@ -1142,6 +1156,20 @@ impl Engine {
             for (m, key) in preemptible_models {
                 if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
                     return Outcome::Preempting(self.start_preemption(id, key, victims, placement));
+                }
+            }
+            // Defragmentation: quota allows it, placement does not, the model has the room
+            // in total (engine/defrag.rs).
+            if let Some(policy) = self.defrag {
+                for (m, key) in placement_blocked {
+                    if let Some((plan, victims, placement)) =
+                        self.plan_defrag(now, id, m, key, policy)
+                        && plan.allowed()
+                    {
+                        return Outcome::Preempting(
+                            self.start_preemption(id, key, victims, placement),
+                        );
+                    }
                 }
             }
         }

@@ -21,7 +21,9 @@ pub use decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
     PreemptReason, QuotaKey, RejectReason, StopReason,
 };
-pub use engine::{ConfigError, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX};
+pub use engine::{
+    ConfigError, DefragPlan, DefragVictim, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX,
+};
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};

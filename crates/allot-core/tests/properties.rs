@@ -19,8 +19,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
-    Checkpointing, Decision, DeferReason, DeviceSpec, Engine, Event, GpuRequest, NodeSpec,
-    PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
+    NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
     QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
@@ -95,6 +95,8 @@ struct RawCase {
     mode: u8,
     projects: Vec<RawProject>,
     steps: Vec<(u64, RawOp)>,
+    /// Defragmentation's restart cost per GPU, when on.
+    defrag: Option<u64>,
 }
 
 fn raw_line() -> impl Strategy<Value = RawLine> {
@@ -224,8 +226,9 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
         0u8..3,
         prop::collection::vec(project, 2..=4),
         prop::collection::vec((0u64..=3000, raw_op()), 20..=60),
+        prop::option::weighted(0.5, 0u64..=2000),
     )
-        .prop_map(|(nodes, n_classes, mode, projects, steps)| RawCase {
+        .prop_map(|(nodes, n_classes, mode, projects, steps, defrag)| RawCase {
             models: 1,
             nodes,
             classes: (0..n_classes).map(|c| (c as i32 - 1, true)).collect(),
@@ -233,6 +236,7 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             mode,
             projects,
             steps,
+            defrag,
         })
 }
 
@@ -252,15 +256,10 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
         0u8..3,
         prop::collection::vec(raw_project(), 1..=6),
         prop::collection::vec((0u64..=3000, raw_op()), 1..=60),
+        prop::option::weighted(0.3, 0u64..=2000),
     )
-        .prop_map(|(models, nodes, classes, half_life_ms, mode, projects, steps)| RawCase {
-            models,
-            nodes,
-            classes,
-            half_life_ms,
-            mode,
-            projects,
-            steps,
+        .prop_map(|(models, nodes, classes, half_life_ms, mode, projects, steps, defrag)| {
+            RawCase { models, nodes, classes, half_life_ms, mode, projects, steps, defrag }
         })
 }
 
@@ -368,7 +367,7 @@ fn build(raw: &RawCase) -> Case {
         projects,
         fair_share_half_life_ms: raw.half_life_ms,
         preemption_mode: mode_of(raw.mode),
-        defragmentation: None,
+        defragmentation: raw.defrag.map(|restart_cost_ms| Defragmentation { restart_cost_ms }),
     };
 
     let mut now = 0u64;
@@ -791,10 +790,16 @@ impl<'a> Checker<'a> {
         victims_seen: &mut BTreeSet<WorkloadId>,
     ) -> Result<(), String> {
         let mut reclaimed: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+        // Defragmentation victims of other projects, per (project, key), and whether the
+        // plan says every victim can restart elsewhere at once.
+        let mut moved: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut all_replaceable = true;
         let mut own_victims = 0u64;
         let mut claim: Option<(String, String, WorkloadId)> = None;
         for d in plan {
-            let Decision::Preempt { victim, for_workload, reason, .. } = d else { unreachable!() };
+            let Decision::Preempt { victim, for_workload, reason, mode, .. } = d else {
+                unreachable!()
+            };
             if !victims_seen.insert(*victim) {
                 return Err(format!("{victim} pre-empted twice in one cycle"));
             }
@@ -868,6 +873,22 @@ impl<'a> Checker<'a> {
                     reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
                     claim = Some((c.project.clone(), vkey.clone(), *for_workload));
                 }
+                PreemptReason::Defragment { replaceable, .. } => {
+                    // Never a higher priority, never a delete.
+                    if v.priority > c.priority {
+                        return Err(format!(
+                            "defragmentation moves {victim} ({}) for {for_workload} ({})",
+                            v.priority, c.priority
+                        ));
+                    }
+                    if *mode == PreemptionMode::Delete {
+                        return Err(format!("defragmentation deletes {victim}"));
+                    }
+                    all_replaceable &= *replaceable;
+                    if v.project != c.project {
+                        *moved.entry((v.project.clone(), vkey.clone())).or_default() += vshares.0;
+                    }
+                }
             }
         }
         // The borrower still borrowed when its last victim was chosen.
@@ -879,6 +900,18 @@ impl<'a> Checker<'a> {
             if committed.saturating_sub(all) + largest <= guaranteed {
                 return Err(format!(
                     "reclaimed {shares:?} from {project} {key}: lasting usage {committed} of guarantee {guaranteed}"
+                ));
+            }
+        }
+        // Defragmentation never leaves another project below its guarantee, unless every
+        // victim can restart elsewhere at once.
+        for ((project, key), shares) in &moved {
+            let committed = self.committed(lasting, project, key, WorkloadId(u64::MAX));
+            let guaranteed = self.lines[project][key].guaranteed.0;
+            if committed.saturating_sub(*shares) < guaranteed && !all_replaceable {
+                return Err(format!(
+                    "defragmentation takes {shares} from {project} {key} (lasting {committed}, \
+                     guarantee {guaranteed}) without re-placing it"
                 ));
             }
         }

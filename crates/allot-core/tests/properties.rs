@@ -965,3 +965,180 @@ proptest! {
         }
     }
 }
+
+// ----- gangs: an empty node of the right shape is always used ---------------------------------
+
+/// One node: (model 0..2, devices, island split, rack, pool, CPU cores).
+type RawGangNode = (u8, u8, u8, Option<u8>, Option<u8>, u64);
+/// One workload of the running mix: (whole GPUs or shares, members, layout 0..3, CPU cores).
+type RawMixItem = (Result<u32, u32>, u32, u8, u64);
+
+fn layout_flags(layout: u8) -> (bool, bool) {
+    match layout % 3 {
+        0 => (false, false),
+        1 => (true, false),
+        _ => (false, true),
+    }
+}
+
+/// Random cluster (racks, pools, islands), a running mix settled on it, one node emptied by
+/// finishing everything on it, then a gang that fits that node alone: the next cycle admits
+/// it, whatever its layout (required or preferred same node, or spread). The audit holds after
+/// every step.
+fn check_gang_uses_empty_node(
+    nodes: &[RawGangNode],
+    mix: &[RawMixItem],
+    empty: usize,
+    gang: (u32, u32, u8, u64, bool),
+) -> Result<(), String> {
+    let specs: Vec<NodeSpec> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, &(model, devices, split, rack, pool, cpu))| NodeSpec {
+            name: format!("n{i}"),
+            cpu_millis: cpu * 1000,
+            memory_mib: 1 << 20,
+            labels: BTreeMap::new(),
+            pool: pool.map(|p| format!("p{p}")),
+            rack: rack.map(|r| format!("r{r}")),
+            devices: (0..devices)
+                .map(|d| DeviceSpec {
+                    model: model_name(model),
+                    memory_mib: 81920,
+                    island: u32::from(d < split),
+                })
+                .collect(),
+        })
+        .collect();
+    let policy = PolicySpec {
+        priority_classes: vec![
+            PriorityClassSpec { name: "mix".into(), value: 0, preemptible: true },
+            PriorityClassSpec { name: "gang".into(), value: 100, preemptible: false },
+        ],
+        default_priority_class: "mix".into(),
+        projects: vec![ProjectSpec {
+            name: "p".into(),
+            cohort: None,
+            department: None,
+            quotas: vec![QuotaSpec {
+                model: QuotaModel::Any,
+                guaranteed: Shares(1_000_000),
+                borrow_limit: None,
+                lend_limit: None,
+            }],
+            weight_milli: 1000,
+            queueing: Queueing::BestEffortFifo,
+            preemption_mode: None,
+        }],
+        fair_share_half_life_ms: 0,
+        preemption_mode: PreemptionMode::Suspend,
+        defragmentation: None,
+    };
+    let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
+    let mut id = 0u64;
+    for &(gpus, members, layout, cpu) in mix {
+        id += 1;
+        let request = match gpus {
+            Ok(k) => GpuRequest::Whole(k),
+            Err(s) => GpuRequest::Shares(s),
+        };
+        let mut spec = WorkloadSpec::new(id, &format!("m{id}"), "p", request);
+        spec.members = members;
+        (spec.same_node, spec.prefer_same_node) = layout_flags(layout);
+        spec.cpu_millis_per_member = cpu * 1000;
+        engine.apply(Timestamp(0), Event::WorkloadSubmitted(spec));
+    }
+    for round in 0..4 {
+        let decisions = engine.decide(Timestamp(round));
+        for d in &decisions {
+            if let Decision::Admit { workload, .. } = d {
+                engine.apply(Timestamp(round), Event::AllocationStarted { workload: *workload });
+            }
+        }
+        engine.audit().map_err(|e| format!("mix round {round}: {e}"))?;
+    }
+    // Empty node `empty`: finish everything with a member there.
+    let target = allot_core::NodeId(empty as u32);
+    let on_target: Vec<WorkloadId> = engine
+        .workload_ids()
+        .filter(|&w| {
+            engine.placement(w).is_some_and(|p| p.members.iter().any(|m| m.node == target))
+        })
+        .collect();
+    for w in on_target {
+        engine.apply(Timestamp(10), Event::WorkloadFinished { workload: w });
+    }
+    engine.audit()?;
+
+    let (model, devices, _, _, _, cpu_cores) = nodes[empty];
+    let (members, per, layout, cpu, whole) = gang;
+    let members = members.clamp(1, u32::from(devices).max(1));
+    let request = if whole {
+        GpuRequest::Whole(
+            (per % u32::from(devices)).max(1).min(u32::from(devices) / members).max(1),
+        )
+    } else {
+        GpuRequest::Shares(per.clamp(1, 999))
+    };
+    // Shapes that do not fit the empty node are out of scope.
+    let fits_gpus = match request {
+        GpuRequest::Whole(k) => k * members <= u32::from(devices),
+        GpuRequest::Shares(s) => members <= u32::from(devices) * (1000 / s),
+    };
+    let cpu = cpu.min(cpu_cores / u64::from(members));
+    if !fits_gpus || devices == 0 {
+        return Ok(());
+    }
+    let gang_id = WorkloadId(id + 1);
+    let mut spec = WorkloadSpec::new(gang_id.0, "gang", "p", request);
+    spec.members = members;
+    spec.priority_class = Some("gang".into());
+    spec.gpu_models = vec![model_name(model)];
+    (spec.same_node, spec.prefer_same_node) = layout_flags(layout);
+    spec.cpu_millis_per_member = cpu * 1000;
+    let shown = format!("{spec:?}");
+    engine.apply(Timestamp(20), Event::WorkloadSubmitted(spec));
+    let decisions = engine.decide(Timestamp(20));
+    engine.audit()?;
+    match decisions.iter().find(|d| d.workload() == gang_id) {
+        Some(Decision::Admit { .. }) => Ok(()),
+        other => Err(format!("gang {shown} with n{empty} empty: {other:?}")),
+    }
+}
+
+fn raw_gang_node() -> impl Strategy<Value = RawGangNode> {
+    (
+        0u8..2,
+        1u8..=8,
+        0u8..=8,
+        prop::option::weighted(0.7, 0u8..3),
+        prop::option::weighted(0.6, 0u8..2),
+        prop_oneof![Just(8u64), Just(64)],
+    )
+}
+
+fn raw_mix_item() -> impl Strategy<Value = RawMixItem> {
+    (
+        prop_oneof![3 => (1u32..=4).prop_map(Ok), 1 => (1u32..=999).prop_map(Err)],
+        prop_oneof![3 => Just(1u32), 1 => 2u32..=4],
+        0u8..3,
+        0u64..=8,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_gang_that_fits_an_empty_node_is_admitted(
+        nodes in prop::collection::vec(raw_gang_node(), 1..=10),
+        mix in prop::collection::vec(raw_mix_item(), 0..=30),
+        empty in any::<prop::sample::Index>(),
+        gang in (1u32..=4, 1u32..=999, 0u8..3, 0u64..=8, prop::bool::weighted(0.8)),
+    ) {
+        let empty = empty.index(nodes.len());
+        if let Err(e) = check_gang_uses_empty_node(&nodes, &mix, empty, gang) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+}

@@ -153,7 +153,7 @@ pub enum DeferReason {
 impl PlacementFacts {
     /// Whole GPUs the request asks for, if it asks whole GPUs.
     pub fn whole_gpus_asked(&self) -> Option<u64> {
-        (self.per_member.0 % crate::ids::SHARES_PER_GPU == 0 && self.per_member.0 > 0)
+        (self.per_member.0.is_multiple_of(crate::ids::SHARES_PER_GPU) && self.per_member.0 > 0)
             .then(|| self.per_member.0 / crate::ids::SHARES_PER_GPU * u64::from(self.members))
     }
 

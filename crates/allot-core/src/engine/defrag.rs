@@ -32,6 +32,9 @@ use crate::model::{Defragmentation, GpuRequest, PreemptionMode};
 /// Most target nodes a defragmentation plan is tried for, per workload and model.
 const DEFRAG_TARGETS_MAX: usize = 8;
 
+/// A plan, the arbiter's victims with their reasons, and the room the claimant will take.
+pub(crate) type PlannedDefrag = (DefragPlan, Vec<(WorkloadId, PreemptReason)>, Placement);
+
 /// A defragmentation plan: who moves, what it frees, and the books behind the choice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DefragPlan {
@@ -89,7 +92,7 @@ impl Engine {
         m: ModelId,
         key: QuotaKey,
         policy: Defragmentation,
-    ) -> Option<(DefragPlan, Vec<(WorkloadId, PreemptReason)>, Placement)> {
+    ) -> Option<PlannedDefrag> {
         if !self.fragmented_for(id, m) {
             return None;
         }
@@ -329,7 +332,7 @@ impl Engine {
             let mut placed = false;
             for vm in models {
                 let Some(vk) = self.quota.resolve(vp, QuotaKey::Model(vm)) else { continue };
-                if !self.quota.view(vp, vk).is_some_and(|q| q.available >= vtotal) {
+                if self.quota.view(vp, vk).is_none_or(|q| q.available < vtotal) {
                     continue;
                 }
                 if let Some(p) = self.capacity.find(Some(vm), shape, members, layout) {

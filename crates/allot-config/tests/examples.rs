@@ -45,6 +45,7 @@ fn example_policy_parses() {
     let policy = ok(parse_policy("examples/policy.yaml", POLICY));
     assert_eq!(policy.fair_share_half_life_ms, 7 * 24 * 3600 * 1000);
     assert_eq!(policy.preemption_mode, PreemptionMode::Suspend);
+    assert_eq!(policy.defragmentation.map(|d| d.restart_cost_ms), Some(120_000));
     assert_eq!(policy.default_priority_class, "medium");
     let classes: Vec<(&str, i32, bool)> =
         policy.priority_classes.iter().map(|c| (c.name.as_str(), c.value, c.preemptible)).collect();
@@ -113,6 +114,7 @@ fn example_workloads_parse_and_check_cleanly() {
 
     assert_eq!(w[1].gpu_models, ["H100"]);
     assert_eq!(w[1].priority_class.as_deref(), Some("low"));
+    assert!(w[1].prefer_same_node && !w[1].same_node);
     assert_eq!(w[2].members, 2);
     assert!(w[2].same_node);
     assert_eq!(

@@ -11,7 +11,14 @@
 //! - a `QuotaReclaim` victim's project was still borrowing (by its lasting usage: workloads
 //!   told to stop do not count, waiting pre-emptors do) when its last victim was chosen, and
 //!   the claimant ends within its guarantee;
+//! - a `Defragment` victim is of a priority no higher than its claimant's, is suspended or
+//!   requeued (never deleted), and another project is left below its guarantee only by a plan
+//!   whose every victim can restart elsewhere at once (a fifth of the generated histories are
+//!   built to fragment the cluster, with defragmentation on);
 //! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
+//!
+//! A second property builds random clusters (racks, pools, islands) with a settled mix, empties
+//! one node, and checks that a gang that fits that node alone is admitted in every layout.
 //!
 //! The test keeps its own model of what it submitted (project, priority, preemptibility, min
 //! runtime, start times) rather than asking the engine for it.
@@ -192,7 +199,108 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
 /// Half the cases are dense: one model, one cohort, distinct priorities and small requests,
 /// so that borrowing, reclaim and priority pre-emption happen often.
 fn raw_case() -> impl Strategy<Value = RawCase> {
-    prop_oneof![raw_case_general(), raw_case_dense()]
+    prop_oneof![2 => raw_case_general(), 2 => raw_case_dense(), 1 => raw_case_fragmented()]
+}
+
+/// Defragmentation-heavy: one model, two projects in one cohort, small nodes filled with small
+/// jobs (some checkpointable, some of a higher class), a random part of them finished or
+/// checkpointed, then larger jobs and gangs that find the free GPUs enough in total but
+/// scattered, decided after a long wait (so that gain often beats cost) and again later.
+fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
+    let small = (
+        0u8..2,
+        prop::option::weighted(0.3, 0u8..3),
+        prop::option::weighted(0.6, 0u64..=500),
+        prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
+    )
+        .prop_map(|(project, class, checkpoint, whole)| RawSubmit {
+            project,
+            class,
+            whole: Some(whole),
+            shares: 500,
+            members: 1,
+            models: Vec::new(),
+            same_node: false,
+            cpu_cores: 0,
+            min_runtime_ms: 0,
+            max_runtime_ms: None,
+            fixed: false,
+            checkpoint_grace_ms: checkpoint,
+            duplicate: false,
+        });
+    let big = (
+        0u8..2,
+        prop::option::weighted(0.5, 0u8..3),
+        2u32..=4,
+        prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(project, class, whole, members, same_node)| RawSubmit {
+            project,
+            class,
+            whole: Some(whole),
+            shares: 500,
+            members,
+            models: Vec::new(),
+            same_node,
+            cpu_cores: 0,
+            min_runtime_ms: 0,
+            max_runtime_ms: None,
+            fixed: false,
+            checkpoint_grace_ms: None,
+            duplicate: false,
+        });
+    let project = (4u64..=16, prop::option::of(0u64..=8)).prop_map(|(g, borrow)| RawProject {
+        cohort: Some(0),
+        lines: vec![RawLine {
+            model: Some(0),
+            guaranteed: g * 1000,
+            borrow: borrow.map(|b| b * 1000),
+            lend: None,
+        }],
+        weight_milli: 1000,
+        strict: false,
+        mode: None,
+    });
+    (
+        prop::collection::vec(
+            (2usize..=4).prop_map(|n| RawNode { devices: vec![(0, 0); n], cpu_cores: 256 }),
+            2..=5,
+        ),
+        (0u8..2, prop::collection::vec(project, 2..=2), 0u64..=300_000),
+        prop::collection::vec(small, 4..=20),
+        (prop::collection::vec(any::<u64>(), 1..=10), prop::collection::vec(any::<u64>(), 0..=6)),
+        prop::collection::vec(big, 1..=3),
+        (1u64..=1_000_000, prop::collection::vec(any::<u64>(), 0..=4)),
+    )
+        .prop_map(
+            |(nodes, (mode, projects, restart), smalls, (finish, ckpt), bigs, (wait, later))| {
+                let n_small = smalls.len() as u64;
+                let mut steps: Vec<(u64, RawOp)> = Vec::new();
+                steps.extend(smalls.into_iter().map(|s| (0, RawOp::Submit(s))));
+                steps.push((0, RawOp::Settle));
+                // Ids 1..=n_small are the small jobs: `Event { id }` names id + 1 while id < next.
+                steps.extend(finish.iter().map(|f| (1, RawOp::Event { kind: 3, id: f % n_small })));
+                steps
+                    .extend(ckpt.iter().map(|c| (1000, RawOp::Event { kind: 5, id: c % n_small })));
+                steps.extend(bigs.into_iter().map(|b| (1, RawOp::Submit(b))));
+                steps.push((wait, RawOp::Settle));
+                steps.extend(
+                    later.iter().map(|f| (1000, RawOp::Event { kind: 3, id: f % n_small })),
+                );
+                steps.push((wait, RawOp::Settle));
+                RawCase {
+                    models: 1,
+                    nodes,
+                    classes: vec![(0, true), (1, true), (2, true)],
+                    half_life_ms: 0,
+                    mode,
+                    projects,
+                    steps,
+                    defrag: Some(restart),
+                }
+            },
+        )
 }
 
 fn raw_case_dense() -> impl Strategy<Value = RawCase> {

@@ -130,6 +130,9 @@ pub(crate) struct WorkloadState {
     /// Queue order after priority: submit time, kept across suspensions so work resumes
     /// in its place.
     pub queued_at: Timestamp,
+    /// When it last became pending (submitted, or requeued after a stop): defragmentation's
+    /// gain counts the wait since then.
+    pub pending_since: Timestamp,
     pub allocation: Option<Allocation>,
     pub last_checkpoint_at: Option<Timestamp>,
     /// Victims this pre-emptor waits for.
@@ -635,6 +638,9 @@ impl Engine {
                 if self.workloads.get(&workload).is_some_and(|w| w.stage == Stage::Assumed) {
                     self.release(workload);
                     self.requeue(workload);
+                    if let Some(w) = self.workloads.get_mut(&workload) {
+                        w.pending_since = now;
+                    }
                 }
             }
             Event::CheckpointSaved { workload } => {
@@ -658,6 +664,9 @@ impl Engine {
                             }
                         }
                         self.requeue(workload);
+                        if let Some(w) = self.workloads.get_mut(&workload) {
+                            w.pending_since = now;
+                        }
                     }
                     _ => self.remove(workload),
                 }
@@ -722,6 +731,7 @@ impl Engine {
             stage: Stage::Pending,
             stop_kind: None,
             queued_at: now,
+            pending_since: now,
             allocation: None,
             last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
             waiting_for: BTreeSet::new(),

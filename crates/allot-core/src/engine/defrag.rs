@@ -15,11 +15,15 @@
 //!   fits; the cheapest resulting plan wins (cost, then fewer victims, then node id);
 //! - **cost** (GPU-ms) of a victim = its GPUs × (time since its last checkpoint if it is
 //!   checkpointable, else since it started) + its GPUs × the policy's `restart_cost_ms`;
-//!   **gain** (GPU-ms) = the claimant's GPUs × the time it has waited in the queue;
+//!   **gain** (GPU-ms) = the claimant's GPUs × the time it has waited since it last became
+//!   pending (submitted, or requeued after a stop);
 //! - a plan is carried out only when every victim can be re-placed elsewhere at once (after
-//!   the claimant takes its room; quota included) or the gain exceeds the cost — and a plan
-//!   that takes work of another project that is within its guarantee only when all victims
-//!   can be re-placed (moving is allowed, shrinking a guarantee is not).
+//!   the claimant takes its room; each victim in turn on a model it accepts, within its
+//!   quota) or the gain exceeds the cost — and a plan that would leave another project below
+//!   its guarantee only when all victims can be re-placed (moving is allowed, shrinking a
+//!   guarantee is not);
+//! - it runs after the priority/reclaim arbiter found nothing, and, like it, not again in the
+//!   same cycle for a request shape that already failed.
 
 use std::collections::BTreeSet;
 
@@ -102,7 +106,7 @@ impl Engine {
         let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
         let GpuRequest::Whole(k) = shape.gpus else { return None };
         let block_needed = if layout == Layout::SameNode { k.saturating_mul(members) } else { k };
-        let gain = total.0.saturating_mul(now.since(w.queued_at)) / SHARES_PER_GPU;
+        let gain = total.0.saturating_mul(now.since(w.pending_since)) / SHARES_PER_GPU;
         let (cpu, mem) = (shape.cpu, shape.mem);
 
         // Candidates, in victim order, with their cost.

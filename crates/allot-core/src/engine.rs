@@ -567,6 +567,9 @@ impl Engine {
                 return Err(format!("node {}: CPU or memory double-counted", self.node_names[n]));
             }
         }
+        if self.capacity.domains.recount(&self.capacity) != self.capacity.domains {
+            return Err("rack or pool free counts out of step with the devices".into());
+        }
         for (p, lines) in self.quota.lines.iter().enumerate() {
             let project = ProjectId(p as u32);
             for (key, line) in lines {

@@ -35,7 +35,7 @@ pub(crate) enum Level {
 const LEVELS: [Level; 2] = [Level::Rack, Level::Pool];
 
 /// Nodes grouped by rack and by pool, with free capacity per domain and model.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Domains {
     /// Per level, per node: its domain there (`None`: the node has no rack or no pool).
     of_node: [Vec<Option<u32>>; 2],
@@ -78,6 +78,11 @@ impl Domains {
             }
         }
         d
+    }
+
+    /// The same domains recounted from the capacity as it is now (`Engine::audit` compares).
+    pub(crate) fn recount(&self, cap: &Capacity) -> Domains {
+        Domains::build(cap, self.of_node.clone())
     }
 
     /// A device of `model` on `node` went from `old` to `new` free shares.

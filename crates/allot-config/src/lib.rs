@@ -62,6 +62,7 @@
 //! ```yaml
 //! fair_share: {half_life: 7d}         # optional; default 0 (point-in-time fairness)
 //! preemption: {mode: suspend}         # optional; suspend | requeue | delete (default suspend)
+//! defragmentation: true               # optional, default false; or {enabled: true, restart_cost: 2m}
 //! priority_classes:                   # required, at least one
 //!   - {name: low, value: -100, preemptible: true}   # value: i32; preemptible default true
 //!   - {name: high, value: 100, preemptible: false}
@@ -98,7 +99,8 @@
 //!     gpu_models: [H100, A100]   # or "H100|A100"; optional, in order of preference; any if absent
 //!     cpu: 16               # per member, default 0
 //!     memory: 128Gi         # per member, default 0
-//!     same_node: true       # default false
+//!     same_node: true       # default false; the same as `topology: required_same_node`
+//!     topology: prefer_same_node   # required_same_node | prefer_same_node | spread_ok (default)
 //!     preemptible: false    # optional; may only narrow the class's preemptibility
 //!     checkpoint: {grace: 30s, last_checkpoint_at: 0}   # optional; grace required in it
 //!     min_runtime: 10m      # default 0

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use allot_core::{
-    PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
+    Defragmentation, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    QuotaModel, QuotaSpec,
 };
 
 use crate::decode::{self, Ctx, fields, index, list};
@@ -14,8 +15,17 @@ use crate::tree::{self, Node, Pos};
 const PROJECTS_MAX: usize = 10_000;
 const PRIORITY_CLASSES_MAX: usize = 1_000;
 
-const TOP_FIELDS: [&str; 5] =
-    ["fair_share", "preemption", "priority_classes", "default_priority_class", "projects"];
+const TOP_FIELDS: [&str; 6] = [
+    "fair_share",
+    "preemption",
+    "defragmentation",
+    "priority_classes",
+    "default_priority_class",
+    "projects",
+];
+const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
+const DEFRAG_EXAMPLE: &str =
+    "`defragmentation: true`, or `defragmentation: {enabled: true, restart_cost: 2m}`";
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
 const PREEMPTION_FIELDS: [&str; 1] = ["mode"];
 const CLASS_FIELDS: [&str; 3] = ["name", "value", "preemptible"];
@@ -74,6 +84,11 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         }),
     };
 
+    let defragmentation = match top.get("defragmentation") {
+        None => Some(None),
+        Some(n) => defragmentation(ctx, n),
+    };
+
     let classes = top
         .required(
             ctx,
@@ -116,7 +131,29 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         projects: projects?,
         fair_share_half_life_ms: half_life?,
         preemption_mode: mode?,
+        defragmentation: defragmentation?,
     })
+}
+
+/// `defragmentation: true|false`, or `{enabled: BOOL, restart_cost: DURATION}` (enabled by
+/// default in the map form).
+fn defragmentation(ctx: &mut Ctx, node: &Node) -> Option<Option<Defragmentation>> {
+    if !matches!(node.value, tree::Value::Map(_)) {
+        return decode::boolean(ctx, node, "defragmentation")
+            .map(|on| on.then(Defragmentation::default));
+    }
+    let f =
+        fields(ctx, node, "defragmentation", "defragmentation", &DEFRAG_FIELDS, DEFRAG_EXAMPLE)?;
+    let enabled = match f.get("enabled") {
+        None => Some(true),
+        Some(n) => decode::boolean(ctx, n, &f.path("enabled")),
+    };
+    let restart = match f.get("restart_cost") {
+        None => Some(Defragmentation::DEFAULT_RESTART_COST_MS),
+        Some(n) => decode::duration_ms(ctx, n, &f.path("restart_cost")),
+    };
+    let (enabled, restart_cost_ms) = (enabled?, restart?);
+    Some(enabled.then_some(Defragmentation { restart_cost_ms }))
 }
 
 fn half_life_ms(ctx: &mut Ctx, node: &Node) -> Option<u64> {

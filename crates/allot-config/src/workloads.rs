@@ -19,7 +19,7 @@ const MEMBERS_MAX: u64 = allot_core::MEMBERS_MAX as u64;
 const GPUS_PER_MEMBER_MAX: u64 = allot_core::WHOLE_GPUS_PER_MEMBER_MAX as u64;
 
 const TOP_FIELDS: [&str; 1] = ["workloads"];
-const WORKLOAD_FIELDS: [&str; 17] = [
+const WORKLOAD_FIELDS: [&str; 18] = [
     "id",
     "name",
     "kind",
@@ -32,11 +32,18 @@ const WORKLOAD_FIELDS: [&str; 17] = [
     "cpu",
     "memory",
     "same_node",
+    "topology",
     "preemptible",
     "checkpoint",
     "min_runtime",
     "max_runtime",
     "deadline",
+];
+/// `topology:` values: (same_node, prefer_same_node).
+const TOPOLOGIES: [(&str, (bool, bool)); 3] = [
+    ("required_same_node", (true, false)),
+    ("prefer_same_node", (false, true)),
+    ("spread_ok", (false, false)),
 ];
 const CHECKPOINT_FIELDS: [&str; 2] = ["grace", "last_checkpoint_at"];
 const KINDS: [(&str, WorkloadKind); 5] = [
@@ -273,6 +280,23 @@ fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> De
     let memory = f.get("memory").map_or(Some(0), |n| decode::memory_mib(ctx, n, &f.path("memory")));
     let same_node =
         f.get("same_node").map_or(Some(false), |n| decode::boolean(ctx, n, &f.path("same_node")));
+    let topology = f.get("topology").map(|n| {
+        let t = decode::one_of(ctx, n, &f.path("topology"), &TOPOLOGIES)?;
+        // `same_node` is the older spelling of `topology: required_same_node`; both may be
+        // written only when they agree.
+        if let (Some(sn), Some(true)) = (f.get("same_node"), same_node)
+            && !t.0
+        {
+            ctx.report(
+                sn.pos,
+                &f.path("same_node"),
+                "`same_node: true` contradicts the `topology` of this workload".to_string(),
+                "keep one: `topology: required_same_node`, or remove `same_node`",
+            );
+            return None;
+        }
+        Some(t)
+    });
     let preemptible = f.get("preemptible").map(|n| decode::boolean(ctx, n, &f.path("preemptible")));
     let checkpointing = f.get("checkpoint").map(|n| checkpoint(ctx, n, &f.path("checkpoint")));
     let min_runtime = f
@@ -298,7 +322,8 @@ fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> De
             gpu_models,
             cpu_millis_per_member: cpu?,
             memory_mib_per_member: memory?,
-            same_node: same_node?,
+            same_node: same_node? || topology.is_some_and(|t| t.is_some_and(|t| t.0)),
+            prefer_same_node: decode::optional(topology)?.is_some_and(|t| t.1),
             preemptible: decode::optional(preemptible)?,
             checkpointing: decode::optional(checkpointing)?,
             min_runtime_ms: min_runtime?,

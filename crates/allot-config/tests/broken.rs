@@ -179,6 +179,36 @@ fn cases() -> Vec<Case> {
             text: "workloads: []\n---\nworkloads: []\n".to_string(),
             want: vec![(2, "", "a second YAML document")],
         },
+        Case {
+            name: "unknown topology, and same_node contradicting topology",
+            kind: Kind::Workloads,
+            text: "workloads:\n  - {project: vision, gpus: 1, members: 2, topology: same_rack}\n  - {project: vision, gpus: 1, members: 2, same_node: true, topology: spread_ok}\n".to_string(),
+            want: vec![
+                (2, "workloads[0].topology", "`same_rack` is not one of"),
+                (3, "workloads[1].same_node", "contradicts the `topology`"),
+            ],
+        },
+        Case {
+            name: "defragmentation neither a boolean nor a map",
+            kind: Kind::Policy,
+            text: format!(
+                "defragmentation: sometimes\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![(1, "defragmentation", "expected true or false")],
+        },
+        Case {
+            name: "defragmentation map with a bad field",
+            kind: Kind::Policy,
+            text: format!(
+                "defragmentation: {{enabled: true, restart_cost: soon, budget: 3}}\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![
+                (1, "defragmentation.restart_cost", "`soon` is not a duration"),
+                (1, "defragmentation.budget", "unknown field `budget`"),
+            ],
+        },
     ]
 }
 

@@ -63,6 +63,7 @@ fn example_policy_parses() {
     let policy = ok(parse_policy("examples/policy.yaml", POLICY));
     assert_eq!(policy.fair_share_half_life_ms, 7 * 24 * 3600 * 1000);
     assert_eq!(policy.preemption_mode, PreemptionMode::Suspend);
+    assert_eq!(policy.defragmentation.map(|d| d.restart_cost_ms), Some(120_000));
     assert_eq!(policy.default_priority_class, "medium");
     let classes: Vec<(&str, i32, bool)> =
         policy.priority_classes.iter().map(|c| (c.name.as_str(), c.value, c.preemptible)).collect();
@@ -131,6 +132,7 @@ fn example_workloads_parse_and_check_cleanly() {
 
     assert_eq!(w[1].gpu_models, ["H100"]);
     assert_eq!(w[1].priority_class.as_deref(), Some("low"));
+    assert!(w[1].prefer_same_node && !w[1].same_node);
     assert_eq!(w[2].members, 2);
     assert!(w[2].same_node);
     assert_eq!(
@@ -228,4 +230,39 @@ fn the_engine_accepts_the_examples() {
         engine.apply(Timestamp(0), allot_core::Event::WorkloadSubmitted(spec));
     }
     assert!(!engine.decide(Timestamp(0)).is_empty());
+}
+
+#[test]
+fn topology_and_defragmentation_decode() {
+    let w = ok(allot_config::parse_workloads(
+        "w.yaml",
+        "workloads:\n  - {project: v, gpus: 1, members: 2, topology: prefer_same_node}\n  \
+         - {project: v, gpus: 1, members: 2, topology: required_same_node}\n  \
+         - {project: v, gpus: 1, members: 2, topology: spread_ok}\n  \
+         - {project: v, gpus: 1, members: 2, same_node: true, topology: required_same_node}\n  \
+         - {project: v, gpus: 1, members: 2}\n",
+    ));
+    let flags: Vec<(bool, bool)> =
+        w.specs().iter().map(|s| (s.same_node, s.prefer_same_node)).collect();
+    assert_eq!(
+        flags,
+        vec![(false, true), (true, false), (false, false), (true, false), (false, false)]
+    );
+
+    let head = "priority_classes: [{name: low, value: 0}]\ndefault_priority_class: low\n\
+                projects: [{name: v}]\n";
+    let off = ok(allot_config::parse_policy("p.yaml", head));
+    assert_eq!(off.defragmentation, None);
+    let on = ok(allot_config::parse_policy("p.yaml", &format!("defragmentation: true\n{head}")));
+    assert_eq!(on.defragmentation, Some(allot_core::Defragmentation::default()));
+    let custom = ok(allot_config::parse_policy(
+        "p.yaml",
+        &format!("defragmentation: {{restart_cost: 5m}}\n{head}"),
+    ));
+    assert_eq!(custom.defragmentation.map(|d| d.restart_cost_ms), Some(300_000));
+    let disabled = ok(allot_config::parse_policy(
+        "p.yaml",
+        &format!("defragmentation: {{enabled: false, restart_cost: 5m}}\n{head}"),
+    ));
+    assert_eq!(disabled.defragmentation, None);
 }

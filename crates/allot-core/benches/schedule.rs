@@ -5,16 +5,17 @@
 //! second for the first (filling) cycle, the time of a full `decide` over a saturated queue,
 //! a churn cycle after 5 % of running work finishes, and the process's peak memory. It then
 //! repeats the fill at 100,000 workloads for the memory goal. Figures, not assertions: the
-//! machine is shared. Options: `-- --nodes N --workloads N --seed N --quick`.
+//! machine is shared. Options: `-- --nodes N --workloads N --seed N --quick --defrag`
+//! (`--defrag`: the policy has defragmentation on, default restart cost).
 
 #![allow(clippy::print_stdout, clippy::disallowed_methods, clippy::unwrap_used)]
 
 use std::time::Instant;
 
 use allot_core::{
-    Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp,
-    WorkloadSpec,
+    Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares,
+    Timestamp, WorkloadSpec,
 };
 
 const MODELS: [&str; 2] = ["H100", "A100"];
@@ -59,7 +60,7 @@ fn cluster(nodes: usize) -> Vec<NodeSpec> {
         .collect()
 }
 
-fn policy(nodes: usize) -> PolicySpec {
+fn policy(nodes: usize, defrag: bool) -> PolicySpec {
     // Each model's capacity is split evenly as guarantees; half of every guarantee is lendable.
     let per_model_gpus = (nodes / MODELS.len() * 8) as u64;
     let per_project = per_model_gpus * 1000 / PROJECTS as u64;
@@ -91,6 +92,7 @@ fn policy(nodes: usize) -> PolicySpec {
             .collect(),
         fair_share_half_life_ms: 7 * 24 * 3_600_000,
         preemption_mode: PreemptionMode::Suspend,
+        defragmentation: defrag.then(Defragmentation::default),
     }
 }
 
@@ -125,10 +127,13 @@ fn count(decisions: &[Decision], action: &str) -> usize {
     decisions.iter().filter(|d| d.action() == action).count()
 }
 
-fn run(nodes: usize, workloads: usize, seed: u64) {
-    println!("== {nodes} nodes × 8 GPUs, {workloads} pending workloads, seed {seed}");
+fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool) {
+    println!(
+        "== {nodes} nodes × 8 GPUs, {workloads} pending workloads, seed {seed}{}",
+        if defrag { ", defragmentation on" } else { "" }
+    );
     let build = Instant::now();
-    let mut engine = Engine::new(&cluster(nodes), &policy(nodes)).unwrap();
+    let mut engine = Engine::new(&cluster(nodes), &policy(nodes, defrag)).unwrap();
     let mut rng = Rng(seed | 1);
     for id in 1..=workloads as u64 {
         engine.apply(Timestamp(id), Event::WorkloadSubmitted(workload(&mut rng, id)));
@@ -210,8 +215,9 @@ fn main() {
     let nodes = opt("--nodes", if quick { 500 } else { 5_000 });
     let workloads = opt("--workloads", if quick { 5_000 } else { 50_000 });
     let seed = opt("--seed", 42) as u64;
-    run(nodes, workloads, seed);
+    let defrag = args.iter().any(|a| a == "--defrag");
+    run(nodes, workloads, seed, defrag);
     if !quick && !args.iter().any(|a| a == "--workloads") {
-        run(nodes, 100_000, seed);
+        run(nodes, 100_000, seed, defrag);
     }
 }

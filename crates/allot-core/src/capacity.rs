@@ -14,6 +14,7 @@ use crate::decision::{DeviceShare, MemberPlacement, MigSlot, Placement};
 use crate::ids::{ModelId, NodeId, SHARES_PER_GPU};
 use crate::mig::{MigGpu, MigProfile, MigState};
 use crate::model::GpuRequest;
+use crate::topology::Domains;
 
 const FULL: u32 = SHARES_PER_GPU as u32;
 
@@ -70,11 +71,33 @@ pub(crate) struct NodeCap {
 }
 
 impl NodeCap {
-    fn whole_free(&self, model: ModelId) -> u32 {
+    pub(crate) fn whole_free(&self, model: ModelId) -> u32 {
         self.devices.iter().filter(|d| d.model == model && d.free == FULL).count() as u32
     }
-    fn fits_host(&self, cpu: u64, mem: u64) -> bool {
+    pub(crate) fn fits_host(&self, cpu: u64, mem: u64) -> bool {
         self.free_cpu >= cpu && self.free_mem >= mem
+    }
+}
+
+/// How a gang's members may be laid out over nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Layout {
+    /// All members on one node.
+    SameNode,
+    /// One node when one has room, else as `Spread`.
+    PreferSameNode,
+    /// Any nodes; spread minimised (one rack, else one pool) together with fragmentation
+    /// (`Capacity::find_spread`).
+    Spread,
+}
+
+impl Layout {
+    pub(crate) fn of(same_node: bool, prefer_same_node: bool) -> Layout {
+        match (same_node, prefer_same_node) {
+            (true, _) => Layout::SameNode,
+            (false, true) => Layout::PreferSameNode,
+            (false, false) => Layout::Spread,
+        }
     }
 }
 
@@ -105,6 +128,8 @@ pub(crate) struct Capacity {
     /// devices on one node.
     mig_gpu: Vec<Option<MigGpu>>,
     max_mig_devices_per_node: Vec<u32>,
+    /// Racks and pools with their free capacity, for gang spread (`topology.rs`).
+    pub domains: Domains,
 }
 
 impl Capacity {
@@ -119,6 +144,7 @@ impl Capacity {
             mig_index: vec![BTreeSet::new(); model_count],
             mig_gpu: vec![None; model_count],
             max_mig_devices_per_node: vec![0; model_count],
+            domains: Domains::default(),
         };
         cap.index_mig_devices();
         for (n, node) in cap.nodes.iter().enumerate() {
@@ -363,8 +389,10 @@ impl Capacity {
         self.free_shares[m] = self.free_shares[m] + u64::from(new_free) - u64::from(old_free);
         self.nodes[node.0 as usize].devices[device as usize].free = new_free;
         self.sync_mig_index(node, device);
+        self.domains.shares_changed(node, model, old_free, new_free);
         if old_free == FULL || new_free == FULL {
             let new_whole = self.nodes[node.0 as usize].whole_free(model);
+            self.domains.whole_changed(node, model, old_whole, new_whole);
             self.whole_index[m].remove(&(old_whole, node));
             self.whole_index[m].insert((new_whole, node));
             if new_free == FULL {
@@ -409,20 +437,53 @@ impl Capacity {
         }
     }
 
-    /// Best-fit placement of a gang on `model` (or CPU-only when the request is zero GPUs).
-    /// Members are placed one by one, each on the tightest node that fits, with the earlier
-    /// members' devices taken, so that a gang never double-counts a device. Nothing is kept:
-    /// the capacity is unchanged when this returns.
+    /// Placement of a gang on `model` (or CPU-only when the request is zero GPUs) in the given
+    /// layout: one node (`find_same_node`), or spread as little as possible
+    /// (`find_spread`). Nothing is kept: the capacity is unchanged when this returns.
     pub fn find(
         &mut self,
         model: Option<ModelId>,
         shape: MemberShape,
         members: u32,
-        same_node: bool,
+        layout: Layout,
     ) -> Option<Placement> {
-        if same_node && members > 1 {
-            return self.find_same_node(model, shape, members);
+        if members <= 1 {
+            return self.find_each(model, shape, members);
         }
+        match layout {
+            Layout::SameNode => self.find_same_node(model, shape, members),
+            Layout::PreferSameNode => self
+                .find_same_node(model, shape, members)
+                .or_else(|| self.find_spread(model, shape, members)),
+            Layout::Spread => self.find_spread(model, shape, members),
+        }
+    }
+
+    /// Whether `find` would succeed, without refining where: a spread gang fits exactly when
+    /// its members fit one by one (`find_each`), whatever racks they land in.
+    pub fn can_place(
+        &mut self,
+        model: Option<ModelId>,
+        shape: MemberShape,
+        members: u32,
+        layout: Layout,
+    ) -> bool {
+        match layout {
+            Layout::SameNode if members > 1 => self.find_same_node(model, shape, members).is_some(),
+            _ => self.find_each(model, shape, members).is_some(),
+        }
+    }
+
+    /// Best-fit placement, member by member: each on the tightest node that fits, with the
+    /// earlier members' devices taken, so that a gang never double-counts a device. For
+    /// members of one size this places a gang whenever any placement exists (device-wise):
+    /// a node with `f` free fits `f / k` members whatever the order.
+    pub(crate) fn find_each(
+        &mut self,
+        model: Option<ModelId>,
+        shape: MemberShape,
+        members: u32,
+    ) -> Option<Placement> {
         let mut placed: Vec<MemberPlacement> = Vec::new();
         let mut ok = true;
         for _ in 0..members {
@@ -504,10 +565,9 @@ impl Capacity {
                     if !node.fits_host(cpu, mem) {
                         return None;
                     }
-                    let devices = pick_whole_devices(node, model, total);
-                    let members = devices
-                        .chunks(k as usize)
-                        .map(|chunk| MemberPlacement { node: node_id, devices: chunk.to_vec() })
+                    let members = pick_members_on_node(node, model, k, members)
+                        .into_iter()
+                        .map(|devices| MemberPlacement { node: node_id, devices })
                         .collect();
                     Some(Placement { model: Some(model), members })
                 })
@@ -538,15 +598,55 @@ impl Capacity {
     }
 }
 
-/// Chooses `k` whole free devices of `model` on a node, preferring one interconnect island:
-/// the tightest island that holds all `k`, else the largest islands first.
-fn pick_whole_devices(node: &NodeCap, model: ModelId, k: u32) -> Vec<DeviceShare> {
+/// Chooses the devices of `members` members of `k` whole devices each on one node that has
+/// `k × members` free: all in the tightest island that holds the whole gang; else member by
+/// member, each in the tightest island that holds it (so that a member straddles islands only
+/// when no island has `k` left).
+pub(crate) fn pick_members_on_node(
+    node: &NodeCap,
+    model: ModelId,
+    k: u32,
+    members: u32,
+) -> Vec<Vec<DeviceShare>> {
+    let total = k.saturating_mul(members);
+    let mut taken: BTreeSet<u16> = BTreeSet::new();
+    let whole_gang =
+        free_by_island(node, model, &taken).values().any(|v| v.len() >= total as usize);
+    if whole_gang || k == 0 {
+        let devices = pick_whole_devices(node, model, total);
+        return devices.chunks(k.max(1) as usize).map(<[DeviceShare]>::to_vec).collect();
+    }
+    let mut out = Vec::with_capacity(members as usize);
+    for _ in 0..members {
+        let devices = pick_from(free_by_island(node, model, &taken), k);
+        taken.extend(devices.iter().map(|d| d.device));
+        out.push(devices);
+    }
+    out
+}
+
+/// Whole free devices of `model` on a node by island, leaving out `taken`.
+fn free_by_island(
+    node: &NodeCap,
+    model: ModelId,
+    taken: &BTreeSet<u16>,
+) -> std::collections::BTreeMap<u32, Vec<u16>> {
     let mut by_island: std::collections::BTreeMap<u32, Vec<u16>> = Default::default();
     for (i, d) in node.devices.iter().enumerate() {
-        if d.model == model && d.free == FULL {
+        if d.model == model && d.free == FULL && !taken.contains(&(i as u16)) {
             by_island.entry(d.island).or_default().push(i as u16);
         }
     }
+    by_island
+}
+
+/// Chooses `k` whole free devices of `model` on a node, preferring one interconnect island:
+/// the tightest island that holds all `k`, else the largest islands first.
+pub(crate) fn pick_whole_devices(node: &NodeCap, model: ModelId, k: u32) -> Vec<DeviceShare> {
+    pick_from(free_by_island(node, model, &BTreeSet::new()), k)
+}
+
+fn pick_from(by_island: std::collections::BTreeMap<u32, Vec<u16>>, k: u32) -> Vec<DeviceShare> {
     let k = k as usize;
     if let Some(devices) =
         by_island.values().filter(|v| v.len() >= k).min_by_key(|v| (v.len(), v[0]))

@@ -117,6 +117,19 @@ pub enum PreemptReason {
     QuotaReclaim { borrower: ProjectId, claimant: ProjectId, key: QuotaKey, borrowed: Shares },
     /// A higher-priority workload of the same project needs the devices.
     Priority { project: ProjectId, victim_priority: i32, preemptor_priority: i32 },
+    /// Defragmentation: the pre-emptor fits the free capacity in total but not in one place;
+    /// moving this work frees a block of `frees_block` whole devices on `node`. `gain_gpu_ms`
+    /// (the pre-emptor's GPUs × time waited) and `cost_gpu_ms` (the whole plan's lost work
+    /// plus restart) are the books behind it; `replaceable`: every victim of the plan can be
+    /// placed elsewhere at once.
+    Defragment {
+        model: ModelId,
+        node: NodeId,
+        frees_block: u32,
+        gain_gpu_ms: u64,
+        cost_gpu_ms: u64,
+        replaceable: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,6 +166,23 @@ pub enum DeferReason {
     WaitingForPreemption { victims: Vec<WorkloadId> },
     /// Strict FIFO: the project's head is blocked, and this workload is behind it.
     BlockedByFifo { head: WorkloadId },
+}
+
+impl PlacementFacts {
+    /// Whole GPUs the request asks for, if it asks whole GPUs.
+    pub fn whole_gpus_asked(&self) -> Option<u64> {
+        (self.per_member.0.is_multiple_of(crate::ids::SHARES_PER_GPU) && self.per_member.0 > 0)
+            .then(|| self.per_member.0 / crate::ids::SHARES_PER_GPU * u64::from(self.members))
+    }
+
+    /// Fragmentation, not capacity: at least as many whole GPUs are free as the request
+    /// asks, but no node has a free block as large as one member (the whole gang when
+    /// `same_node`) needs.
+    pub fn fragmented(&self) -> bool {
+        let Some(asked) = self.whole_gpus_asked() else { return false };
+        let block = if self.same_node { asked } else { asked / u64::from(self.members.max(1)) };
+        asked >= 2 && self.free_whole_gpus >= asked && u64::from(self.largest_free_block) < block
+    }
 }
 
 /// The free capacity of one GPU model when a placement failed.

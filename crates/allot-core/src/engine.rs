@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::capacity::{Capacity, DeviceCap, MemberShape, MigDevice, NodeCap};
+use crate::capacity::{Capacity, DeviceCap, Layout, MemberShape, MigDevice, NodeCap};
 use crate::decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, Placement, PlacementFacts,
     PreemptReason, QuotaKey, RejectReason, StopReason,
@@ -21,10 +21,13 @@ use crate::event::Event;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::{COMPUTE_SLICES, MigGpu};
 use crate::model::{
-    GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel,
-    WorkloadSpec,
+    Defragmentation, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing,
+    QuotaModel, WorkloadSpec,
 };
 use crate::quota::{QuotaBook, QuotaLine};
+
+mod defrag;
+pub use defrag::{DefragPlan, DefragVictim};
 
 /// Limits on one submission, so that a malformed request cannot make a cycle unbounded.
 pub const MEMBERS_MAX: u32 = 4096;
@@ -139,6 +142,9 @@ pub(crate) struct WorkloadState {
     /// Queue order after priority: submit time, kept across suspensions so work resumes
     /// in its place.
     pub queued_at: Timestamp,
+    /// When it last became pending (submitted, or requeued after a stop): defragmentation's
+    /// gain counts the wait since then.
+    pub pending_since: Timestamp,
     pub allocation: Option<Allocation>,
     pub last_checkpoint_at: Option<Timestamp>,
     /// Victims this pre-emptor waits for.
@@ -189,7 +195,7 @@ pub(crate) struct ProjectState {
 
 /// A cycle's memory of request shapes that found neither room nor victims. Capacity only
 /// shrinks and claimed victims only grow within a cycle, so such a shape fails again.
-type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, bool);
+type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, Layout);
 
 pub(crate) enum Outcome {
     Admitted(Decision),
@@ -214,6 +220,8 @@ pub struct Engine {
     class_index: BTreeMap<String, usize>,
     default_class: usize,
     half_life_ms: u64,
+    /// The defragmentation policy; `None`: off.
+    pub(crate) defrag: Option<Defragmentation>,
     pub(crate) workloads: BTreeMap<WorkloadId, WorkloadState>,
     pub(crate) queues: Vec<BTreeSet<QueueKey>>,
     /// Started workloads per project: the only pre-emption candidates.
@@ -298,7 +306,8 @@ impl Engine {
                 devices,
             });
         }
-        let capacity = Capacity::new(node_caps, models.len());
+        let mut capacity = Capacity::new(node_caps, models.len());
+        capacity.set_domains(topology_domains(nodes, true), topology_domains(nodes, false));
 
         let mut class_index = BTreeMap::new();
         for (i, c) in policy.priority_classes.iter().enumerate() {
@@ -407,6 +416,7 @@ impl Engine {
             class_index,
             default_class,
             half_life_ms: policy.fair_share_half_life_ms,
+            defrag: policy.defragmentation,
             workloads: BTreeMap::new(),
             queues: vec![BTreeSet::new(); project_count],
             running: vec![BTreeSet::new(); project_count],
@@ -445,6 +455,10 @@ impl Engine {
     }
     pub fn workload_name(&self, id: WorkloadId) -> Option<&str> {
         self.workloads.get(&id).map(|w| w.spec.name.as_str())
+    }
+    /// What pre-empting this workload would do: its project's mode.
+    pub fn victim_mode(&self, id: WorkloadId) -> Option<PreemptionMode> {
+        self.workloads.get(&id).map(|w| self.projects[w.project.0 as usize].mode)
     }
     pub fn stage(&self, id: WorkloadId) -> Option<Stage> {
         self.workloads.get(&id).map(|w| w.stage)
@@ -576,6 +590,9 @@ impl Engine {
                 return Err(format!("node {}: CPU or memory double-counted", self.node_names[n]));
             }
         }
+        if self.capacity.domains.recount(&self.capacity) != self.capacity.domains {
+            return Err("rack or pool free counts out of step with the devices".into());
+        }
         for (p, lines) in self.quota.lines.iter().enumerate() {
             let project = ProjectId(p as u32);
             for (key, line) in lines {
@@ -648,6 +665,9 @@ impl Engine {
                 if self.workloads.get(&workload).is_some_and(|w| w.stage == Stage::Assumed) {
                     self.release(workload);
                     self.requeue(workload);
+                    if let Some(w) = self.workloads.get_mut(&workload) {
+                        w.pending_since = now;
+                    }
                 }
             }
             Event::CheckpointSaved { workload } => {
@@ -671,6 +691,9 @@ impl Engine {
                             }
                         }
                         self.requeue(workload);
+                        if let Some(w) = self.workloads.get_mut(&workload) {
+                            w.pending_since = now;
+                        }
                     }
                     _ => self.remove(workload),
                 }
@@ -735,6 +758,7 @@ impl Engine {
             stage: Stage::Pending,
             stop_kind: None,
             queued_at: now,
+            pending_since: now,
             allocation: None,
             last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
             waiting_for: BTreeSet::new(),
@@ -1106,7 +1130,7 @@ impl Engine {
     ) -> Outcome {
         let w = &self.workloads[&id];
         let request = Request::of(w);
-        let Request { project, shape, members, same_node, total } = request;
+        let Request { project, shape, members, same_node, total, .. } = request;
         let shape_key: ShapeKey = (
             project,
             w.priority,
@@ -1115,13 +1139,13 @@ impl Engine {
             w.models.clone(),
             shape.cpu,
             shape.mem,
-            same_node,
+            request.layout(),
         );
         let known_failure = failed_shapes.contains(&shape_key);
 
         if total == Shares::ZERO {
             if !known_failure
-                && let Some(placement) = self.capacity.find(None, shape, members, same_node)
+                && let Some(placement) = self.capacity.find(None, shape, members, request.layout())
             {
                 self.commit(id, None, placement.clone());
                 return Outcome::Admitted(Decision::Admit {
@@ -1139,6 +1163,7 @@ impl Engine {
         let models: Vec<ModelId> = self.candidate_models(w).to_vec();
         let mut best: Option<DeferReason> = None;
         let mut preemptible_models = Vec::new();
+        let mut placement_blocked = Vec::new();
         for &m in &models {
             match self.check_model(&request, m, !known_failure) {
                 ModelCheck::Fits(key, placement) => {
@@ -1164,6 +1189,9 @@ impl Engine {
                 ModelCheck::Blocked { reason, preempt_key } => {
                     if let Some(key) = preempt_key {
                         preemptible_models.push((m, key));
+                        if matches!(reason, DeferReason::NoPlacement(_)) {
+                            placement_blocked.push((m, key));
+                        }
                     }
                     if best.as_ref().is_none_or(|b| rank(&reason) > rank(b)) {
                         best = Some(reason);
@@ -1176,6 +1204,20 @@ impl Engine {
             for (m, key) in preemptible_models {
                 if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
                     return Outcome::Preempting(self.start_preemption(id, key, victims, placement));
+                }
+            }
+            // Defragmentation: quota allows it, placement does not, the model has the room
+            // in total (engine/defrag.rs).
+            if let Some(policy) = self.defrag {
+                for (m, key) in placement_blocked {
+                    if let Some((plan, victims, placement)) =
+                        self.plan_defrag(now, id, m, key, policy)
+                        && plan.allowed()
+                    {
+                        return Outcome::Preempting(
+                            self.start_preemption(id, key, victims, placement),
+                        );
+                    }
                 }
             }
         }
@@ -1230,7 +1272,7 @@ impl Engine {
             };
         }
         if search
-            && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.same_node)
+            && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.layout())
         {
             return ModelCheck::Fits(key, placement);
         }
@@ -1331,7 +1373,8 @@ impl Engine {
     ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
         let w = &self.workloads[&id];
         let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
-        let (shape, members, same_node) = (w.shape(), w.spec.members, w.spec.same_node);
+        let (shape, members) = (w.shape(), w.spec.members);
+        let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
         let cohort = self.projects[project.0 as usize].cohort;
 
         let eligible = |v: &WorkloadState| -> bool {
@@ -1376,7 +1419,7 @@ impl Engine {
 
         let fits = |engine: &mut Engine| -> bool {
             engine.quota.view(project, key).is_some_and(|v| v.available >= total)
-                && engine.capacity.find(Some(m), shape, members, same_node).is_some()
+                && engine.capacity.can_place(Some(m), shape, members, layout)
         };
         // Two passes, as Kueue's classical algorithm: first with reclaim candidates (valid
         // only if the claimant ends within its guarantee), then with the claimant's own
@@ -1420,7 +1463,7 @@ impl Engine {
             let ok = fit && (!uses_reclaim || within_after);
             // The room the workload will take once its victims are gone.
             let placement =
-                if ok { self.capacity.find(Some(m), shape, members, same_node) } else { None };
+                if ok { self.capacity.find(Some(m), shape, members, layout) } else { None };
             // Reasons are computed while the victims are still lifted, then the state is
             // restored.
             let mut victims = Vec::new();
@@ -1587,6 +1630,7 @@ pub(crate) struct Request {
     pub shape: MemberShape,
     pub members: u32,
     pub same_node: bool,
+    pub prefer_same_node: bool,
     pub total: Shares,
 }
 
@@ -1597,9 +1641,32 @@ impl Request {
             shape: w.shape(),
             members: w.spec.members,
             same_node: w.spec.same_node,
+            prefer_same_node: w.spec.prefer_same_node,
             total: w.spec.total_shares(),
         }
     }
+
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::of(self.same_node, self.prefer_same_node)
+    }
+}
+
+/// Per node, its rack (`racks`) or pool domain id: nodes with the same pool and rack share a
+/// rack domain, nodes with the same pool a pool domain; a node without one has none.
+fn topology_domains(nodes: &[NodeSpec], racks: bool) -> Vec<Option<u32>> {
+    let mut ids: BTreeMap<(Option<&str>, Option<&str>), u32> = BTreeMap::new();
+    nodes
+        .iter()
+        .map(|n| {
+            let key = if racks {
+                (n.pool.as_deref(), Some(n.rack.as_deref()?))
+            } else {
+                (Some(n.pool.as_deref()?), None)
+            };
+            let next = ids.len() as u32;
+            Some(*ids.entry(key).or_insert(next))
+        })
+        .collect()
 }
 
 pub(crate) enum ModelCheck {

@@ -5,7 +5,7 @@
 //! fair-share order have already taken what they take.
 
 use crate::decision::{Decision, DeferReason, Placement};
-use crate::engine::{Engine, ModelCheck, Request, Stage};
+use crate::engine::{DefragPlan, Engine, ModelCheck, Request, Stage};
 use crate::ids::{ModelId, Timestamp, WorkloadId};
 use crate::model::GpuRequest;
 
@@ -52,6 +52,10 @@ pub enum Counterfactual {
     /// Stopping these workloads would start it now (named even when protected by min runtime
     /// or non-preemptible, so that an operator can act).
     Reclaim { victims: Vec<WorkloadId> },
+    /// The free capacity is enough in total but fragmented: moving the plan's victims would
+    /// free a block for it. Shown when the engine did not do it: `enabled` false (the policy
+    /// has defragmentation off), or the plan's rules (`DefragPlan::allowed`) say no.
+    Defragment { plan: DefragPlan, enabled: bool },
 }
 
 impl Engine {
@@ -109,11 +113,15 @@ impl Engine {
         let constrained = !w.models.is_empty();
         let accepted: Vec<ModelId> = sim.candidate_models(w).to_vec();
         let mut keys = Vec::new();
+        let mut placement_keys = Vec::new();
         for &m in &accepted {
             match sim.check_model(&request, m, true) {
                 ModelCheck::Blocked { reason, preempt_key } => {
                     if let Some(key) = preempt_key {
                         keys.push((m, key));
+                        if matches!(reason, DeferReason::NoPlacement(_)) {
+                            placement_keys.push((m, key));
+                        }
                     }
                     explanation.blocking.push(reason);
                 }
@@ -174,6 +182,15 @@ impl Engine {
             if let Some((victims, _)) = sim.plan_preemption(now, id, m, key, false) {
                 let victims = victims.into_iter().map(|(v, _)| v).collect();
                 explanation.counterfactuals.push(Counterfactual::Reclaim { victims });
+                break;
+            }
+        }
+        // Fragmentation: what moving work would free, whether or not the policy allows it.
+        let policy = sim.defrag.unwrap_or_default();
+        for (m, key) in placement_keys {
+            if let Some((plan, _, _)) = sim.plan_defrag(now, id, m, key, policy) {
+                let enabled = sim.defrag.is_some();
+                explanation.counterfactuals.push(Counterfactual::Defragment { plan, enabled });
                 break;
             }
         }

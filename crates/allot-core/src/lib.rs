@@ -17,17 +17,20 @@ mod model;
 pub mod packing;
 mod quota;
 mod render;
+mod topology;
 
 pub use decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, MigSlot, Placement,
     PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
 };
-pub use engine::{ConfigError, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX};
+pub use engine::{
+    ConfigError, DefragPlan, DefragVictim, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX,
+};
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
-    Checkpointing, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
-    ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
+    Checkpointing, Defragmentation, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
 };

@@ -46,6 +46,28 @@ pub struct PolicySpec {
     pub fair_share_half_life_ms: u64,
     /// What a pre-emption does unless the victim's project overrides it.
     pub preemption_mode: PreemptionMode,
+    /// Defragmentation: `Some` lets the arbiter move preemptible work out of the way of a
+    /// workload that fits the free capacity in total but not in one place. `None`: off.
+    pub defragmentation: Option<Defragmentation>,
+}
+
+/// The defragmentation policy (ARCHITECTURE.md, "Defragmentation").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Defragmentation {
+    /// What restarting a moved workload costs, per GPU it holds, on top of the work it loses
+    /// since its last checkpoint: image pull, start-up, warm-up.
+    pub restart_cost_ms: u64,
+}
+
+impl Defragmentation {
+    /// Two minutes of restart per GPU moved.
+    pub const DEFAULT_RESTART_COST_MS: u64 = 120_000;
+}
+
+impl Default for Defragmentation {
+    fn default() -> Self {
+        Defragmentation { restart_cost_ms: Defragmentation::DEFAULT_RESTART_COST_MS }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -193,8 +215,11 @@ pub struct WorkloadSpec {
     pub gpu_models: Vec<String>,
     pub cpu_millis_per_member: u64,
     pub memory_mib_per_member: u64,
-    /// All members on one node.
+    /// All members on one node (required).
     pub same_node: bool,
+    /// Members on one node when some node has room; otherwise spread as little as possible
+    /// (one rack, else one pool). Ignored when `same_node` is set.
+    pub prefer_same_node: bool,
     /// `Some(false)` makes a workload of a preemptible class non-preemptible. `Some(true)` on a
     /// non-preemptible class is ignored: only the class can grant preemptibility.
     pub preemptible: Option<bool>,
@@ -223,6 +248,7 @@ impl WorkloadSpec {
             cpu_millis_per_member: 0,
             memory_mib_per_member: 0,
             same_node: false,
+            prefer_same_node: false,
             preemptible: None,
             checkpointing: None,
             min_runtime_ms: 0,

@@ -3,9 +3,9 @@
 use crate::decision::{
     AdmitReason, Decision, DeferReason, Placement, PreemptReason, RejectReason, StopReason,
 };
-use crate::engine::{Engine, Stage};
+use crate::engine::{DefragPlan, Engine, Stage};
 use crate::explain::{Counterfactual, Explanation};
-use crate::model::GpuRequest;
+use crate::model::{GpuRequest, PreemptionMode};
 
 impl Engine {
     fn wl(&self, id: crate::ids::WorkloadId) -> String {
@@ -76,6 +76,27 @@ impl Engine {
                             self.project_name(*project)
                         )
                     }
+                    PreemptReason::Defragment {
+                        model,
+                        node,
+                        frees_block,
+                        gain_gpu_ms,
+                        cost_gpu_ms,
+                        replaceable,
+                    } => format!(
+                        "defragmentation: frees a block of {frees_block} {} on {} ({})",
+                        self.model_name(*model),
+                        self.node_name(*node),
+                        if *replaceable {
+                            "every workload moved can restart elsewhere at once".to_string()
+                        } else {
+                            format!(
+                                "gain {} waited > cost {} lost and restarting",
+                                gpu_time(*gain_gpu_ms),
+                                gpu_time(*cost_gpu_ms)
+                            )
+                        }
+                    ),
                 };
                 let grace = checkpoint_grace_ms
                     .map(|g| format!(", checkpoint first (grace {g} ms)"))
@@ -163,6 +184,16 @@ impl Engine {
                     }
                     None => "no whole device free".to_string(),
                 };
+                if f.fragmented() {
+                    // "9 free A100 across 5 nodes, largest block 3 on node-7".
+                    return format!(
+                        "no room for {shape}{}: fragmented, {} free {model} across {} nodes, {}",
+                        if f.same_node { " on one node" } else { "" },
+                        f.free_whole_gpus,
+                        f.nodes_with_free,
+                        block.replace("largest free block", "largest block")
+                    );
+                }
                 format!(
                     "no room for {shape}{}: {block}; {} whole free across {} nodes ({} incl. partial)",
                     if f.same_node { " on one node" } else { "" },
@@ -184,6 +215,47 @@ impl Engine {
                 format!("strict FIFO: behind {}, which cannot start", self.wl(*head))
             }
         }
+    }
+
+    /// "suspending `w-123` (checkpointed 2 min ago) frees a block of 4 A100 on n7; …".
+    fn render_defrag(&self, plan: &DefragPlan, enabled: bool) -> String {
+        let mut last_verb = "";
+        let victims: Vec<String> = plan
+            .victims
+            .iter()
+            .map(|v| {
+                let verb = match self.victim_mode(v.workload) {
+                    Some(PreemptionMode::Requeue) => "requeueing",
+                    _ => "suspending",
+                };
+                let saved = match v.checkpoint_age_ms {
+                    Some(age) => format!("checkpointed {} ago", duration(age)),
+                    None => "no checkpoint".to_string(),
+                };
+                let shown = if verb == last_verb { String::new() } else { format!("{verb} ") };
+                last_verb = verb;
+                format!("{shown}{} ({saved})", self.wl(v.workload))
+            })
+            .collect();
+        let books = format!(
+            "gain {} waited, cost {} lost and restarting",
+            gpu_time(plan.gain_gpu_ms),
+            gpu_time(plan.cost_gpu_ms)
+        );
+        let verdict = if !enabled {
+            format!("defragmentation is off in the policy ({books})")
+        } else if plan.touches_guarantee && !plan.replaceable {
+            "not done: it would take work another project runs within its guarantee".to_string()
+        } else {
+            format!("not done: the cost is not below the gain ({books})")
+        };
+        format!(
+            "{} frees a block of {} {} on {}; {verdict}",
+            victims.join(", "),
+            plan.frees_block,
+            self.model_name(plan.model),
+            self.node_name(plan.node)
+        )
     }
 
     /// A one-line summary: `admit train-1: within vision's guarantee …`.
@@ -271,9 +343,32 @@ impl Engine {
                     let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
                     format!("would start now if {} stopped", names.join(", "))
                 }
+                Counterfactual::Defragment { plan, enabled } => self.render_defrag(plan, *enabled),
             };
             lines.push(format!("  option: {text}"));
         }
         lines.join("\n")
+    }
+}
+
+/// GPU time for people: `45 GPU-s`, `12.5 GPU-min`, `3.2 GPU-h`.
+pub(crate) fn gpu_time(gpu_ms: u64) -> String {
+    if gpu_ms < 60_000 {
+        format!("{} GPU-s", gpu_ms / 1000)
+    } else if gpu_ms < 7_200_000 {
+        format!("{:.1} GPU-min", gpu_ms as f64 / 60_000.0)
+    } else {
+        format!("{:.1} GPU-h", gpu_ms as f64 / 3_600_000.0)
+    }
+}
+
+/// A duration for people: `40 s`, `2 min`, `3.5 h`.
+pub(crate) fn duration(ms: u64) -> String {
+    if ms < 60_000 {
+        format!("{} s", ms / 1000)
+    } else if ms < 7_200_000 {
+        format!("{} min", ms / 60_000)
+    } else {
+        format!("{:.1} h", ms as f64 / 3_600_000.0)
     }
 }

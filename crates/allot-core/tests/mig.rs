@@ -127,6 +127,7 @@ fn engine_refuses_mig_without_a_table() {
         projects: Vec::new(),
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
+        defragmentation: None,
     };
     assert!(Engine::new(&[node("H200")], &policy).is_ok());
     let error = Engine::new(&[node("A100")], &policy).expect_err("no table for A100");

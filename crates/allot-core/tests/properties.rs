@@ -11,7 +11,14 @@
 //! - a `QuotaReclaim` victim's project was still borrowing (by its lasting usage: workloads
 //!   told to stop do not count, waiting pre-emptors do) when its last victim was chosen, and
 //!   the claimant ends within its guarantee;
+//! - a `Defragment` victim is of a priority no higher than its claimant's, is suspended or
+//!   requeued (never deleted), and another project is left below its guarantee only by a plan
+//!   whose every victim can restart elsewhere at once (a fifth of the generated histories are
+//!   built to fragment the cluster, with defragmentation on);
 //! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
+//!
+//! A second property builds random clusters (racks, pools, islands) with a settled mix, empties
+//! one node, and checks that a gang that fits that node alone is admitted in every layout.
 //!
 //! The test keeps its own model of what it submitted (project, priority, preemptibility, min
 //! runtime, start times) rather than asking the engine for it.
@@ -19,9 +26,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
-    Checkpointing, Decision, DeferReason, DeviceSpec, Engine, Event, GpuRequest, MigGpu, NodeSpec,
-    PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
+    Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
+    MigGpu, NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec,
+    Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -95,6 +102,8 @@ struct RawCase {
     mode: u8,
     projects: Vec<RawProject>,
     steps: Vec<(u64, RawOp)>,
+    /// Defragmentation's restart cost per GPU, when on.
+    defrag: Option<u64>,
 }
 
 fn raw_line() -> impl Strategy<Value = RawLine> {
@@ -190,7 +199,108 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
 /// Half the cases are dense: one model, one cohort, distinct priorities and small requests,
 /// so that borrowing, reclaim and priority pre-emption happen often.
 fn raw_case() -> impl Strategy<Value = RawCase> {
-    prop_oneof![raw_case_general(), raw_case_dense()]
+    prop_oneof![2 => raw_case_general(), 2 => raw_case_dense(), 1 => raw_case_fragmented()]
+}
+
+/// Defragmentation-heavy: one model, two projects in one cohort, small nodes filled with small
+/// jobs (some checkpointable, some of a higher class), a random part of them finished or
+/// checkpointed, then larger jobs and gangs that find the free GPUs enough in total but
+/// scattered, decided after a long wait (so that gain often beats cost) and again later.
+fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
+    let small = (
+        0u8..2,
+        prop::option::weighted(0.3, 0u8..3),
+        prop::option::weighted(0.6, 0u64..=500),
+        prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
+    )
+        .prop_map(|(project, class, checkpoint, whole)| RawSubmit {
+            project,
+            class,
+            whole: Some(whole),
+            shares: 500,
+            members: 1,
+            models: Vec::new(),
+            same_node: false,
+            cpu_cores: 0,
+            min_runtime_ms: 0,
+            max_runtime_ms: None,
+            fixed: false,
+            checkpoint_grace_ms: checkpoint,
+            duplicate: false,
+        });
+    let big = (
+        0u8..2,
+        prop::option::weighted(0.5, 0u8..3),
+        2u32..=4,
+        prop_oneof![3 => Just(1u32), 1 => Just(2u32)],
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(|(project, class, whole, members, same_node)| RawSubmit {
+            project,
+            class,
+            whole: Some(whole),
+            shares: 500,
+            members,
+            models: Vec::new(),
+            same_node,
+            cpu_cores: 0,
+            min_runtime_ms: 0,
+            max_runtime_ms: None,
+            fixed: false,
+            checkpoint_grace_ms: None,
+            duplicate: false,
+        });
+    let project = (4u64..=16, prop::option::of(0u64..=8)).prop_map(|(g, borrow)| RawProject {
+        cohort: Some(0),
+        lines: vec![RawLine {
+            model: Some(0),
+            guaranteed: g * 1000,
+            borrow: borrow.map(|b| b * 1000),
+            lend: None,
+        }],
+        weight_milli: 1000,
+        strict: false,
+        mode: None,
+    });
+    (
+        prop::collection::vec(
+            (2usize..=4).prop_map(|n| RawNode { devices: vec![(0, 0); n], cpu_cores: 256 }),
+            2..=5,
+        ),
+        (0u8..2, prop::collection::vec(project, 2..=2), 0u64..=300_000),
+        prop::collection::vec(small, 4..=20),
+        (prop::collection::vec(any::<u64>(), 1..=10), prop::collection::vec(any::<u64>(), 0..=6)),
+        prop::collection::vec(big, 1..=3),
+        (1u64..=1_000_000, prop::collection::vec(any::<u64>(), 0..=4)),
+    )
+        .prop_map(
+            |(nodes, (mode, projects, restart), smalls, (finish, ckpt), bigs, (wait, later))| {
+                let n_small = smalls.len() as u64;
+                let mut steps: Vec<(u64, RawOp)> = Vec::new();
+                steps.extend(smalls.into_iter().map(|s| (0, RawOp::Submit(s))));
+                steps.push((0, RawOp::Settle));
+                // Ids 1..=n_small are the small jobs: `Event { id }` names id + 1 while id < next.
+                steps.extend(finish.iter().map(|f| (1, RawOp::Event { kind: 3, id: f % n_small })));
+                steps
+                    .extend(ckpt.iter().map(|c| (1000, RawOp::Event { kind: 5, id: c % n_small })));
+                steps.extend(bigs.into_iter().map(|b| (1, RawOp::Submit(b))));
+                steps.push((wait, RawOp::Settle));
+                steps.extend(
+                    later.iter().map(|f| (1000, RawOp::Event { kind: 3, id: f % n_small })),
+                );
+                steps.push((wait, RawOp::Settle));
+                RawCase {
+                    models: 1,
+                    nodes,
+                    classes: vec![(0, true), (1, true), (2, true)],
+                    half_life_ms: 0,
+                    mode,
+                    projects,
+                    steps,
+                    defrag: Some(restart),
+                }
+            },
+        )
 }
 
 fn raw_case_dense() -> impl Strategy<Value = RawCase> {
@@ -224,8 +334,9 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
         0u8..3,
         prop::collection::vec(project, 2..=4),
         prop::collection::vec((0u64..=3000, raw_op()), 20..=60),
+        prop::option::weighted(0.5, 0u64..=2000),
     )
-        .prop_map(|(nodes, n_classes, mode, projects, steps)| RawCase {
+        .prop_map(|(nodes, n_classes, mode, projects, steps, defrag)| RawCase {
             models: 1,
             nodes,
             classes: (0..n_classes).map(|c| (c as i32 - 1, true)).collect(),
@@ -233,6 +344,7 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             mode,
             projects,
             steps,
+            defrag,
         })
 }
 
@@ -252,15 +364,10 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
         0u8..3,
         prop::collection::vec(raw_project(), 1..=6),
         prop::collection::vec((0u64..=3000, raw_op()), 1..=60),
+        prop::option::weighted(0.3, 0u64..=2000),
     )
-        .prop_map(|(models, nodes, classes, half_life_ms, mode, projects, steps)| RawCase {
-            models,
-            nodes,
-            classes,
-            half_life_ms,
-            mode,
-            projects,
-            steps,
+        .prop_map(|(models, nodes, classes, half_life_ms, mode, projects, steps, defrag)| {
+            RawCase { models, nodes, classes, half_life_ms, mode, projects, steps, defrag }
         })
 }
 
@@ -370,6 +477,7 @@ fn build(raw: &RawCase) -> Case {
         projects,
         fair_share_half_life_ms: raw.half_life_ms,
         preemption_mode: mode_of(raw.mode),
+        defragmentation: raw.defrag.map(|restart_cost_ms| Defragmentation { restart_cost_ms }),
     };
 
     let mut now = 0u64;
@@ -797,10 +905,16 @@ impl<'a> Checker<'a> {
         victims_seen: &mut BTreeSet<WorkloadId>,
     ) -> Result<(), String> {
         let mut reclaimed: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+        // Defragmentation victims of other projects, per (project, key), and whether the
+        // plan says every victim can restart elsewhere at once.
+        let mut moved: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut all_replaceable = true;
         let mut own_victims = 0u64;
         let mut claim: Option<(String, String, WorkloadId)> = None;
         for d in plan {
-            let Decision::Preempt { victim, for_workload, reason, .. } = d else { unreachable!() };
+            let Decision::Preempt { victim, for_workload, reason, mode, .. } = d else {
+                unreachable!()
+            };
             if !victims_seen.insert(*victim) {
                 return Err(format!("{victim} pre-empted twice in one cycle"));
             }
@@ -874,6 +988,22 @@ impl<'a> Checker<'a> {
                     reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
                     claim = Some((c.project.clone(), vkey.clone(), *for_workload));
                 }
+                PreemptReason::Defragment { replaceable, .. } => {
+                    // Never a higher priority, never a delete.
+                    if v.priority > c.priority {
+                        return Err(format!(
+                            "defragmentation moves {victim} ({}) for {for_workload} ({})",
+                            v.priority, c.priority
+                        ));
+                    }
+                    if *mode == PreemptionMode::Delete {
+                        return Err(format!("defragmentation deletes {victim}"));
+                    }
+                    all_replaceable &= *replaceable;
+                    if v.project != c.project {
+                        *moved.entry((v.project.clone(), vkey.clone())).or_default() += vshares.0;
+                    }
+                }
             }
         }
         // The borrower still borrowed when its last victim was chosen.
@@ -885,6 +1015,18 @@ impl<'a> Checker<'a> {
             if committed.saturating_sub(all) + largest <= guaranteed {
                 return Err(format!(
                     "reclaimed {shares:?} from {project} {key}: lasting usage {committed} of guarantee {guaranteed}"
+                ));
+            }
+        }
+        // Defragmentation never leaves another project below its guarantee, unless every
+        // victim can restart elsewhere at once.
+        for ((project, key), shares) in &moved {
+            let committed = self.committed(lasting, project, key, WorkloadId(u64::MAX));
+            let guaranteed = self.lines[project][key].guaranteed.0;
+            if committed.saturating_sub(*shares) < guaranteed && !all_replaceable {
+                return Err(format!(
+                    "defragmentation takes {shares} from {project} {key} (lasting {committed}, \
+                     guarantee {guaranteed}) without re-placing it"
                 ));
             }
         }
@@ -935,6 +1077,185 @@ proptest! {
         let case = build(&raw);
         if let Err(e) = check_case(&case) {
             prop_assert!(false, "{}\ncase: {:#?}", e, case);
+        }
+    }
+}
+
+// ----- gangs: an empty node of the right shape is always used ---------------------------------
+
+/// One node: (model 0..2, devices, island split, rack, pool, CPU cores).
+type RawGangNode = (u8, u8, u8, Option<u8>, Option<u8>, u64);
+/// One workload of the running mix: (whole GPUs or shares, members, layout 0..3, CPU cores).
+type RawMixItem = (Result<u32, u32>, u32, u8, u64);
+
+fn layout_flags(layout: u8) -> (bool, bool) {
+    match layout % 3 {
+        0 => (false, false),
+        1 => (true, false),
+        _ => (false, true),
+    }
+}
+
+/// Random cluster (racks, pools, islands), a running mix settled on it, one node emptied by
+/// finishing everything on it, then a gang that fits that node alone: the next cycle admits
+/// it, whatever its layout (required or preferred same node, or spread). The audit holds after
+/// every step.
+fn check_gang_uses_empty_node(
+    nodes: &[RawGangNode],
+    mix: &[RawMixItem],
+    empty: usize,
+    gang: (u32, u32, u8, u64, bool),
+) -> Result<(), String> {
+    let specs: Vec<NodeSpec> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, &(model, devices, split, rack, pool, cpu))| NodeSpec {
+            name: format!("n{i}"),
+            cpu_millis: cpu * 1000,
+            memory_mib: 1 << 20,
+            labels: BTreeMap::new(),
+            pool: pool.map(|p| format!("p{p}")),
+            rack: rack.map(|r| format!("r{r}")),
+            devices: (0..devices)
+                .map(|d| DeviceSpec {
+                    model: model_name(model),
+                    memory_mib: 81920,
+                    island: u32::from(d < split),
+                    mig: false,
+                })
+                .collect(),
+        })
+        .collect();
+    let policy = PolicySpec {
+        priority_classes: vec![
+            PriorityClassSpec { name: "mix".into(), value: 0, preemptible: true },
+            PriorityClassSpec { name: "gang".into(), value: 100, preemptible: false },
+        ],
+        default_priority_class: "mix".into(),
+        projects: vec![ProjectSpec {
+            name: "p".into(),
+            cohort: None,
+            department: None,
+            quotas: vec![QuotaSpec {
+                model: QuotaModel::Any,
+                guaranteed: Shares(1_000_000),
+                borrow_limit: None,
+                lend_limit: None,
+            }],
+            weight_milli: 1000,
+            queueing: Queueing::BestEffortFifo,
+            preemption_mode: None,
+        }],
+        fair_share_half_life_ms: 0,
+        preemption_mode: PreemptionMode::Suspend,
+        defragmentation: None,
+    };
+    let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
+    let mut id = 0u64;
+    for &(gpus, members, layout, cpu) in mix {
+        id += 1;
+        let request = match gpus {
+            Ok(k) => GpuRequest::Whole(k),
+            Err(s) => GpuRequest::Shares(s),
+        };
+        let mut spec = WorkloadSpec::new(id, &format!("m{id}"), "p", request);
+        spec.members = members;
+        (spec.same_node, spec.prefer_same_node) = layout_flags(layout);
+        spec.cpu_millis_per_member = cpu * 1000;
+        engine.apply(Timestamp(0), Event::WorkloadSubmitted(spec));
+    }
+    for round in 0..4 {
+        let decisions = engine.decide(Timestamp(round));
+        for d in &decisions {
+            if let Decision::Admit { workload, .. } = d {
+                engine.apply(Timestamp(round), Event::AllocationStarted { workload: *workload });
+            }
+        }
+        engine.audit().map_err(|e| format!("mix round {round}: {e}"))?;
+    }
+    // Empty node `empty`: finish everything with a member there.
+    let target = allot_core::NodeId(empty as u32);
+    let on_target: Vec<WorkloadId> = engine
+        .workload_ids()
+        .filter(|&w| {
+            engine.placement(w).is_some_and(|p| p.members.iter().any(|m| m.node == target))
+        })
+        .collect();
+    for w in on_target {
+        engine.apply(Timestamp(10), Event::WorkloadFinished { workload: w });
+    }
+    engine.audit()?;
+
+    let (model, devices, _, _, _, cpu_cores) = nodes[empty];
+    let (members, per, layout, cpu, whole) = gang;
+    let members = members.clamp(1, u32::from(devices).max(1));
+    let request = if whole {
+        GpuRequest::Whole(
+            (per % u32::from(devices)).max(1).min(u32::from(devices) / members).max(1),
+        )
+    } else {
+        GpuRequest::Shares(per.clamp(1, 999))
+    };
+    // Shapes that do not fit the empty node are out of scope.
+    let fits_gpus = match request {
+        GpuRequest::Whole(k) => k * members <= u32::from(devices),
+        GpuRequest::Shares(s) => members <= u32::from(devices) * (1000 / s),
+        GpuRequest::Mig(_) => false,
+    };
+    let cpu = cpu.min(cpu_cores / u64::from(members));
+    if !fits_gpus || devices == 0 {
+        return Ok(());
+    }
+    let gang_id = WorkloadId(id + 1);
+    let mut spec = WorkloadSpec::new(gang_id.0, "gang", "p", request);
+    spec.members = members;
+    spec.priority_class = Some("gang".into());
+    spec.gpu_models = vec![model_name(model)];
+    (spec.same_node, spec.prefer_same_node) = layout_flags(layout);
+    spec.cpu_millis_per_member = cpu * 1000;
+    let shown = format!("{spec:?}");
+    engine.apply(Timestamp(20), Event::WorkloadSubmitted(spec));
+    let decisions = engine.decide(Timestamp(20));
+    engine.audit()?;
+    match decisions.iter().find(|d| d.workload() == gang_id) {
+        Some(Decision::Admit { .. }) => Ok(()),
+        other => Err(format!("gang {shown} with n{empty} empty: {other:?}")),
+    }
+}
+
+fn raw_gang_node() -> impl Strategy<Value = RawGangNode> {
+    (
+        0u8..2,
+        1u8..=8,
+        0u8..=8,
+        prop::option::weighted(0.7, 0u8..3),
+        prop::option::weighted(0.6, 0u8..2),
+        prop_oneof![Just(8u64), Just(64)],
+    )
+}
+
+fn raw_mix_item() -> impl Strategy<Value = RawMixItem> {
+    (
+        prop_oneof![3 => (1u32..=4).prop_map(Ok), 1 => (1u32..=999).prop_map(Err)],
+        prop_oneof![3 => Just(1u32), 1 => 2u32..=4],
+        0u8..3,
+        0u64..=8,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_gang_that_fits_an_empty_node_is_admitted(
+        nodes in prop::collection::vec(raw_gang_node(), 1..=10),
+        mix in prop::collection::vec(raw_mix_item(), 0..=30),
+        empty in any::<prop::sample::Index>(),
+        gang in (1u32..=4, 1u32..=999, 0u8..3, 0u64..=8, prop::bool::weighted(0.8)),
+    ) {
+        let empty = empty.index(nodes.len());
+        if let Err(e) = check_gang_uses_empty_node(&nodes, &mix, empty, gang) {
+            prop_assert!(false, "{}", e);
         }
     }
 }

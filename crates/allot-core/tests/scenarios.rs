@@ -10,9 +10,11 @@
 //! default CLASS                        # default priority class (first class if absent)
 //! half-life MS                         # fair-share half-life (default 0)
 //! mode suspend|requeue|delete          # default pre-emption mode
+//! defrag [restart=MS]                  # defragmentation on (restart cost per GPU, default 2 min)
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
-//! submit NAME PROJECT gpus=N|0.5|3g.40gb [members=N] [class=C] [models=A|B] [same-node]
+//! submit NAME PROJECT gpus=N|0.5|3g.40gb [members=N] [class=C] [models=A|B]
+//!              [same-node|prefer-same-node]
 //!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
 //!              [checkpoint=GRACE_MS] [deadline=MS] at=MS
 //! start|fail|stop|finish|cancel|checkpoint NAME|id:N at=MS  # id:N: a raw id, maybe unknown
@@ -34,9 +36,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use allot_core::{
-    Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, MigProfile, NodeSpec,
-    PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
-    Shares, Timestamp, WorkloadId, WorkloadSpec,
+    Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest, MigProfile,
+    NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel,
+    QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -96,6 +98,7 @@ struct Setup {
     half_life_ms: u64,
     mode: PreemptionMode,
     projects: Vec<ProjectSpec>,
+    defrag: Option<Defragmentation>,
 }
 
 struct Run {
@@ -115,8 +118,10 @@ fn run(script: &str) -> Result<String, String> {
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         let ctx = |e: String| format!("line {}: {e}: {raw}", n + 1);
-        let is_setup =
-            matches!(words[0], "node" | "class" | "default" | "half-life" | "mode" | "project");
+        let is_setup = matches!(
+            words[0],
+            "node" | "class" | "default" | "half-life" | "mode" | "project" | "defrag"
+        );
         if is_setup {
             if state.is_some() {
                 return Err(ctx("setup lines must come before events".into()));
@@ -199,6 +204,13 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
         }
         "half-life" => setup.half_life_ms = num(words.get(1).ok_or("half-life needs ms")?)?,
         "mode" => setup.mode = mode(words.get(1).ok_or("mode needs a value")?)?,
+        "defrag" => {
+            setup.defrag = Some(Defragmentation {
+                restart_cost_ms: args
+                    .get("restart")
+                    .map_or(Ok(Defragmentation::DEFAULT_RESTART_COST_MS), |r| num(r))?,
+            })
+        }
         "project" => {
             let mut quotas: BTreeMap<String, QuotaSpec> = BTreeMap::new();
             for (field, slot) in [("quota", 0), ("borrow", 1), ("lend", 2)] {
@@ -266,6 +278,7 @@ fn build(setup: &Setup) -> Result<Run, String> {
         projects: setup.projects.clone(),
         fair_share_half_life_ms: setup.half_life_ms,
         preemption_mode: setup.mode,
+        defragmentation: setup.defrag,
     };
     let engine = Engine::new(&setup.nodes, &policy).map_err(|e| e.to_string())?;
     Ok(Run { engine, ids: BTreeMap::new(), next_id: 1, out: String::new() })
@@ -309,6 +322,7 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
                 .map(|m| m.split('|').map(String::from).collect())
                 .unwrap_or_default();
             spec.same_node = flag(words, "same-node");
+            spec.prefer_same_node = flag(words, "prefer-same-node");
             spec.cpu_millis_per_member = args.get("cpu").map_or(Ok(0), |c| num(c))? * 1000;
             spec.memory_mib_per_member = args.get("mem").map_or(Ok(0), |m| num(m))? * 1024;
             spec.min_runtime_ms = args.get("min-runtime").map_or(Ok(0), |m| num(m))?;

@@ -510,6 +510,7 @@ impl Sim<'_> {
             cpu_millis_per_member: j.cpu_milli,
             memory_mib_per_member: j.memory_mib,
             same_node: false,
+            prefer_same_node: false,
             preemptible: None,
             checkpointing: s.checkpoint_interval_s.map(|_| Checkpointing {
                 grace_ms: ms(self.config.checkpoint_grace_s),

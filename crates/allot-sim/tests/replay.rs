@@ -63,6 +63,7 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
         projects: vec![project("a", gpus), project("b", gpus)],
         fair_share_half_life_ms: 0,
         preemption_mode: mode,
+        defragmentation: None,
     }
 }
 

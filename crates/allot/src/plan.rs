@@ -227,6 +227,7 @@ fn reason_code(d: &Decision) -> &'static str {
         Decision::Preempt { reason, .. } => match reason {
             PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
             PreemptReason::Priority { .. } => "priority",
+            PreemptReason::Defragment { .. } => "defragment",
         },
         Decision::Stop { reason, .. } => match reason {
             StopReason::Cancelled => "cancelled",
@@ -280,10 +281,28 @@ fn decision_json(engine: &Engine, d: &Decision) -> Value {
                 })
                 .collect();
         }
-        Decision::Preempt { for_workload, mode, checkpoint_grace_ms, .. } => {
+        Decision::Preempt { for_workload, mode, checkpoint_grace_ms, reason, .. } => {
             v["for_workload"] = json!(name(engine, *for_workload));
             v["mode"] = json!(mode.as_str());
             v["checkpoint_grace_ms"] = json!(checkpoint_grace_ms);
+            if let PreemptReason::Defragment {
+                model,
+                node,
+                frees_block,
+                gain_gpu_ms,
+                cost_gpu_ms,
+                replaceable,
+            } = reason
+            {
+                v["defragment"] = json!({
+                    "gpu_model": engine.model_name(*model),
+                    "node": engine.node_name(*node),
+                    "frees_block": frees_block,
+                    "gain_gpu_ms": gain_gpu_ms,
+                    "cost_gpu_ms": cost_gpu_ms,
+                    "replaceable": replaceable,
+                });
+            }
         }
         _ => {}
     }

@@ -1,0 +1,376 @@
+//! Defragmentation: the arbiter's third kind of plan (after priority and quota reclaim).
+//!
+//! A pending workload of whole GPUs that passes quota but finds no placement, while at least
+//! as many whole GPUs of the model are free in total as it asks, is blocked by fragmentation,
+//! not by capacity. The arbiter then looks for the cheapest set of running work to move out
+//! of its way — same victim order (`victim_key`), same what-if (`lift`/`unlift`), same
+//! minimisation and the same `Preempt` decisions as priority pre-emption — under these rules:
+//!
+//! - candidates run on the model, are preemptible, past their min runtime, of priority at most
+//!   the claimant's (a lower priority never pushes out a higher one), and their project's
+//!   pre-emption mode is `suspend` or `requeue` (a move, never a delete);
+//! - per target node (the nodes holding candidates, cheapest estimate first, at most
+//!   `DEFRAG_TARGETS_MAX`), the candidates on that node go first, then the rest, each in victim
+//!   order, until the claimant fits; then every victim but the last is put back if it still
+//!   fits; the cheapest resulting plan wins (cost, then fewer victims, then node id);
+//! - **cost** (GPU-ms) of a victim = its GPUs × (time since its last checkpoint if it is
+//!   checkpointable, else since it started) + its GPUs × the policy's `restart_cost_ms`;
+//!   **gain** (GPU-ms) = the claimant's GPUs × the time it has waited since it last became
+//!   pending (submitted, or requeued after a stop);
+//! - a plan is carried out only when every victim can be re-placed elsewhere at once (after
+//!   the claimant takes its room; each victim in turn on a model it accepts, within its
+//!   quota) or the gain exceeds the cost — and a plan that would leave another project below
+//!   its guarantee only when all victims can be re-placed (moving is allowed, shrinking a
+//!   guarantee is not);
+//! - it runs after the priority/reclaim arbiter found nothing, and, like it, not again in the
+//!   same cycle for a request shape that already failed.
+
+use std::collections::BTreeSet;
+
+use super::{Engine, Stage, VictimKey, WorkloadState};
+use crate::capacity::Layout;
+use crate::decision::{Placement, PreemptReason, QuotaKey};
+use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::model::{Defragmentation, GpuRequest, PreemptionMode};
+
+/// Most target nodes a defragmentation plan is tried for, per workload and model.
+const DEFRAG_TARGETS_MAX: usize = 8;
+
+/// A plan, the arbiter's victims with their reasons, and the room the claimant will take.
+pub(crate) type PlannedDefrag = (DefragPlan, Vec<(WorkloadId, PreemptReason)>, Placement);
+
+/// A defragmentation plan: who moves, what it frees, and the books behind the choice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DefragPlan {
+    pub model: ModelId,
+    /// The node the plan targets and the whole free devices of the model it has once the
+    /// victims are gone.
+    pub node: NodeId,
+    pub frees_block: u32,
+    pub victims: Vec<DefragVictim>,
+    /// GPU-ms the claimant has waited (its GPUs × time queued).
+    pub gain_gpu_ms: u64,
+    /// GPU-ms lost by the victims plus their restart cost.
+    pub cost_gpu_ms: u64,
+    /// Every victim can be placed elsewhere at once.
+    pub replaceable: bool,
+    /// A victim belongs to another project that is within its guarantee.
+    pub touches_guarantee: bool,
+}
+
+impl DefragPlan {
+    /// Whether the rules let the engine carry it out (module docs).
+    pub fn allowed(&self) -> bool {
+        self.replaceable || (!self.touches_guarantee && self.gain_gpu_ms > self.cost_gpu_ms)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DefragVictim {
+    pub workload: WorkloadId,
+    /// What it holds, in shares.
+    pub held: Shares,
+    /// Time since its last checkpoint; `None` when it is not checkpointable or never saved.
+    pub checkpoint_age_ms: Option<u64>,
+    /// Its cost in the plan: lost GPU-ms plus restart.
+    pub cost_gpu_ms: u64,
+}
+
+impl Engine {
+    /// Whether `id` is blocked on `m` by fragmentation alone: whole GPUs asked, at least two,
+    /// and at least that many whole GPUs of `m` free in the cluster.
+    pub(crate) fn fragmented_for(&self, id: WorkloadId, m: ModelId) -> bool {
+        let Some(w) = self.workloads.get(&id) else { return false };
+        let GpuRequest::Whole(k) = w.spec.gpus_per_member else { return false };
+        let need = u64::from(k) * u64::from(w.spec.members);
+        need >= 2 && self.capacity.free_whole.get(m.0 as usize).is_some_and(|&f| f >= need)
+    }
+
+    /// Plans the cheapest defragmentation for `id` on model `m` (charged to `key`), allowed
+    /// or not (`DefragPlan::allowed`); `None` when no set of candidates makes room. The state
+    /// is unchanged on return.
+    pub(crate) fn plan_defrag(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        m: ModelId,
+        key: QuotaKey,
+        policy: Defragmentation,
+    ) -> Option<PlannedDefrag> {
+        if !self.fragmented_for(id, m) {
+            return None;
+        }
+        let w = self.workloads.get(&id)?;
+        let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
+        let (shape, members) = (w.shape(), w.spec.members);
+        let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
+        let GpuRequest::Whole(k) = shape.gpus else { return None };
+        let block_needed = if layout == Layout::SameNode { k.saturating_mul(members) } else { k };
+        let gain = total.0.saturating_mul(now.since(w.pending_since)) / SHARES_PER_GPU;
+        let (cpu, mem) = (shape.cpu, shape.mem);
+
+        // Candidates, in victim order, with their cost.
+        let mut candidates: Vec<(VictimKey, u64)> = Vec::new();
+        for running in &self.running {
+            for &v in running {
+                let Some(vw) = self.workloads.get(&v) else { continue };
+                if v != id && self.defrag_candidate(now, vw, m, priority) {
+                    let cost = defrag_cost(now, vw, policy);
+                    candidates.push((self.victim_key(now, vw, 0), cost));
+                }
+            }
+        }
+        candidates.sort();
+        if candidates.is_empty() {
+            return None;
+        }
+
+        // Target nodes by an estimate: the victim-order prefix on the node that frees the block.
+        let mut on_node: std::collections::BTreeMap<NodeId, Vec<usize>> = Default::default();
+        for (i, (k, _)) in candidates.iter().enumerate() {
+            let nodes: BTreeSet<NodeId> = self
+                .workloads
+                .get(&k.4)
+                .and_then(|v| v.allocation.as_ref())
+                .map(|a| a.placement.members.iter().map(|mp| mp.node).collect())
+                .unwrap_or_default();
+            for n in nodes {
+                on_node.entry(n).or_default().push(i);
+            }
+        }
+        let mut targets: Vec<(u64, NodeId)> = Vec::new();
+        for (&n, idx) in &on_node {
+            let mut have = self.capacity.nodes[n.0 as usize].whole_free(m);
+            let mut est = 0u64;
+            for &i in idx {
+                if have >= block_needed {
+                    break;
+                }
+                have += self.devices_held_on(candidates[i].0.4, n);
+                est = est.saturating_add(candidates[i].1);
+            }
+            if have >= block_needed {
+                targets.push((est, n));
+            }
+        }
+        targets.sort();
+
+        let fits = |engine: &mut Engine| -> bool {
+            engine.quota.view(project, key).is_some_and(|v| v.available >= total)
+                && engine.capacity.can_place(Some(m), shape, members, layout)
+        };
+        let mut best: Option<(DefragPlan, Vec<WorkloadId>, Placement)> = None;
+        for &(_, target) in targets.iter().take(DEFRAG_TARGETS_MAX) {
+            let mut order: Vec<usize> = on_node.get(&target).cloned().unwrap_or_default();
+            let first: BTreeSet<usize> = order.iter().copied().collect();
+            order.extend((0..candidates.len()).filter(|i| !first.contains(i)));
+            let mut removed: Vec<usize> = Vec::new();
+            let mut fit = false;
+            for i in order {
+                self.lift(candidates[i].0.4);
+                removed.push(i);
+                if fits(self) {
+                    fit = true;
+                    break;
+                }
+            }
+            let mut kept_out = vec![true; removed.len()];
+            if fit && removed.len() > 1 {
+                for j in (0..removed.len() - 1).rev() {
+                    self.unlift(candidates[removed[j]].0.4);
+                    if fits(self) {
+                        kept_out[j] = false;
+                    } else {
+                        self.lift(candidates[removed[j]].0.4);
+                    }
+                }
+            }
+            let victims: Vec<usize> =
+                removed.iter().zip(&kept_out).filter(|(_, k)| **k).map(|(&i, _)| i).collect();
+            let placement =
+                if fit { self.capacity.find(Some(m), shape, members, layout) } else { None };
+            let plan = placement.as_ref().map(|placement| {
+                let ids: Vec<WorkloadId> = victims.iter().map(|&i| candidates[i].0.4).collect();
+                let node = placement
+                    .members
+                    .iter()
+                    .map(|mp| mp.node)
+                    .find(|n| ids.iter().any(|&v| self.devices_held_on(v, *n) > 0))
+                    .unwrap_or(target);
+                let frees_block = self.capacity.nodes[node.0 as usize].whole_free(m);
+                let touches_guarantee = ids.iter().any(|v| {
+                    self.workloads.get(v).is_some_and(|vw| {
+                        vw.project != project
+                            && vw.allocation.as_ref().and_then(|a| a.key).is_some_and(|vk| {
+                                // Lifted now: below its guarantee once the victims are gone.
+                                self.quota.line(vw.project, vk).is_some_and(|l| {
+                                    self.committed(vw.project, vk, id) < l.guaranteed
+                                })
+                            })
+                    })
+                });
+                let claimant = (project, key, total, cpu, mem);
+                let replaceable = self.victims_replaceable(&ids, claimant, placement);
+                let victims_out: Vec<DefragVictim> = victims
+                    .iter()
+                    .map(|&i| {
+                        let v = candidates[i].0.4;
+                        let vw = &self.workloads[&v];
+                        DefragVictim {
+                            workload: v,
+                            held: vw.spec.total_shares(),
+                            checkpoint_age_ms: vw
+                                .spec
+                                .checkpointing
+                                .and(vw.last_checkpoint_at)
+                                .map(|c| now.since(c)),
+                            cost_gpu_ms: candidates[i].1,
+                        }
+                    })
+                    .collect();
+                let cost =
+                    victims_out.iter().map(|v| v.cost_gpu_ms).fold(0u64, u64::saturating_add);
+                (
+                    DefragPlan {
+                        model: m,
+                        node,
+                        frees_block,
+                        victims: victims_out,
+                        gain_gpu_ms: gain,
+                        cost_gpu_ms: cost,
+                        replaceable,
+                        touches_guarantee,
+                    },
+                    ids,
+                    placement.clone(),
+                )
+            });
+            for &i in removed.iter().zip(&kept_out).filter(|(_, k)| **k).map(|(i, _)| i) {
+                self.unlift(candidates[i].0.4);
+            }
+            if let Some(plan) = plan {
+                let better = best.as_ref().is_none_or(|(b, _, _)| {
+                    (!plan.0.allowed(), plan.0.cost_gpu_ms, plan.0.victims.len(), plan.0.node)
+                        < (!b.allowed(), b.cost_gpu_ms, b.victims.len(), b.node)
+                });
+                if better {
+                    best = Some(plan);
+                }
+            }
+        }
+        let (plan, ids, placement) = best?;
+        let reasons = ids
+            .into_iter()
+            .map(|v| {
+                (
+                    v,
+                    PreemptReason::Defragment {
+                        model: plan.model,
+                        node: plan.node,
+                        frees_block: plan.frees_block,
+                        gain_gpu_ms: plan.gain_gpu_ms,
+                        cost_gpu_ms: plan.cost_gpu_ms,
+                        replaceable: plan.replaceable,
+                    },
+                )
+            })
+            .collect();
+        Some((plan, reasons, placement))
+    }
+
+    fn defrag_candidate(
+        &self,
+        now: Timestamp,
+        v: &WorkloadState,
+        m: ModelId,
+        priority: i32,
+    ) -> bool {
+        v.stage == Stage::Running
+            && v.preemptible
+            && v.priority <= priority
+            && self.projects[v.project.0 as usize].mode != PreemptionMode::Delete
+            && v.allocation.as_ref().is_some_and(|a| {
+                a.placement.model == Some(m)
+                    && a.started_at.is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)
+            })
+    }
+
+    /// Whole devices `v` holds on `node`.
+    fn devices_held_on(&self, v: WorkloadId, node: NodeId) -> u32 {
+        self.workloads.get(&v).and_then(|w| w.allocation.as_ref()).map_or(0, |a| {
+            a.placement
+                .members
+                .iter()
+                .filter(|mp| mp.node == node)
+                .map(|mp| {
+                    mp.devices.iter().filter(|d| u64::from(d.shares) == SHARES_PER_GPU).count()
+                        as u32
+                })
+                .sum()
+        })
+    }
+
+    /// With the victims lifted: after the claimant takes `placement` (and its quota), can
+    /// every victim, one by one, be placed again on a model it accepts, within quota? The
+    /// state is unchanged on return.
+    fn victims_replaceable(
+        &mut self,
+        victims: &[WorkloadId],
+        claimant: (ProjectId, QuotaKey, Shares, u64, u64),
+        placement: &Placement,
+    ) -> bool {
+        let (project, key, total, ccpu, cmem) = claimant;
+        self.capacity.take(placement, ccpu, cmem);
+        self.quota.charge(project, key, total);
+        let mut undo: Vec<(Placement, u64, u64, ProjectId, QuotaKey, Shares)> = Vec::new();
+        let mut all = true;
+        for &v in victims {
+            let Some(vw) = self.workloads.get(&v) else {
+                all = false;
+                break;
+            };
+            let (vp, shape, members, vtotal) =
+                (vw.project, vw.shape(), vw.spec.members, vw.spec.total_shares());
+            let layout = Layout::of(vw.spec.same_node, vw.spec.prefer_same_node);
+            let models: Vec<ModelId> = self.candidate_models(vw).to_vec();
+            let mut placed = false;
+            for vm in models {
+                let Some(vk) = self.quota.resolve(vp, QuotaKey::Model(vm)) else { continue };
+                if self.quota.view(vp, vk).is_none_or(|q| q.available < vtotal) {
+                    continue;
+                }
+                if let Some(p) = self.capacity.find(Some(vm), shape, members, layout) {
+                    self.capacity.take(&p, shape.cpu, shape.mem);
+                    self.quota.charge(vp, vk, vtotal);
+                    undo.push((p, shape.cpu, shape.mem, vp, vk, vtotal));
+                    placed = true;
+                    break;
+                }
+            }
+            if !placed {
+                all = false;
+                break;
+            }
+        }
+        for (p, cpu, mem, vp, vk, vtotal) in undo.into_iter().rev() {
+            self.quota.release(vp, vk, vtotal);
+            self.capacity.give(&p, cpu, mem);
+        }
+        self.quota.release(project, key, total);
+        self.capacity.give(placement, ccpu, cmem);
+        all
+    }
+}
+
+/// A victim's cost in GPU-ms: work lost since its last checkpoint (since its start when it is
+/// not checkpointable) plus the restart cost, both per GPU it holds.
+fn defrag_cost(now: Timestamp, v: &WorkloadState, policy: Defragmentation) -> u64 {
+    let shares = v.spec.total_shares().0;
+    let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
+    let since = if v.spec.checkpointing.is_some() {
+        v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started)
+    } else {
+        started
+    };
+    shares.saturating_mul(now.since(since).saturating_add(policy.restart_cost_ms)) / SHARES_PER_GPU
+}

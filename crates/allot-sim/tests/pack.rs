@@ -152,6 +152,7 @@ fn degenerate_clusters_are_refused_or_packed_without_trouble() {
 /// pod list (10-seed means, the paper's seeds). Every list and policy is a full run, so the
 /// test is in the slow tier (`ALLOT_SLOW_TESTS=1`; `.ci/run` runs it in release mode).
 #[test]
+#[allow(clippy::print_stderr)] // the figures belong in CI's log
 fn allot_allocates_more_than_fgd_on_every_shared_pod_list() {
     if std::env::var_os("ALLOT_SLOW_TESTS").is_none() {
         return;

@@ -130,7 +130,15 @@ pub(crate) struct Capacity {
     max_mig_devices_per_node: Vec<u32>,
     /// Racks and pools with their free capacity, for gang spread (`topology.rs`).
     pub domains: Domains,
+    /// The demand's CPU per whole GPU (millicores per 1000 shares), from what was submitted;
+    /// 0 until a GPU workload asks CPU. Placement uses it to avoid stranding GPUs on a node
+    /// whose CPU is gone (the `allot` packing policy's term, `packing::TargetMix::cpu_stranded`).
+    pub cpu_per_gpu: u64,
 }
+
+/// How many best-fit candidates placement weighs by CPU stranding: enough to step past a
+/// node whose CPU the request would exhaust, few enough to keep placement O(log n).
+const STRANDING_SHORTLIST: usize = 8;
 
 impl Capacity {
     pub fn new(nodes: Vec<NodeCap>, model_count: usize) -> Capacity {
@@ -145,6 +153,7 @@ impl Capacity {
             mig_gpu: vec![None; model_count],
             max_mig_devices_per_node: vec![0; model_count],
             domains: Domains::default(),
+            cpu_per_gpu: 0,
         };
         cap.index_mig_devices();
         for (n, node) in cap.nodes.iter().enumerate() {
@@ -504,27 +513,71 @@ impl Capacity {
         ok.then_some(partial)
     }
 
+    /// GPU shares on `node` that the demand could not feed with CPU if the node had `cpu_free`
+    /// millicores and `gpu_free` shares free: those beyond `cpu_free` / `cpu_per_gpu` GPUs.
+    fn cpu_stranded(&self, cpu_free: u64, gpu_free: u64) -> u64 {
+        if self.cpu_per_gpu == 0 {
+            return 0;
+        }
+        let fed = u128::from(cpu_free) * u128::from(SHARES_PER_GPU) / u128::from(self.cpu_per_gpu);
+        u64::try_from(u128::from(gpu_free).saturating_sub(fed)).unwrap_or(u64::MAX)
+    }
+
+    /// How many GPU shares taking `cpu` millicores and `shares` GPU shares on `node` would
+    /// newly strand (see [`Capacity::cpu_stranded`]).
+    fn stranding_growth(&self, node: NodeId, cpu: u64, shares: u64) -> u64 {
+        let n = &self.nodes[node.0 as usize];
+        let gpu_free: u64 = n.devices.iter().map(|d| u64::from(d.free)).sum();
+        let before = self.cpu_stranded(n.free_cpu, gpu_free);
+        let after =
+            self.cpu_stranded(n.free_cpu.saturating_sub(cpu), gpu_free.saturating_sub(shares));
+        after.saturating_sub(before)
+    }
+
+    /// Of the first host-fitting best-fit candidates, the one that strands the fewest GPU
+    /// shares (the earliest, i.e. the tightest, among equals). With no CPU in the demand every
+    /// growth is 0 and this is plain best fit.
+    fn least_stranding<T: Copy>(
+        &self,
+        candidates: impl Iterator<Item = (NodeId, T)>,
+        shape: MemberShape,
+        shares: u64,
+    ) -> Option<(NodeId, T)> {
+        let mut best: Option<(u64, NodeId, T)> = None;
+        for (node, extra) in candidates
+            .filter(|&(node, _)| self.nodes[node.0 as usize].fits_host(shape.cpu, shape.mem))
+            .take(STRANDING_SHORTLIST)
+        {
+            let growth = self.stranding_growth(node, shape.cpu, shares);
+            if best.is_none_or(|(g, _, _)| growth < g) {
+                best = Some((growth, node, extra));
+            }
+            if growth == 0 {
+                break;
+            }
+        }
+        best.map(|(_, node, extra)| (node, extra))
+    }
+
     fn find_member(&self, model: Option<ModelId>, shape: MemberShape) -> Option<MemberPlacement> {
         match (model, shape.gpus) {
             (None, _) | (_, GpuRequest::Whole(0)) => self.find_host_only(shape.cpu, shape.mem),
             (Some(model), GpuRequest::Whole(k)) => {
                 let index = self.whole_index.get(model.0 as usize)?;
-                index.range((k, NodeId(0))..).find_map(|&(_, node_id)| {
-                    let node = &self.nodes[node_id.0 as usize];
-                    node.fits_host(shape.cpu, shape.mem).then(|| MemberPlacement {
-                        node: node_id,
-                        devices: pick_whole_devices(node, model, k),
-                    })
-                })
+                let candidates = index.range((k, NodeId(0))..).map(|&(_, node)| (node, ()));
+                let shares = u64::from(k) * SHARES_PER_GPU;
+                let (node_id, ()) = self.least_stranding(candidates, shape, shares)?;
+                let node = &self.nodes[node_id.0 as usize];
+                Some(MemberPlacement { node: node_id, devices: pick_whole_devices(node, model, k) })
             }
             (Some(model), GpuRequest::Shares(s)) => {
                 let index = self.share_index.get(model.0 as usize)?;
-                index.range((s, NodeId(0), 0)..).find_map(|&(_, node_id, device)| {
-                    let node = &self.nodes[node_id.0 as usize];
-                    node.fits_host(shape.cpu, shape.mem).then(|| MemberPlacement {
-                        node: node_id,
-                        devices: vec![DeviceShare { device, shares: s, mig: None }],
-                    })
+                let candidates =
+                    index.range((s, NodeId(0), 0)..).map(|&(_, node, device)| (node, device));
+                let (node, device) = self.least_stranding(candidates, shape, u64::from(s))?;
+                Some(MemberPlacement {
+                    node,
+                    devices: vec![DeviceShare { device, shares: s, mig: None }],
                 })
             }
             (Some(model), GpuRequest::Mig(profile)) => {
@@ -534,12 +587,13 @@ impl Capacity {
     }
 
     fn find_host_only(&self, cpu: u64, mem: u64) -> Option<MemberPlacement> {
-        // Tightest node by free CPU; CPU-only workloads are rare, so a scan is acceptable.
+        // The node where the CPU taken strands the fewest GPU shares, then the tightest by
+        // free CPU; CPU-only workloads are rare, so a scan is acceptable.
         self.nodes
             .iter()
             .enumerate()
             .filter(|(_, n)| n.fits_host(cpu, mem))
-            .min_by_key(|(i, n)| (n.free_cpu, *i))
+            .min_by_key(|(i, n)| (self.stranding_growth(NodeId(*i as u32), cpu, 0), n.free_cpu, *i))
             .map(|(i, _)| MemberPlacement { node: NodeId(i as u32), devices: Vec::new() })
     }
 

@@ -248,7 +248,14 @@ pub struct Engine {
     /// (end time, workload) for running workloads with a max runtime.
     deadlines: BTreeSet<(Timestamp, WorkloadId)>,
     clock: Timestamp,
+    /// Recent GPU demand, (CPU millicores, GPU shares), each decayed by 1/1024 per GPU
+    /// submission: its ratio is the CPU per GPU placement keeps for free GPUs
+    /// (`Capacity::cpu_per_gpu`).
+    recent_demand: (u64, u64),
 }
+
+/// Decay of `recent_demand` per GPU submission: about the last thousand count.
+const DEMAND_DECAY: u64 = 1024;
 
 impl Engine {
     /// Builds an engine over a cluster and a policy, checking what the core itself relies on.
@@ -430,6 +437,7 @@ impl Engine {
             stop_requests: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             clock: Timestamp(0),
+            recent_demand: (0, 0),
         })
     }
 
@@ -748,6 +756,7 @@ impl Engine {
             self.rejected.push((id, spec.name.clone(), RejectReason::InvalidRequest { detail }));
             return;
         }
+        self.note_demand(&spec);
         let class_spec = &self.classes[class];
         let preemptible = class_spec.preemptible && spec.preemptible != Some(false);
         let state = WorkloadState {
@@ -767,6 +776,21 @@ impl Engine {
         };
         self.queues[project.0 as usize].insert(state.queue_key());
         self.workloads.insert(id, state);
+    }
+
+    /// Fold a valid GPU submission into the recent demand and the CPU per GPU placement uses.
+    fn note_demand(&mut self, spec: &WorkloadSpec) {
+        let shares = spec.total_shares().0;
+        if shares == 0 {
+            return;
+        }
+        let cpu = spec.cpu_millis_per_member.saturating_mul(u64::from(spec.members));
+        let (c, g) = self.recent_demand;
+        let c = (c - c / DEMAND_DECAY).saturating_add(cpu);
+        let g = (g - g / DEMAND_DECAY).saturating_add(shares);
+        self.recent_demand = (c, g);
+        let ratio = u128::from(c) * u128::from(SHARES_PER_GPU) / u128::from(g.max(1));
+        self.capacity.cpu_per_gpu = u64::try_from(ratio).unwrap_or(u64::MAX);
     }
 
     fn cancel(&mut self, id: WorkloadId) {

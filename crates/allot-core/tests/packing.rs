@@ -213,12 +213,9 @@ fn clustering_prefers_nodes_hosting_the_same_shape() {
     assert_eq!(got.map(|p| p.node), Some(2));
 }
 
-#[test]
-fn fgd_keeps_whole_gpus_for_the_target_workload() {
-    // Target: half the pods want a whole GPU, half want 500 shares. A 500-share pod on node 0
-    // (two free GPUs) would leave a 500 fragment for whole-GPU pods; on node 1, whose GPU has
-    // 500 free, it fills the hole and removes fragmentation. FGD picks node 1.
-    let mix = TargetMix::new(vec![
+/// Half the pods want a whole GPU, half want 500 shares; no CPU.
+fn whole_or_half_mix() -> TargetMix {
+    TargetMix::new(vec![
         TargetClass {
             cpu_milli: 0,
             gpus: 1,
@@ -233,7 +230,15 @@ fn fgd_keeps_whole_gpus_for_the_target_workload() {
             models: ModelSet::ANY,
             popularity: 0.5,
         },
-    ]);
+    ])
+}
+
+#[test]
+fn fgd_keeps_whole_gpus_for_the_target_workload() {
+    // Target: half the pods want a whole GPU, half want 500 shares. A 500-share pod on node 0
+    // (two free GPUs) would leave a 500 fragment for whole-GPU pods; on node 1, whose GPU has
+    // 500 free, it fills the hole and removes fragmentation. FGD picks node 1.
+    let mix = whole_or_half_mix();
     let nodes = [node(64_000, &[1000, 1000]), node(64_000, &[1000, 500])];
     check(PackPolicy::Fgd, &nodes, pod(1000, 1, 500), mix.clone(), Some((1, &[1])));
     // Within node 1 it is GPU 1 (free 500 → 0), not GPU 0 (free 1000 → 500).
@@ -278,22 +283,7 @@ fn allot_keeps_cpu_where_free_gpus_need_it() {
 fn allot_is_fgd_when_cpu_is_plentiful() {
     // The FGD case above, with 64 free cores on every node and a mix that asks none: nothing
     // strands, so allot makes FGD's choices.
-    let mix = TargetMix::new(vec![
-        TargetClass {
-            cpu_milli: 0,
-            gpus: 1,
-            gpu_milli: 1000,
-            models: ModelSet::ANY,
-            popularity: 0.5,
-        },
-        TargetClass {
-            cpu_milli: 0,
-            gpus: 1,
-            gpu_milli: 500,
-            models: ModelSet::ANY,
-            popularity: 0.5,
-        },
-    ]);
+    let mix = whole_or_half_mix();
     assert_eq!(mix.cpu_stranded(0, 8_000), 0.0);
     let nodes = [node(64_000, &[1000, 1000]), node(64_000, &[1000, 500])];
     check(PackPolicy::Allot, &nodes, pod(1000, 1, 500), mix.clone(), Some((1, &[1])));

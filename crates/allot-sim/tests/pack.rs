@@ -53,20 +53,23 @@ fn the_default_pod_list_matches_its_source_notes() {
     assert!(pods.iter().any(|p| p.scheduled_time.is_none() && p.creation_time.is_some()));
 }
 
+/// The shared openb pod lists besides `default`.
+const OTHER_POD_LISTS: [&str; 10] = [
+    "cpu0",
+    "cpu037",
+    "cpu050",
+    "cpu072",
+    "cpu100",
+    "gpushare20",
+    "gpushare40",
+    "gpushare60",
+    "gpuspec05",
+    "gpuspec10",
+];
+
 #[test]
 fn every_shared_pod_list_loads() {
-    for list in [
-        "cpu0",
-        "cpu037",
-        "cpu050",
-        "cpu072",
-        "cpu100",
-        "gpushare20",
-        "gpushare40",
-        "gpushare60",
-        "gpuspec05",
-        "gpuspec10",
-    ] {
+    for list in OTHER_POD_LISTS {
         let pods = pods(list);
         assert!(pods.len() >= 7000, "{list}: {}", pods.len());
     }
@@ -159,21 +162,8 @@ fn allot_allocates_more_than_fgd_on_every_shared_pod_list() {
     }
     let gpu_nodes = nodes();
     let seeds: Vec<u64> = (42..52).collect();
-    let lists = [
-        "default",
-        "cpu0",
-        "cpu037",
-        "cpu050",
-        "cpu072",
-        "cpu100",
-        "gpushare20",
-        "gpushare40",
-        "gpushare60",
-        "gpuspec05",
-        "gpuspec10",
-    ];
     let mut lines = Vec::new();
-    for list in lists {
+    for list in std::iter::once("default").chain(OTHER_POD_LISTS) {
         let input = PackInput::new(&gpu_nodes, &pods(list)).unwrap_or_else(|e| panic!("{e}"));
         let at_end = |policy| {
             let report = pack::run(&input, policy, 1.3, &seeds);

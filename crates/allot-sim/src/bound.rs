@@ -16,30 +16,31 @@
 //! packing with them is exactly the best packing without them.
 //!
 //! # The relaxation actually solved
-//! Columns are configurations of a *relaxed* set, which contains every real configuration:
-//! - memory is not checked per column; instead each shape gets the aggregate row
-//!   Σ_c λ_tc (mem_c − M_t) ≤ 0, which every integer packing satisfies node by node;
+//! Columns are configurations of a slightly *larger* set, which contains every real one:
 //! - a column may hold more pods of a class than arrived (the class rows still cap the total);
 //! - a pod of k > 1 GPUs with m < 1000 shares counts as k independent one-GPU pieces, each with
-//!   ⌊cpu/k⌋ CPU (openb has no such pod).
+//!   ⌊cpu/k⌋ CPU and ⌊mem/k⌋ memory (openb has no such pod).
 //!
-//! So the LP optimum is ≥ the configuration LP with exact columns ≥ the best packing.
+//! CPU, memory, models and the per-GPU packing are exact. So the LP optimum is ≥ the
+//! configuration LP with exact columns ≥ the best packing.
 //!
 //! # Why the reported number is an upper bound
-//! For any prices y_p ≥ 0 (classes) and β_t ≥ 0 (memory rows), every packing's value is at most
+//! For any prices y_p ≥ 0 on the classes, every packing's value is at most
 //!
-//!   L(y, β) = Σ_p n_p·y_p + Σ_t N_t·Q_t,   Q_t = β_t·M_t + max over relaxed configurations c of
-//!   shape t of Σ_p a_pc·(g_p − y_p − β_t·mem_p)
+//!   L(y) = Σ_p n_p·y_p + Σ_t N_t·P_t(y),   P_t(y) = max over configurations c of shape t of
+//!   Σ_p a_pc·(g_p − y_p)
 //!
-//! (each node of a packing holds one configuration with mem_c ≤ M_t, and each class is used at
-//! most n_p times). The maximum is found exactly by [`price`]: per GPU, a Pareto front of
-//! (CPU used, value) over the pods that fit in 1000 shares; fronts for j GPUs by combining; the
-//! whole-GPU pods on the remaining GPUs; CPU is never rounded. Every L computed is an upper
-//! bound; the reported bound is the smallest, floored to whole shares (a packing allocates
-//! whole shares). Column generation picks the prices: y and β are the restricted master's dual
-//! (solved directly as an LP with `good_lp`/microlp), and the best configuration of each shape
-//! joins the master while its reduced cost is positive. At that point L equals the master's
-//! value, the relaxed LP's optimum.
+//! (each node of a packing holds one configuration, and each class is used at most n_p times:
+//! weak duality of the Lagrangian relaxation of the class counts). The maximum is found exactly
+//! by [`price`]: per GPU, a Pareto front of (CPU, memory, value) over the multisets of sharing
+//! pieces within 1000 shares; fronts for j GPUs by combining; whole-GPU pods on the remaining
+//! GPUs; nothing is rounded. Every L computed is an upper bound (plus a margin of
+//! [`FLOAT_MARGIN`] per node against floating-point residue); the reported bound is the smallest,
+//! floored to whole shares (a packing allocates whole shares). Column generation picks the
+//! prices: y is the restricted master's dual (the dual LP is solved directly with
+//! `good_lp`/microlp), and the best configuration of each shape joins the master while its
+//! reduced cost is positive. When none is, L equals the master's value, the LP optimum; if the
+//! round limit stops it first, the bound is still valid, only looser (`converged` says which).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -243,8 +244,7 @@ impl BoundProblem {
         let model_pct = self.model_pct()?;
         let mut columns: Vec<Column> = Vec::new();
         let mut seen: BTreeSet<(usize, Vec<(usize, u32)>)> = BTreeSet::new();
-        // Start: for every shape and class, as many pods of the class alone as fit (all limits,
-        // memory included, so the first master has a feasible, sensible solution).
+        // Start: for every shape and class, as many pods of the class alone as fit.
         for (t, shape) in self.shapes.iter().enumerate() {
             for (p, class) in self.classes.iter().enumerate() {
                 let alone = max_alone(shape, class);
@@ -256,7 +256,7 @@ impl BoundProblem {
                 }
             }
         }
-        // y = g, β = 0: every reduced weight is 0 and L is the arrived demand.
+        // y = g: every reduced weight is 0 and L is the arrived demand.
         let mut best = self.arrived_milli() as f64;
         let mut master = 0.0;
         let mut converged = false;
@@ -270,9 +270,8 @@ impl BoundProblem {
                 self.classes.iter().zip(&duals.y).map(|(c, y)| c.count as f64 * y).sum();
             let mut added = 0;
             for (t, shape) in self.shapes.iter().enumerate() {
-                let beta = duals.beta[t];
-                let priced = price(shape, &self.classes, &duals.y, beta);
-                let q = beta * shape.memory_mib as f64 + priced.value + FLOAT_MARGIN;
+                let priced = price(shape, &self.classes, &duals.y);
+                let q = priced.value + FLOAT_MARGIN;
                 bound += shape.count as f64 * q;
                 let column = Column::new(self, t, priced.counts);
                 let reduced = column.value as f64
@@ -281,8 +280,7 @@ impl BoundProblem {
                         .iter()
                         .map(|&(p, a)| column.share(self, p, a) * duals.y[p])
                         .sum::<f64>()
-                    - duals.pi[t]
-                    - beta * (column.memory - shape.memory_mib as f64);
+                    - duals.pi[t];
                 if reduced > 1e-6 * (1.0 + column.value as f64)
                     && seen.insert((t, column.counts.clone()))
                 {
@@ -312,14 +310,12 @@ impl BoundProblem {
         })
     }
 
-    /// The restricted master's dual: min Σ N_t π_t + Σ n_p y_p subject to, for every column c
-    /// of shape t, π_t + a_c·y + β_t·(mem_c − M_t) ≥ g_c; 0 ≤ y_p ≤ g_p (a price above a pod's
-    /// value never lowers L), π, β ≥ 0.
+    /// The restricted master's dual: min Σ N_t π_t + Σ n_p y_p subject to π_t + a_c·y ≥ g_c for
+    /// every column c of shape t; 0 ≤ y_p ≤ g_p (a price above a pod's value never lowers L),
+    /// π ≥ 0.
     fn solve_master(&self, columns: &[Column]) -> Result<Duals, BoundError> {
         let mut vars = ProblemVariables::new();
         let pi: Vec<Variable> = self.shapes.iter().map(|_| vars.add(variable().min(0.0))).collect();
-        let beta: Vec<Variable> =
-            self.shapes.iter().map(|_| vars.add(variable().min(0.0))).collect();
         let y: Vec<Variable> = self
             .classes
             .iter()
@@ -334,9 +330,7 @@ impl BoundProblem {
         }
         let mut problem = vars.minimise(objective.clone()).using(microlp);
         for column in columns {
-            let shape = &self.shapes[column.shape];
             let mut lhs = Expression::from(pi[column.shape]);
-            lhs += (column.memory - shape.memory_mib as f64) * beta[column.shape];
             for &(p, a) in &column.counts {
                 lhs += column.share(self, p, a) * y[p];
             }
@@ -346,7 +340,6 @@ impl BoundProblem {
         Ok(Duals {
             value: solution.eval(&objective),
             pi: pi.iter().map(|v| solution.value(*v).max(0.0)).collect(),
-            beta: beta.iter().map(|v| solution.value(*v).max(0.0)).collect(),
             y: self
                 .classes
                 .iter()
@@ -361,7 +354,6 @@ impl BoundProblem {
 struct Duals {
     value: f64,
     pi: Vec<f64>,
-    beta: Vec<f64>,
     y: Vec<f64>,
 }
 
@@ -389,20 +381,16 @@ struct Column {
     shape: usize,
     counts: Vec<(usize, u32)>,
     value: u64,
-    memory: f64,
 }
 
 impl Column {
     fn new(problem: &BoundProblem, shape: usize, counts: Vec<(usize, u32)>) -> Column {
         let mut value = 0.0;
-        let mut memory = 0.0;
         for &(p, a) in &counts {
             let class = &problem.classes[p];
-            let pods = f64::from(a) / f64::from(class.unit());
-            value += pods * class.value() as f64;
-            memory += pods * class.memory_mib as f64;
+            value += f64::from(a) / f64::from(class.unit()) * class.value() as f64;
         }
-        Column { shape, counts, value: value.round() as u64, memory }
+        Column { shape, counts, value: value.round() as u64 }
     }
 
     /// a_pc: pods of class p (pieces / unit).
@@ -411,7 +399,7 @@ impl Column {
     }
 }
 
-/// What one pricing found: the maximum of Σ a·(g − y − β·mem) over the relaxed configurations of
+/// What one pricing found: the maximum of Σ a·(g − y) over the relaxed configurations of
 /// a shape (exact), and a configuration reaching it (pieces per class).
 #[derive(Clone, Debug)]
 struct Priced {
@@ -432,10 +420,11 @@ enum Link {
     Join(u32, u32),
 }
 
-/// A point of a Pareto front: CPU used and value, the value strictly rising with CPU.
+/// A point of a Pareto front over (CPU used, memory used, value), sorted by CPU.
 #[derive(Clone, Copy, Debug)]
 struct Point {
     cpu: u64,
+    mem: u64,
     value: f64,
     id: u32,
 }
@@ -444,6 +433,7 @@ struct Point {
 #[derive(Clone, Copy, Debug)]
 struct Candidate {
     cpu: u64,
+    mem: u64,
     value: f64,
     origin: Origin,
 }
@@ -463,21 +453,35 @@ impl Arena {
         (self.0.len() - 1) as u32
     }
 
-    /// Keep the candidates no other dominates (less or equal CPU and at least the value) within
-    /// `cpu_max`; store the new survivors.
-    fn pareto(&mut self, mut candidates: Vec<Candidate>, cpu_max: u64) -> Vec<Point> {
-        candidates.retain(|c| c.cpu <= cpu_max);
-        candidates.sort_by(|a, b| a.cpu.cmp(&b.cpu).then(b.value.total_cmp(&a.value)));
+    /// Keep the candidates within `limits` (CPU, memory) that no other dominates (no more CPU,
+    /// no more memory, at least the value); store the new survivors. Sorted by CPU.
+    fn pareto(&mut self, mut candidates: Vec<Candidate>, limits: (u64, u64)) -> Vec<Point> {
+        candidates.retain(|c| c.cpu <= limits.0 && c.mem <= limits.1);
+        candidates.sort_by(|a, b| {
+            a.cpu.cmp(&b.cpu).then(a.mem.cmp(&b.mem)).then(b.value.total_cmp(&a.value))
+        });
+        // Among the points kept so far (all with no more CPU): the best value per memory used,
+        // as a staircase rising with memory.
+        let mut staircase: BTreeMap<u64, f64> = BTreeMap::new();
         let mut front: Vec<Point> = Vec::new();
         for c in candidates {
-            if front.last().is_some_and(|last| c.value <= last.value) {
+            if staircase.range(..=c.mem).next_back().is_some_and(|(_, &v)| v >= c.value) {
                 continue;
             }
+            let covered: Vec<u64> = staircase
+                .range(c.mem..)
+                .take_while(|&(_, &v)| v <= c.value)
+                .map(|(&m, _)| m)
+                .collect();
+            for m in covered {
+                staircase.remove(&m);
+            }
+            staircase.insert(c.mem, c.value);
             let id = match c.origin {
                 Origin::Existing(id) => id,
                 Origin::New(link) => self.push(link),
             };
-            front.push(Point { cpu: c.cpu, value: c.value, id });
+            front.push(Point { cpu: c.cpu, mem: c.mem, value: c.value, id });
         }
         front
     }
@@ -508,13 +512,19 @@ impl Arena {
 struct Item {
     class: u32,
     cpu: u64,
+    mem: u64,
     /// Shares on one GPU (sharing items) or GPUs taken (whole-GPU items).
     size: u64,
     weight: f64,
 }
 
 fn existing(front: &[Point]) -> impl Iterator<Item = Candidate> + '_ {
-    front.iter().map(|p| Candidate { cpu: p.cpu, value: p.value, origin: Origin::Existing(p.id) })
+    front.iter().map(|p| Candidate {
+        cpu: p.cpu,
+        mem: p.mem,
+        value: p.value,
+        origin: Origin::Existing(p.id),
+    })
 }
 
 /// Unbounded knapsack of `items` over capacity `size_max` (shares of one GPU, or GPUs), a
@@ -523,11 +533,11 @@ fn fronts_by_size(
     arena: &mut Arena,
     items: &[Item],
     size_max: u64,
-    cpu_max: u64,
+    limits: (u64, u64),
     empty: u32,
 ) -> Vec<Vec<Point>> {
     let mut fronts: Vec<Vec<Point>> = vec![Vec::new(); size_max as usize + 1];
-    fronts[0] = vec![Point { cpu: 0, value: 0.0, id: empty }];
+    fronts[0] = vec![Point { cpu: 0, mem: 0, value: 0.0, id: empty }];
     for item in items {
         // Ascending sizes, in place: a front already holding copies of this item extends again.
         for s in 0..=size_max.saturating_sub(item.size) {
@@ -538,78 +548,84 @@ fn fronts_by_size(
             let mut candidates: Vec<Candidate> = existing(&fronts[target]).collect();
             candidates.extend(fronts[s as usize].iter().map(|p| Candidate {
                 cpu: p.cpu + item.cpu,
+                mem: p.mem + item.mem,
                 value: p.value + item.weight,
                 origin: Origin::New(Link::Add { class: item.class, parent: p.id }),
             }));
-            fronts[target] = arena.pareto(candidates, cpu_max);
+            fronts[target] = arena.pareto(candidates, limits);
         }
     }
     fronts
 }
 
-/// The exact maximum of Σ_p a_p·(g_p − y_p − β·mem_p) over relaxed configurations of `shape`
-/// (see the module documentation): CPU within C, sharing pieces packed into GPUs of 1000 shares,
-/// whole-GPU pods on GPUs of their own, memory and class counts not limited.
-fn price(shape: &Shape, classes: &[Class], y: &[f64], beta: f64) -> Priced {
+/// The exact maximum of Σ_p a_p·(g_p − y_p) over relaxed configurations of `shape` (see the
+/// module documentation): CPU and memory within the node's, sharing pieces packed into GPUs of
+/// 1000 shares, whole-GPU pods on GPUs of their own, class counts not limited.
+fn price(shape: &Shape, classes: &[Class], y: &[f64]) -> Priced {
     let mut sharing: Vec<Item> = Vec::new();
     let mut whole: Vec<Item> = Vec::new();
     for (p, class) in classes.iter().enumerate() {
         if !class.allowed_on(shape) || class.gpus == 0 || class.gpu_milli == 0 {
             continue;
         }
-        let unit = class.unit();
-        let weight =
-            (class.value() as f64 - y[p] - beta * class.memory_mib as f64) / f64::from(unit);
-        let cpu = class.cpu_milli / u64::from(unit);
-        if weight <= 0.0 || cpu > shape.cpu_milli {
+        let unit = u64::from(class.unit());
+        let weight = (class.value() as f64 - y[p]) / unit as f64;
+        let (cpu, mem) = (class.cpu_milli / unit, class.memory_mib / unit);
+        if weight <= 0.0 || cpu > shape.cpu_milli || mem > shape.memory_mib {
             continue;
         }
         let milli = u64::from(class.gpu_milli);
         if milli >= GPU_SHARES {
             if class.gpus <= shape.gpus {
-                whole.push(Item { class: p as u32, cpu, size: u64::from(class.gpus), weight });
+                let size = u64::from(class.gpus);
+                whole.push(Item { class: p as u32, cpu, mem, size, weight });
             }
         } else if shape.gpus > 0 {
-            sharing.push(Item { class: p as u32, cpu, size: milli, weight });
+            sharing.push(Item { class: p as u32, cpu, mem, size: milli, weight });
         }
     }
-    let cpu_max = shape.cpu_milli;
+    let limits = (shape.cpu_milli, shape.memory_mib);
     let mut arena = Arena::default();
     let empty = arena.push(Link::Empty);
+    let origin = Point { cpu: 0, mem: 0, value: 0.0, id: empty };
     // One GPU: every multiset of sharing pieces within 1000 shares.
-    let per_size = fronts_by_size(&mut arena, &sharing, GPU_SHARES, cpu_max, empty);
-    let one_gpu = arena.pareto(per_size.iter().flat_map(|f| existing(f)).collect(), cpu_max);
+    let per_size = fronts_by_size(&mut arena, &sharing, GPU_SHARES, limits, empty);
+    let one_gpu = arena.pareto(per_size.iter().flat_map(|f| existing(f)).collect(), limits);
     // j GPUs of sharing pieces.
     let gpus = usize::from(shape.gpus);
-    let mut shared: Vec<Vec<Point>> = vec![vec![Point { cpu: 0, value: 0.0, id: empty }]];
+    let mut shared: Vec<Vec<Point>> = vec![vec![origin]];
     for j in 1..=gpus {
         let mut candidates = Vec::new();
         for a in &shared[j - 1] {
             for b in &one_gpu {
-                if a.cpu + b.cpu > cpu_max {
+                if a.cpu + b.cpu > limits.0 {
                     break;
+                }
+                if a.mem + b.mem > limits.1 {
+                    continue;
                 }
                 candidates.push(Candidate {
                     cpu: a.cpu + b.cpu,
+                    mem: a.mem + b.mem,
                     value: a.value + b.value,
                     origin: Origin::New(Link::Join(a.id, b.id)),
                 });
             }
         }
-        let front = arena.pareto(candidates, cpu_max);
+        let front = arena.pareto(candidates, limits);
         shared.push(front);
     }
     // Whole-GPU pods by GPUs taken, then the rest of the GPUs shared.
-    let by_gpus = fronts_by_size(&mut arena, &whole, shape.gpus.into(), cpu_max, empty);
+    let by_gpus = fronts_by_size(&mut arena, &whole, shape.gpus.into(), limits, empty);
     let mut best = (0.0, empty, empty);
     for (taken, front) in by_gpus.iter().enumerate() {
-        let rest = &shared[gpus - taken];
         for a in front {
-            let room = cpu_max - a.cpu;
-            let fit = rest.partition_point(|b| b.cpu <= room);
-            if let Some(b) = fit.checked_sub(1).and_then(|i| rest.get(i)) {
+            for b in &shared[gpus - taken] {
+                if a.cpu + b.cpu > limits.0 {
+                    break;
+                }
                 let value = a.value + b.value;
-                if value > best.0 {
+                if a.mem + b.mem <= limits.1 && value > best.0 {
                     best = (value, a.id, b.id);
                 }
             }

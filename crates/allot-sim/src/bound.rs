@@ -56,7 +56,7 @@ const GPU_SHARES: u64 = 1000;
 const ROUNDS_MAX: usize = 300;
 /// ... or once the bound is within this many shares per GPU of capacity of the master's value.
 const GAP_PER_GPU: f64 = 0.05;
-/// Added to every Q_t against floating-point residue in the pricing sums, in shares.
+/// Added to every P_t against floating-point residue in the pricing sums, in shares.
 const FLOAT_MARGIN: f64 = 0.01;
 
 /// A node shape and how many nodes have it.
@@ -124,7 +124,9 @@ pub struct Bound {
     /// a bound on anything). `bound_pct − master_pct` is how far from the LP optimum the bound
     /// may still be.
     pub master_pct: f64,
-    /// True when generation ended with no positive reduced cost (within the tolerances).
+    /// True when generation ended with no positive reduced cost, or with the bound within
+    /// [`GAP_PER_GPU`] shares per GPU of capacity of the master's value; false when the round
+    /// limit stopped it (the bound is valid either way, only looser).
     pub converged: bool,
     pub rounds: usize,
     pub columns: usize,
@@ -232,9 +234,9 @@ impl BoundProblem {
             problem.add_constraint(constraint!(sum <= cap));
         }
         let solution = problem.solve().map_err(|e| BoundError::Solver(e.to_string()))?;
-        // The LP optimum is at a vertex with integral data; round the float residue up so the
-        // number stays an upper bound.
-        let value = (solution.eval(&objective) - 1e-6).ceil().max(0.0);
+        // A transportation problem with integral data has an integral optimum (its matrix is
+        // totally unimodular): round the solver's float residue away.
+        let value = solution.eval(&objective).round().max(0.0);
         Ok(self.pct(value))
     }
 

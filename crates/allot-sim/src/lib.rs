@@ -6,10 +6,12 @@
 //! - [`openb`]: Alibaba openb node and pod lists (FGD, ATC'23).
 //! - [`trace`]: Philly jobs, machines and virtual clusters; the allot trace format.
 //! - [`pack`]: the FGD packing experiment (arrival-only, inflated, metrics per 1 % of demand).
+//! - [`bound`]: an upper bound on what any placement can allocate (configuration LP).
 //! - [`replay`]: discrete-event replay with quotas, priorities, pre-emption and [`activity`].
 //! - [`report`], [`charts`], [`progress`]: tables, JSON/CSV, SVG/PNG charts, progress bars.
 
 pub mod activity;
+pub mod bound;
 pub mod charts;
 pub mod csv;
 pub mod error;

@@ -25,6 +25,7 @@ use allot_core::packing::{
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::bound::BoundProblem;
 use crate::csv::CsvFile;
 use crate::error::TraceError;
 use crate::openb::{OpenbNode, OpenbPod};
@@ -255,6 +256,12 @@ pub fn arrivals(input: &PackInput, inflate: f64, seed: u64) -> Vec<PodShape> {
         sequence.push(pod);
     }
     sequence
+}
+
+/// The packing problem of one seed's arrived pods (see [`crate::bound`]): its solution bounds
+/// the final allocation of every policy on that seed.
+pub fn bound_problem(input: &PackInput, inflate: f64, seed: u64) -> BoundProblem {
+    BoundProblem::new(&input.nodes, &arrivals(input, inflate, seed))
 }
 
 /// The order pods arrive in.

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use allot_core::packing::PackPolicy;
+use allot_sim::bound::Bound;
 use allot_sim::charts::{self, ChartError, Series};
 use allot_sim::pack::{self, ArrivalOrder, PackInput, PackReport, PublishedResults, SeedRun};
 use allot_sim::progress::Progress;
@@ -50,6 +51,11 @@ pub(crate) struct PackArgs {
     /// of arriving in trace order. Not an online policy; it shows how much is lost to order.
     #[arg(long)]
     hindsight: bool,
+    /// Also compute, per seed, an upper bound on the GPU allocation any placement can reach for
+    /// that seed's arrived pods (configuration LP; see `allot_sim::bound`), and the gap from it
+    /// to each placement at the final column.
+    #[arg(long)]
+    bound: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -159,16 +165,149 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
     if let Some(dir) = &args.charts {
         write_pack_charts(dir, &reports)?;
     }
+    let bounds = if args.bound {
+        Some(seed_bounds(&input, args.inflate, &seeds, args.no_timing)?)
+    } else {
+        None
+    };
     Ok(match args.output {
         SimOutput::Json => {
-            let value = match reports.as_slice() {
+            let mut value = match reports.as_slice() {
                 [one] => serde_json::to_value(one)?,
                 many => serde_json::json!({ "placements": many }),
             };
+            if let (Some(bounds), Some(object)) = (&bounds, value.as_object_mut()) {
+                object.insert("bound".to_owned(), bound_json(bounds, &reports));
+            }
             format!("{}\n", serde_json::to_string_pretty(&value)?)
         }
-        SimOutput::Text => pack_text(&input, &reports),
+        SimOutput::Text => {
+            let mut out = pack_text(&input, &reports);
+            if let Some(bounds) = &bounds {
+                out.push_str(&bound_text(bounds, &reports));
+            }
+            out
+        }
     })
+}
+
+/// One seed's bound and how long it took.
+struct SeedBound {
+    seed: u64,
+    bound: Bound,
+    wall_ms: u64,
+}
+
+/// The bound for every seed, in parallel, in seed order.
+fn seed_bounds(
+    input: &PackInput,
+    inflate: f64,
+    seeds: &[u64],
+    no_timing: bool,
+) -> Result<Vec<SeedBound>> {
+    let progress = Progress::new(seeds.len() as u64, "bounding");
+    let bounds: Vec<Result<SeedBound>> = seeds
+        .par_iter()
+        .map(|&seed| {
+            let started = wall_clock();
+            let bound = pack::bound_problem(input, inflate, seed)
+                .solve()
+                .map_err(|e| anyhow::anyhow!("bound for seed {seed}: {e}"))?;
+            progress.inc(1);
+            let wall_ms = if no_timing { 0 } else { started.elapsed().as_millis() as u64 };
+            Ok(SeedBound { seed, bound, wall_ms })
+        })
+        .collect();
+    progress.finish();
+    bounds.into_iter().collect()
+}
+
+fn mean_bound_pct(bounds: &[SeedBound]) -> f64 {
+    bounds.iter().map(|b| b.bound.bound_pct).sum::<f64>() / bounds.len().max(1) as f64
+}
+
+/// Each placement's allocation at the final column (mean over seeds), by name; where no pod
+/// event falls in that column (a tiny trace jumps past it), the mean final allocation.
+fn final_columns(reports: &[PackReport]) -> Vec<(&str, f64)> {
+    reports
+        .iter()
+        .map(|r| {
+            let runs = r.per_seed.len().max(1) as f64;
+            let final_mean = r.per_seed.iter().map(|s| s.final_allocation_pct).sum::<f64>() / runs;
+            let last = r.allocation_pct.last().copied().flatten().unwrap_or(final_mean);
+            (r.placement.as_str(), last)
+        })
+        .collect()
+}
+
+/// An upper bound shown rounded *up* to 2 places, so the printed number stays a bound.
+fn ceil2(x: f64) -> f64 {
+    (x * 100.0 - 1e-9).ceil() / 100.0
+}
+
+/// `"bound": {"per_seed": [{seed, bound_milli, bound_pct, trivial_pct, model_pct, master_pct,
+/// converged, rounds, columns, shapes, classes, wall_ms}], "mean_pct", "gap_pct": {placement:
+/// mean bound − placement's final column}}`.
+fn bound_json(bounds: &[SeedBound], reports: &[PackReport]) -> serde_json::Value {
+    let per_seed: Vec<serde_json::Value> = bounds
+        .iter()
+        .map(|b| {
+            let mut value = serde_json::to_value(&b.bound).unwrap_or_default();
+            if let Some(object) = value.as_object_mut() {
+                object.insert("seed".to_owned(), b.seed.into());
+                object.insert("wall_ms".to_owned(), b.wall_ms.into());
+            }
+            value
+        })
+        .collect();
+    let mean = mean_bound_pct(bounds);
+    let gaps: serde_json::Map<String, serde_json::Value> = final_columns(reports)
+        .into_iter()
+        .map(|(name, last)| (name.to_owned(), round2(mean - last).into()))
+        .collect();
+    serde_json::json!({
+        "method": "configuration LP by column generation, Lagrangian upper bound",
+        "per_seed": per_seed,
+        "mean_pct": mean,
+        "gap_pct": gaps,
+    })
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn bound_text(bounds: &[SeedBound], reports: &[PackReport]) -> String {
+    let mut out = String::new();
+    let mean = mean_bound_pct(bounds);
+    let per_seed: Vec<String> =
+        bounds.iter().map(|b| format!("{}: {:.2}", b.seed, ceil2(b.bound.bound_pct))).collect();
+    let _ = writeln!(
+        out,
+        "upper bound on any placement (configuration LP, same arrivals), mean over seeds: {:.2} % \
+         of capacity (per seed {})",
+        ceil2(mean),
+        per_seed.join(", ")
+    );
+    let gaps: Vec<String> = final_columns(reports)
+        .into_iter()
+        .map(|(name, last)| format!("{name} {:.2}", mean - last))
+        .collect();
+    if !gaps.is_empty() {
+        let last = reports.first().map_or(0, |r| r.allocation_pct.len().saturating_sub(1));
+        let _ = writeln!(out, "gap bound − allocation at {last}%, points: {}", gaps.join(", "));
+    }
+    let unconverged = bounds.iter().filter(|b| !b.bound.converged).count();
+    if unconverged > 0 {
+        let _ = writeln!(
+            out,
+            "({unconverged} seed(s) stopped before the LP converged: their bound is valid but \
+             looser)"
+        );
+    }
+    let wall_ms: u64 = bounds.iter().map(|b| b.wall_ms).sum();
+    let _ = writeln!(out, "bound wall ms (sum over seeds): {wall_ms}");
+    out
 }
 
 /// The three curves of the paper's figures, one line per placement (mean over seeds).

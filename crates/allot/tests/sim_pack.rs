@@ -125,3 +125,60 @@ fn hindsight_packs_the_same_pods_largest_first() {
         hindsight["per_seed"][0]["final_arrived_pct"]
     );
 }
+
+#[test]
+fn bound_adds_an_upper_bound_and_the_gap_per_placement() {
+    // Two nodes of two GPUs, ten 600-share pods: no GPU holds two, so every placement and the
+    // bound both come to 4 × 600 of 4000 shares = 60 %.
+    let dir = std::env::temp_dir().join(format!("allot-bound-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let nodes = dir.join("nodes.csv");
+    let pods = dir.join("pods.csv");
+    std::fs::write(
+        &nodes,
+        "sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,2,T4\nn2,64000,262144,2,T4\n",
+    )
+    .expect("write nodes");
+    let mut rows = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n");
+    for i in 0..10 {
+        rows.push_str(&format!("p{i},4000,8192,1,600,\n"));
+    }
+    std::fs::write(&pods, rows).expect("write pods");
+    let (nodes, pods) = (nodes.to_string_lossy().into_owned(), pods.to_string_lossy().into_owned());
+    let run = |output: &str| {
+        let args = [
+            "sim",
+            "pack",
+            "--nodes",
+            &nodes,
+            "--pods",
+            &pods,
+            "--placement",
+            "fgd,bestfit",
+            "--seeds",
+            "42-43",
+            "--bound",
+            "--no-timing",
+            "--output",
+            output,
+        ];
+        let out = allot(&args);
+        assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+        out.stdout
+    };
+    let json_bytes = run("json");
+    let json: serde_json::Value = serde_json::from_slice(&json_bytes).expect("json");
+    let bound = &json["bound"];
+    assert_eq!(bound["mean_pct"], 60.0);
+    assert_eq!(bound["per_seed"].as_array().map(Vec::len), Some(2));
+    assert_eq!(bound["per_seed"][1]["seed"], 43);
+    assert_eq!(bound["per_seed"][0]["bound_milli"], 2400);
+    assert_eq!(bound["per_seed"][0]["wall_ms"], 0);
+    assert_eq!(bound["gap_pct"]["fgd"], 0.0);
+    assert_eq!(bound["gap_pct"]["bestfit"], 0.0);
+    assert_eq!(run("json"), json_bytes, "byte-identical with --no-timing");
+    let text_out = text(&run("text"));
+    assert!(text_out.contains("mean over seeds: 60.00 %"), "{text_out}");
+    assert!(text_out.contains("fgd 0.00, bestfit 0.00"), "{text_out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

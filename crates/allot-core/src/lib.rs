@@ -10,6 +10,7 @@ mod decision;
 mod engine;
 mod event;
 mod explain;
+pub mod idle;
 mod ids;
 pub mod mig;
 mod mig_audit;

@@ -132,6 +132,9 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         fair_share_half_life_ms: half_life?,
         preemption_mode: mode?,
         defragmentation: defragmentation?,
+        idle: Vec::new(),
+        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
     })
 }
 

@@ -93,6 +93,9 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
         fair_share_half_life_ms: 7 * 24 * 3_600_000,
         preemption_mode: PreemptionMode::Suspend,
         defragmentation: defrag.then(Defragmentation::default),
+        idle: Vec::new(),
+        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
     }
 }
 

@@ -3,9 +3,10 @@
 //! Decisions carry ids, not names, so a cycle over 50,000 workloads allocates little;
 //! `Engine::render` turns one into a sentence with names.
 
-use crate::ids::{ModelId, NodeId, ProjectId, Shares, WorkloadId};
+use crate::idle::Signal;
+use crate::ids::{ModelId, NodeId, ProjectId, Shares, Timestamp, WorkloadId};
 use crate::mig::MigProfile;
-use crate::model::PreemptionMode;
+use crate::model::{IdleWhen, PreemptionMode};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -22,6 +23,17 @@ pub enum Decision {
     },
     /// Stop a workload for a reason of its own (cancelled, ran past its max runtime).
     Stop { workload: WorkloadId, reason: StopReason },
+    /// The workload is idle and will be reclaimed at `action_at` unless it becomes active
+    /// (`None` for `report_only` rules and exempt workloads: reported, never acted on).
+    Warn { workload: WorkloadId, idle: IdleFacts, action_at: Option<Timestamp> },
+    /// Reclaim an idle workload under an `always` rule (no pending workload needs it): stop it
+    /// with `mode`, after a checkpoint request and `checkpoint_grace_ms` if checkpointable.
+    Reclaim {
+        workload: WorkloadId,
+        mode: PreemptionMode,
+        idle: IdleFacts,
+        checkpoint_grace_ms: Option<u64>,
+    },
     /// Leave the workload pending this cycle.
     Defer { workload: WorkloadId, reason: DeferReason },
     /// The submission can never run as written; it is dropped. `name` is kept here because
@@ -35,12 +47,15 @@ impl Decision {
             Decision::Admit { workload, .. }
             | Decision::Stop { workload, .. }
             | Decision::Defer { workload, .. }
-            | Decision::Reject { workload, .. } => *workload,
+            | Decision::Reject { workload, .. }
+            | Decision::Warn { workload, .. }
+            | Decision::Reclaim { workload, .. } => *workload,
             Decision::Preempt { victim, .. } => *victim,
         }
     }
 
-    /// The action word used in reports and JSON: `admit`, `preempt`, `stop`, `defer`, `reject`.
+    /// The action word used in reports and JSON: `admit`, `preempt`, `stop`, `defer`, `reject`,
+    /// `warn`, `reclaim`.
     pub fn action(&self) -> &'static str {
         match self {
             Decision::Admit { .. } => "admit",
@@ -48,6 +63,8 @@ impl Decision {
             Decision::Stop { .. } => "stop",
             Decision::Defer { .. } => "defer",
             Decision::Reject { .. } => "reject",
+            Decision::Warn { .. } => "warn",
+            Decision::Reclaim { .. } => "reclaim",
         }
     }
 }
@@ -130,6 +147,28 @@ pub enum PreemptReason {
         cost_gpu_ms: u64,
         replaceable: bool,
     },
+    /// The victim has been idle past its rule's timer (and was warned); reclaiming it lets
+    /// the pre-emptor start. Under the `amd_rm` model the pre-emptor was only counted, not
+    /// placed (`gpu_count_only`).
+    Idle { idle: IdleFacts, gpu_count_only: bool },
+}
+
+/// The evidence behind an idle warning or reclaim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdleFacts {
+    /// Index of the policy's idle rule that judged the workload.
+    pub rule: u32,
+    /// Idle time by that rule's model, and its timer.
+    pub idle_ms: u64,
+    pub idle_timer_ms: u64,
+    /// The rule's threshold, permille of the allocated share.
+    pub threshold_permille: u16,
+    /// The weakest signal the last sample needed; `None`: no sample yet.
+    pub signal: Option<Signal>,
+    pub when: IdleWhen,
+    pub action: PreemptionMode,
+    /// Telemetry has been missing since then.
+    pub telemetry_gap_since: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,6 +205,8 @@ pub enum DeferReason {
     WaitingForPreemption { victims: Vec<WorkloadId> },
     /// Strict FIFO: the project's head is blocked, and this workload is behind it.
     BlockedByFifo { head: WorkloadId },
+    /// Stopped for idleness; it may resume at `until` (backoff against reclaim thrash).
+    IdleBackoff { until: Timestamp, reclaims: u32 },
 }
 
 impl PlacementFacts {

@@ -21,13 +21,15 @@ use crate::event::Event;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::{COMPUTE_SLICES, MigGpu};
 use crate::model::{
-    Defragmentation, GpuRequest, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, Queueing,
-    QuotaModel, WorkloadSpec,
+    Defragmentation, GpuRequest, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, Queueing, QuotaModel, WorkloadSpec,
 };
 use crate::quota::{QuotaBook, QuotaLine};
 
 mod defrag;
+mod idle;
 pub use defrag::{DefragPlan, DefragVictim};
+pub(crate) use idle::IdleState;
 
 /// Limits on one submission, so that a malformed request cannot make a cycle unbounded.
 pub const MEMBERS_MAX: u32 = 4096;
@@ -118,6 +120,9 @@ pub enum Stage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StopKind {
     Preempted(PreemptionMode),
+    /// Reclaimed for idleness (by the arbiter, the `amd_rm` pressure check or an `always`
+    /// rule); requeued work waits a backoff.
+    Idle(PreemptionMode),
     Cancelled,
     MaxRuntime,
 }
@@ -151,6 +156,10 @@ pub(crate) struct WorkloadState {
     pub waiting_for: BTreeSet<WorkloadId>,
     /// Times this workload was pre-empted and requeued (suspended or requeued).
     pub preemptions: u32,
+    /// Idle reclaims in a row (reset by sustained activity): the backoff's exponent.
+    pub idle_reclaims: u32,
+    /// After an idle reclaim: not before this time.
+    pub resume_at: Option<Timestamp>,
 }
 
 impl WorkloadState {
@@ -252,6 +261,16 @@ pub struct Engine {
     /// submission: its ratio is the CPU per GPU placement keeps for free GPUs
     /// (`Capacity::cpu_per_gpu`).
     recent_demand: (u64, u64),
+    /// The policy's idle rules, in order (`engine/idle.rs`).
+    pub(crate) idle_rules: Vec<IdlePolicySpec>,
+    /// Idle state per running workload that a rule covers.
+    pub(crate) idle: BTreeMap<WorkloadId, IdleState>,
+    /// (resume time, workload) of idle-reclaimed work waiting out its backoff.
+    pub(crate) backoffs: BTreeSet<(Timestamp, WorkloadId)>,
+    pub(crate) idle_resume_backoff_ms: u64,
+    /// The arbiter's restart cost per victim GPU.
+    pub(crate) restart_cost_ms: u64,
+    pub(crate) default_class_name: String,
 }
 
 /// Decay of `recent_demand` per GPU submission: about the last thousand count.
@@ -438,6 +457,12 @@ impl Engine {
             deadlines: BTreeSet::new(),
             clock: Timestamp(0),
             recent_demand: (0, 0),
+            idle_rules: policy.idle.clone(),
+            idle: BTreeMap::new(),
+            backoffs: BTreeSet::new(),
+            idle_resume_backoff_ms: policy.idle_resume_backoff_ms,
+            restart_cost_ms: policy.restart_cost_ms,
+            default_class_name: policy.default_priority_class.clone(),
         })
     }
 
@@ -667,6 +692,7 @@ impl Engine {
                         self.deadlines.insert((Timestamp(now.0.saturating_add(max)), workload));
                     }
                     self.running[w.project.0 as usize].insert(workload);
+                    self.start_idle_tracking(workload, now);
                 }
             }
             Event::AllocationFailed { workload, .. } => {
@@ -687,9 +713,10 @@ impl Engine {
                 let Some(w) = self.workloads.get(&workload) else { return };
                 match (w.stage, w.stop_kind) {
                     (Stage::Pending, _) => {}
-                    (Stage::Stopping, Some(StopKind::Preempted(mode)))
-                        if mode != PreemptionMode::Delete =>
-                    {
+                    (
+                        Stage::Stopping,
+                        Some(kind @ (StopKind::Preempted(mode) | StopKind::Idle(mode))),
+                    ) if mode != PreemptionMode::Delete => {
                         self.release(workload);
                         if let Some(w) = self.workloads.get_mut(&workload) {
                             w.preemptions = w.preemptions.saturating_add(1);
@@ -702,11 +729,20 @@ impl Engine {
                         if let Some(w) = self.workloads.get_mut(&workload) {
                             w.pending_since = now;
                         }
+                        if matches!(kind, StopKind::Idle(_)) {
+                            self.start_idle_backoff(workload, now);
+                        }
                     }
                     _ => self.remove(workload),
                 }
             }
             Event::WorkloadFinished { workload } => self.remove(workload),
+            Event::ActivitySampled { workload, readings } => {
+                self.observe_idle(now, workload, Some(&readings), None);
+            }
+            Event::ActivityProbed { workload, last_activity } => {
+                self.observe_idle(now, workload, None, Some(last_activity));
+            }
         }
     }
 
@@ -772,6 +808,8 @@ impl Engine {
             last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
             waiting_for: BTreeSet::new(),
             preemptions: 0,
+            idle_reclaims: 0,
+            resume_at: None,
             spec,
         };
         self.queues[project.0 as usize].insert(state.queue_key());
@@ -823,6 +861,7 @@ impl Engine {
         let p = &mut self.projects[project.0 as usize];
         p.allocated = p.allocated.saturating_sub(alloc.shares);
         self.running[project.0 as usize].remove(&id);
+        self.idle.remove(&id);
     }
 
     fn requeue(&mut self, id: WorkloadId) {
@@ -839,6 +878,9 @@ impl Engine {
             self.queues[w.project.0 as usize].remove(&w.queue_key());
             self.end_wait(id);
             self.stop_requests.remove(&id);
+            if let Some(at) = w.resume_at {
+                self.backoffs.remove(&(at, id));
+            }
         }
     }
 
@@ -874,7 +916,9 @@ impl Engine {
         }
 
         self.stop_due(now, &mut out);
+        self.idle_pass(now, &mut out);
         self.admission_cycle(now, &mut out, None);
+        self.amd_pressure_pass(now, &mut out);
         out
     }
 
@@ -1153,6 +1197,9 @@ impl Engine {
         failed_shapes: &mut BTreeSet<ShapeKey>,
     ) -> Outcome {
         let w = &self.workloads[&id];
+        if let Some(reason) = self.in_idle_backoff(w, now) {
+            return Outcome::Deferred(reason);
+        }
         let request = Request::of(w);
         let Request { project, shape, members, same_node, total, .. } = request;
         let shape_key: ShapeKey = (
@@ -1411,14 +1458,15 @@ impl Engine {
                             .and_then(|a| a.started_at)
                             .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
         };
-        // (is_own, priority, lost work, Reverse(start), id)
-        let mut candidates: Vec<(VictimKey, bool)> = Vec::new();
+        // Candidates with what makes them one: quota reclaim from a borrower, the claimant's
+        // own lower-priority work, or idle work past its timer under an `on_pressure` rule.
+        let mut kinds: BTreeMap<WorkloadId, VictimKind> = BTreeMap::new();
         let mut own_shares = Shares::ZERO;
         for &v in &self.running[project.0 as usize] {
             let vw = &self.workloads[&v];
             if eligible(vw) && vw.priority < priority {
                 own_shares = own_shares.saturating_add(vw.spec.total_shares());
-                candidates.push((self.victim_key(now, vw, 1), false));
+                kinds.insert(v, VictimKind::Own);
             }
         }
         let guaranteed = self.quota.line(project, key)?.guaranteed;
@@ -1434,11 +1482,34 @@ impl Engine {
                 for &v in &self.running[q.0 as usize] {
                     let vw = &self.workloads[&v];
                     if eligible(vw) && vw.allocation.as_ref().is_some_and(|a| a.key == Some(key)) {
-                        candidates.push((self.victim_key(now, vw, 0), true));
+                        kinds.insert(v, VictimKind::Reclaim);
                     }
                 }
             }
         }
+        // Idle victims: any project, priority up to the claimant's; an exempt or
+        // non-preemptible workload is never ready.
+        for &v in self.idle.keys() {
+            let vw = &self.workloads[&v];
+            if v != id
+                && vw.priority <= priority
+                && eligible(vw)
+                && self.idle_ready(now, v, IdleWhen::OnPressure)
+                && self
+                    .idle_rules
+                    .get(self.idle[&v].rule as usize)
+                    .is_some_and(|r| r.rule.model != crate::idle::IdleModel::AmdRm)
+            {
+                kinds.insert(v, VictimKind::Idle);
+            }
+        }
+        let mut candidates: Vec<(VictimKey, VictimKind)> = kinds
+            .iter()
+            .map(|(&v, &kind)| {
+                let tier = u8::from(kind == VictimKind::Own);
+                (self.victim_key(now, &self.workloads[&v], tier), kind)
+            })
+            .collect();
         candidates.sort();
 
         let fits = |engine: &mut Engine| -> bool {
@@ -1450,21 +1521,22 @@ impl Engine {
         // lower-priority work alone, so that a failed reclaim never hides a priority
         // pre-emption that works by itself.
         for with_reclaim in [true, false] {
-            let pass: Vec<_> = candidates.iter().filter(|c| with_reclaim || !c.1).collect();
+            let pass: Vec<_> =
+                candidates.iter().filter(|c| with_reclaim || c.1 != VictimKind::Reclaim).collect();
             if pass.is_empty() || (!with_reclaim && pass.len() == candidates.len()) {
                 continue;
             }
-            let mut removed: Vec<(WorkloadId, bool)> = Vec::new();
+            let mut removed: Vec<(WorkloadId, VictimKind)> = Vec::new();
             let mut fit = false;
-            for &&(k, is_reclaim) in &pass {
+            for &&(k, kind) in &pass {
                 let v = k.4;
                 let v_project = self.workloads[&v].project;
                 // A borrower back within its guarantee is not reclaimed from any further.
-                if is_reclaim && !self.borrows(v_project, key, id) {
+                if kind == VictimKind::Reclaim && !self.borrows(v_project, key, id) {
                     continue;
                 }
                 self.lift(v);
-                removed.push((v, is_reclaim));
+                removed.push((v, kind));
                 if fits(self) {
                     fit = true;
                     break;
@@ -1482,7 +1554,8 @@ impl Engine {
                 }
             }
             // Reclaim is only for a claimant that ends within its guarantee.
-            let uses_reclaim = removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1);
+            let uses_reclaim =
+                removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1 == VictimKind::Reclaim);
             let within_after = self.committed(project, key, id).saturating_add(total) <= guaranteed;
             let ok = fit && (!uses_reclaim || within_after);
             // The room the workload will take once its victims are gone.
@@ -1491,14 +1564,17 @@ impl Engine {
             // Reasons are computed while the victims are still lifted, then the state is
             // restored.
             let mut victims = Vec::new();
-            for (i, &(v, is_reclaim)) in removed.iter().enumerate().rev() {
+            for (i, &(v, kind)) in removed.iter().enumerate().rev() {
                 if !kept_out[i] {
                     continue;
                 }
                 self.unlift(v);
                 if ok {
                     let vw = &self.workloads[&v];
-                    let reason = if is_reclaim {
+                    let idle = (kind == VictimKind::Idle).then(|| self.idle_facts(v)).flatten();
+                    let reason = if let Some(idle) = idle {
+                        PreemptReason::Idle { idle, gpu_count_only: false }
+                    } else if kind == VictimKind::Reclaim {
                         let line =
                             self.quota.line(vw.project, key).map_or(Shares::ZERO, |l| l.guaranteed);
                         PreemptReason::QuotaReclaim {
@@ -1572,11 +1648,10 @@ impl Engine {
         self.planned.remove(&id);
     }
 
-    fn victim_key(&self, now: Timestamp, v: &WorkloadState, is_own: u8) -> VictimKey {
+    fn victim_key(&self, now: Timestamp, v: &WorkloadState, tier: u8) -> VictimKey {
         let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
-        let since = v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started);
-        let gpus_ms = v.spec.total_shares().0.saturating_mul(now.since(since)) / SHARES_PER_GPU;
-        (is_own, v.priority, gpus_ms, Reverse(started), v.spec.id)
+        let cost = victim_cost(now, v, self.idle_discount_ms(v.spec.id), self.restart_cost_ms);
+        (tier, v.priority, cost, Reverse(started), v.spec.id)
     }
 
     /// Temporarily frees a running workload's quota and devices (the arbiter's what-if).
@@ -1645,6 +1720,34 @@ impl Engine {
         self.hold_plan(preemptor);
         decisions
     }
+}
+
+/// Why a running workload is a pre-emption candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum VictimKind {
+    /// Its project borrows on the claimant's line and the claimant needs its guarantee.
+    Reclaim,
+    /// The claimant's own project, lower priority.
+    Own,
+    /// Idle past its `on_pressure` rule's timer and warned.
+    Idle,
+}
+
+/// The arbiter's one cost of stopping `v` now, in GPU-ms (ARCHITECTURE.md, "One cost"): the
+/// work lost since its last checkpoint (since its start if it has none) less the time it has
+/// been idle (idle time is no work), plus `restart_cost_ms`, both per GPU it holds — so a gang
+/// costs in proportion to its size.
+pub(crate) fn victim_cost(
+    now: Timestamp,
+    v: &WorkloadState,
+    idle_ms: u64,
+    restart_cost_ms: u64,
+) -> u64 {
+    let shares = v.spec.total_shares().0;
+    let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
+    let since = v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started);
+    let lost = now.since(since).saturating_sub(idle_ms);
+    shares.saturating_mul(lost.saturating_add(restart_cost_ms)) / SHARES_PER_GPU
 }
 
 /// One pending request, as the checks see it.
@@ -1738,7 +1841,9 @@ fn rank(reason: &DeferReason) -> u8 {
         DeferReason::ExceedsMaxQuota { .. } => 2,
         DeferReason::QuotaExhausted { .. } => 3,
         DeferReason::NoPlacement(_) => 4,
-        DeferReason::BlockedByFifo { .. } | DeferReason::WaitingForPreemption { .. } => 5,
+        DeferReason::BlockedByFifo { .. }
+        | DeferReason::WaitingForPreemption { .. }
+        | DeferReason::IdleBackoff { .. } => 5,
     }
 }
 

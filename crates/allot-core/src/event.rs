@@ -1,7 +1,8 @@
 //! Facts the engine is told, in past tense. The caller owns the clock: every event is applied
 //! at a `Timestamp` it passes in.
 
-use crate::ids::WorkloadId;
+use crate::idle::DeviceReading;
+use crate::ids::{Timestamp, WorkloadId};
 use crate::model::WorkloadSpec;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +21,12 @@ pub enum Event {
     WorkloadStopped { workload: WorkloadId },
     /// The workload exited on its own (success or failure); its devices are free.
     WorkloadFinished { workload: WorkloadId },
+    /// Telemetry for the workload's allocation at this time: one reading per allocated device
+    /// (each signal optional). No readings, or readings without any signal, is a telemetry
+    /// gap (`idle::MissingTelemetry` says what it means).
+    ActivitySampled { workload: WorkloadId, readings: Vec<DeviceReading> },
+    /// An application probe (HTTP, exec, heartbeat) saw the workload in use at `last_activity`.
+    ActivityProbed { workload: WorkloadId, last_activity: Timestamp },
 }
 
 impl Event {
@@ -31,7 +38,9 @@ impl Event {
             | Event::AllocationFailed { workload, .. }
             | Event::CheckpointSaved { workload }
             | Event::WorkloadStopped { workload }
-            | Event::WorkloadFinished { workload } => *workload,
+            | Event::WorkloadFinished { workload }
+            | Event::ActivitySampled { workload, .. }
+            | Event::ActivityProbed { workload, .. } => *workload,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! the workload's allocation (one value per allocated device, from whichever signal the device
 //! reports), the times telemetry was missing, and application probes' "last activity at"; the
 //! tracker keeps the idle time and says whether the workload may be reclaimed. The engine's
-//! reclaim decisions (issue 5) are not built on it yet.
+//! engine keeps one per running workload that an idle rule covers (`engine/idle.rs`).
 //!
 //! Three models, chosen per rule ([`IdleModel`]):
 //!
@@ -122,6 +122,31 @@ impl IdleRule {
             min_runtime_ms: 5 * 60_000,
         }
     }
+
+    /// AMD Resource Manager's rule: `threshold_permille` of raw utilisation, one sample at or
+    /// above it resets, missing samples are 0 %, no grace, no sustain window.
+    pub fn amd_rm(threshold_permille: u16, idle_timer_ms: u64) -> IdleRule {
+        IdleRule {
+            model: IdleModel::AmdRm,
+            threshold_permille,
+            idle_timer_ms,
+            sustain_ms: 0,
+            missing: MissingTelemetry::Idle,
+            min_runtime_ms: 0,
+        }
+    }
+
+    /// Run:ai's idle GPU time limit: 30 s windows of exactly 0 % utilisation.
+    pub fn runai(idle_timer_ms: u64) -> IdleRule {
+        IdleRule {
+            model: IdleModel::RunAi,
+            threshold_permille: 1,
+            idle_timer_ms,
+            sustain_ms: 0,
+            missing: MissingTelemetry::Hold,
+            min_runtime_ms: 0,
+        }
+    }
 }
 
 /// What the tracker says now.
@@ -153,6 +178,8 @@ pub struct IdleTracker {
     last_signal: Option<Signal>,
     /// `RunAi`: the current 30 s window's index and whether a non-zero sample fell in it.
     runai_window: Option<(u64, bool)>,
+    /// Activity that resets the idle time has been seen (by the model's own rule).
+    active_seen: bool,
 }
 
 impl IdleTracker {
@@ -167,7 +194,13 @@ impl IdleTracker {
             gap_since: None,
             last_signal: None,
             runai_window: None,
+            active_seen: false,
         }
+    }
+
+    /// Whether activity that resets the idle time (by the model's rule) has been seen.
+    pub fn active_seen(&self) -> bool {
+        self.active_seen
     }
 
     /// Idle time accumulated so far.
@@ -273,6 +306,7 @@ impl IdleTracker {
                 }
                 if !idle && self.sustained(horizon) {
                     self.idle_ms = 0;
+                    self.active_seen = true;
                 }
                 // The time to the next observation is idle unless the idle time was just reset
                 // (or never started): a busy but unsustained sample keeps the clock running.
@@ -285,6 +319,7 @@ impl IdleTracker {
                 } else {
                     self.idle_ms = 0;
                     self.accruing = false;
+                    self.active_seen = true;
                 }
             }
             IdleModel::RunAi => self.runai_sample(at, value == 0),
@@ -312,6 +347,7 @@ impl IdleTracker {
                 // The window closed: settle it, then open this sample's window.
                 if nonzero {
                     self.idle_ms = 0;
+                    self.active_seen = true;
                 } else {
                     self.idle_ms = self.idle_ms.saturating_add(RUNAI_WINDOW_MS);
                 }

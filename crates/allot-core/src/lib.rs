@@ -21,8 +21,8 @@ mod render;
 mod topology;
 
 pub use decision::{
-    AdmitReason, Decision, DeferReason, DeviceShare, MemberPlacement, MigSlot, Placement,
-    PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
+    AdmitReason, Decision, DeferReason, DeviceShare, IdleFacts, MemberPlacement, MigSlot,
+    Placement, PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 pub use engine::{
     ConfigError, DefragPlan, DefragVictim, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX,
@@ -32,6 +32,7 @@ pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
-    Checkpointing, Defragmentation, DeviceSpec, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
+    Checkpointing, Defragmentation, DeviceSpec, GpuRequest, IDLE_BACKOFF_MAX_MS, IdlePolicySpec,
+    IdleWhen, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
 };

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::idle::IdleRule;
 use crate::ids::{Shares, Timestamp, WorkloadId};
 use crate::mig::MigProfile;
 
@@ -49,6 +50,70 @@ pub struct PolicySpec {
     /// Defragmentation: `Some` lets the arbiter move preemptible work out of the way of a
     /// workload that fits the free capacity in total but not in one place. `None`: off.
     pub defragmentation: Option<Defragmentation>,
+    /// Idle reclaim rules, in order: the first whose scope covers a workload judges it. A
+    /// workload no rule covers is never judged idle.
+    pub idle: Vec<IdlePolicySpec>,
+    /// The arbiter's restart cost per GPU of a victim (image pull, start-up, warm-up), on
+    /// top of the work it loses since its last checkpoint.
+    pub restart_cost_ms: u64,
+    /// First wait before work stopped for idleness may resume; doubled for each further idle
+    /// reclaim of the same workload in a row, at most `IDLE_BACKOFF_MAX_MS`.
+    pub idle_resume_backoff_ms: u64,
+}
+
+/// Longest wait before idle-reclaimed work may resume.
+pub const IDLE_BACKOFF_MAX_MS: u64 = 4 * 3_600_000;
+
+/// When an idle workload is reclaimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum IdleWhen {
+    /// Only for a pending workload that quota and priority admit and that can be placed on
+    /// real nodes once the chosen victims are gone (the `amd_rm` model: AMD's GPU-count check).
+    #[default]
+    OnPressure,
+    /// As soon as the idle timer has run out (and the warning has been given).
+    Always,
+    /// Never: warn and record what would have been reclaimed.
+    ReportOnly,
+}
+
+impl IdleWhen {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleWhen::OnPressure => "on_pressure",
+            IdleWhen::Always => "always",
+            IdleWhen::ReportOnly => "report_only",
+        }
+    }
+}
+
+/// One idle reclaim rule of the policy (PRODUCT.md §3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdlePolicySpec {
+    /// Names the rule in decisions and explanations.
+    pub name: String,
+    /// Projects covered; empty: every project.
+    pub projects: Vec<String>,
+    /// Workload kinds covered; empty: every kind.
+    pub kinds: Vec<WorkloadKind>,
+    /// Priority classes this rule never reclaims (their idleness is still reported).
+    pub exempt_classes: Vec<String>,
+    /// How idleness is judged: model, threshold, timer, sustain window, missing telemetry,
+    /// start-up grace.
+    pub rule: IdleRule,
+    pub when: IdleWhen,
+    /// What a reclaim does to the workload.
+    pub action: PreemptionMode,
+    /// A `Warn` decision comes this long before the action.
+    pub warn_before_ms: u64,
+}
+
+impl IdlePolicySpec {
+    /// Whether the rule covers a workload of `project` and `kind`.
+    pub fn covers(&self, project: &str, kind: WorkloadKind) -> bool {
+        (self.projects.is_empty() || self.projects.iter().any(|p| p == project))
+            && (self.kinds.is_empty() || self.kinds.contains(&kind))
+    }
 }
 
 /// The defragmentation policy (ARCHITECTURE.md, "Defragmentation").
@@ -62,6 +127,13 @@ pub struct Defragmentation {
 impl Defragmentation {
     /// Two minutes of restart per GPU moved.
     pub const DEFAULT_RESTART_COST_MS: u64 = 120_000;
+}
+
+impl PolicySpec {
+    /// The arbiter's default restart cost per GPU: two minutes.
+    pub const DEFAULT_RESTART_COST_MS: u64 = 120_000;
+    /// The default first backoff before idle-reclaimed work resumes: five minutes.
+    pub const DEFAULT_IDLE_RESUME_BACKOFF_MS: u64 = 300_000;
 }
 
 impl Default for Defragmentation {

@@ -1,7 +1,8 @@
 //! Decisions and reasons as sentences with names, for the CLI, logs and `why`.
 
 use crate::decision::{
-    AdmitReason, Decision, DeferReason, Placement, PreemptReason, RejectReason, StopReason,
+    AdmitReason, Decision, DeferReason, IdleFacts, Placement, PreemptReason, RejectReason,
+    StopReason,
 };
 use crate::engine::{DefragPlan, Engine, Stage};
 use crate::explain::{Counterfactual, Explanation};
@@ -97,6 +98,15 @@ impl Engine {
                             )
                         }
                     ),
+                    PreemptReason::Idle { idle, gpu_count_only } => format!(
+                        "{}{}",
+                        self.render_idle(idle),
+                        if *gpu_count_only {
+                            " (amd_rm: pressure counted in GPUs, the waiting workload not placed)"
+                        } else {
+                            ""
+                        }
+                    ),
                 };
                 let grace = checkpoint_grace_ms
                     .map(|g| format!(", checkpoint first (grace {g} ms)"))
@@ -110,6 +120,21 @@ impl Engine {
                 }
             },
             Decision::Defer { reason, .. } => self.render_defer(reason),
+            Decision::Warn { idle, action_at, .. } => match action_at {
+                Some(at) => format!(
+                    "{}; will {} at t={} ms unless active again",
+                    self.render_idle(idle),
+                    idle.action.as_str(),
+                    at.0
+                ),
+                None => format!("{}; reported only, not reclaimed", self.render_idle(idle)),
+            },
+            Decision::Reclaim { mode, idle, checkpoint_grace_ms, .. } => {
+                let grace = checkpoint_grace_ms
+                    .map(|g| format!(", checkpoint first (grace {g} ms)"))
+                    .unwrap_or_default();
+                format!("{}: {}{grace}", mode.as_str(), self.render_idle(idle))
+            }
             Decision::Reject { reason, .. } => match reason {
                 RejectReason::UnknownProject { name } => format!("unknown project {name:?}"),
                 RejectReason::UnknownPriorityClass { name } => {
@@ -124,8 +149,35 @@ impl Engine {
         }
     }
 
+    /// "idle 20 min (timer 15 min, below 10 % by SM-active; rule 'notebooks', always)".
+    pub fn render_idle(&self, idle: &IdleFacts) -> String {
+        let signal = match idle.signal {
+            Some(crate::idle::Signal::SmActive) => "SM-active",
+            Some(crate::idle::Signal::EngineActive) => "engine-active",
+            Some(crate::idle::Signal::Utilisation) => "utilisation",
+            None => "no sample",
+        };
+        let gap = idle
+            .telemetry_gap_since
+            .map(|t| format!("; telemetry missing since t={} ms", t.0))
+            .unwrap_or_default();
+        format!(
+            "idle {} (timer {}, below {}.{} % by {signal}; rule {:?}, {}){gap}",
+            duration(idle.idle_ms),
+            duration(idle.idle_timer_ms),
+            idle.threshold_permille / 10,
+            idle.threshold_permille % 10,
+            self.idle_rule_name(idle.rule),
+            idle.when.as_str(),
+        )
+    }
+
     pub fn render_defer(&self, reason: &DeferReason) -> String {
         match reason {
+            DeferReason::IdleBackoff { until, reclaims } => format!(
+                "reclaimed for idleness {reclaims} time(s) in a row; may resume at t={} ms",
+                until.0
+            ),
             DeferReason::NoQuotaForModel { project } => format!(
                 "project {} has no quota for any GPU model this workload accepts",
                 self.project_name(*project)

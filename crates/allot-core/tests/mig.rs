@@ -128,6 +128,9 @@ fn engine_refuses_mig_without_a_table() {
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
         defragmentation: None,
+        idle: Vec::new(),
+        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
     };
     assert!(Engine::new(&[node("H200")], &policy).is_ok());
     let error = Engine::new(&[node("A100")], &policy).expect_err("no table for A100");

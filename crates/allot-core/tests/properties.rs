@@ -478,6 +478,9 @@ fn build(raw: &RawCase) -> Case {
         fair_share_half_life_ms: raw.half_life_ms,
         preemption_mode: mode_of(raw.mode),
         defragmentation: raw.defrag.map(|restart_cost_ms| Defragmentation { restart_cost_ms }),
+        idle: Vec::new(),
+        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
     };
 
     let mut now = 0u64;
@@ -827,6 +830,9 @@ impl<'a> Checker<'a> {
                     i += 1;
                 }
                 Decision::Reject { .. } => i += 1,
+                Decision::Warn { workload, .. } | Decision::Reclaim { workload, .. } => {
+                    return Err(format!("idle decision for {workload} without idle rules"));
+                }
                 Decision::Preempt { for_workload, .. } => {
                     // One plan: the consecutive pre-emptions for one workload.
                     let claimant = *for_workload;
@@ -1004,6 +1010,9 @@ impl<'a> Checker<'a> {
                         *moved.entry((v.project.clone(), vkey.clone())).or_default() += vshares.0;
                     }
                 }
+                PreemptReason::Idle { .. } => {
+                    return Err(format!("idle pre-emption of {victim} without idle rules"));
+                }
             }
         }
         // The borrower still borrowed when its last victim was chosen.
@@ -1149,6 +1158,9 @@ fn check_gang_uses_empty_node(
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
         defragmentation: None,
+        idle: Vec::new(),
+        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
     };
     let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
     let mut id = 0u64;

@@ -36,9 +36,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use allot_core::{
-    Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest, MigProfile,
-    NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel,
-    QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
+    Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
+    IdlePolicySpec, MigProfile, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
+    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -99,6 +99,9 @@ struct Setup {
     mode: PreemptionMode,
     projects: Vec<ProjectSpec>,
     defrag: Option<Defragmentation>,
+    idle: Vec<IdlePolicySpec>,
+    restart_cost_ms: Option<u64>,
+    backoff_ms: Option<u64>,
 }
 
 struct Run {
@@ -279,6 +282,11 @@ fn build(setup: &Setup) -> Result<Run, String> {
         fair_share_half_life_ms: setup.half_life_ms,
         preemption_mode: setup.mode,
         defragmentation: setup.defrag,
+        idle: setup.idle.clone(),
+        restart_cost_ms: setup.restart_cost_ms.unwrap_or(PolicySpec::DEFAULT_RESTART_COST_MS),
+        idle_resume_backoff_ms: setup
+            .backoff_ms
+            .unwrap_or(PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS),
     };
     let engine = Engine::new(&setup.nodes, &policy).map_err(|e| e.to_string())?;
     Ok(Run { engine, ids: BTreeMap::new(), next_id: 1, out: String::new() })

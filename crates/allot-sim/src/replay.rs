@@ -552,7 +552,9 @@ impl Sim<'_> {
                 };
                 self.push(t_ms + ms(delay), Happening::Start { job, run });
             }
-            Decision::Preempt { mode, checkpoint_grace_ms, .. } => {
+            Decision::Warn { .. } => {}
+            Decision::Preempt { mode, checkpoint_grace_ms, .. }
+            | Decision::Reclaim { mode, checkpoint_grace_ms, .. } => {
                 self.preemptions += 1;
                 let s = &mut self.state[job];
                 if let Some(r) = s.run.as_mut() {

@@ -64,6 +64,9 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
         fair_share_half_life_ms: 0,
         preemption_mode: mode,
         defragmentation: None,
+        idle: Vec::new(),
+        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
     }
 }
 

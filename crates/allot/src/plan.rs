@@ -228,7 +228,10 @@ fn reason_code(d: &Decision) -> &'static str {
             PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
             PreemptReason::Priority { .. } => "priority",
             PreemptReason::Defragment { .. } => "defragment",
+            PreemptReason::Idle { .. } => "idle",
         },
+        Decision::Warn { .. } => "idle_warning",
+        Decision::Reclaim { .. } => "idle",
         Decision::Stop { reason, .. } => match reason {
             StopReason::Cancelled => "cancelled",
             StopReason::MaxRuntimeExceeded { .. } => "max_runtime_exceeded",
@@ -242,6 +245,7 @@ fn reason_code(d: &Decision) -> &'static str {
             DeferReason::NoMigProfile { .. } => "no_mig_profile",
             DeferReason::WaitingForPreemption { .. } => "waiting_for_preemption",
             DeferReason::BlockedByFifo { .. } => "blocked_by_fifo",
+            DeferReason::IdleBackoff { .. } => "idle_backoff",
         },
         Decision::Reject { reason, .. } => match reason {
             RejectReason::UnknownProject { .. } => "unknown_project",

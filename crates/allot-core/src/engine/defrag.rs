@@ -27,7 +27,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Engine, Stage, VictimKey, WorkloadState};
+use super::{Engine, Stage, VictimKey, WorkloadState, victim_cost};
 use crate::capacity::Layout;
 use crate::decision::{Placement, PreemptReason, QuotaKey};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
@@ -115,7 +115,8 @@ impl Engine {
             for &v in running {
                 let Some(vw) = self.workloads.get(&v) else { continue };
                 if v != id && self.defrag_candidate(now, vw, m, priority) {
-                    let cost = defrag_cost(now, vw, policy);
+                    let cost =
+                        victim_cost(now, vw, self.idle_discount_ms(v), policy.restart_cost_ms);
                     candidates.push((self.victim_key(now, vw, 0), cost));
                 }
             }
@@ -360,17 +361,4 @@ impl Engine {
         self.capacity.give(placement, ccpu, cmem);
         all
     }
-}
-
-/// A victim's cost in GPU-ms: work lost since its last checkpoint (since its start when it is
-/// not checkpointable) plus the restart cost, both per GPU it holds.
-fn defrag_cost(now: Timestamp, v: &WorkloadState, policy: Defragmentation) -> u64 {
-    let shares = v.spec.total_shares().0;
-    let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
-    let since = if v.spec.checkpointing.is_some() {
-        v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started)
-    } else {
-        started
-    };
-    shares.saturating_mul(now.since(since).saturating_add(policy.restart_cost_ms)) / SHARES_PER_GPU
 }

@@ -186,10 +186,11 @@ impl Engine {
                     now
                 }
             };
-            if when == IdleWhen::OnPressure && self.idle_ready(now, id, IdleWhen::OnPressure) {
-                if let Some(s) = self.idle.get_mut(&id) {
-                    s.offered = true;
-                }
+            if when == IdleWhen::OnPressure
+                && self.idle_ready(now, id, IdleWhen::OnPressure)
+                && let Some(s) = self.idle.get_mut(&id)
+            {
+                s.offered = true;
             }
             if when == IdleWhen::Always
                 && !exempt

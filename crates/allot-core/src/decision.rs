@@ -3,7 +3,7 @@
 //! Decisions carry ids, not names, so a cycle over 50,000 workloads allocates little;
 //! `Engine::render` turns one into a sentence with names.
 
-use crate::idle::Signal;
+use crate::idle::{IdleModel, Signal};
 use crate::ids::{ModelId, NodeId, ProjectId, Shares, Timestamp, WorkloadId};
 use crate::mig::MigProfile;
 use crate::model::{IdleWhen, PreemptionMode};
@@ -156,8 +156,9 @@ pub enum PreemptReason {
 /// The evidence behind an idle warning or reclaim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdleFacts {
-    /// Index of the policy's idle rule that judged the workload.
+    /// Index of the policy's idle rule that judged the workload, and the rule's model.
     pub rule: u32,
+    pub model: IdleModel,
     /// Idle time by that rule's model, and its timer.
     pub idle_ms: u64,
     pub idle_timer_ms: u64,

@@ -1695,9 +1695,17 @@ impl Engine {
         let mut decisions = Vec::with_capacity(victims.len());
         for (v, reason) in victims {
             let Some(vw) = self.workloads.get(&v) else { continue };
-            let mode = self.projects[vw.project.0 as usize].mode;
             let checkpoint_grace_ms = vw.spec.checkpointing.map(|c| c.grace_ms);
-            self.mark_stopping(v, StopKind::Preempted(mode));
+            // An idle victim gets its rule's action and the idle backoff; others the mode of
+            // their project.
+            let (mode, kind) = match &reason {
+                PreemptReason::Idle { idle, .. } => (idle.action, StopKind::Idle(idle.action)),
+                _ => {
+                    let mode = self.projects[vw.project.0 as usize].mode;
+                    (mode, StopKind::Preempted(mode))
+                }
+            };
+            self.mark_stopping(v, kind);
             decisions.push(Decision::Preempt {
                 victim: v,
                 for_workload: preemptor,

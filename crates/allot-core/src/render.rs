@@ -6,6 +6,7 @@ use crate::decision::{
 };
 use crate::engine::{DefragPlan, Engine, Stage};
 use crate::explain::{Counterfactual, Explanation};
+use crate::idle::IdleModel;
 use crate::model::{GpuRequest, PreemptionMode};
 
 impl Engine {
@@ -161,12 +162,23 @@ impl Engine {
             .telemetry_gap_since
             .map(|t| format!("; telemetry missing since t={} ms", t.0))
             .unwrap_or_default();
+        let below = match idle.model {
+            IdleModel::RunAi => format!("30 s windows of exactly 0 % {signal} (runai)"),
+            IdleModel::AmdRm => format!(
+                "below {}.{} % {signal}, reset by any one sample (amd_rm)",
+                idle.threshold_permille / 10,
+                idle.threshold_permille % 10
+            ),
+            IdleModel::Allot => format!(
+                "below {}.{} % by {signal}",
+                idle.threshold_permille / 10,
+                idle.threshold_permille % 10
+            ),
+        };
         format!(
-            "idle {} (timer {}, below {}.{} % by {signal}; rule {:?}, {}){gap}",
+            "idle {} (timer {}, {below}; rule {:?}, {}){gap}",
             duration(idle.idle_ms),
             duration(idle.idle_timer_ms),
-            idle.threshold_permille / 10,
-            idle.threshold_permille % 10,
             self.idle_rule_name(idle.rule),
             idle.when.as_str(),
         )

@@ -11,13 +11,25 @@
 //! half-life MS                         # fair-share half-life (default 0)
 //! mode suspend|requeue|delete          # default pre-emption mode
 //! defrag [restart=MS]                  # defragmentation on (restart cost per GPU, default 2 min)
+//! restart-cost MS                      # the arbiter's restart cost per victim GPU (default 2 min)
+//! backoff MS                           # first idle resume backoff (default 5 min)
+//! idle-rule NAME [projects=A|B] [kinds=notebook|..] [exempt=CLASS|..]
+//!              [model=allot|amd_rm|runai] [threshold=PCT] [timer=MS] [sustain=MS]
+//!              [missing=hold|idle|active] [grace=MS] [when=on_pressure|always|report_only]
+//!              [action=suspend|requeue|delete] [warn=MS]   # defaults: allot's (10 %, 15 min,
+//!                                      # 60 s, hold, 5 min grace, on_pressure, suspend, warn 0)
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
 //! submit NAME PROJECT gpus=N|0.5|3g.40gb [members=N] [class=C] [models=A|B]
 //!              [same-node|prefer-same-node]
 //!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
-//!              [checkpoint=GRACE_MS] [deadline=MS] at=MS
+//!              [checkpoint=GRACE_MS] [deadline=MS] [kind=notebook|..] at=MS
 //! start|fail|stop|finish|cancel|checkpoint NAME|id:N at=MS  # id:N: a raw id, maybe unknown
+//! sample NAME [util=P,..] [sm=P,..] [engine=P,..] at=MS  # telemetry, percent per allocated
+//!                                      # device in placement order (one value: every device);
+//!                                      # no value at all: telemetry missing
+//! samples NAME from=MS to=MS every=MS [util=..] [sm=..] [engine=..]  # the same, repeated
+//! probe NAME last=MS at=MS             # an application probe saw activity at `last`
 //! decide at=MS                         # prints each decision
 //! settle at=MS                         # decide, then start every admit and stop every
 //!                                      # victim, until nothing changes; prints it all
@@ -35,10 +47,12 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use allot_core::idle::{DeviceReading, IdleRule, MissingTelemetry};
 use allot_core::{
     Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
-    IdlePolicySpec, MigProfile, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
-    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
+    IdlePolicySpec, IdleWhen, MigProfile, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
+    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadKind,
+    WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -123,7 +137,16 @@ fn run(script: &str) -> Result<String, String> {
         let ctx = |e: String| format!("line {}: {e}: {raw}", n + 1);
         let is_setup = matches!(
             words[0],
-            "node" | "class" | "default" | "half-life" | "mode" | "project" | "defrag"
+            "node"
+                | "class"
+                | "default"
+                | "half-life"
+                | "mode"
+                | "project"
+                | "defrag"
+                | "restart-cost"
+                | "backoff"
+                | "idle-rule"
         );
         if is_setup {
             if state.is_some() {
@@ -253,9 +276,111 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                 preemption_mode: args.get("mode").map(|m| mode(m)).transpose()?,
             });
         }
+        "restart-cost" => {
+            setup.restart_cost_ms = Some(num(words.get(1).ok_or("restart-cost needs ms")?)?)
+        }
+        "backoff" => setup.backoff_ms = Some(num(words.get(1).ok_or("backoff needs ms")?)?),
+        "idle-rule" => setup.idle.push(idle_rule(words, &args)?),
         other => return Err(format!("unknown setup {other}")),
     }
     Ok(())
+}
+
+fn idle_rule(words: &[&str], args: &BTreeMap<&str, &str>) -> Result<IdlePolicySpec, String> {
+    let list = |key: &str| -> Vec<String> {
+        args.get(key).map(|v| v.split('|').map(String::from).collect()).unwrap_or_default()
+    };
+    let timer = args.get("timer").map(|t| num(t)).transpose()?;
+    // Per model, the defaults a policy file gets: AMD deletes on pressure, Run:ai suspends
+    // always, allot suspends on pressure.
+    let (mut rule, default_when, default_action) =
+        match args.get("model").copied().unwrap_or("allot") {
+            "allot" => (IdleRule::allot_default(), "on_pressure", "suspend"),
+            "amd_rm" => (IdleRule::amd_rm(100, 15 * 60_000), "on_pressure", "delete"),
+            "runai" => (IdleRule::runai(15 * 60_000), "always", "suspend"),
+            other => return Err(format!("unknown idle model {other}")),
+        };
+    if let Some(t) = timer {
+        rule.idle_timer_ms = t;
+    }
+    if let Some(p) = args.get("threshold") {
+        rule.threshold_permille = (num(p)? * 10) as u16;
+    }
+    if let Some(s) = args.get("sustain") {
+        rule.sustain_ms = num(s)?;
+    }
+    if let Some(g) = args.get("grace") {
+        rule.min_runtime_ms = num(g)?;
+    }
+    if let Some(m) = args.get("missing") {
+        rule.missing = match *m {
+            "hold" => MissingTelemetry::Hold,
+            "idle" => MissingTelemetry::Idle,
+            "active" => MissingTelemetry::Active,
+            other => return Err(format!("unknown missing mode {other}")),
+        };
+    }
+    let kinds = list("kinds").iter().map(|k| kind(k)).collect::<Result<Vec<_>, _>>()?;
+    Ok(IdlePolicySpec {
+        name: words.get(1).ok_or("idle-rule needs a name")?.to_string(),
+        projects: list("projects"),
+        kinds,
+        exempt_classes: list("exempt"),
+        rule,
+        when: match args.get("when").copied().unwrap_or(default_when) {
+            "on_pressure" => IdleWhen::OnPressure,
+            "always" => IdleWhen::Always,
+            "report_only" => IdleWhen::ReportOnly,
+            other => return Err(format!("unknown when {other}")),
+        },
+        action: mode(args.get("action").copied().unwrap_or(default_action))?,
+        warn_before_ms: args.get("warn").map_or(Ok(0), |w| num(w))?,
+    })
+}
+
+fn kind(s: &str) -> Result<WorkloadKind, String> {
+    match s {
+        "training" => Ok(WorkloadKind::Training),
+        "batch" => Ok(WorkloadKind::Batch),
+        "notebook" => Ok(WorkloadKind::Notebook),
+        "inference" => Ok(WorkloadKind::Inference),
+        "service" => Ok(WorkloadKind::Service),
+        other => Err(format!("unknown kind {other}")),
+    }
+}
+
+/// One reading per device of the workload's placement; values in percent, one per device in
+/// placement order or one for all. No values at all: every device reports nothing.
+fn readings(
+    run: &Run,
+    id: WorkloadId,
+    args: &BTreeMap<&str, &str>,
+) -> Result<Vec<DeviceReading>, String> {
+    let placement = run.engine.placement(id).ok_or("workload holds no placement")?;
+    let parse = |key: &str| -> Result<Option<Vec<u16>>, String> {
+        args.get(key)
+            .map(|v| v.split(',').map(|p| num(p).map(|p| (p * 10) as u16)).collect())
+            .transpose()
+    };
+    let (util, sm, engine) = (parse("util")?, parse("sm")?, parse("engine")?);
+    let pick = |values: &Option<Vec<u16>>, i: usize| -> Option<u16> {
+        values.as_ref().and_then(|v| v.get(i).or(v.first()).copied())
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    for (member, m) in placement.members.iter().enumerate() {
+        for d in &m.devices {
+            out.push(DeviceReading {
+                member: member as u32,
+                shares: d.shares,
+                sm_active: pick(&sm, i),
+                engine_active: pick(&engine, i),
+                utilisation: pick(&util, i),
+            });
+            i += 1;
+        }
+    }
+    Ok(out)
 }
 
 fn mode(s: &str) -> Result<PreemptionMode, String> {
@@ -306,7 +431,8 @@ fn id_of(run: &Run, name: &str) -> Result<WorkloadId, String> {
 }
 
 fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
-    let now = at(words).or_else(|e| if words[0] == "usage" { Ok(Timestamp(0)) } else { Err(e) })?;
+    let untimed = matches!(words[0], "usage" | "samples");
+    let now = at(words).or_else(|e| if untimed { Ok(Timestamp(0)) } else { Err(e) })?;
     let name = words.get(1).copied().unwrap_or("");
     match words[0] {
         "submit" => {
@@ -337,6 +463,7 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
             spec.max_runtime_ms = args.get("max-runtime").map(|m| num(m)).transpose()?;
             spec.deadline = args.get("deadline").map(|d| num(d).map(Timestamp)).transpose()?;
             spec.preemptible = flag(words, "fixed").then_some(false);
+            spec.kind = args.get("kind").map_or(Ok(WorkloadKind::Training), |k| kind(k))?;
             spec.checkpointing = args
                 .get("checkpoint")
                 .map(|g| {
@@ -358,6 +485,31 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
             };
             run.engine.apply(now, event);
         }
+        "sample" => {
+            let workload = id_of(run, name)?;
+            let readings = readings(run, workload, &kv(words))?;
+            run.engine.apply(now, Event::ActivitySampled { workload, readings });
+        }
+        "samples" => {
+            let workload = id_of(run, name)?;
+            let args = kv(words);
+            let from = num(args.get("from").ok_or("samples needs from=")?)?;
+            let to = num(args.get("to").ok_or("samples needs to=")?)?;
+            let every = num(args.get("every").ok_or("samples needs every=")?)?.max(1);
+            let readings = readings(run, workload, &args)?;
+            let mut t = from;
+            while t <= to {
+                let event = Event::ActivitySampled { workload, readings: readings.clone() };
+                run.engine.apply(Timestamp(t), event);
+                t += every;
+            }
+        }
+        "probe" => {
+            let workload = id_of(run, name)?;
+            let last = num(kv(words).get("last").ok_or("probe needs last=")?)?;
+            run.engine
+                .apply(now, Event::ActivityProbed { workload, last_activity: Timestamp(last) });
+        }
         "decide" => {
             let decisions = run.engine.decide(now);
             print_decisions(run, now, &decisions);
@@ -374,6 +526,7 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
                             acted = true;
                         }
                         Decision::Preempt { victim, .. }
+                        | Decision::Reclaim { workload: victim, .. }
                         | Decision::Stop { workload: victim, .. } => {
                             run.engine.apply(now, Event::WorkloadStopped { workload: *victim });
                             acted = true;

@@ -93,6 +93,11 @@ impl Engine {
         if let Some(last) = probe {
             state.tracker.probe(now, last);
         }
+        let active = state.tracker.active_seen() && state.tracker.idle_ms() == 0;
+        if active && let Some(w) = self.workloads.get_mut(&id) {
+            // Sustained activity since the last resume: the backoff count starts over.
+            w.idle_reclaims = 0;
+        }
     }
 
     /// The facts behind a warning or reclaim of a tracked workload.
@@ -101,6 +106,7 @@ impl Engine {
         let spec = self.idle_rules.get(state.rule as usize)?;
         Some(IdleFacts {
             rule: state.rule,
+            model: spec.rule.model,
             idle_ms: state.tracker.idle_ms(),
             idle_timer_ms: spec.rule.idle_timer_ms,
             threshold_permille: spec.rule.threshold_permille,
@@ -152,13 +158,6 @@ impl Engine {
                 IdleStatus::Idle { idle_ms } => idle_ms,
                 IdleStatus::Grace | IdleStatus::Active => 0,
             };
-            if status == IdleStatus::Active
-                && state.tracker.active_seen()
-                && let Some(w) = self.workloads.get_mut(&id)
-            {
-                // Sustained activity since the last resume: the backoff count starts over.
-                w.idle_reclaims = 0;
-            }
             let warn_from = timer.saturating_sub(warn_before).max(1);
             let exempt = state.exempt;
             let warned_at = state.warned_at;

@@ -672,6 +672,54 @@ impl Engine {
         Ok(())
     }
 
+    /// The cluster now, for the ledger: capacity, allocated and free shares, and the free
+    /// shares no pending request could use (fragmented: on a device or node where no pending
+    /// member fits — wrong model, too few whole devices or shares, or the host's CPU or memory
+    /// gone). Costs O(devices × distinct pending shapes).
+    pub fn cluster_snapshot(&self) -> crate::ledger::ClusterSnapshot {
+        let mut shapes: BTreeSet<(Vec<ModelId>, MemberShape)> = BTreeSet::new();
+        for queue in &self.queues {
+            for &(_, _, id) in queue {
+                if let Some(w) = self.workloads.get(&id)
+                    && w.spec.total_shares() > Shares::ZERO
+                {
+                    shapes.insert((self.candidate_models(w).to_vec(), w.shape()));
+                }
+            }
+        }
+        let (mut capacity, mut free, mut fragmented) = (0u64, 0u64, 0u64);
+        for node in &self.capacity.nodes {
+            for d in &node.devices {
+                capacity += SHARES_PER_GPU;
+                let f = u64::from(d.free);
+                free += f;
+                if f == 0 {
+                    continue;
+                }
+                let usable = shapes.iter().any(|(models, shape)| {
+                    models.contains(&d.model)
+                        && node.fits_host(shape.cpu, shape.mem)
+                        && match shape.gpus {
+                            GpuRequest::Whole(k) => {
+                                f == SHARES_PER_GPU && node.whole_free(d.model) >= k
+                            }
+                            GpuRequest::Shares(s) => f >= u64::from(s),
+                            GpuRequest::Mig(p) => d.mig.is_some() && f >= p.shares().0,
+                        }
+                });
+                if !usable {
+                    fragmented += f;
+                }
+            }
+        }
+        crate::ledger::ClusterSnapshot {
+            capacity_shares: capacity,
+            allocated_shares: capacity - free,
+            free_shares: free,
+            fragmented_shares: fragmented,
+        }
+    }
+
     // ----- events ---------------------------------------------------------------------------
 
     /// Applies one fact. Events about unknown workloads are ignored, so duplicated or late

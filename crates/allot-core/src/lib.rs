@@ -12,6 +12,7 @@ mod event;
 mod explain;
 pub mod idle;
 mod ids;
+pub mod ledger;
 pub mod mig;
 mod mig_audit;
 mod model;

@@ -1,0 +1,453 @@
+//! The goodput ledger: a pure fold over the engine's events and decisions (PRODUCT.md §1,
+//! "an honest ledger of allocated vs active vs useful GPU-hours").
+//!
+//! Feed it what the engine was told and what it decided, in order, with their times
+//! ([`Ledger::event`], [`Ledger::decision`]), and, for the cluster-wide books, snapshots of the
+//! cluster ([`Ledger::cluster`], from `Engine::cluster_snapshot`). It keeps, per workload, user,
+//! project and cluster, and per period (`period_ms`, e.g. a day):
+//!
+//! - **allocated**: shares held × time, from the `Admit` until the devices are free again
+//!   (`WorkloadStopped`/`WorkloadFinished`/`AllocationFailed`); fractional GPUs by share;
+//! - **active**: allocated × the activity of the latest sample (`ActivitySampled`, the busiest
+//!   member, permille of the share held; piecewise constant until the next sample); time
+//!   without a sample (start-up, telemetry gaps) counts as not active;
+//! - **idle-allocated** = allocated − active;
+//! - **lost to pre-emption**: at a stop after `Preempt`/`Reclaim`, the allocated time since the
+//!   last checkpoint of this run (the whole run when there is none, or for `requeue`/`delete`),
+//!   and the active part of it, which is no longer useful;
+//! - **checkpoint overhead**: allocated time between a pre-emption that asked for a checkpoint
+//!   and the stop (the grace);
+//! - **useful** = active − the active part of what was lost; **goodput** = useful / allocated;
+//! - **queue delay** (submit or requeue → admit) and **startup delay** (admit → started), in
+//!   ms, with the number of admissions and starts they are summed over.
+//!
+//! Cluster-wide, from snapshots (piecewise constant until the next): capacity, allocated, free
+//! and fragmented (free, but no pending request could use it) — so allocated + free =
+//! capacity × time exactly. Amounts are share-milliseconds (1000 shares × 3,600,000 ms = one
+//! GPU-hour) in `u128`: exact, no float until [`Books::gpu_hours`].
+
+use std::collections::BTreeMap;
+
+use crate::decision::Decision;
+use crate::event::Event;
+use crate::idle::DeviceReading;
+use crate::ids::{SHARES_PER_GPU, Timestamp, WorkloadId};
+use crate::model::PreemptionMode;
+
+/// One GPU-hour in share-milliseconds.
+pub const SHARE_MS_PER_GPU_HOUR: u128 = SHARES_PER_GPU as u128 * 3_600_000;
+
+/// Who a row of the ledger is about.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    Cluster,
+    Project(String),
+    User(String),
+    Workload(WorkloadId),
+}
+
+/// The books of one scope in one period. GPU amounts in share-ms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Books {
+    pub allocated: u128,
+    pub active: u128,
+    pub lost_to_preemption: u128,
+    /// The active part of `lost_to_preemption`.
+    pub lost_active: u128,
+    pub checkpoint_overhead: u128,
+    pub queue_delay_ms: u128,
+    pub admissions: u64,
+    pub startup_delay_ms: u128,
+    pub starts: u64,
+    pub preemptions: u64,
+    /// Cluster rows only: capacity, free and fragmented (free but unusable by the pending
+    /// demand) capacity.
+    pub capacity: u128,
+    pub free: u128,
+    pub fragmented: u128,
+}
+
+impl Books {
+    pub fn idle_allocated(&self) -> u128 {
+        self.allocated.saturating_sub(self.active)
+    }
+    pub fn useful(&self) -> u128 {
+        self.active.saturating_sub(self.lost_active)
+    }
+    /// Useful / allocated; 0 with nothing allocated.
+    pub fn goodput(&self) -> f64 {
+        if self.allocated == 0 { 0.0 } else { self.useful() as f64 / self.allocated as f64 }
+    }
+    /// Share-ms as GPU-hours.
+    pub fn gpu_hours(share_ms: u128) -> f64 {
+        share_ms as f64 / SHARE_MS_PER_GPU_HOUR as f64
+    }
+    fn add(&mut self, other: &Books) {
+        self.allocated += other.allocated;
+        self.active += other.active;
+        self.lost_to_preemption += other.lost_to_preemption;
+        self.lost_active += other.lost_active;
+        self.checkpoint_overhead += other.checkpoint_overhead;
+        self.queue_delay_ms += other.queue_delay_ms;
+        self.admissions += other.admissions;
+        self.startup_delay_ms += other.startup_delay_ms;
+        self.starts += other.starts;
+        self.preemptions += other.preemptions;
+        self.capacity += other.capacity;
+        self.free += other.free;
+        self.fragmented += other.fragmented;
+    }
+}
+
+/// The cluster at one time, as the ledger needs it (`Engine::cluster_snapshot`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterSnapshot {
+    pub capacity_shares: u64,
+    pub allocated_shares: u64,
+    pub free_shares: u64,
+    /// Free shares that no pending request could use now.
+    pub fragmented_shares: u64,
+}
+
+/// What the ledger remembers of one workload.
+#[derive(Clone, Debug, Default)]
+struct Tracked {
+    project: String,
+    user: String,
+    /// Submitted or requeued and not yet admitted: since then.
+    queued_since: Option<Timestamp>,
+    /// Holding devices: the shares and since when (the last time its books were brought up
+    /// to date).
+    shares: u64,
+    held_since: Option<Timestamp>,
+    admitted_at: Option<Timestamp>,
+    started_at: Option<Timestamp>,
+    /// Activity (permille of the share) of the latest sample of this run.
+    activity: Option<u16>,
+    last_checkpoint: Option<Timestamp>,
+    /// Allocated and active share-ms of this run since its last checkpoint (or its start).
+    since_checkpoint: (u128, u128),
+    /// The same since the run's admission (what `requeue`/`delete` lose).
+    this_run: (u128, u128),
+    /// Told to stop by a pre-emption: its mode and, if it was asked for a checkpoint, since
+    /// when the grace runs.
+    preempted: Option<(PreemptionMode, Option<Timestamp>)>,
+}
+
+/// The ledger. See the module docs.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    period_ms: u64,
+    workloads: BTreeMap<WorkloadId, Tracked>,
+    rows: BTreeMap<(Scope, u64), Books>,
+    cluster: Option<(Timestamp, ClusterSnapshot)>,
+}
+
+impl Ledger {
+    /// A ledger with periods of `period_ms` (at least 1 ms) from time 0.
+    pub fn new(period_ms: u64) -> Ledger {
+        Ledger {
+            period_ms: period_ms.max(1),
+            workloads: BTreeMap::new(),
+            rows: BTreeMap::new(),
+            cluster: None,
+        }
+    }
+
+    /// Every row: (scope, period index) → books. Period `p` covers `[p × period, (p+1) × period)`.
+    pub fn rows(&self) -> &BTreeMap<(Scope, u64), Books> {
+        &self.rows
+    }
+
+    /// One scope's books summed over every period.
+    pub fn total(&self, scope: &Scope) -> Books {
+        let mut sum = Books::default();
+        for ((s, _), b) in self.rows.range((scope.clone(), 0)..) {
+            if s != scope {
+                break;
+            }
+            sum.add(b);
+        }
+        sum
+    }
+
+    /// The scopes of one kind that have rows, e.g. every project.
+    pub fn scopes(&self) -> Vec<Scope> {
+        let mut out: Vec<Scope> = Vec::new();
+        for (s, _) in self.rows.keys() {
+            if out.last() != Some(s) {
+                out.push(s.clone());
+            }
+        }
+        out
+    }
+
+    /// Adds `f(books)` to every row the workload is counted in, for the span `[from, to)` split
+    /// by period; `amount(len)` is the share-ms of a piece of `len` ms.
+    fn book_span(
+        &mut self,
+        id: WorkloadId,
+        from: Timestamp,
+        to: Timestamp,
+        apply: impl Fn(&mut Books, u128),
+        amount: impl Fn(u64) -> u128,
+    ) {
+        let Some(t) = self.workloads.get(&id) else { return };
+        let scopes = [
+            Scope::Cluster,
+            Scope::Project(t.project.clone()),
+            Scope::User(t.user.clone()),
+            Scope::Workload(id),
+        ];
+        let mut at = from.0;
+        while at < to.0 {
+            let period = at / self.period_ms;
+            let end = ((period + 1).saturating_mul(self.period_ms)).min(to.0);
+            let piece = amount(end - at);
+            for scope in &scopes {
+                apply(self.rows.entry((scope.clone(), period)).or_default(), piece);
+            }
+            at = end;
+        }
+    }
+
+    /// Adds a count or delay at one instant to the workload's rows.
+    fn book_at(&mut self, id: WorkloadId, at: Timestamp, apply: impl Fn(&mut Books)) {
+        let Some(t) = self.workloads.get(&id) else { return };
+        let period = at.0 / self.period_ms;
+        let scopes = [
+            Scope::Cluster,
+            Scope::Project(t.project.clone()),
+            Scope::User(t.user.clone()),
+            Scope::Workload(id),
+        ];
+        for scope in scopes {
+            apply(self.rows.entry((scope, period)).or_default());
+        }
+    }
+
+    /// Brings a holding workload's books up to `now`.
+    fn catch_up(&mut self, id: WorkloadId, now: Timestamp) {
+        let Some(t) = self.workloads.get(&id) else { return };
+        let Some(since) = t.held_since.filter(|&s| s < now) else { return };
+        let (shares, activity) = (u128::from(t.shares), t.activity.map_or(0, u128::from));
+        let grace_from = t.preempted.and_then(|(_, g)| g);
+        self.book_span(id, since, now, |b, v| b.allocated += v, |len| shares * u128::from(len));
+        self.book_span(
+            id,
+            since,
+            now,
+            |b, v| b.active += v,
+            |len| shares * u128::from(len) * activity / 1000,
+        );
+        if let Some(g) = grace_from {
+            let from = g.max(since);
+            self.book_span(
+                id,
+                from,
+                now,
+                |b, v| b.checkpoint_overhead += v,
+                |len| shares * u128::from(len),
+            );
+        }
+        let len = u128::from(now.since(since));
+        if let Some(t) = self.workloads.get_mut(&id) {
+            let (alloc, act) = (shares * len, shares * len * activity / 1000);
+            t.since_checkpoint.0 += alloc;
+            t.since_checkpoint.1 += act;
+            t.this_run.0 += alloc;
+            t.this_run.1 += act;
+            t.held_since = Some(now);
+        }
+    }
+
+    /// The devices are free again: close the run; book what a pre-emption lost.
+    fn release(&mut self, id: WorkloadId, now: Timestamp, requeued: bool) {
+        self.catch_up(id, now);
+        let Some(t) = self.workloads.get_mut(&id) else { return };
+        let preempted = t.preempted.take();
+        let lost = match preempted {
+            Some((PreemptionMode::Suspend, _)) => Some(t.since_checkpoint),
+            Some((_, _)) => Some(t.this_run),
+            None => None,
+        };
+        t.held_since = None;
+        t.admitted_at = None;
+        t.started_at = None;
+        t.activity = None;
+        t.since_checkpoint = (0, 0);
+        t.this_run = (0, 0);
+        t.queued_since = requeued.then_some(now);
+        if let Some((alloc, act)) = lost {
+            self.book_at(id, now, |b| {
+                b.lost_to_preemption += alloc;
+                b.lost_active += act;
+                b.preemptions += 1;
+            });
+        }
+    }
+
+    /// Folds one event the engine was told at `now`.
+    pub fn event(&mut self, now: Timestamp, event: &Event) {
+        match event {
+            Event::WorkloadSubmitted(spec) => {
+                self.workloads.entry(spec.id).or_insert_with(|| Tracked {
+                    project: spec.project.clone(),
+                    user: spec.user.clone(),
+                    queued_since: Some(now),
+                    ..Tracked::default()
+                });
+            }
+            Event::AllocationStarted { workload } => {
+                let Some(t) = self.workloads.get_mut(workload) else { return };
+                if t.held_since.is_none() || t.started_at.is_some() {
+                    return;
+                }
+                t.started_at = Some(now);
+                let delay = t.admitted_at.map_or(0, |a| u128::from(now.since(a)));
+                self.book_at(*workload, now, |b| {
+                    b.startup_delay_ms += delay;
+                    b.starts += 1;
+                });
+            }
+            Event::AllocationFailed { workload, .. } => {
+                if self.workloads.get(workload).is_some_and(|t| t.held_since.is_some()) {
+                    self.release(*workload, now, true);
+                }
+            }
+            Event::CheckpointSaved { workload } => {
+                self.catch_up(*workload, now);
+                if let Some(t) = self.workloads.get_mut(workload) {
+                    t.last_checkpoint = Some(now);
+                    t.since_checkpoint = (0, 0);
+                }
+            }
+            Event::WorkloadStopped { workload } => {
+                let Some(t) = self.workloads.get(workload) else { return };
+                if t.held_since.is_none() {
+                    return;
+                }
+                let requeued = matches!(
+                    t.preempted,
+                    Some((PreemptionMode::Suspend | PreemptionMode::Requeue, _))
+                );
+                self.release(*workload, now, requeued);
+            }
+            Event::WorkloadFinished { workload } => {
+                if self.workloads.get(workload).is_some_and(|t| t.held_since.is_some()) {
+                    self.release(*workload, now, false);
+                }
+            }
+            Event::WorkloadCancelled { workload } => {
+                if let Some(t) = self.workloads.get_mut(workload)
+                    && t.held_since.is_none()
+                {
+                    t.queued_since = None;
+                }
+            }
+            Event::ActivitySampled { workload, readings } => {
+                self.catch_up(*workload, now);
+                if let Some(t) = self.workloads.get_mut(workload)
+                    && t.held_since.is_some()
+                {
+                    t.activity = busiest_member(readings);
+                }
+            }
+            Event::ActivityProbed { .. } => {}
+        }
+    }
+
+    /// Folds one decision the engine made at `now`.
+    pub fn decision(&mut self, now: Timestamp, decision: &Decision) {
+        match decision {
+            Decision::Admit { workload, placement, .. } => {
+                let shares: u64 = placement
+                    .members
+                    .iter()
+                    .flat_map(|m| m.devices.iter())
+                    .map(|d| u64::from(d.shares))
+                    .sum();
+                let Some(t) = self.workloads.get_mut(workload) else { return };
+                if t.held_since.is_some() {
+                    return;
+                }
+                let delay = t.queued_since.map_or(0, |q| u128::from(now.since(q)));
+                t.queued_since = None;
+                t.shares = shares;
+                t.held_since = Some(now);
+                t.admitted_at = Some(now);
+                t.last_checkpoint = None;
+                self.book_at(*workload, now, |b| {
+                    b.queue_delay_ms += delay;
+                    b.admissions += 1;
+                });
+            }
+            Decision::Preempt { victim: workload, mode, checkpoint_grace_ms, .. }
+            | Decision::Reclaim { workload, mode, checkpoint_grace_ms, .. } => {
+                self.catch_up(*workload, now);
+                if let Some(t) = self.workloads.get_mut(workload)
+                    && t.held_since.is_some()
+                {
+                    t.preempted = Some((*mode, checkpoint_grace_ms.map(|_| now)));
+                }
+            }
+            Decision::Reject { workload, .. } => {
+                self.workloads.remove(workload);
+            }
+            Decision::Stop { .. } | Decision::Defer { .. } | Decision::Warn { .. } => {}
+        }
+    }
+
+    /// Folds a snapshot of the cluster at `now`: the previous one's state is booked up to now.
+    pub fn cluster(&mut self, now: Timestamp, snapshot: ClusterSnapshot) {
+        if let Some((since, prev)) = self.cluster.take()
+            && since < now
+        {
+            let mut at = since.0;
+            while at < now.0 {
+                let period = at / self.period_ms;
+                let end = ((period + 1).saturating_mul(self.period_ms)).min(now.0);
+                let len = u128::from(end - at);
+                let b = self.rows.entry((Scope::Cluster, period)).or_default();
+                b.capacity += u128::from(prev.capacity_shares) * len;
+                b.free += u128::from(prev.free_shares) * len;
+                b.fragmented += u128::from(prev.fragmented_shares) * len;
+                at = end;
+            }
+        }
+        self.cluster = Some((now, snapshot));
+    }
+
+    /// Brings every open span (holding workloads, the cluster snapshot) up to `now`, so that
+    /// the books cover `[start, now)`.
+    pub fn close(&mut self, now: Timestamp) {
+        let holding: Vec<WorkloadId> = self
+            .workloads
+            .iter()
+            .filter(|(_, t)| t.held_since.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in holding {
+            self.catch_up(id, now);
+        }
+        if let Some((_, snapshot)) = self.cluster {
+            self.cluster(now, snapshot);
+        }
+    }
+}
+
+/// A sample's activity as the ledger books it: per member the share-weighted mean of its
+/// devices' best signal, normalised by the share held; the busiest member counts (as the idle
+/// evaluation's `Allot` model). `None` when no device reported anything.
+fn busiest_member(readings: &[DeviceReading]) -> Option<u16> {
+    let mut members: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for d in readings {
+        let Some((_, raw)) = d.best_signal() else { continue };
+        let shares = u64::from(d.shares.clamp(1, SHARES_PER_GPU as u32));
+        let value = (u64::from(raw) * SHARES_PER_GPU / shares).min(1000);
+        let e = members.entry(d.member).or_default();
+        e.0 += value * shares;
+        e.1 += shares;
+    }
+    members.values().map(|&(sum, w)| (sum / w.max(1)) as u16).max()
+}

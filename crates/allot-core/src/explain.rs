@@ -30,6 +30,8 @@ pub struct Explanation {
     pub preemptions: u32,
     /// The finish time its user asked for, if any.
     pub deadline: Option<Timestamp>,
+    /// Running under an idle rule: what the rule sees now, and when it warned.
+    pub idle: Option<(crate::decision::IdleFacts, Option<Timestamp>)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +74,7 @@ impl Engine {
             placement: w.allocation.as_ref().map(|a| a.placement.clone()),
             preemptions: w.preemptions,
             deadline: w.spec.deadline,
+            idle: self.idle_facts(id).map(|f| (f, self.idle.get(&id).and_then(|s| s.warned_at))),
         };
         if w.stage != Stage::Pending {
             return Some(explanation);
@@ -90,6 +93,7 @@ impl Engine {
         let mut decisions = Vec::new();
         sim.advance(now);
         sim.stop_due(now, &mut decisions);
+        sim.idle_pass(now, &mut decisions);
         sim.admission_cycle(now, &mut decisions, Some(id));
         explanation.decision = decisions
             .iter()

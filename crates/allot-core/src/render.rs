@@ -365,6 +365,10 @@ impl Engine {
         if let Some(p) = &e.placement {
             lines.push(format!("  placed on {}", self.render_placement(p)));
         }
+        if let Some((idle, warned)) = &e.idle {
+            let warned = warned.map(|t| format!("; warned at t={} ms", t.0)).unwrap_or_default();
+            lines.push(format!("  {}{warned}", self.render_idle(idle)));
+        }
         if let Some(q) = &e.queue {
             let ahead: Vec<String> = q.ahead.iter().map(|w| self.wl(*w)).collect();
             lines.push(format!(

@@ -1150,7 +1150,13 @@ impl Engine {
                     if only == Some(id) {
                         return;
                     }
-                    if outcome == OutcomeKind::Admitted {
+                    // Work waiting out an idle backoff is not a head that blocks its
+                    // project: it chose to wait, nobody behind it should.
+                    let backing_off = self
+                        .workloads
+                        .get(&id)
+                        .is_some_and(|w| w.resume_at.is_some_and(|t| t > now));
+                    if outcome == OutcomeKind::Admitted || backing_off {
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
                             order.insert(self.project_order_key(project, next));
                         }

@@ -649,6 +649,41 @@ pub(crate) fn weight_milli(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u64
     scaled_milli(ctx, node, path, &d, &text, "finer than 0.001", fix)
 }
 
+/// A percentage from 0 to 100 as permille: `10%`, `10` and `10 %` are 100, `2.5%` is 25.
+/// A bare number is a percentage too (`0.5` is half a percent, not half of everything).
+pub(crate) fn percent_permille(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u16> {
+    let raw = text(ctx, node, path, "10%")?;
+    let fix = "write a percentage from 0 to 100 with at most one decimal, e.g. 10% or 2.5%";
+    let number = raw.trim().strip_suffix('%').unwrap_or(&raw);
+    let Some(d) = Decimal::parse(number) else {
+        ctx.report(node.pos, path, format!("`{}` is not a percentage", shown(&raw)), fix);
+        return None;
+    };
+    let permille = match d.scaled(1) {
+        Ok(_) if d.is_negative() => None,
+        Ok(v) => u16::try_from(v).ok().filter(|v| *v <= 1000),
+        Err(ScaleError::TooFine) => {
+            ctx.report(
+                node.pos,
+                path,
+                format!("{} is finer than 0.1 %", shown(&raw)),
+                "round to one decimal, e.g. 2.5%",
+            );
+            return None;
+        }
+        Err(ScaleError::TooLarge) => None,
+    };
+    if permille.is_none() {
+        ctx.report(
+            node.pos,
+            path,
+            format!("must be between 0 and 100 %, got {}", shown(&raw)),
+            fix,
+        );
+    }
+    permille
+}
+
 /// CPU as cores (`64`, `0.5`) or millicores (`64000m`), in millicores.
 pub(crate) fn cpu_millis(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u64> {
     if let Value::Scalar { text, .. } = &node.value
@@ -797,6 +832,23 @@ pub(crate) fn parse_duration_ms(text: &str) -> Result<u64, DurationError> {
     Ok(total)
 }
 
+/// Milliseconds as a duration in the file's own format, for messages: `900000` → `15m`,
+/// `5400000` → `1h30m`, `90500` → `1m30s500ms`, `0` → `0s`.
+pub(crate) fn format_duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".to_string();
+    }
+    let mut out = String::new();
+    let mut rest = ms;
+    for (unit, factor) in DURATION_UNITS.iter().rev() {
+        if rest >= *factor {
+            out.push_str(&format!("{}{unit}", rest / factor));
+            rest %= factor;
+        }
+    }
+    out
+}
+
 /// A duration in milliseconds (see [`parse_duration_ms`]).
 pub(crate) fn duration_ms(ctx: &mut Ctx, node: &Node, path: &str) -> Option<u64> {
     let raw = text(ctx, node, path, "30s")?;
@@ -929,6 +981,40 @@ mod tests {
         assert_eq!(parse_duration_ms("7days"), Err(DurationError::UnknownUnit("days".into())));
         assert_eq!(parse_duration_ms("0.5ms"), Err(DurationError::TooFine));
         assert_eq!(parse_duration_ms("99999999999999999d"), Err(DurationError::TooLarge));
+        for ms in [0, 1, 999, 1000, 60_000, 900_000, 5_400_000, 90_500, 86_400_000, u64::MAX] {
+            assert_eq!(parse_duration_ms(&format_duration(ms)), Ok(ms), "{ms}");
+        }
+        assert_eq!(format_duration(900_000), "15m");
+        assert_eq!(format_duration(5_400_000), "1h30m");
+        assert_eq!(format_duration(90_500), "1m30s500ms");
+    }
+
+    fn node(text: &str) -> Node {
+        Node { value: Value::Scalar { text: text.into(), quoted: false }, pos: Pos::default() }
+    }
+
+    #[test]
+    fn percentages() {
+        let mut ctx = Ctx::new("p.yaml");
+        for (text, want) in [
+            ("10%", 100),
+            ("10", 100),
+            ("10 %", 100),
+            ("2.5%", 25),
+            ("0.5", 5),
+            ("0", 0),
+            ("0%", 0),
+            ("100%", 1000),
+            ("1e1%", 100),
+        ] {
+            assert_eq!(percent_permille(&mut ctx, &node(text), "t"), Some(want), "{text}");
+        }
+        assert!(!ctx.has_errors());
+        for text in ["-1%", "100.1%", "2.55%", "ten", "%", "10%%", "1e9999", "10 percent"] {
+            let mut ctx = Ctx::new("p.yaml");
+            assert_eq!(percent_permille(&mut ctx, &node(text), "t"), None, "{text}");
+            assert_eq!(ctx.into_diagnostics().len(), 1, "{text}");
+        }
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //!   MiB. Decimal units (`G`, `GB`) are refused: they are not whole MiB.
 //! - **Durations**: `500ms`, `30s`, `15m`, `2h`, `7d`, combined (`1h30m`) or decimal (`1.5h`),
 //!   or a whole number of milliseconds.
+//! - **Percentages**: `10%`, `2.5%`, or a bare number meaning the same (`10` is 10 %, `0.5` is
+//!   half a percent); 0 to 100, in steps of 0.1 %.
 //! - **Timestamps**: milliseconds since the caller's epoch (the daemon: Unix time; the
 //!   simulator: 0), or a duration after it (`6h`).
 //! - **Names** (nodes, pools, racks, projects, cohorts, departments, classes, GPU models):
@@ -63,6 +65,11 @@
 //! fair_share: {half_life: 7d}         # optional; default 0 (point-in-time fairness)
 //! preemption: {mode: suspend}         # optional; suspend | requeue | delete (default suspend)
 //! defragmentation: true               # optional, default false; or {enabled: true, restart_cost: 2m}
+//!                                     #   (restart_cost here: per GPU of work moved to defragment)
+//! restart_cost: 2m                    # optional, default 2m: what restarting a pre-empted or
+//!                                     #   reclaimed victim costs the arbiter, per GPU it holds
+//! idle_resume_backoff: 5m             # optional, default 5m, at most 4h: first wait before work
+//!                                     #   reclaimed for idleness may resume (doubled per reclaim)
 //! priority_classes:                   # required, at least one
 //!   - {name: low, value: -100, preemptible: true}   # value: i32; preemptible default true
 //!   - {name: high, value: 100, preemptible: false}
@@ -77,11 +84,44 @@
 //!     quotas:                         # optional; one line per model, `any` for the rest
 //!       - {model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}
 //!       - {model: any, guaranteed: 0.5}
+//! idle:                               # optional idle reclaim rules, in order: the first whose
+//!                                     #   scope covers a workload judges it; none: never idle
+//!   - name: notebooks                 # required, unique among the rules
+//!     projects: [vision]              # optional, default every project; each defined above
+//!     kinds: [notebook]               # optional, default every kind (kinds as in workloads)
+//!     exempt_classes: [high]          # optional: classes never reclaimed (idleness reported)
+//!     model: allot                    # allot (default) | amd_rm | runai
+//!     threshold: 10%                  # activity below this share of the allocation is idle
+//!     idle_timer: 15m                 # idle this long: reclaim (> 0)
+//!     sustain: 60s                    # allot only: activity must last this long to reset it
+//!     missing_telemetry: hold         # allot only: hold | idle | active (a gap in samples)
+//!     min_runtime: 5m                 # allot only: not judged this long after the start
+//!     policy: on_pressure             # on_pressure | always | report_only
+//!     action: suspend                 # suspend | requeue | delete
+//!     warn_before: 5m                 # a warning this long before the action, ≤ idle_timer
 //! ```
 //! Checked: unique project and class names; the default class exists; one quota line per
 //! model per project; GPU amounts ≥ 0 and not finer than 1/1000; `lend_limit ≤ guaranteed`;
 //! `borrow_limit` and `lend_limit` only in a cohort (as in Kueue: without a cohort there is
 //! nobody to borrow from or lend to).
+//!
+//! Idle rules (`allot_core::idle` has each model's semantics): unique rule names; `projects`
+//! and `exempt_classes` name ones the file defines, none twice, not an empty list; no rule
+//! whose whole scope an earlier rule already covers (it would never judge anything);
+//! `warn_before ≤ idle_timer`. Defaults and limits per model:
+//!
+//! | | `allot` | `amd_rm` (AMD Resource Manager) | `runai` (Run:ai) |
+//! |---|---|---|---|
+//! | `threshold` | 10 % | 10 % | fixed at 0 %: refused if given |
+//! | `idle_timer` | 15m, > 0 | 15m; ≥ 15m and whole minutes (AMD's API) | required; whole minutes > 0 |
+//! | `sustain`, `missing_telemetry`, `min_runtime` | 60s, `hold`, 5m | refused | refused |
+//! | `policy` | `on_pressure` | `on_pressure`; `report_only` refused | `always` |
+//! | `action` | `suspend` | `delete` | `suspend` |
+//! | `warn_before` | 5m (the timer if shorter) | 0; anything else refused | 0 |
+//!
+//! A setting a baseline does not have is refused rather than ignored, so that a comparison
+//! against `amd_rm` or `runai` always runs the product's own rule
+//! (`shared/docs/reference/products.md` §2.1–2.2).
 //!
 //! # Workloads file → [`WorkloadFile`] (`Vec<WorkloadSpec>`)
 //!

@@ -1,4 +1,7 @@
-//! The policy file: fair share, pre-emption, priority classes and projects with quotas.
+//! The policy file: fair share, pre-emption, priority classes, projects with quotas, and idle
+//! reclaim rules (`idle`).
+
+mod idle;
 
 use std::collections::BTreeMap;
 
@@ -15,13 +18,16 @@ use crate::tree::{self, Node, Pos};
 const PROJECTS_MAX: usize = 10_000;
 const PRIORITY_CLASSES_MAX: usize = 1_000;
 
-const TOP_FIELDS: [&str; 6] = [
+const TOP_FIELDS: [&str; 9] = [
     "fair_share",
     "preemption",
     "defragmentation",
+    "restart_cost",
+    "idle_resume_backoff",
     "priority_classes",
     "default_priority_class",
     "projects",
+    "idle",
 ];
 const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
 const DEFRAG_EXAMPLE: &str =
@@ -125,6 +131,20 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         .required(ctx, "projects", &format!("add `projects:` with a list like {PROJECT_EXAMPLE}"))
         .and_then(|n| decode_projects(ctx, n));
 
+    let restart_cost = match top.get("restart_cost") {
+        None => Some(PolicySpec::DEFAULT_RESTART_COST_MS),
+        Some(n) => decode::duration_ms(ctx, n, "restart_cost"),
+    };
+    let resume_backoff = match top.get("idle_resume_backoff") {
+        None => Some(PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS),
+        Some(n) => idle::resume_backoff_ms(ctx, n),
+    };
+    // Rules name projects and classes: checked against those read above, when they could be.
+    let idle_rules = match top.get("idle") {
+        None => Some(Vec::new()),
+        Some(n) => idle::decode_idle(ctx, n, projects.as_deref(), classes.as_deref()),
+    };
+
     Some(PolicySpec {
         priority_classes: classes?,
         default_priority_class: default_class?.0,
@@ -132,9 +152,9 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         fair_share_half_life_ms: half_life?,
         preemption_mode: mode?,
         defragmentation: defragmentation?,
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
+        idle: idle_rules?,
+        restart_cost_ms: restart_cost?,
+        idle_resume_backoff_ms: resume_backoff?,
     })
 }
 

@@ -46,7 +46,7 @@ const TOPOLOGIES: [(&str, (bool, bool)); 3] = [
     ("spread_ok", (false, false)),
 ];
 const CHECKPOINT_FIELDS: [&str; 2] = ["grace", "last_checkpoint_at"];
-const KINDS: [(&str, WorkloadKind); 5] = [
+pub(crate) const KINDS: [(&str, WorkloadKind); 5] = [
     ("training", WorkloadKind::Training),
     ("batch", WorkloadKind::Batch),
     ("notebook", WorkloadKind::Notebook),

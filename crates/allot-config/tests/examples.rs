@@ -4,14 +4,20 @@ use allot_config::{
     Diagnostic, check_workloads, load_cluster, load_policy, load_workloads, parse_cluster,
     parse_policy, parse_workloads, render,
 };
+use allot_core::idle::IdleRule;
 use allot_core::{
-    Checkpointing, GpuRequest, PreemptionMode, Queueing, QuotaModel, Shares, Timestamp,
-    WorkloadKind,
+    Checkpointing, GpuRequest, IdleWhen, PolicySpec, PreemptionMode, Queueing, QuotaModel, Shares,
+    Timestamp, WorkloadKind,
 };
 
 const CLUSTER: &str = include_str!("../../../examples/cluster.yaml");
 const POLICY: &str = include_str!("../../../examples/policy.yaml");
 const WORKLOADS: &str = include_str!("../../../examples/workloads.yaml");
+const IDLE_ALLOT: &str = include_str!("../../../examples/idle/allot.yaml");
+const IDLE_AMD_RM: &str = include_str!("../../../examples/idle/amd_rm.yaml");
+const IDLE_RUNAI: &str = include_str!("../../../examples/idle/runai.yaml");
+
+const MIN: u64 = 60_000;
 
 fn ok<T>(result: Result<T, Vec<Diagnostic>>) -> T {
     match result {
@@ -97,6 +103,159 @@ fn example_policy_parses() {
     assert_eq!(research.preemption_mode, Some(PreemptionMode::Delete));
     assert_eq!(research.quotas[1].guaranteed, Shares(1500));
     assert_eq!(research.quotas[1].borrow_limit, None);
+
+    assert_eq!(policy.restart_cost_ms, 2 * MIN);
+    assert_eq!(policy.idle_resume_backoff_ms, 5 * MIN);
+    let names: Vec<&str> = policy.idle.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["research-notebooks", "notebooks", "serving", "hung-jobs"]);
+    let research_notebooks = &policy.idle[0];
+    assert_eq!(research_notebooks.projects, ["research"]);
+    assert_eq!(research_notebooks.kinds, [WorkloadKind::Notebook]);
+    assert_eq!(research_notebooks.rule.idle_timer_ms, 10 * MIN);
+    assert_eq!(research_notebooks.action, PreemptionMode::Delete);
+    assert_eq!(research_notebooks.warn_before_ms, 2 * MIN);
+    let notebooks = &policy.idle[1];
+    assert!(notebooks.projects.is_empty());
+    assert_eq!(notebooks.rule, IdleRule::allot_default());
+    assert_eq!((notebooks.when, notebooks.action), (IdleWhen::OnPressure, PreemptionMode::Suspend));
+    assert_eq!(notebooks.warn_before_ms, 5 * MIN);
+    let serving = &policy.idle[2];
+    assert_eq!(serving.kinds, [WorkloadKind::Inference, WorkloadKind::Service]);
+    assert_eq!(serving.exempt_classes, ["high"]);
+    assert_eq!(serving.rule.idle_timer_ms, 60 * MIN);
+    let hung = &policy.idle[3];
+    assert_eq!(hung.kinds, [WorkloadKind::Training, WorkloadKind::Batch]);
+    assert_eq!(hung.when, IdleWhen::ReportOnly);
+    assert_eq!(
+        (hung.rule.threshold_permille, hung.rule.idle_timer_ms, hung.rule.sustain_ms),
+        (50, 120 * MIN, 5 * MIN)
+    );
+    assert_eq!(hung.warn_before_ms, 0);
+    // Every rule field is written somewhere in the example.
+    for field in [
+        "name:",
+        "projects:",
+        "kinds:",
+        "exempt_classes:",
+        "model:",
+        "threshold:",
+        "idle_timer:",
+        "sustain:",
+        "missing_telemetry:",
+        "min_runtime:",
+        "policy:",
+        "action:",
+        "warn_before:",
+    ] {
+        let idle_section = &POLICY[POLICY.find("\nidle:").expect("idle section")..];
+        assert!(idle_section.contains(field), "{field} is not exercised");
+    }
+}
+
+/// The three policies of `allot sim idle`: each model's rules decode as written, and the files
+/// differ in nothing but their `idle` section.
+#[test]
+fn idle_experiment_policies_differ_only_in_their_idle_rules() {
+    let allot = ok(parse_policy("examples/idle/allot.yaml", IDLE_ALLOT));
+    let amd_rm = ok(parse_policy("examples/idle/amd_rm.yaml", IDLE_AMD_RM));
+    let runai = ok(parse_policy("examples/idle/runai.yaml", IDLE_RUNAI));
+
+    // One line per rule: name, kinds, model, threshold, timer, sustain, missing telemetry,
+    // start-up grace, when, action, warning, exempt classes (durations in seconds).
+    fn rows(p: &PolicySpec) -> Vec<String> {
+        p.idle
+            .iter()
+            .map(|r| {
+                assert!(r.projects.is_empty(), "{}: every project", r.name);
+                let kinds: Vec<&str> = r.kinds.iter().map(|k| k.as_str()).collect();
+                format!(
+                    "{} [{}] {:?} {}‰ timer={} sustain={} {:?} grace={} {} {} warn={} exempt=[{}]",
+                    r.name,
+                    kinds.join(","),
+                    r.rule.model,
+                    r.rule.threshold_permille,
+                    r.rule.idle_timer_ms / 1000,
+                    r.rule.sustain_ms / 1000,
+                    r.rule.missing,
+                    r.rule.min_runtime_ms / 1000,
+                    r.when.as_str(),
+                    r.action.as_str(),
+                    r.warn_before_ms / 1000,
+                    r.exempt_classes.join(","),
+                )
+            })
+            .collect()
+    }
+    assert_eq!(
+        rows(&allot),
+        [
+            "notebooks [notebook] Allot 100‰ timer=900 sustain=60 Hold grace=300 on_pressure \
+             suspend warn=300 exempt=[high]",
+            "serving [inference,service] Allot 100‰ timer=1800 sustain=60 Hold grace=300 \
+             on_pressure suspend warn=300 exempt=[high]",
+            "hung-jobs [training,batch] Allot 50‰ timer=1800 sustain=300 Hold grace=300 \
+             on_pressure requeue warn=300 exempt=[high]",
+        ]
+    );
+    // AMD RM: one rule for every kind, its fixed behaviour from the core's own constructor
+    // (one sample resets, missing samples are idle, no grace).
+    assert_eq!(
+        rows(&amd_rm),
+        ["amd-rm [] AmdRm 100‰ timer=900 sustain=0 Idle grace=0 on_pressure delete warn=0 \
+          exempt=[]"]
+    );
+    assert_eq!(amd_rm.idle[0].rule, IdleRule::amd_rm(100, 15 * MIN));
+    // Run:ai: workspaces and training only (no rule for inference), unconditional, suspend;
+    // its "exactly 0 %" is a threshold of 1 ‰ in the core.
+    assert_eq!(
+        rows(&runai),
+        [
+            "workspaces [notebook] RunAi 1‰ timer=900 sustain=0 Hold grace=0 always suspend \
+             warn=0 exempt=[]",
+            "training [training,batch] RunAi 1‰ timer=1800 sustain=0 Hold grace=0 always \
+             suspend warn=0 exempt=[]",
+        ]
+    );
+    assert_eq!(runai.idle[0].rule, IdleRule::runai(15 * MIN));
+    assert_eq!(runai.idle[1].rule, IdleRule::runai(30 * MIN));
+
+    // Everything but the idle rules is the same.
+    let without_idle = |p: &PolicySpec| PolicySpec { idle: Vec::new(), ..p.clone() };
+    assert_eq!(without_idle(&allot), without_idle(&amd_rm));
+    assert_eq!(without_idle(&allot), without_idle(&runai));
+    let guarantees: Vec<(&str, Shares)> =
+        allot.projects.iter().map(|p| (p.name.as_str(), p.quotas[0].guaranteed)).collect();
+    assert_eq!(
+        guarantees,
+        [
+            ("vision", Shares(700_000)),
+            ("nlp", Shares(700_000)),
+            ("speech", Shares(500_000)),
+            ("platform", Shares(590_000)),
+        ]
+    );
+    let total: u64 = guarantees.iter().map(|(_, s)| s.0).sum();
+    assert_eq!(total, 2_490_000, "the Philly cluster's 2,490 GPUs");
+    assert!(allot.projects.iter().all(|p| p.cohort.as_deref() == Some("lab")
+        && p.quotas.len() == 1
+        && p.quotas[0].model == QuotaModel::Any
+        && p.quotas[0].borrow_limit.is_none()
+        && p.quotas[0].lend_limit.is_none()));
+    let classes: Vec<(&str, i32, bool)> =
+        allot.priority_classes.iter().map(|c| (c.name.as_str(), c.value, c.preemptible)).collect();
+    assert_eq!(classes, [("normal", 0, true), ("high", 100, false)]);
+    assert_eq!(allot.default_priority_class, "normal");
+    assert_eq!(allot.preemption_mode, PreemptionMode::Suspend);
+
+    // The files' text, too, is the same up to `idle:` (comments aside).
+    let head = |text: &'static str| -> Vec<&'static str> {
+        text[..text.find("\nidle:").expect("idle section")]
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect()
+    };
+    assert_eq!(head(IDLE_ALLOT), head(IDLE_AMD_RM));
+    assert_eq!(head(IDLE_ALLOT), head(IDLE_RUNAI));
 }
 
 #[test]
@@ -208,6 +367,9 @@ fn load_reads_files_and_reports_missing_ones() {
     ok(load_cluster(&root.join("cluster.yaml")));
     ok(load_policy(&root.join("policy.yaml")));
     ok(load_workloads(&root.join("workloads.yaml")));
+    for model in ["allot", "amd_rm", "runai"] {
+        ok(load_policy(&root.join(format!("idle/{model}.yaml"))));
+    }
     let missing = root.join("no-such-file.yaml");
     let Err(diagnostics) = load_policy(&missing) else { panic!("a missing file must fail") };
     assert_eq!(diagnostics.len(), 1);

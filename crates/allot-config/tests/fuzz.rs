@@ -10,6 +10,11 @@ use proptest::prelude::*;
 const CLUSTER: &str = include_str!("../../../examples/cluster.yaml");
 const POLICY: &str = include_str!("../../../examples/policy.yaml");
 const WORKLOADS: &str = include_str!("../../../examples/workloads.yaml");
+const IDLE_POLICIES: [&str; 3] = [
+    include_str!("../../../examples/idle/allot.yaml"),
+    include_str!("../../../examples/idle/amd_rm.yaml"),
+    include_str!("../../../examples/idle/runai.yaml"),
+];
 
 /// Characters that matter to YAML and to our value formats, to reach deeper than random bytes.
 const INTERESTING: &[u8] = b" \n\t-:{}[],'\"#&*!|>%@`~.0123456789eEmMGgiKkhds?";
@@ -129,10 +134,17 @@ proptest! {
 
     #[test]
     fn mutated_examples_never_panic(
-        which in 0usize..3,
+        which in 0usize..6,
         mutations in prop::collection::vec(mutation(), 1..6),
     ) {
-        let (base, target) = [(CLUSTER, Target::Cluster), (POLICY, Target::Policy), (WORKLOADS, Target::Workloads)][which];
+        let (base, target) = [
+            (CLUSTER, Target::Cluster),
+            (POLICY, Target::Policy),
+            (WORKLOADS, Target::Workloads),
+            (IDLE_POLICIES[0], Target::Policy),
+            (IDLE_POLICIES[1], Target::Policy),
+            (IDLE_POLICIES[2], Target::Policy),
+        ][which];
         exercise(&mutate(base, &mutations), target);
     }
 }

@@ -85,6 +85,41 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
         policy.default_priority_class,
         policy.preemption_mode.as_str(),
     );
+    for rule in &policy.idle {
+        let model = match rule.rule.model {
+            allot_core::idle::IdleModel::Allot => "allot",
+            allot_core::idle::IdleModel::AmdRm => "amd_rm",
+            allot_core::idle::IdleModel::RunAi => "runai",
+        };
+        let scope =
+            |names: Vec<&str>| if names.is_empty() { "all".to_string() } else { names.join(",") };
+        let _ = writeln!(
+            out,
+            "idle rule {}: {model}, projects {}, kinds {}, below {}.{} %: {} after {} min idle{} ({}){}",
+            rule.name,
+            scope(rule.projects.iter().map(String::as_str).collect()),
+            scope(rule.kinds.iter().map(|k| k.as_str()).collect()),
+            rule.rule.threshold_permille / 10,
+            rule.rule.threshold_permille % 10,
+            if rule.when == allot_core::IdleWhen::ReportOnly {
+                "reported"
+            } else {
+                rule.action.as_str()
+            },
+            rule.rule.idle_timer_ms / 60_000,
+            if rule.warn_before_ms > 0 {
+                format!(", warned {} min before", rule.warn_before_ms / 60_000)
+            } else {
+                String::new()
+            },
+            rule.when.as_str(),
+            if rule.exempt_classes.is_empty() {
+                String::new()
+            } else {
+                format!(", exempt {}", rule.exempt_classes.join(","))
+            },
+        );
+    }
     if cluster.is_some() {
         let gpus: usize = nodes.iter().map(|n| n.devices.len()).sum();
         let _ = writeln!(out, "checked against {} nodes with {gpus} GPUs", nodes.len());

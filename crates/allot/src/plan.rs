@@ -95,12 +95,19 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
             |names: Vec<&str>| if names.is_empty() { "all".to_string() } else { names.join(",") };
         let _ = writeln!(
             out,
-            "idle rule {}: {model}, projects {}, kinds {}, below {}.{} %: {} after {} min idle{} ({}){}",
+            "idle rule {}: {model}, projects {}, kinds {}, {}: {} after {} min idle{} ({}){}",
             rule.name,
             scope(rule.projects.iter().map(String::as_str).collect()),
             scope(rule.kinds.iter().map(|k| k.as_str()).collect()),
-            rule.rule.threshold_permille / 10,
-            rule.rule.threshold_permille % 10,
+            if rule.rule.model == allot_core::idle::IdleModel::RunAi {
+                "exactly 0 %".to_string()
+            } else {
+                format!(
+                    "below {}.{} %",
+                    rule.rule.threshold_permille / 10,
+                    rule.rule.threshold_permille % 10
+                )
+            },
             if rule.when == allot_core::IdleWhen::ReportOnly {
                 "reported"
             } else {

@@ -153,3 +153,27 @@ fn plan_reports_all_broken_files_at_once() {
     assert!(err.contains("cluster.yaml:3"), "{err}");
     assert!(err.contains("workloads.yaml:4"), "{err}");
 }
+
+#[test]
+fn readme_idle_rules_are_a_valid_policy() {
+    // The README's idle-rule example, under the projects and classes of the idle experiment's
+    // policy: the documentation stays true.
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    let rules = readme
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a yaml block in the README");
+    let policy = std::fs::read_to_string(repo().join("examples/idle/allot.yaml")).expect("policy");
+    let head = policy.split("\nidle:").next().expect("a head");
+    let dir = std::env::temp_dir().join(format!("allot-cli-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("readme-policy.yaml");
+    std::fs::write(&path, format!("{head}\n{rules}")).expect("write");
+    let out = allot(&["policy", "validate", path.to_str().expect("utf-8 path")]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for rule in ["idle rule notebooks", "idle rule runai: runai", "idle rule amd: amd_rm"] {
+        assert!(stdout.contains(rule), "{rule} missing from:\n{stdout}");
+    }
+}

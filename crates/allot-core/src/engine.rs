@@ -21,7 +21,7 @@ use crate::event::Event;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::{COMPUTE_SLICES, MigGpu};
 use crate::model::{
-    Defragmentation, GpuRequest, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec, PreemptionMode,
+    Defragmentation, GpuRequest, IdlePolicySpec, NodeSpec, PolicySpec, PreemptionMode,
     PriorityClassSpec, Queueing, QuotaModel, WorkloadSpec,
 };
 use crate::quota::{QuotaBook, QuotaLine};
@@ -268,6 +268,9 @@ pub struct Engine {
     /// (resume time, workload) of idle-reclaimed work waiting out its backoff.
     pub(crate) backoffs: BTreeSet<(Timestamp, WorkloadId)>,
     pub(crate) idle_resume_backoff_ms: u64,
+    /// This cycle's idle victims for the arbiter: running, ready under an `on_pressure` rule
+    /// of a model other than `amd_rm` (set by `idle_pass`).
+    pub(crate) pressure_ready: BTreeSet<WorkloadId>,
     /// The arbiter's restart cost per victim GPU.
     pub(crate) restart_cost_ms: u64,
     pub(crate) default_class_name: String,
@@ -461,6 +464,7 @@ impl Engine {
             idle: BTreeMap::new(),
             backoffs: BTreeSet::new(),
             idle_resume_backoff_ms: policy.idle_resume_backoff_ms,
+            pressure_ready: BTreeSet::new(),
             restart_cost_ms: policy.restart_cost_ms,
             default_class_name: policy.default_priority_class.clone(),
         })
@@ -1542,18 +1546,11 @@ impl Engine {
             }
         }
         // Idle victims: any project, priority up to the claimant's; an exempt or
-        // non-preemptible workload is never ready.
-        for &v in self.idle.keys() {
-            let vw = &self.workloads[&v];
-            if v != id
-                && vw.priority <= priority
-                && eligible(vw)
-                && self.idle_ready(now, v, IdleWhen::OnPressure)
-                && self
-                    .idle_rules
-                    .get(self.idle[&v].rule as usize)
-                    .is_some_and(|r| r.rule.model != crate::idle::IdleModel::AmdRm)
-            {
+        // non-preemptible workload is never ready. `pressure_ready` is this cycle's list
+        // (`idle_pass`), so a deep queue does not scan every tracked workload per claimant.
+        for &v in &self.pressure_ready {
+            let Some(vw) = self.workloads.get(&v) else { continue };
+            if v != id && vw.priority <= priority && eligible(vw) {
                 kinds.insert(v, VictimKind::Idle);
             }
         }

@@ -143,6 +143,7 @@ impl Engine {
             }
             self.backoffs.pop_first();
         }
+        self.pressure_ready.clear();
         let ids: Vec<WorkloadId> = self.idle.keys().copied().collect();
         for id in ids {
             let Some(w) = self.workloads.get(&id) else { continue };
@@ -152,6 +153,7 @@ impl Engine {
             let Some(state) = self.idle.get(&id) else { continue };
             let Some(spec) = self.idle_rules.get(state.rule as usize) else { continue };
             let (when, action, warn_before) = (spec.when, spec.action, spec.warn_before_ms);
+            let model = spec.rule.model;
             let timer = spec.rule.idle_timer_ms;
             let status = state.tracker.status(now);
             let idle_ms = match status {
@@ -190,6 +192,9 @@ impl Engine {
                 && let Some(s) = self.idle.get_mut(&id)
             {
                 s.offered = true;
+                if model != IdleModel::AmdRm {
+                    self.pressure_ready.insert(id);
+                }
             }
             if when == IdleWhen::Always
                 && !exempt

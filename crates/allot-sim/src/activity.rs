@@ -183,11 +183,7 @@ impl JobActivity {
                 if progress_s >= self.abandoned_from_s {
                     return 0.0;
                 }
-                // The session window's draw comes from the window's first slot, so all slots
-                // of a window agree on whether the user is there.
-                let window = slot / params.notebook_session_slots.max(1);
-                let present = self.slot_rng.fork(u64::MAX - window).unit();
-                if present >= params.notebook_session_share {
+                if !self.window_present(params, slot) {
                     return 0.0;
                 }
                 if rng.unit() < params.notebook_burst_share {
@@ -205,6 +201,24 @@ impl JobActivity {
                 (value * between(&mut rng, (0.8, 1.2))).clamp(0.0, 1.0)
             }
         }
+    }
+
+    /// Notebooks: whether the user is at work at progress `progress_s` — inside a session
+    /// window with the user present and before the abandoned tail. In such a window the
+    /// notebook's slots are bursts or think time; outside it they are 0 %. A hang does not
+    /// send the user away (the kernel is stuck, the user is still there). Always `false` for
+    /// other kinds, which have no user session.
+    pub fn user_present(&self, params: &ActivityParams, progress_s: f64) -> bool {
+        self.kind == WorkloadKind::Notebook
+            && progress_s < self.abandoned_from_s
+            && self.window_present(params, (progress_s.max(0.0) / SLOT_S) as u64)
+    }
+
+    /// Whether the session window holding slot `slot` has the user present. The draw is the
+    /// window's (not the slot's), so all slots of a window agree.
+    fn window_present(&self, params: &ActivityParams, slot: u64) -> bool {
+        let window = slot / params.notebook_session_slots.max(1);
+        self.slot_rng.fork(u64::MAX - window).unit() < params.notebook_session_share
     }
 
     /// Activity-seconds over a stretch of `len_s` seconds of running that starts at progress
@@ -290,6 +304,37 @@ mod tests {
             // Hung from some point on: the last slot is idle.
             assert_eq!(job.at(&params, 19_999.0, 0.0), 0.0);
         }
+    }
+
+    #[test]
+    fn a_notebook_is_busy_only_while_its_user_is_present() {
+        let params = ActivityParams { hung_share: 0.0, ..ActivityParams::default() };
+        let (mut present, mut absent) = (0, 0);
+        for id in 0..50 {
+            let job = JobActivity::new(&params, 3, id, WorkloadKind::Notebook, 36_000.0);
+            for slot in 0..120 {
+                let p = slot as f64 * SLOT_S + 1.0;
+                if job.user_present(&params, p) {
+                    present += 1;
+                } else {
+                    absent += 1;
+                    assert_eq!(job.at(&params, p, p), 0.0, "job {id} slot {slot}");
+                }
+                // A window's slots agree (before the user leaves for good).
+                let window_start = (slot / 6 * 6) as f64 * SLOT_S + 1.0;
+                if p < job.abandoned_from_s {
+                    assert_eq!(
+                        job.user_present(&params, p),
+                        job.user_present(&params, window_start)
+                    );
+                }
+            }
+            // The abandoned tail (at least the last 30 %) has nobody.
+            assert!(!job.user_present(&params, 36_000.0 * 0.71));
+        }
+        assert!(present > 500 && absent > 1500, "{present} {absent}");
+        let training = JobActivity::new(&params, 3, 1, WorkloadKind::Training, 36_000.0);
+        assert!(!training.user_present(&params, 10.0));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! - [`pack`]: the FGD packing experiment (arrival-only, inflated, metrics per 1 % of demand).
 //! - [`bound`]: an upper bound on what any placement can allocate (configuration LP).
 //! - [`replay`]: discrete-event replay with quotas, priorities, pre-emption and [`activity`].
+//! - [`idle`]: the idle-reclaim experiment (AMD RM, Run:ai and allot rules on one seeded
+//!   workload with modelled telemetry).
 //! - [`report`], [`charts`], [`progress`]: tables, JSON/CSV, SVG/PNG charts, progress bars.
 
 pub mod activity;
@@ -15,6 +17,7 @@ pub mod bound;
 pub mod charts;
 pub mod csv;
 pub mod error;
+pub mod idle;
 pub mod openb;
 pub mod outcome;
 pub mod pack;

@@ -5,6 +5,7 @@
 
 mod plan;
 mod sim;
+mod sim_idle;
 mod sim_pack;
 mod sim_replay;
 

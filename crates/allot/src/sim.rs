@@ -4,7 +4,7 @@ use clap::Subcommand;
 
 use allot_sim::TraceError;
 
-use crate::{InvalidInput, sim_pack, sim_replay};
+use crate::{InvalidInput, sim_idle, sim_pack, sim_replay};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SimCommand {
@@ -17,6 +17,9 @@ pub(crate) enum SimCommand {
     /// The packing experiment on every shared openb pod list that has the FGD authors'
     /// published results: ours vs theirs at 130 % arrived demand, per placement policy.
     FgdCompare(sim_pack::CompareArgs),
+    /// The idle-reclaim experiment: AMD Resource Manager's, Run:ai's and allot's idle rules
+    /// on the same seeded workload and telemetry over the Philly machine list.
+    Idle(sim_idle::IdleArgs),
 }
 
 pub(crate) fn run(command: SimCommand) -> anyhow::Result<String> {
@@ -24,6 +27,7 @@ pub(crate) fn run(command: SimCommand) -> anyhow::Result<String> {
         SimCommand::Pack(args) => sim_pack::run(&args),
         SimCommand::Replay(args) => sim_replay::run(&args),
         SimCommand::FgdCompare(args) => sim_pack::compare(&args),
+        SimCommand::Idle(args) => sim_idle::run(&args),
     }
 }
 

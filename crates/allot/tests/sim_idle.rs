@@ -1,0 +1,57 @@
+//! `allot sim idle`: the command from the repository root with its defaults (a short
+//! horizon), byte-identical with `--no-timing`, text output, and bad input → exit 1 naming
+//! the problem and the fix.
+
+mod common;
+
+use common::{allot, text};
+
+#[test]
+fn the_command_prints_every_policy_and_the_goal_byte_identically() {
+    let args = ["sim", "idle", "--seed", "42", "--hours", "1", "--output", "json", "--no-timing"];
+    let out = allot(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(out.stdout, allot(&args).stdout);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for label in ["amd_rm", "runai", "allot"] {
+        let p = &json["policies"][label];
+        for key in ["reclaimed_idle_gpu_hours", "false_reclaims", "lost_gpu_hours", "goodput"] {
+            assert!(p[key].is_number(), "{label}.{key}: {p}");
+        }
+        assert_eq!(p["wall_ms"], 0);
+    }
+    assert_eq!(json["seed"], 42);
+    assert_eq!(json["cluster_gpus"], 2490);
+    assert!(json["goal"]["holds"].is_boolean());
+}
+
+#[test]
+fn text_is_a_table_with_one_row_per_policy() {
+    let out = allot(&["sim", "idle", "--hours", "0.5"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| ["amd_rm ", "runai ", "allot "].iter().any(|p| l.starts_with(p)))
+        .collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert!(stdout.contains("idle reclaims") && stdout.contains("goal"), "{stdout}");
+}
+
+#[test]
+fn a_missing_machine_list_names_the_file_and_the_flag() {
+    let out = allot(&["sim", "idle", "--machines", "no/such/cluster_machine_list"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no/such/cluster_machine_list"), "{stderr}");
+    assert!(stderr.contains("--machines"), "{stderr}");
+}
+
+#[test]
+fn a_bad_horizon_is_refused() {
+    for hours in ["0", "-3", "NaN", "100000"] {
+        let out = allot(&["sim", "idle", &format!("--hours={hours}")]);
+        assert_eq!(out.status.code(), Some(1), "{hours}");
+        assert!(text(&out.stderr).contains("--hours"), "{hours}");
+    }
+}

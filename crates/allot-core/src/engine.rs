@@ -776,6 +776,11 @@ impl Engine {
                                 // Requeued work starts over; the old checkpoint is gone.
                                 w.last_checkpoint_at = None;
                             }
+                            if matches!(kind, StopKind::Idle(_)) {
+                                // Idle work gave its GPUs up for not using them: it queues
+                                // again behind those who waited, not in its old place.
+                                w.queued_at = now;
+                            }
                         }
                         self.requeue(workload);
                         if let Some(w) = self.workloads.get_mut(&workload) {

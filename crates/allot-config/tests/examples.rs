@@ -191,10 +191,10 @@ fn idle_experiment_policies_differ_only_in_their_idle_rules() {
         [
             "notebooks [notebook] Allot 100‰ timer=900 sustain=60 Hold grace=300 on_pressure \
              suspend warn=300 exempt=[high]",
-            "serving [inference,service] Allot 100‰ timer=1800 sustain=60 Hold grace=300 \
+            "serving [inference,service] Allot 100‰ timer=3600 sustain=60 Hold grace=300 \
              on_pressure suspend warn=300 exempt=[high]",
-            "hung-jobs [training,batch] Allot 50‰ timer=1800 sustain=300 Hold grace=300 \
-             on_pressure requeue warn=300 exempt=[high]",
+            "hung-jobs [training,batch] Allot 10‰ timer=3600 sustain=300 Hold grace=300 \
+             on_pressure suspend warn=300 exempt=[high]",
         ]
     );
     // AMD RM: one rule for every kind, its fixed behaviour from the core's own constructor

@@ -208,6 +208,9 @@ pub enum DeferReason {
     BlockedByFifo { head: WorkloadId },
     /// Stopped for idleness; it may resume at `until` (backoff against reclaim thrash).
     IdleBackoff { until: Timestamp, reclaims: u32 },
+    /// Stopped for idleness at `since`; its use is observable by a probe, so it resumes when
+    /// a probe shows its user back, not into free room while nobody uses it.
+    AwaitingUse { since: Timestamp },
 }
 
 impl PlacementFacts {

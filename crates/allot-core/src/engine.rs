@@ -160,6 +160,13 @@ pub(crate) struct WorkloadState {
     pub idle_reclaims: u32,
     /// After an idle reclaim: not before this time.
     pub resume_at: Option<Timestamp>,
+    /// Stopped for idleness and requeued at this time, not yet back: it resumes only into room
+    /// no one else in the cycle takes, without pre-empting anyone, or as soon as a probe
+    /// shows its user back (`Event::ActivityProbed` after the stop).
+    pub idle_suspended_at: Option<Timestamp>,
+    /// An application probe has reported on it: its use is observable, so once stopped for
+    /// idleness it waits for its user (a probe) instead of resuming into free room.
+    pub probed: bool,
 }
 
 impl WorkloadState {
@@ -780,6 +787,7 @@ impl Engine {
                                 // Idle work gave its GPUs up for not using them: it queues
                                 // again behind those who waited, not in its old place.
                                 w.queued_at = now;
+                                w.idle_suspended_at = Some(now);
                             }
                         }
                         self.requeue(workload);
@@ -799,6 +807,7 @@ impl Engine {
             }
             Event::ActivityProbed { workload, last_activity } => {
                 self.observe_idle(now, workload, None, Some(last_activity));
+                self.user_back(workload, last_activity);
             }
         }
     }
@@ -867,6 +876,8 @@ impl Engine {
             preemptions: 0,
             idle_reclaims: 0,
             resume_at: None,
+            idle_suspended_at: None,
+            probed: false,
             spec,
         };
         self.queues[project.0 as usize].insert(state.queue_key());
@@ -1136,6 +1147,7 @@ impl Engine {
             .map(|q| q.iter().map(|k| k.2).filter(|id| !handled.contains(id)).collect())
             .collect();
         let mut cursor = vec![0usize; snapshot.len()];
+        let mut last_resumes: Vec<WorkloadId> = Vec::new();
         let mut order: BTreeSet<(u8, u64, ProjectId)> = BTreeSet::new();
         for (p, queue) in snapshot.iter().enumerate() {
             if let Some(&head) = queue.first() {
@@ -1155,6 +1167,33 @@ impl Engine {
                 Some(head) => head,
                 None => {
                     cursor[p] += 1;
+                    // Idle-suspended work past its backoff resumes after everyone else
+                    // (below), into room nobody in this cycle took.
+                    let resuming = self.workloads.get(&id).is_some_and(|w| {
+                        w.idle_suspended_at.is_some() && w.resume_at.is_none_or(|t| t <= now)
+                    });
+                    let awaiting_use = self
+                        .workloads
+                        .get(&id)
+                        .and_then(|w| w.idle_suspended_at.filter(|_| w.probed));
+                    if let Some(since) = awaiting_use {
+                        let reason = DeferReason::AwaitingUse { since };
+                        out.push(Decision::Defer { workload: id, reason });
+                        if only == Some(id) {
+                            return;
+                        }
+                        if let Some(&next) = snapshot[p].get(cursor[p]) {
+                            order.insert(self.project_order_key(project, next));
+                        }
+                        continue;
+                    }
+                    if resuming {
+                        last_resumes.push(id);
+                        if let Some(&next) = snapshot[p].get(cursor[p]) {
+                            order.insert(self.project_order_key(project, next));
+                        }
+                        continue;
+                    }
                     let outcome = self.schedule_one(now, id, &mut failed_shapes, out);
                     if only == Some(id) {
                         return;
@@ -1186,6 +1225,16 @@ impl Engine {
             }
             if let Some(&next) = snapshot[p].get(cursor[p]) {
                 order.insert(self.project_order_key(project, next));
+            }
+        }
+
+        // 5. Idle-suspended work resumes into what is left, oldest suspension first; it never
+        // pre-empts (`try_schedule`).
+        last_resumes.sort_by_key(|id| self.workloads.get(id).map(|w| (w.queued_at, *id)));
+        for id in last_resumes {
+            self.schedule_one(now, id, &mut failed_shapes, out);
+            if only == Some(id) {
+                return;
             }
         }
     }
@@ -1334,7 +1383,9 @@ impl Engine {
             }
         }
 
-        if !known_failure {
+        // Idle-suspended work resumes only into free room: it was not using its GPUs.
+        let may_preempt = self.workloads.get(&id).is_some_and(|w| w.idle_suspended_at.is_none());
+        if !known_failure && may_preempt {
             for (m, key) in preemptible_models {
                 if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
                     return Outcome::Preempting(self.start_preemption(id, key, victims, placement));
@@ -1478,6 +1529,7 @@ impl Engine {
         self.queues[w.project.0 as usize].remove(&w.queue_key());
         w.stage = Stage::Assumed;
         w.allocation = Some(Allocation { key, placement, shares, started_at: None });
+        w.idle_suspended_at = None;
         self.book_resources(id, true);
     }
 
@@ -1907,7 +1959,8 @@ fn rank(reason: &DeferReason) -> u8 {
         DeferReason::NoPlacement(_) => 4,
         DeferReason::BlockedByFifo { .. }
         | DeferReason::WaitingForPreemption { .. }
-        | DeferReason::IdleBackoff { .. } => 5,
+        | DeferReason::IdleBackoff { .. }
+        | DeferReason::AwaitingUse { .. } => 5,
     }
 }
 

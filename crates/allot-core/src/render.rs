@@ -186,6 +186,10 @@ impl Engine {
 
     pub fn render_defer(&self, reason: &DeferReason) -> String {
         match reason {
+            DeferReason::AwaitingUse { since } => format!(
+                "suspended for idleness at t={} ms; resumes when a probe shows it in use again",
+                since.0
+            ),
             DeferReason::IdleBackoff { until, reclaims } => format!(
                 "reclaimed for idleness {reclaims} time(s) in a row; may resume at t={} ms",
                 until.0

@@ -139,8 +139,8 @@ pub struct KindMetrics {
     /// False reclaims by each test (a reclaim may fail both).
     pub false_by_probe_before: u64,
     pub false_by_activity_after: u64,
+    pub reclaimed_idle_gpu_hours_gross: f64,
     pub reclaimed_idle_gpu_hours: f64,
-    pub reclaimed_idle_gpu_hours_net: f64,
     pub lost_gpu_hours: f64,
     pub deleted: u64,
 }
@@ -148,20 +148,24 @@ pub struct KindMetrics {
 /// What one policy did with the workload (`docs/design/idle-experiment.md`, "Metrics").
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct PolicyMetrics {
-    /// Per idle reclaim: victim GPUs × time from the reclaim until its activity model next
-    /// shows activity ≥ 10 % (or its end), capped at the horizon.
+    /// Idle GPU-hours taken back: per idle reclaim, victim GPUs × the time from the reclaim
+    /// until its activity model next shows activity ≥ 10 % (or its end, capped at the horizon)
+    /// *or it holds GPUs again* (resumed, or redeployed after a delete), whichever is first —
+    /// the idle GPU time it did not hold. A workload reclaimed, resumed and reclaimed again does
+    /// not count the same idle future twice.
     pub reclaimed_idle_gpu_hours: f64,
-    /// As `reclaimed_idle_gpu_hours`, but each reclaim counts only until the workload holds
-    /// GPUs again (resumed, or redeployed after a delete): a workload reclaimed, resumed and
-    /// reclaimed again does not count the same idle future twice.
-    pub reclaimed_idle_gpu_hours_net: f64,
+    /// As `reclaimed_idle_gpu_hours` without the "holds GPUs again" cut: each reclaim counts
+    /// the victim's whole idle future (counts it again after a resume).
+    pub reclaimed_idle_gpu_hours_gross: f64,
     /// Idle reclaims whose probe showed use within 15 min before, or whose activity model
     /// shows ≥ 10 % within 15 min after.
     pub false_reclaims: u64,
     /// Activity-weighted work thrown away by pre-emptions and reclaims, plus restart delays.
     pub lost_gpu_hours: f64,
-    /// p95 over workloads that were ever deferred of their wait from (re)queue to start,
-    /// summed over their waits, censored at the horizon; seconds.
+    /// p95 over submissions that had to wait (deferred at least once before their first
+    /// start) of their wait from submission to first start, censored at the horizon; seconds.
+    /// Waits to resume after an idle reclaim are not counted: that work was not using its
+    /// GPUs.
     pub pending_wait_s_p95: f64,
     /// useful / allocated.
     pub goodput: f64,

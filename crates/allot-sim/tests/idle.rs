@@ -57,8 +57,8 @@ fn check_books(label: &str, m: &PolicyMetrics) {
         m.allocated_gpu_hours
     );
     assert!((0.0..=1.0).contains(&m.goodput), "{label}: goodput {}", m.goodput);
-    assert!(m.reclaimed_idle_gpu_hours >= 0.0 && m.reclaimed_idle_gpu_hours_net >= 0.0);
-    assert!(m.reclaimed_idle_gpu_hours_net <= m.reclaimed_idle_gpu_hours + 1e-9, "{label}");
+    assert!(m.reclaimed_idle_gpu_hours_gross >= 0.0 && m.reclaimed_idle_gpu_hours >= 0.0);
+    assert!(m.reclaimed_idle_gpu_hours <= m.reclaimed_idle_gpu_hours_gross + 1e-9, "{label}");
     assert!(m.lost_gpu_hours >= 0.0 && m.idle_allocated_gpu_hours >= -1e-9, "{label}");
     assert!(m.active_gpu_hours <= m.allocated_gpu_hours + 1e-9, "{label}");
     assert!(m.useful_gpu_hours <= m.active_gpu_hours + 1e-9, "{label}");
@@ -123,7 +123,7 @@ fn a_short_kernel_resets_amd_and_runai_timers_but_not_allot() {
     assert_eq!(allot.false_reclaims, 0);
     assert_eq!(allot.warnings, 1);
     assert_eq!(allot.deleted, 0);
-    assert!((allot.reclaimed_idle_gpu_hours - 1.5).abs() < 1e-9, "{allot:?}");
+    assert!((allot.reclaimed_idle_gpu_hours_gross - 1.5).abs() < 1e-9, "{allot:?}");
     // It never ran anything, so nothing was lost; it waits until its session ends.
     assert!(allot.lost_gpu_hours.abs() < 1e-9);
     assert_eq!(allot.notebooks_ended_pending, 1);
@@ -144,7 +144,7 @@ fn without_the_short_kernel_amd_deletes_and_runai_suspends_over_and_over() {
     // (its user never comes back). Same idle future as allot's reclaim.
     let amd = &m["amd_rm"];
     assert_eq!((amd.idle_reclaims, amd.deleted, amd.redeployed), (1, 1, 0));
-    assert!((amd.reclaimed_idle_gpu_hours - 1.5).abs() < 1e-9, "{amd:?}");
+    assert!((amd.reclaimed_idle_gpu_hours_gross - 1.5).abs() < 1e-9, "{amd:?}");
     // Run:ai: `always`, 15 min of zero windows: reclaimed at 15 min, resumed after the
     // backoff, reclaimed again; the training job finds the GPU free at some point.
     let runai = &m["runai"];
@@ -180,7 +180,7 @@ fn same_seed_same_bytes_and_another_seed_other_numbers() {
     assert!(at("amd_rm") < at("runai") && at("runai") < at("allot"));
     assert!(a.trim_start().starts_with("{\n  \"policies\""));
     for key in [
-        "reclaimed_idle_gpu_hours",
+        "reclaimed_idle_gpu_hours_gross",
         "false_reclaims",
         "lost_gpu_hours",
         "pending_wait_s_p95",

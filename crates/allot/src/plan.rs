@@ -23,7 +23,7 @@ const EMBEDDED_WORKLOADS: (&str, &str) =
 /// Rounds of decide → start/stop before `plan` gives up on reaching a fixed point.
 const PLAN_ROUNDS_MAX: usize = 100;
 
-fn invalid(diagnostics: &[Diagnostic]) -> anyhow::Error {
+pub(crate) fn invalid(diagnostics: &[Diagnostic]) -> anyhow::Error {
     let mut text = allot_config::render(diagnostics);
     let _ = writeln!(text, "{} problem(s) found; nothing was changed.", diagnostics.len());
     InvalidInput(text).into()
@@ -288,6 +288,7 @@ fn reason_code(d: &Decision) -> &'static str {
             DeferReason::WaitingForPreemption { .. } => "waiting_for_preemption",
             DeferReason::BlockedByFifo { .. } => "blocked_by_fifo",
             DeferReason::IdleBackoff { .. } => "idle_backoff",
+            DeferReason::AwaitingUse { .. } => "awaiting_use",
         },
         Decision::Reject { reason, .. } => match reason {
             RejectReason::UnknownProject { .. } => "unknown_project",

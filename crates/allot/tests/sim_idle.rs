@@ -15,7 +15,8 @@ fn the_command_prints_every_policy_and_the_goal_byte_identically() {
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     for label in ["amd_rm", "runai", "allot"] {
         let p = &json["policies"][label];
-        for key in ["reclaimed_idle_gpu_hours", "false_reclaims", "lost_gpu_hours", "goodput"] {
+        for key in ["reclaimed_idle_gpu_hours_gross", "false_reclaims", "lost_gpu_hours", "goodput"]
+        {
             assert!(p[key].is_number(), "{label}.{key}: {p}");
         }
         assert_eq!(p["wall_ms"], 0);
@@ -53,5 +54,18 @@ fn a_bad_horizon_is_refused() {
         let out = allot(&["sim", "idle", &format!("--hours={hours}")]);
         assert_eq!(out.status.code(), Some(1), "{hours}");
         assert!(text(&out.stderr).contains("--hours"), "{hours}");
+    }
+}
+
+#[test]
+fn the_example_policy_files_are_the_simulators_policies() {
+    // `allot sim idle` compares the policies of examples/idle/*.yaml; the simulator's tests use
+    // `allot_sim::idle::idle_policies()`. They must be the same policies.
+    let built = allot_sim::idle::idle_policies();
+    for (label, policy) in built {
+        let path = common::repo().join(format!("examples/idle/{label}.yaml"));
+        let text = std::fs::read_to_string(&path).expect("example policy");
+        let parsed = allot_config::parse_policy(&label, &text).expect("parses");
+        assert_eq!(parsed, policy, "{label}: examples/idle/{label}.yaml differs from idle_policies()");
     }
 }

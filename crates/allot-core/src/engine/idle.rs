@@ -241,7 +241,9 @@ impl Engine {
                 Decision::Defer { workload, reason }
                     if !matches!(
                         reason,
-                        DeferReason::WaitingForPreemption { .. } | DeferReason::IdleBackoff { .. }
+                        DeferReason::WaitingForPreemption { .. }
+                            | DeferReason::IdleBackoff { .. }
+                            | DeferReason::AwaitingUse { .. }
                     ) =>
                 {
                     let w = self.workloads.get(workload)?;
@@ -341,5 +343,20 @@ impl Engine {
                 }
             }
         })
+    }
+
+    /// A probe saw an idle-suspended workload's user back (activity after its stop): it needs
+    /// its GPUs again, so it queues as ordinary work from now on — no backoff, may pre-empt.
+    pub(crate) fn user_back(&mut self, id: WorkloadId, last_activity: Timestamp) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        w.probed = true;
+        let Some(stopped) = w.idle_suspended_at else { return };
+        if w.stage != Stage::Pending || last_activity < stopped {
+            return;
+        }
+        w.idle_suspended_at = None;
+        if let Some(at) = w.resume_at.take() {
+            self.backoffs.remove(&(at, id));
+        }
     }
 }

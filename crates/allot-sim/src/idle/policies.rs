@@ -86,7 +86,7 @@ pub fn idle_policies() -> Vec<(String, PolicySpec)> {
     );
     let runai = vec![
         rule(
-            "runai-notebooks",
+            "workspaces",
             &[Notebook],
             IdleRule::runai(minutes(15)),
             IdleWhen::Always,
@@ -95,7 +95,7 @@ pub fn idle_policies() -> Vec<(String, PolicySpec)> {
             &[],
         ),
         rule(
-            "runai-training",
+            "training",
             &[Training, Batch],
             IdleRule::runai(minutes(30)),
             IdleWhen::Always,
@@ -123,20 +123,20 @@ pub fn idle_policies() -> Vec<(String, PolicySpec)> {
             &["high"],
         ),
         rule(
-            "endpoints",
+            "serving",
             &[Inference, Service],
-            allot_rule(100, 30, 60_000),
+            allot_rule(100, 60, 60_000),
             IdleWhen::OnPressure,
             PreemptionMode::Suspend,
             minutes(5),
             &["high"],
         ),
         rule(
-            "training",
+            "hung-jobs",
             &[Training, Batch],
-            allot_rule(50, 30, minutes(5)),
+            allot_rule(10, 60, minutes(5)),
             IdleWhen::OnPressure,
-            PreemptionMode::Requeue,
+            PreemptionMode::Suspend,
             minutes(5),
             &["high"],
         ),

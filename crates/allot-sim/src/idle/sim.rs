@@ -87,6 +87,13 @@ struct Wl {
     restart: bool,
     ever_deferred: bool,
     wait_ms: u64,
+    submitted_ms: u64,
+    /// Submission → first start, once started.
+    first_wait_ms: Option<u64>,
+    /// Deferred before its first start.
+    waited_first: bool,
+    /// The pending stop is an idle reclaim.
+    idle_stopped: bool,
     queued_since_ms: Option<u64>,
     last_presence_ms: Option<u64>,
     last_request_ms: Option<u64>,
@@ -109,13 +116,16 @@ struct Sim<'a> {
     seq: u64,
     /// Running workloads that get telemetry (started, not told to stop).
     sampled: BTreeSet<usize>,
+    /// Notebooks stopped for idleness and waiting: their user opening them again is a probe
+    /// (the notebook hub sees the request) that tells the engine they are needed.
+    suspended_notebooks: BTreeSet<usize>,
     outages: Vec<Vec<(u64, u64)>>,
     cursors: Vec<usize>,
     down: Vec<bool>,
     telemetry_rng: SimRng,
     dirty: bool,
     /// Per origin, the last idle reclaim not yet followed by a new admission: (time, GPUs,
-    /// end of its predicted idleness), for `reclaimed_idle_gpu_hours_net`.
+    /// end of its predicted idleness), for `reclaimed_idle_gpu_hours`.
     open_reclaims: BTreeMap<usize, (u64, f64, f64)>,
     reclaimed_origins: BTreeSet<usize>,
     m: PolicyMetrics,
@@ -183,6 +193,7 @@ pub fn run_policy(
         queue: BinaryHeap::new(),
         seq: 0,
         sampled: BTreeSet::new(),
+        suspended_notebooks: BTreeSet::new(),
         cursors: vec![0; outages.len()],
         down: vec![false; outages.len()],
         outages,
@@ -321,6 +332,10 @@ impl Sim<'_> {
                 if let Some(since) = self.wls[wl].queued_since_ms.take() {
                     self.wls[wl].wait_ms += t.saturating_sub(since);
                 }
+                let w = &mut self.wls[wl];
+                if w.first_wait_ms.is_none() {
+                    w.first_wait_ms = Some(t.saturating_sub(w.submitted_ms));
+                }
                 self.sampled.insert(wl);
                 let o = self.origin(wl).clone();
                 if matches!(o.kind, WorkloadKind::Training | WorkloadKind::Batch) {
@@ -400,6 +415,9 @@ impl Sim<'_> {
                 } else {
                     w.fate = Fate::Queued;
                     w.queued_since_ms = Some(t);
+                    if w.idle_stopped && self.origins[w.origin].kind == WorkloadKind::Notebook {
+                        self.suspended_notebooks.insert(wl);
+                    }
                 }
             }
         }
@@ -424,6 +442,10 @@ impl Sim<'_> {
             saved_progress_s: 0.0,
             restart: redeploy,
             ever_deferred: false,
+            submitted_ms: t,
+            first_wait_ms: None,
+            waited_first: false,
+            idle_stopped: false,
             wait_ms: 0,
             queued_since_ms: Some(t),
             last_presence_ms: None,
@@ -552,10 +574,12 @@ impl Sim<'_> {
         }
         let start_s = secs(started);
         let wall_clock = !matches!(o.kind, WorkloadKind::Training | WorkloadKind::Batch);
+        let endpoint = matches!(o.kind, WorkloadKind::Inference | WorkloadKind::Service);
         let (active_kept, active_thrown, kept_progress) = if wall_clock {
             let active = act.integral(params, start_s - o.submit_s, start_s, ran);
-            // Nothing of a notebook's or endpoint's run survives a stop (no checkpoints).
-            if stopped.is_some() { (0.0, active, 0.0) } else { (active, 0.0, 0.0) }
+            // A notebook's kernel state does not survive a stop (no checkpoints); an
+            // endpoint's served requests do — stopping it loses only its restart.
+            if stopped.is_some() && !endpoint { (0.0, active, 0.0) } else { (active, 0.0, 0.0) }
         } else {
             let reached = r.base_progress_s + ran;
             let kept = match stopped {
@@ -580,7 +604,7 @@ impl Sim<'_> {
         lost += gpus * active_thrown;
         b.idle += gpus * (ran - active_kept - active_thrown);
         w.saved_progress_s = kept_progress;
-        if matches!(stopped, Some(PreemptionMode::Requeue | PreemptionMode::Delete)) {
+        if !endpoint && matches!(stopped, Some(PreemptionMode::Requeue | PreemptionMode::Delete)) {
             // Everything ever kept is thrown away.
             lost += b.useful;
             b.useful = 0.0;
@@ -678,6 +702,25 @@ impl Sim<'_> {
                 probes.push((wl, last));
             }
         }
+        // A suspended notebook's user back: the hub sees the request, once per suspension.
+        let back: Vec<usize> = self
+            .suspended_notebooks
+            .iter()
+            .copied()
+            .filter(|&wl| {
+                let w = &self.wls[wl];
+                let o = &self.origins[w.origin];
+                w.fate == Fate::Queued
+                    && self.acts[w.origin].user_present(params, secs(t) - o.submit_s)
+            })
+            .collect();
+        for wl in back {
+            self.suspended_notebooks.remove(&wl);
+            let id = WorkloadId(self.wls[wl].id);
+            let event = Event::ActivityProbed { workload: id, last_activity: Timestamp(t) };
+            self.engine.apply(Timestamp(t), event);
+            self.dirty = true;
+        }
         for (wl, last) in probes {
             if self.origin(wl).kind == WorkloadKind::Notebook {
                 self.wls[wl].last_presence_ms = Some(last);
@@ -715,6 +758,9 @@ impl Sim<'_> {
             Decision::Warn { .. } => self.m.warnings += 1,
             Decision::Defer { reason, .. } => {
                 self.wls[wl].ever_deferred = true;
+                if self.wls[wl].first_wait_ms.is_none() {
+                    self.wls[wl].waited_first = true;
+                }
                 if matches!(
                     reason,
                     DeferReason::NeverPlaceable { .. }
@@ -751,6 +797,9 @@ impl Sim<'_> {
             })
             .collect();
         w.fate = Fate::Holding;
+        w.idle_stopped = false;
+        self.suspended_notebooks.remove(&wl);
+        let w = &mut self.wls[wl];
         w.run_no += 1;
         w.run = Some(Run {
             admitted_ms: t,
@@ -773,8 +822,8 @@ impl Sim<'_> {
         let Some((at, gpus, until)) = self.open_reclaims.remove(&origin) else { return };
         let kind = self.origins[origin].kind;
         let hours = gpus * (until.min(secs(t)) - secs(at)).max(0.0) / 3600.0;
-        self.m.reclaimed_idle_gpu_hours_net += hours;
-        self.kind_entry(kind).reclaimed_idle_gpu_hours_net += hours;
+        self.m.reclaimed_idle_gpu_hours += hours;
+        self.kind_entry(kind).reclaimed_idle_gpu_hours += hours;
     }
 
     fn stop_requested(
@@ -803,6 +852,7 @@ impl Sim<'_> {
         let run = w.run_no;
         self.sampled.remove(&wl);
         self.m.preemptions += 1;
+        self.wls[wl].idle_stopped = idle.is_some();
         if idle.is_some() {
             self.judge_reclaim(wl, t, progress);
         }
@@ -843,11 +893,11 @@ impl Sim<'_> {
         if self.reclaimed_origins.insert(origin) {
             self.m.idle_reclaimed_workloads += 1;
         }
-        self.m.reclaimed_idle_gpu_hours += gpus * reclaimed_s / 3600.0;
+        self.m.reclaimed_idle_gpu_hours_gross += gpus * reclaimed_s / 3600.0;
         self.m.false_reclaims += u64::from(false_reclaim);
         let k = self.kind_entry(o.kind);
         k.idle_reclaims += 1;
-        k.reclaimed_idle_gpu_hours += gpus * reclaimed_s / 3600.0;
+        k.reclaimed_idle_gpu_hours_gross += gpus * reclaimed_s / 3600.0;
         k.false_reclaims += u64::from(false_reclaim);
         k.false_by_probe_before += u64::from(used_before);
         k.false_by_activity_after += u64::from(used_after);
@@ -865,8 +915,12 @@ impl Sim<'_> {
         for origin in open {
             self.close_reclaim(origin, h);
         }
-        let mut waits: Vec<f64> =
-            self.wls.iter().filter(|w| w.ever_deferred).map(|w| secs(w.wait_ms)).collect();
+        let mut waits: Vec<f64> = self
+            .wls
+            .iter()
+            .filter(|w| w.waited_first)
+            .map(|w| secs(w.first_wait_ms.unwrap_or(h.saturating_sub(w.submitted_ms))))
+            .collect();
         waits.sort_by(f64::total_cmp);
         let mut b = Books::default();
         for w in &self.wls {

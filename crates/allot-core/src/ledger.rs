@@ -132,6 +132,9 @@ struct Tracked {
     /// Told to stop by a pre-emption: its mode and, if it was asked for a checkpoint, since
     /// when the grace runs.
     preempted: Option<(PreemptionMode, Option<Timestamp>)>,
+    /// Books of one period not yet added to the rows (a sample then costs no row lookups):
+    /// flushed when the period changes, at a release and at `close`.
+    open: Option<(u64, Books)>,
 }
 
 /// The ledger. See the module docs.
@@ -155,6 +158,8 @@ impl Ledger {
     }
 
     /// Every row: (scope, period index) → books. Period `p` covers `[p × period, (p+1) × period)`.
+    /// Complete after [`Ledger::close`] (books of a running period are kept per workload until
+    /// then).
     pub fn rows(&self) -> &BTreeMap<(Scope, u64), Books> {
         &self.rows
     }
@@ -182,8 +187,31 @@ impl Ledger {
         out
     }
 
-    /// Adds `f(books)` to every row the workload is counted in, for the span `[from, to)` split
-    /// by period; `amount(len)` is the share-ms of a piece of `len` ms.
+    /// Adds the workload's open books to its rows (cluster, project, user, workload).
+    fn flush(&mut self, id: WorkloadId) {
+        let Some(t) = self.workloads.get_mut(&id) else { return };
+        let Some((period, books)) = t.open.take() else { return };
+        let scopes = [
+            Scope::Cluster,
+            Scope::Project(t.project.clone()),
+            Scope::User(t.user.clone()),
+            Scope::Workload(id),
+        ];
+        for scope in scopes {
+            self.rows.entry((scope, period)).or_default().add(&books);
+        }
+    }
+
+    /// The workload's open books for `period`, flushing another period's first.
+    fn open_books(&mut self, id: WorkloadId, period: u64) -> Option<&mut Books> {
+        if self.workloads.get(&id)?.open.as_ref().is_some_and(|(p, _)| *p != period) {
+            self.flush(id);
+        }
+        let t = self.workloads.get_mut(&id)?;
+        Some(&mut t.open.get_or_insert((period, Books::default())).1)
+    }
+
+    /// Adds `amount(len)` through `apply` for the span `[from, to)` split by period.
     fn book_span(
         &mut self,
         id: WorkloadId,
@@ -192,37 +220,23 @@ impl Ledger {
         apply: impl Fn(&mut Books, u128),
         amount: impl Fn(u64) -> u128,
     ) {
-        let Some(t) = self.workloads.get(&id) else { return };
-        let scopes = [
-            Scope::Cluster,
-            Scope::Project(t.project.clone()),
-            Scope::User(t.user.clone()),
-            Scope::Workload(id),
-        ];
         let mut at = from.0;
         while at < to.0 {
             let period = at / self.period_ms;
             let end = ((period + 1).saturating_mul(self.period_ms)).min(to.0);
             let piece = amount(end - at);
-            for scope in &scopes {
-                apply(self.rows.entry((scope.clone(), period)).or_default(), piece);
+            if let Some(b) = self.open_books(id, period) {
+                apply(b, piece);
             }
             at = end;
         }
     }
 
-    /// Adds a count or delay at one instant to the workload's rows.
+    /// Adds a count or delay at one instant to the workload's books.
     fn book_at(&mut self, id: WorkloadId, at: Timestamp, apply: impl Fn(&mut Books)) {
-        let Some(t) = self.workloads.get(&id) else { return };
         let period = at.0 / self.period_ms;
-        let scopes = [
-            Scope::Cluster,
-            Scope::Project(t.project.clone()),
-            Scope::User(t.user.clone()),
-            Scope::Workload(id),
-        ];
-        for scope in scopes {
-            apply(self.rows.entry((scope, period)).or_default());
+        if let Some(b) = self.open_books(id, period) {
+            apply(b);
         }
     }
 
@@ -285,6 +299,7 @@ impl Ledger {
                 b.preemptions += 1;
             });
         }
+        self.flush(id);
     }
 
     /// Folds one event the engine was told at `now`.
@@ -392,6 +407,7 @@ impl Ledger {
                 }
             }
             Decision::Reject { workload, .. } => {
+                self.flush(*workload);
                 self.workloads.remove(workload);
             }
             Decision::Stop { .. } | Decision::Defer { .. } | Decision::Warn { .. } => {}
@@ -429,6 +445,10 @@ impl Ledger {
             .collect();
         for id in holding {
             self.catch_up(id, now);
+        }
+        let ids: Vec<WorkloadId> = self.workloads.keys().copied().collect();
+        for id in ids {
+            self.flush(id);
         }
         if let Some((_, snapshot)) = self.cluster {
             self.cluster(now, snapshot);

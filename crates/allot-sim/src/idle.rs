@@ -197,6 +197,48 @@ pub struct PolicyMetrics {
     pub wall_ms: u64,
     /// The idle figures per workload kind.
     pub by_kind: BTreeMap<String, KindMetrics>,
+    /// The goodput ledger (`allot_core::ledger`, folded over the engine's events and
+    /// decisions) per project, and `cluster`.
+    pub ledger: BTreeMap<String, LedgerRow>,
+}
+
+/// One scope of the goodput ledger over the whole run, in GPU-hours.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct LedgerRow {
+    pub allocated_gpu_hours: f64,
+    pub active_gpu_hours: f64,
+    pub idle_allocated_gpu_hours: f64,
+    pub lost_to_preemption_gpu_hours: f64,
+    pub checkpoint_overhead_gpu_hours: f64,
+    pub goodput: f64,
+    pub queue_delay_s_mean: f64,
+    pub startup_delay_s_mean: f64,
+    pub preemptions: u64,
+    /// Cluster row only: capacity, free, and free but unusable by the pending demand.
+    pub capacity_gpu_hours: f64,
+    pub free_gpu_hours: f64,
+    pub fragmented_gpu_hours: f64,
+}
+
+impl LedgerRow {
+    pub fn of(b: &allot_core::ledger::Books) -> LedgerRow {
+        use allot_core::ledger::Books;
+        let mean = |sum: u128, n: u64| if n == 0 { 0.0 } else { sum as f64 / n as f64 / 1000.0 };
+        LedgerRow {
+            allocated_gpu_hours: Books::gpu_hours(b.allocated),
+            active_gpu_hours: Books::gpu_hours(b.active),
+            idle_allocated_gpu_hours: Books::gpu_hours(b.idle_allocated()),
+            lost_to_preemption_gpu_hours: Books::gpu_hours(b.lost_to_preemption),
+            checkpoint_overhead_gpu_hours: Books::gpu_hours(b.checkpoint_overhead),
+            goodput: b.goodput(),
+            queue_delay_s_mean: mean(b.queue_delay_ms, b.admissions),
+            startup_delay_s_mean: mean(b.startup_delay_ms, b.starts),
+            preemptions: b.preemptions,
+            capacity_gpu_hours: Books::gpu_hours(b.capacity),
+            free_gpu_hours: Books::gpu_hours(b.free),
+            fragmented_gpu_hours: Books::gpu_hours(b.fragmented),
+        }
+    }
 }
 
 /// One of the goal's comparisons.

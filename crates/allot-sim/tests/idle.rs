@@ -69,6 +69,25 @@ fn check_books(label: &str, m: &PolicyMetrics) {
     assert!(m.pending_wait_s_p95 >= 0.0);
     let by_kind: u64 = m.by_kind.values().map(|k| k.idle_reclaims).sum();
     assert_eq!(by_kind, m.idle_reclaims, "{label}");
+    // The core's goodput ledger, folded over the same events and decisions, agrees with the
+    // simulator's own books on what was allocated, and its projects add up to the cluster.
+    let cluster = &m.ledger["cluster"];
+    assert!(
+        (cluster.allocated_gpu_hours - m.allocated_gpu_hours).abs()
+            < 1e-6 * m.allocated_gpu_hours.max(1.0),
+        "{label}: ledger {} ≠ sim {}",
+        cluster.allocated_gpu_hours,
+        m.allocated_gpu_hours
+    );
+    let projects: f64 =
+        m.ledger.iter().filter(|(s, _)| *s != "cluster").map(|(_, r)| r.allocated_gpu_hours).sum();
+    assert!((projects - cluster.allocated_gpu_hours).abs() < 1e-6 * projects.max(1.0), "{label}");
+    assert!(cluster.fragmented_gpu_hours <= cluster.free_gpu_hours + 1e-9, "{label}");
+    assert!(
+        (cluster.allocated_gpu_hours + cluster.free_gpu_hours - cluster.capacity_gpu_hours).abs()
+            < 0.01 * cluster.capacity_gpu_hours.max(1.0),
+        "{label}: allocated + free ≠ capacity"
+    );
 }
 
 /// A two-node cluster: an abandoned notebook (no user ever) next to a busy, exempt batch job;

@@ -66,6 +66,9 @@ fn the_example_policy_files_are_the_simulators_policies() {
         let path = common::repo().join(format!("examples/idle/{label}.yaml"));
         let text = std::fs::read_to_string(&path).expect("example policy");
         let parsed = allot_config::parse_policy(&label, &text).expect("parses");
-        assert_eq!(parsed, policy, "{label}: examples/idle/{label}.yaml differs from idle_policies()");
+        assert_eq!(
+            parsed, policy,
+            "{label}: examples/idle/{label}.yaml differs from idle_policies()"
+        );
     }
 }

@@ -83,6 +83,41 @@ pub fn idle_text(report: &IdleReport) -> String {
         })
         .collect();
     out.push_str(&report::table(&headers, &rows));
+    // The goodput ledger per project (allot_core::ledger), one table per policy.
+    let ledger_headers = [
+        "ledger",
+        "allocated GPU-h",
+        "active GPU-h",
+        "idle GPU-h",
+        "lost GPU-h",
+        "ckpt GPU-h",
+        "goodput",
+        "queue s (mean)",
+        "startup s (mean)",
+        "fragmented GPU-h",
+    ];
+    for (label, m) in &report.policies.0 {
+        let rows: Vec<Vec<String>> = m
+            .ledger
+            .iter()
+            .map(|(scope, r)| {
+                vec![
+                    format!("{label}/{scope}"),
+                    format!("{:.1}", r.allocated_gpu_hours),
+                    format!("{:.1}", r.active_gpu_hours),
+                    format!("{:.1}", r.idle_allocated_gpu_hours),
+                    format!("{:.1}", r.lost_to_preemption_gpu_hours),
+                    format!("{:.1}", r.checkpoint_overhead_gpu_hours),
+                    format!("{:.4}", r.goodput),
+                    format!("{:.0}", r.queue_delay_s_mean),
+                    format!("{:.0}", r.startup_delay_s_mean),
+                    format!("{:.1}", r.fragmented_gpu_hours),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&report::table(&ledger_headers, &rows));
+    }
     if let Some(g) = &report.goal {
         let yes = |b: bool| if b { "holds" } else { "does not hold" };
         let _ = writeln!(

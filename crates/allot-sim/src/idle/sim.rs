@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use allot_core::idle::DeviceReading;
+use allot_core::ledger::{Ledger, Scope};
 use allot_core::{
     Checkpointing, Decision, DeferReason, Engine, Event, GpuRequest, IdleFacts, NodeSpec,
     Placement, PolicySpec, PreemptReason, PreemptionMode, SHARES_PER_GPU, Timestamp, WorkloadId,
@@ -13,7 +14,7 @@ use allot_core::{
 
 use super::{
     ACTIVE_ACTIVITY, FALSE_WINDOW_S, IdleSimConfig, IdleSimError, IdleWorkload, KindMetrics,
-    PolicyMetrics, REQUEST_ACTIVITY, check_config,
+    LedgerRow, PolicyMetrics, REQUEST_ACTIVITY, check_config,
 };
 use crate::activity::{ActivityParams, JobActivity, SLOT_S};
 use crate::replay::percentile;
@@ -21,6 +22,10 @@ use crate::rng::SimRng;
 
 /// Purposes of the telemetry's and the outages' random streams (`SimRng::fork`).
 const PURPOSE_TELEMETRY: u64 = 0x7E1E;
+/// The ledger's period: a day.
+const LEDGER_PERIOD_MS: u64 = 86_400_000;
+/// How often the ledger sees the cluster (capacity, free, fragmented).
+const LEDGER_SNAPSHOT_MS: u64 = 300_000;
 const PURPOSE_OUTAGE: u64 = 0x0DA6E;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -128,6 +133,8 @@ struct Sim<'a> {
     /// end of its predicted idleness), for `reclaimed_idle_gpu_hours`.
     open_reclaims: BTreeMap<usize, (u64, f64, f64)>,
     reclaimed_origins: BTreeSet<usize>,
+    /// The goodput ledger, folded over the same events and decisions as the engine.
+    ledger: Ledger,
     m: PolicyMetrics,
 }
 
@@ -201,6 +208,7 @@ pub fn run_policy(
         dirty: false,
         open_reclaims: BTreeMap::new(),
         reclaimed_origins: BTreeSet::new(),
+        ledger: Ledger::new(LEDGER_PERIOD_MS),
         m: PolicyMetrics::default(),
     };
     for (i, w) in workloads.iter().enumerate() {
@@ -241,6 +249,12 @@ fn node_outages(nodes: usize, horizon_ms: u64, config: &IdleSimConfig) -> Vec<Ve
 }
 
 impl Sim<'_> {
+    /// Tells the engine (and the ledger) a fact.
+    fn tell(&mut self, now: Timestamp, event: Event) {
+        self.ledger.event(now, &event);
+        self.engine.apply(now, event);
+    }
+
     fn push(&mut self, t_ms: u64, h: Happening) {
         self.seq += 1;
         self.queue.push(Reverse((t_ms, h.class(), self.seq, h)));
@@ -270,6 +284,7 @@ impl Sim<'_> {
                 self.m.decide_calls += 1;
                 let decisions = self.engine.decide(Timestamp(t));
                 for d in decisions {
+                    self.ledger.decision(Timestamp(t), &d);
                     self.on_decision(t, d);
                 }
                 if self.cfg.audit {
@@ -279,6 +294,9 @@ impl Sim<'_> {
                         message,
                     })?;
                 }
+            }
+            if t.is_multiple_of(LEDGER_SNAPSHOT_MS) {
+                self.ledger.cluster(Timestamp(t), self.engine.cluster_snapshot());
             }
             t += tick_ms;
         }
@@ -328,7 +346,7 @@ impl Sim<'_> {
                 r.started_ms = Some(t);
                 let base = r.base_progress_s;
                 let id = WorkloadId(self.wls[wl].id);
-                self.engine.apply(now, Event::AllocationStarted { workload: id });
+                self.tell(now, Event::AllocationStarted { workload: id });
                 if let Some(since) = self.wls[wl].queued_since_ms.take() {
                     self.wls[wl].wait_ms += t.saturating_sub(since);
                 }
@@ -359,7 +377,7 @@ impl Sim<'_> {
                 let at = (progress / interval).round() * interval;
                 r.checkpoint_progress_s = at.max(r.checkpoint_progress_s);
                 let id = WorkloadId(self.wls[wl].id);
-                self.engine.apply(now, Event::CheckpointSaved { workload: id });
+                self.tell(now, Event::CheckpointSaved { workload: id });
                 self.push_checkpoint(wl, t, progress);
             }
             Happening::Finish { wl, run } => {
@@ -370,7 +388,7 @@ impl Sim<'_> {
                 self.wls[wl].fate = Fate::Done;
                 self.m.jobs_finished += 1;
                 let id = WorkloadId(self.wls[wl].id);
-                self.engine.apply(now, Event::WorkloadFinished { workload: id });
+                self.tell(now, Event::WorkloadFinished { workload: id });
                 self.dirty = true;
             }
             Happening::End { wl } => {
@@ -381,14 +399,14 @@ impl Sim<'_> {
                         self.close_run(wl, t, None);
                         self.wls[wl].fate = Fate::Done;
                         self.m.jobs_finished += 1;
-                        self.engine.apply(now, Event::WorkloadFinished { workload: id });
+                        self.tell(now, Event::WorkloadFinished { workload: id });
                         self.dirty = true;
                     }
                     Fate::Queued => {
                         self.close_wait(wl, t);
                         self.wls[wl].fate = Fate::Done;
                         self.m.notebooks_ended_pending += 1;
-                        self.engine.apply(now, Event::WorkloadCancelled { workload: id });
+                        self.tell(now, Event::WorkloadCancelled { workload: id });
                         self.dirty = true;
                     }
                 }
@@ -402,7 +420,7 @@ impl Sim<'_> {
                 };
                 self.close_run(wl, t, Some(mode));
                 let id = WorkloadId(self.wls[wl].id);
-                self.engine.apply(now, Event::WorkloadStopped { workload: id });
+                self.tell(now, Event::WorkloadStopped { workload: id });
                 self.dirty = true;
                 let w = &mut self.wls[wl];
                 w.restart = true;
@@ -483,7 +501,7 @@ impl Sim<'_> {
             max_runtime_ms: None,
             deadline: None,
         };
-        self.engine.apply(Timestamp(t), Event::WorkloadSubmitted(spec));
+        self.tell(Timestamp(t), Event::WorkloadSubmitted(spec));
         self.dirty = true;
     }
 
@@ -674,7 +692,7 @@ impl Sim<'_> {
                 self.wls[wl].last_request_ms = Some(t);
             }
             let id = WorkloadId(self.wls[wl].id);
-            self.engine.apply(Timestamp(t), Event::ActivitySampled { workload: id, readings });
+            self.tell(Timestamp(t), Event::ActivitySampled { workload: id, readings });
         }
     }
 
@@ -718,7 +736,7 @@ impl Sim<'_> {
             self.suspended_notebooks.remove(&wl);
             let id = WorkloadId(self.wls[wl].id);
             let event = Event::ActivityProbed { workload: id, last_activity: Timestamp(t) };
-            self.engine.apply(Timestamp(t), event);
+            self.tell(Timestamp(t), event);
             self.dirty = true;
         }
         for (wl, last) in probes {
@@ -727,7 +745,7 @@ impl Sim<'_> {
             }
             self.wls[wl].probed_ms = Some(last);
             let id = WorkloadId(self.wls[wl].id);
-            self.engine.apply(
+            self.tell(
                 Timestamp(t),
                 Event::ActivityProbed { workload: id, last_activity: Timestamp(last) },
             );
@@ -769,7 +787,7 @@ impl Sim<'_> {
                 ) && self.wls[wl].fate == Fate::Queued
                 {
                     let id = WorkloadId(self.wls[wl].id);
-                    self.engine.apply(Timestamp(t), Event::WorkloadCancelled { workload: id });
+                    self.tell(Timestamp(t), Event::WorkloadCancelled { workload: id });
                     self.close_wait(wl, t);
                     self.wls[wl].fate = Fate::Done;
                 }
@@ -914,6 +932,16 @@ impl Sim<'_> {
         let open: Vec<usize> = self.open_reclaims.keys().copied().collect();
         for origin in open {
             self.close_reclaim(origin, h);
+        }
+        self.ledger.close(Timestamp(h));
+        for scope in self.ledger.scopes() {
+            let name = match &scope {
+                Scope::Cluster => "cluster".to_owned(),
+                Scope::Project(p) => p.clone(),
+                Scope::User(_) | Scope::Workload(_) => continue,
+            };
+            let b = self.ledger.total(&scope);
+            self.m.ledger.insert(name, LedgerRow::of(&b));
         }
         let mut waits: Vec<f64> = self
             .wls

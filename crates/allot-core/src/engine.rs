@@ -1575,13 +1575,15 @@ impl Engine {
         };
         // Candidates with what makes them one: quota reclaim from a borrower, the claimant's
         // own lower-priority work, or idle work past its timer under an `on_pressure` rule.
-        let mut kinds: BTreeMap<WorkloadId, VictimKind> = BTreeMap::new();
+        // Own and reclaim candidates come from disjoint projects; an idle candidate may also
+        // be one of them, and then counts as idle (the cheaper tier and reason).
+        let mut picked: Vec<(WorkloadId, VictimKind)> = Vec::new();
         let mut own_shares = Shares::ZERO;
         for &v in &self.running[project.0 as usize] {
             let vw = &self.workloads[&v];
             if eligible(vw) && vw.priority < priority {
                 own_shares = own_shares.saturating_add(vw.spec.total_shares());
-                kinds.insert(v, VictimKind::Own);
+                picked.push((v, VictimKind::Own));
             }
         }
         let guaranteed = self.quota.line(project, key)?.guaranteed;
@@ -1597,7 +1599,7 @@ impl Engine {
                 for &v in &self.running[q.0 as usize] {
                     let vw = &self.workloads[&v];
                     if eligible(vw) && vw.allocation.as_ref().is_some_and(|a| a.key == Some(key)) {
-                        kinds.insert(v, VictimKind::Reclaim);
+                        picked.push((v, VictimKind::Reclaim));
                     }
                 }
             }
@@ -1605,15 +1607,25 @@ impl Engine {
         // Idle victims: any project, priority up to the claimant's; an exempt or
         // non-preemptible workload is never ready. `pressure_ready` is this cycle's list
         // (`idle_pass`), so a deep queue does not scan every tracked workload per claimant.
-        for &v in &self.pressure_ready {
-            let Some(vw) = self.workloads.get(&v) else { continue };
-            if v != id && vw.priority <= priority && eligible(vw) {
-                kinds.insert(v, VictimKind::Idle);
-            }
+        if !self.pressure_ready.is_empty() {
+            let idle: BTreeSet<WorkloadId> = self
+                .pressure_ready
+                .iter()
+                .copied()
+                .filter(|&v| {
+                    v != id
+                        && self
+                            .workloads
+                            .get(&v)
+                            .is_some_and(|vw| vw.priority <= priority && eligible(vw))
+                })
+                .collect();
+            picked.retain(|(v, _)| !idle.contains(v));
+            picked.extend(idle.into_iter().map(|v| (v, VictimKind::Idle)));
         }
-        let mut candidates: Vec<(VictimKey, VictimKind)> = kinds
-            .iter()
-            .map(|(&v, &kind)| {
+        let mut candidates: Vec<(VictimKey, VictimKind)> = picked
+            .into_iter()
+            .map(|(v, kind)| {
                 let tier = u8::from(kind == VictimKind::Own);
                 (self.victim_key(now, &self.workloads[&v], tier), kind)
             })

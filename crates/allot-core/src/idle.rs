@@ -80,6 +80,17 @@ pub enum IdleModel {
     RunAi,
 }
 
+impl IdleModel {
+    /// The name policy files use: `allot`, `amd_rm`, `runai`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleModel::Allot => "allot",
+            IdleModel::AmdRm => "amd_rm",
+            IdleModel::RunAi => "runai",
+        }
+    }
+}
+
 /// What a time without telemetry means (model `Allot`; the baselines have their own rules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum MissingTelemetry {

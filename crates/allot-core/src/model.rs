@@ -109,6 +109,11 @@ pub struct IdlePolicySpec {
 }
 
 impl IdlePolicySpec {
+    /// Idle time from which a workload is warned: `warn_before` ahead of the timer.
+    pub fn warn_from_ms(&self) -> u64 {
+        self.rule.idle_timer_ms.saturating_sub(self.warn_before_ms).max(1)
+    }
+
     /// Whether the rule covers a workload of `project` and `kind`.
     pub fn covers(&self, project: &str, kind: WorkloadKind) -> bool {
         (self.projects.is_empty() || self.projects.iter().any(|p| p == project))

@@ -86,11 +86,7 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
         policy.preemption_mode.as_str(),
     );
     for rule in &policy.idle {
-        let model = match rule.rule.model {
-            allot_core::idle::IdleModel::Allot => "allot",
-            allot_core::idle::IdleModel::AmdRm => "amd_rm",
-            allot_core::idle::IdleModel::RunAi => "runai",
-        };
+        let model = rule.rule.model.as_str();
         let scope =
             |names: Vec<&str>| if names.is_empty() { "all".to_string() } else { names.join(",") };
         let _ = writeln!(

@@ -160,7 +160,7 @@ impl Engine {
                 IdleStatus::Idle { idle_ms } => idle_ms,
                 IdleStatus::Grace | IdleStatus::Active => 0,
             };
-            let warn_from = timer.saturating_sub(warn_before).max(1);
+            let warn_from = spec.warn_from_ms();
             let exempt = state.exempt;
             let warned_at = state.warned_at;
             if idle_ms < warn_from {
@@ -171,22 +171,16 @@ impl Engine {
                 continue;
             }
             let Some(facts) = self.idle_facts(id) else { continue };
-            let warned_at = match warned_at {
-                Some(t) => t,
-                None => {
-                    let acts = !exempt && when != IdleWhen::ReportOnly;
-                    let action_at = acts.then(|| {
-                        Timestamp(
-                            now.0.saturating_add(warn_before.max(timer.saturating_sub(idle_ms))),
-                        )
-                    });
-                    out.push(Decision::Warn { workload: id, idle: facts, action_at });
-                    if let Some(s) = self.idle.get_mut(&id) {
-                        s.warned_at = Some(now);
-                    }
-                    now
+            if warned_at.is_none() {
+                let acts = !exempt && when != IdleWhen::ReportOnly;
+                let action_at = acts.then(|| {
+                    Timestamp(now.0.saturating_add(warn_before.max(timer.saturating_sub(idle_ms))))
+                });
+                out.push(Decision::Warn { workload: id, idle: facts, action_at });
+                if let Some(s) = self.idle.get_mut(&id) {
+                    s.warned_at = Some(now);
                 }
-            };
+            }
             if when == IdleWhen::OnPressure
                 && self.idle_ready(now, id, IdleWhen::OnPressure)
                 && let Some(s) = self.idle.get_mut(&id)
@@ -196,12 +190,7 @@ impl Engine {
                     self.pressure_ready.insert(id);
                 }
             }
-            if when == IdleWhen::Always
-                && !exempt
-                && idle_ms >= timer
-                && now.since(warned_at) >= warn_before
-                && self.workloads.get(&id).is_some_and(|w| w.preemptible)
-            {
+            if self.idle_ready(now, id, IdleWhen::Always) {
                 let checkpoint_grace_ms =
                     self.workloads.get(&id).and_then(|w| w.spec.checkpointing).map(|c| c.grace_ms);
                 self.mark_stopping(id, StopKind::Idle(action));
@@ -326,20 +315,13 @@ impl Engine {
                 return false;
             }
             let idle_ms = s.tracker.idle_ms();
-            let warn_from = spec.rule.idle_timer_ms.saturating_sub(spec.warn_before_ms).max(1);
+            let warn_from = spec.warn_from_ms();
             match s.warned_at {
                 None => idle_ms >= warn_from,
                 Some(_) if idle_ms < warn_from => true,
-                Some(at) => {
-                    let ready = !s.exempt
-                        && idle_ms >= spec.rule.idle_timer_ms
-                        && now.since(at) >= spec.warn_before_ms;
-                    ready
-                        && match spec.when {
-                            IdleWhen::Always => true,
-                            IdleWhen::OnPressure => pending && !s.offered,
-                            IdleWhen::ReportOnly => false,
-                        }
+                Some(_) => {
+                    self.idle_ready(now, id, spec.when)
+                        && (spec.when == IdleWhen::Always || (pending && !s.offered))
                 }
             }
         })

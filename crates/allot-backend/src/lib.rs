@@ -1,0 +1,136 @@
+//! The boundary between the daemon and whatever runs workloads (this host, Slurm, …).
+//!
+//! The daemon owns decisions and timing; a backend only launches members, delivers signals and
+//! reports what it observes. Every call is idempotent per `(workload, attempt)`, so the daemon
+//! can repeat a call after a restart without starting anything twice. Backends know nothing of
+//! HTTP, SQLite or policy.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use allot_core::model::NodeSpec;
+
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
+mod fake;
+
+pub use fake::{FakeBackend, FakeControl};
+
+/// One run of a workload. A workload suspended and resumed, or requeued, runs again as the next
+/// attempt; observations always name the attempt they belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunId {
+    pub workload: u64,
+    pub attempt: u32,
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.workload, self.attempt)
+    }
+}
+
+/// What to start: every member of an admitted workload, on the devices the engine chose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub run: RunId,
+    /// argv; the first element is the program.
+    pub command: Vec<String>,
+    /// Extra environment for every member (the backend adds the device variables).
+    pub env: BTreeMap<String, String>,
+    pub members: Vec<MemberLaunch>,
+    /// Where the members' stdout/stderr go (`member-N.log` inside).
+    pub log_dir: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberLaunch {
+    pub node: String,
+    pub devices: Vec<DeviceAssignment>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAssignment {
+    /// The device's index on its node (CUDA/HIP ordinal).
+    pub index: u32,
+    /// Vendor UUID when known (NVML `GPU-…`, a MIG instance's `MIG-…`).
+    pub uuid: Option<String>,
+    pub vendor: Vendor,
+    /// Thousandths of the device (1000 = whole).
+    pub shares: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+}
+
+/// Signals the daemon asks for, in the order of a stop: checkpoint, then terminate, then kill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopSignal {
+    /// The configured checkpoint signal (SIGUSR1 by default on the local backend).
+    Checkpoint,
+    Terminate,
+    Kill,
+}
+
+/// What a backend saw happen to a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    /// Every member runs. `pids` are the members' process (group) ids where the backend has them.
+    Started { run: RunId, pids: Vec<u32> },
+    /// The run could not start; nothing of it runs.
+    LaunchFailed { run: RunId, error: String },
+    /// Every member ended. `code`: exit code of the first member that failed, else 0; `None` when
+    /// a member ended by a signal or the backend could not learn the status (see `detail`).
+    Exited { run: RunId, code: Option<i32>, detail: String },
+}
+
+impl Observation {
+    pub fn run(&self) -> RunId {
+        match self {
+            Observation::Started { run, .. }
+            | Observation::LaunchFailed { run, .. }
+            | Observation::Exited { run, .. } => *run,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{run}: no such run on this backend")]
+    UnknownRun { run: RunId },
+    #[error("{0}")]
+    Io(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A place where workloads run. Calls are synchronous and short (no call waits for a workload);
+/// the daemon calls them from its executor task.
+pub trait Backend: Send {
+    /// A short name for logs and metrics (`local`, `slurm`, `fake`).
+    fn name(&self) -> &str;
+
+    /// The nodes and GPUs this backend governs, as the engine's specs. The local backend
+    /// discovers this host's GPUs (NVML, AMD sysfs) and falls back to a declared inventory.
+    fn inventory(&mut self) -> Result<Vec<NodeSpec>, BackendError>;
+
+    /// Start every member of `launch`. Returns once the start is under way; `Started` or
+    /// `LaunchFailed` comes through `poll`. Launching a run that is already known does nothing.
+    fn launch(&mut self, launch: &Launch) -> Result<(), BackendError>;
+
+    /// Deliver `signal` to every member of `run`. Signalling a run that already ended does
+    /// nothing and is not an error.
+    fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError>;
+
+    /// What happened since the last call, in the order it was seen.
+    fn poll(&mut self) -> Result<Vec<Observation>, BackendError>;
+
+    /// After a daemon restart: the runs the daemon believes were launched and not yet ended.
+    /// The backend re-adopts those still running (they are watched from now on; `Started` is
+    /// reported for each) and reports every other one honestly (`Exited` with `code: None` and
+    /// a detail saying the status is unknown, or `LaunchFailed` if it never started).
+    fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError>;
+}

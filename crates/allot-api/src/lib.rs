@@ -1,1 +1,336 @@
-//! allot-api
+//! The REST API's wire types, shared by `allot-server` and the `allot` CLI.
+//!
+//! These are edge types (STYLE.md rule 4): they derive `Serialize`/`Deserialize` and OpenAPI
+//! schemas; the core's types do not, and the server converts explicitly. Requests refuse unknown
+//! fields so a misspelt field is an error naming it, never silently ignored.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// The API's path prefix.
+pub const API_PREFIX: &str = "/api/v1";
+
+/// Limits on what one request may ask; the server refuses more with a 400 naming the field.
+pub mod limits {
+    /// Largest request body, in bytes.
+    pub const BODY_BYTES_MAX: usize = 256 * 1024;
+    pub const NAME_CHARS_MAX: usize = 200;
+    pub const MEMBERS_MAX: u32 = 1024;
+    pub const GPUS_PER_MEMBER_MAX: u32 = 64;
+    pub const COMMAND_ARGS_MAX: usize = 4096;
+    pub const ENV_VARS_MAX: usize = 256;
+    /// 10 years: longer is a mistake, not a plan.
+    pub const DURATION_S_MAX: u64 = 10 * 365 * 24 * 3600;
+    pub const CPU_MILLIS_MAX: u64 = 100_000_000;
+    pub const MEMORY_MIB_MAX: u64 = 1 << 40;
+}
+
+/// A workload to run (`POST /api/v1/workloads`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// Shown in lists; defaults to the program's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub project: String,
+    /// `training`, `batch`, `notebook`, `inference` or `service`; default `batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// GPUs per member: a whole number, or a fraction below 1 (e.g. 0.25) for a share of one
+    /// device. 0 for CPU-only work. Exclusive with `mig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<f64>,
+    /// A MIG profile per member (e.g. `1g.10gb`), instead of `gpus`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
+    /// Gang size: all members start together or none does. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<u32>,
+    /// Acceptable GPU models in order of preference; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_models: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// All members on one node.
+    #[serde(default)]
+    pub same_node: bool,
+    /// `false` makes the workload non-preemptible (a preemptible class cannot be granted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptible: Option<bool>,
+    /// Seconds between the checkpoint signal and the stop; absent: not checkpointable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_grace_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_runtime_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runtime_s: Option<u64>,
+    /// argv of every member; the first element is the program.
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Where a workload is, as the API reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadState {
+    /// Waiting for GPUs (see `why`).
+    Pending,
+    /// Admitted; the backend is starting it.
+    Starting,
+    Running,
+    /// Told to stop (pre-empted, reclaimed, cancelled, suspended); still holds its GPUs.
+    Stopping,
+    /// Stopped by its user; `resume` queues it again.
+    Suspended,
+    /// Ended on its own with exit code 0.
+    Succeeded,
+    /// Ended on its own with a non-zero code, or its status could not be learned.
+    Failed,
+    Cancelled,
+    /// The engine refused it (unknown project, impossible request).
+    Rejected,
+}
+
+impl WorkloadState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadState::Pending => "pending",
+            WorkloadState::Starting => "starting",
+            WorkloadState::Running => "running",
+            WorkloadState::Stopping => "stopping",
+            WorkloadState::Suspended => "suspended",
+            WorkloadState::Succeeded => "succeeded",
+            WorkloadState::Failed => "failed",
+            WorkloadState::Cancelled => "cancelled",
+            WorkloadState::Rejected => "rejected",
+        }
+    }
+
+    /// No further change will happen.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            WorkloadState::Succeeded
+                | WorkloadState::Failed
+                | WorkloadState::Cancelled
+                | WorkloadState::Rejected
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Workload {
+    pub id: u64,
+    pub name: String,
+    pub project: String,
+    pub user: String,
+    pub kind: String,
+    pub state: WorkloadState,
+    /// Per member: whole GPUs (`2`), a share (`0.25`) or a MIG profile.
+    pub gpus: String,
+    pub members: u32,
+    pub command: Vec<String>,
+    pub submitted_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Runs so far (a requeue or resume starts the next attempt).
+    pub attempt: u32,
+    /// The last decision's reason in words (why it waits, why it was stopped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Machine-readable code of that reason (`quota_exhausted`, `idle`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
+    /// Where it runs: `node: devices`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SubmitResponse {
+    pub id: u64,
+    pub state: WorkloadState,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WorkloadList {
+    pub workloads: Vec<Workload>,
+}
+
+/// `GET /workloads/{id}/why`: the explanation in sentences plus the facts behind it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Why {
+    pub id: u64,
+    pub name: String,
+    pub state: WorkloadState,
+    /// One sentence per line: stage, queue position, blocking facts, counterfactuals.
+    pub lines: Vec<String>,
+    /// What a cycle run now would decide, with its typed reason (pending work only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub decision: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaLine {
+    pub model: String,
+    pub used_gpus: String,
+    pub guaranteed_gpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_limit_gpus: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lend_limit_gpus: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Project {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub department: Option<String>,
+    pub quota: Vec<QuotaLine>,
+    pub pending: u64,
+    pub running: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ProjectList {
+    pub projects: Vec<Project>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Device {
+    pub index: u32,
+    pub model: String,
+    /// Thousandths of the device in use.
+    pub used_shares: u64,
+    /// Workload ids on it.
+    pub workloads: Vec<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Node {
+    pub name: String,
+    pub devices: Vec<Device>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    /// Where the inventory came from: `nvml`, `amd-sysfs` or the declared file's path.
+    pub source: String,
+    pub nodes: Vec<Node>,
+}
+
+/// One row of the goodput ledger, GPU-hours.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LedgerRow {
+    /// `cluster`, `project:NAME`, `user:NAME` or `workload:ID`.
+    pub scope: String,
+    pub allocated_gpu_hours: f64,
+    pub active_gpu_hours: f64,
+    pub idle_allocated_gpu_hours: f64,
+    pub lost_gpu_hours: f64,
+    pub useful_gpu_hours: f64,
+    /// useful / allocated; null when nothing was allocated.
+    #[serde(default)]
+    pub goodput: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Report {
+    /// Since the daemon's first start (ms since the Unix epoch).
+    pub since_ms: u64,
+    pub now_ms: u64,
+    pub rows: Vec<LedgerRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyView {
+    /// Where the active policy came from.
+    pub source: String,
+    /// The policy file's text.
+    pub text: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything, including tokens and policy.
+    Admin,
+    /// Reads and acts on its own projects' workloads only.
+    Member,
+    /// Reads everything, changes nothing.
+    Viewer,
+}
+
+impl Role {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Member => "member",
+            Role::Viewer => "viewer",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Role> {
+        match text {
+            "admin" => Some(Role::Admin),
+            "member" => Some(Role::Member),
+            "viewer" => Some(Role::Viewer),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    pub role: Role,
+    /// Who holds it (becomes the `user` of what it submits).
+    pub name: String,
+    /// For members: the projects it may see and act on.
+    #[serde(default)]
+    pub projects: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TokenCreated {
+    pub id: String,
+    /// Shown once; only its hash is stored.
+    pub token: String,
+    pub role: Role,
+    pub name: String,
+    pub projects: Vec<String>,
+}
+
+/// Every error body: what went wrong, the field when one is to blame, and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    pub error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// `POST /policy/validate`: a candidate policy (YAML text as the body) checked against this
+/// daemon's inventory; nothing is changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyValidation {
+    pub ok: bool,
+    /// What `allot policy validate` prints for it.
+    pub summary: String,
+    pub problems: Vec<ApiError>,
+}

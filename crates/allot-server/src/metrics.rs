@@ -87,7 +87,11 @@ impl Metrics {
             "Pre-emptions and idle reclaims since the first start, by reason",
             preemptions.clone(),
         );
-        registry.register("submissions", "Workloads submitted since this start", submissions.clone());
+        registry.register(
+            "submissions",
+            "Workloads submitted since this start",
+            submissions.clone(),
+        );
         registry.register(
             "decision_cycle_seconds",
             "Time of one decision cycle",

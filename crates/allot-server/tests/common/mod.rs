@@ -78,7 +78,8 @@ impl TestDaemon {
     /// Makes a token through the API with the admin token.
     pub async fn token(&self, role: &str, projects: &[&str]) -> String {
         let body = serde_json::json!({"role": role, "name": format!("{role}-{}", projects.join("-")), "projects": projects});
-        let (status, v) = self.call("POST", "/api/v1/tokens", Some(&self.admin), Some(&body.to_string())).await;
+        let (status, v) =
+            self.call("POST", "/api/v1/tokens", Some(&self.admin), Some(&body.to_string())).await;
         assert_eq!(status, StatusCode::CREATED, "{v}");
         v["token"].as_str().expect("token").to_string()
     }
@@ -87,7 +88,8 @@ impl TestDaemon {
     pub async fn wait_state(&self, id: u64, state: &str) -> Value {
         let mut last = Value::Null;
         for _ in 0..500 {
-            let (_, v) = self.call("GET", &format!("/api/v1/workloads/{id}"), Some(&self.admin), None).await;
+            let (_, v) =
+                self.call("GET", &format!("/api/v1/workloads/{id}"), Some(&self.admin), None).await;
             if v["state"] == state {
                 return v;
             }

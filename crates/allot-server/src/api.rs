@@ -137,7 +137,10 @@ async fn submit(
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     let request: SubmitRequest = json_body(&body)?;
-    let response = state.handle.ask(|reply| Request::Submit { principal, request, reply }).await?;
+    #[allow(clippy::disallowed_methods)] // the submit-to-admit histogram measures real time
+    let received = std::time::Instant::now();
+    let response =
+        state.handle.ask(|reply| Request::Submit { principal, request, reply, received }).await?;
     Ok((StatusCode::CREATED, axum::Json(response)))
 }
 

@@ -54,10 +54,28 @@ type Reply<T> = oneshot::Sender<Result<T, HttpError>>;
 
 #[derive(Debug)]
 pub(crate) enum Request {
-    Submit { principal: Principal, request: SubmitRequest, reply: Reply<SubmitResponse> },
-    Action { principal: Principal, id: u64, entry: Entry, reply: Reply<Workload> },
-    Why { principal: Principal, id: u64, reply: Reply<Why> },
-    Report { principal: Principal, reply: Reply<Report> },
+    Submit {
+        principal: Principal,
+        request: SubmitRequest,
+        reply: Reply<SubmitResponse>,
+        /// When the API received it (for the submit-to-admit histogram).
+        received: std::time::Instant,
+    },
+    Action {
+        principal: Principal,
+        id: u64,
+        entry: Entry,
+        reply: Reply<Workload>,
+    },
+    Why {
+        principal: Principal,
+        id: u64,
+        reply: Reply<Why>,
+    },
+    Report {
+        principal: Principal,
+        reply: Reply<Report>,
+    },
     Shutdown,
 }
 
@@ -135,7 +153,11 @@ pub(crate) struct Loop {
     pub decide_interval_ms: u64,
     pub heartbeats: BTreeMap<u64, u64>,
     last_view_ms: u64,
+    awaiting_admission: BTreeMap<u64, std::time::Instant>,
 }
+
+/// Most submissions timed to their admission at once (the rest are not timed).
+const AWAITING_ADMISSION_MAX: usize = 100_000;
 
 /// An entry waiting for durability, and whom to answer once it is.
 enum Pending {
@@ -161,6 +183,7 @@ impl Loop {
             decide_interval_ms,
             heartbeats: BTreeMap::new(),
             last_view_ms: 0,
+            awaiting_admission: BTreeMap::new(),
         }
     }
 
@@ -282,7 +305,7 @@ impl Loop {
             let mut queries = Vec::new();
             for request in batch {
                 match request {
-                    Request::Submit { principal, request, reply } => {
+                    Request::Submit { principal, request, reply, received } => {
                         if !principal.can_act(&request.project) {
                             let _ = reply.send(Err(forbidden(&principal, &request.project)));
                             continue;
@@ -294,6 +317,9 @@ impl Loop {
                                 commands.extend(self.daemon.apply(now, &entry));
                                 entries.push(entry);
                                 waiting.push(Pending::Submitted(reply, id));
+                                if self.awaiting_admission.len() < AWAITING_ADMISSION_MAX {
+                                    self.awaiting_admission.insert(id, received);
+                                }
                             }
                             Err(e) => {
                                 let _ = reply.send(Err(HttpError::new(400, e)));
@@ -372,6 +398,11 @@ impl Loop {
                     }
                 }
             }
+            if !self.awaiting_admission.is_empty()
+                && entries.iter().any(|e| matches!(e, Entry::Decided))
+            {
+                self.observe_admissions();
+            }
             commands.extend(self.daemon.due_signals(now));
             self.execute(commands);
             for q in queries {
@@ -379,6 +410,24 @@ impl Loop {
             }
             self.refresh_view(now, false);
         }
+    }
+
+    /// Submissions the last cycle decided on for good (admitted, or ended otherwise) leave the
+    /// map; admitted ones are timed from their arrival at the API.
+    fn observe_admissions(&mut self) {
+        let daemon = &self.daemon;
+        let metrics = &self.metrics;
+        self.awaiting_admission.retain(|id, received| {
+            let Some(r) = daemon.workloads.get(id) else { return false };
+            match r.state {
+                WorkloadState::Pending | WorkloadState::Suspended => true,
+                WorkloadState::Starting | WorkloadState::Running if r.attempt == 1 => {
+                    metrics.submit_to_admit_seconds.observe(received.elapsed().as_secs_f64());
+                    false
+                }
+                _ => false,
+            }
+        });
     }
 
     fn answer(&mut self, now: u64, request: Request) {

@@ -49,6 +49,17 @@ impl TestDaemon {
         TestDaemon { started: Some(started), control, admin, dir }
     }
 
+    pub fn wrap(started: Started, control: FakeControl, admin: String, dir: PathBuf) -> TestDaemon {
+        TestDaemon { started: Some(started), control, admin, dir }
+    }
+
+    /// Stops the main loop (as a clean shutdown would).
+    pub fn stop(&mut self) {
+        if let Some(s) = self.started.take() {
+            s.stop().expect("main loop ends cleanly");
+        }
+    }
+
     pub async fn call(
         &self,
         method: &str,

@@ -163,6 +163,7 @@ pub(crate) fn workload(id: u64, r: &Record) -> Workload {
         reason: r.reason.as_ref().map(|(_, text)| text.clone()),
         reason_code: r.reason.as_ref().map(|(code, _)| code.clone()),
         placement: r.placement.clone(),
+        pids: r.pids.clone(),
     }
 }
 

@@ -340,9 +340,22 @@ impl Daemon {
                 self.event(now, Event::AllocationStarted { workload: WorkloadId(*id) });
                 self.dirty = true;
             }
-            Entry::LaunchFailed { id, attempt, error } => {
+            Entry::LaunchFailed { id, attempt, error, requeue } => {
                 let Some(record) = self.workloads.get_mut(id) else { return out };
                 if record.attempt != *attempt || record.state.is_final() {
+                    return out;
+                }
+                if *requeue && record.state == WorkloadState::Starting && record.intent.is_none() {
+                    record.reason = Some((
+                        "relaunch".into(),
+                        format!("queued again: the daemon stopped while launching it ({error})"),
+                    ));
+                    self.event(
+                        now,
+                        Event::AllocationFailed { workload: WorkloadId(*id), reason: error.clone() },
+                    );
+                    self.set_state(*id, WorkloadState::Pending, now);
+                    self.dirty = true;
                     return out;
                 }
                 record.reason = Some(("launch_failed".into(), format!("could not start: {error}")));

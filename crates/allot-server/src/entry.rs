@@ -27,10 +27,14 @@ pub(crate) enum Entry {
         attempt: u32,
         pids: Vec<u32>,
     },
+    /// `requeue`: the failure was the daemon's (it stopped while launching), so the workload
+    /// queues again instead of failing.
     LaunchFailed {
         id: u64,
         attempt: u32,
         error: String,
+        #[serde(default)]
+        requeue: bool,
     },
     Exited {
         id: u64,

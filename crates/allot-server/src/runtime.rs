@@ -212,7 +212,15 @@ impl Loop {
         let launches = self.daemon.live_launches();
         let observations = self.backend.recover(&launches)?;
         let now = self.daemon.clamp(wall_ms());
-        let entries: Vec<Entry> = observations.into_iter().map(observation_entry).collect();
+        let entries: Vec<Entry> = observations
+            .into_iter()
+            .map(|o| match observation_entry(o) {
+                Entry::LaunchFailed { id, attempt, error, .. } => {
+                    Entry::LaunchFailed { id, attempt, error, requeue: true }
+                }
+                other => other,
+            })
+            .collect();
         let mut commands = Vec::new();
         for e in &entries {
             commands.extend(self.daemon.apply(now, e));
@@ -613,7 +621,7 @@ fn observation_entry(o: Observation) -> Entry {
             Entry::Started { id: run.workload, attempt: run.attempt, pids }
         }
         Observation::LaunchFailed { run, error } => {
-            Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error }
+            Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error, requeue: false }
         }
         Observation::Exited { run, code, detail } => {
             Entry::Exited { id: run.workload, attempt: run.attempt, code, detail }

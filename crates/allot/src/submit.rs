@@ -75,6 +75,9 @@ pub(crate) struct SubmitArgs {
     /// An environment variable for every member; repeatable.
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_env)]
     pub(crate) env: Vec<(String, String)>,
+    /// Print the request that would be sent (JSON) and send nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
     /// Output format: the id alone (text) or the API's SubmitResponse (json).
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub(crate) output: Output,
@@ -106,7 +109,13 @@ impl KindArg {
 
 pub(crate) fn run(remote: &RemoteArgs, args: SubmitArgs) -> Result<String> {
     let output = args.output;
+    let dry_run = args.dry_run;
     let request = request(args)?;
+    if dry_run {
+        let mut text = serde_json::to_string_pretty(&request)?;
+        text.push('\n');
+        return Ok(text);
+    }
     let response = Client::new(remote)?.post::<SubmitResponse>("/workloads", Some(&request))?;
     Ok(match output {
         Output::Json => response.pretty(),

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use allot_core::model::NodeSpec;
+use allot_core::NodeSpec;
 
 #[cfg(any(test, feature = "contract"))]
 pub mod contract;

@@ -1,1 +1,294 @@
-//! allot-server
+//! The allot daemon: `allot serve`.
+//!
+//! One main loop (a thread of its own, `runtime.rs`) owns the durable log (`allot-store`), the
+//! engine and the workload records (`daemon.rs`) and the backend; the HTTP API (`api.rs`, on
+//! tokio) authenticates, reads the loop's published view, and sends it requests. Every input is
+//! written to the log before it is acknowledged or acted on; a restart replays the log and asks
+//! the backend what became of the runs it says were live.
+
+mod api;
+mod auth;
+mod daemon;
+mod entry;
+mod metrics;
+mod runtime;
+mod submit;
+pub mod views;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use allot_api::{ApiError, PolicyValidation, Role, TokenCreated, TokenRequest};
+use allot_backend::Backend;
+use allot_core::Engine;
+use allot_core::model::NodeSpec;
+use allot_store::{SqliteStore, Store};
+use anyhow::{Context, Result, anyhow};
+
+pub use auth::Principal;
+
+const EMBEDDED_POLICY: (&str, &str) =
+    ("examples/policy.yaml (embedded)", include_str!("../../../examples/policy.yaml"));
+const EMBEDDED_CLUSTER: (&str, &str) =
+    ("examples/cluster.yaml (embedded)", include_str!("../../../examples/cluster.yaml"));
+
+/// How `allot serve` runs.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// Declared nodes and GPUs, used when this host has no GPU NVML or sysfs can find.
+    /// `None`: the embedded `examples/cluster.yaml`.
+    pub inventory_file: Option<PathBuf>,
+    /// `None`: the embedded `examples/policy.yaml`.
+    pub policy_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Least time between decision cycles.
+    pub decide_interval_ms: u64,
+    /// Signal that asks a workload to checkpoint (`SIGUSR1`, `SIGUSR2`, `SIGINT`, …).
+    pub checkpoint_signal: String,
+}
+
+/// The default data directory (`$XDG_DATA_HOME/allot`, else `~/.local/share/allot`).
+pub fn default_data_dir() -> Result<PathBuf> {
+    Ok(allot_store::default_data_dir()?)
+}
+
+/// Makes a token offline in `data_dir` (works while the daemon runs).
+pub fn create_token(data_dir: &Path, request: &TokenRequest) -> Result<TokenCreated> {
+    auth::check_request(request, &[]).map_err(|e| {
+        anyhow!("{}: {}{}", e.field.unwrap_or_default(), e.error, e.fix.map(|f| format!(" — {f}")).unwrap_or_default())
+    })?;
+    let mut store = SqliteStore::open_unlocked(data_dir)?;
+    auth::create(&mut store, request, runtime::wall_ms())
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn diagnostics_error(diagnostics: &[allot_config::Diagnostic]) -> anyhow::Error {
+    anyhow!("{}{} problem(s) found; nothing was changed.", allot_config::render(diagnostics), diagnostics.len())
+}
+
+/// Checks a policy text against `nodes`, as `POST /policy/validate` answers.
+pub(crate) fn validate_policy_text(name: &str, text: &str, nodes: &[NodeSpec]) -> PolicyValidation {
+    match allot_config::parse_policy(name, text) {
+        Err(diagnostics) => PolicyValidation {
+            ok: false,
+            summary: format!("{}: {} problem(s)", name, diagnostics.len()),
+            problems: diagnostics
+                .iter()
+                .map(|d| ApiError {
+                    error: format!("{}:{}:{}: {}", name, d.line, d.column, d.message),
+                    field: Some(d.field.clone()),
+                    fix: Some(d.fix.clone()),
+                })
+                .collect(),
+        },
+        Ok(policy) => match Engine::new(nodes, &policy) {
+            Err(e) => PolicyValidation {
+                ok: false,
+                summary: format!("{name}: 1 problem"),
+                problems: vec![ApiError { error: e.to_string(), field: None, fix: None }],
+            },
+            Ok(_) => PolicyValidation {
+                ok: true,
+                summary: format!(
+                    "{name}: ok — {} projects, {} priority classes, {} idle rules",
+                    policy.projects.len(),
+                    policy.priority_classes.len(),
+                    policy.idle.len()
+                ),
+                problems: Vec::new(),
+            },
+        },
+    }
+}
+
+fn checkpoint_signal(name: &str) -> Result<nix::sys::signal::Signal> {
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+    full.parse().map_err(|_| anyhow!("--checkpoint-signal {name:?} is not a signal; use e.g. SIGUSR1, SIGUSR2, SIGINT"))
+}
+
+/// What a daemon is made of; `run` builds it from files, tests from in-memory parts.
+#[derive(Debug)]
+pub struct Parts {
+    /// The log (and snapshots).
+    pub store: Box<dyn Store>,
+    /// Token lookups (a second connection to the same database, or another in-memory store).
+    pub token_store: Box<dyn Store>,
+    pub backend: Box<dyn Backend>,
+    /// The inventory declared in a file (the backend may discover another).
+    pub declared: Vec<NodeSpec>,
+    pub inventory_source: String,
+    pub policy: allot_core::model::PolicySpec,
+    pub policy_source: String,
+    pub policy_text: String,
+    pub data_dir: PathBuf,
+    pub decide_interval_ms: u64,
+}
+
+/// A daemon whose main loop runs: serve `router`; send `Shutdown` through `sender` to stop.
+#[derive(Debug)]
+pub struct Started {
+    pub router: axum::Router,
+    /// Made on a first start (no tokens yet): shown once.
+    pub admin_token: Option<TokenCreated>,
+    /// Log entries replayed at start.
+    pub replayed: u64,
+    sender: std::sync::mpsc::SyncSender<runtime::Request>,
+    loop_thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Started {
+    /// Stops the main loop and waits for it.
+    pub fn stop(self) -> Result<()> {
+        let _ = self.sender.send(runtime::Request::Shutdown);
+        self.loop_thread.join().map_err(|_| anyhow!("the main loop panicked"))?
+    }
+}
+
+/// Recovers state from the log, starts the main loop, and returns the API's router.
+pub fn start(parts: Parts) -> Result<Started> {
+    let Parts {
+        store,
+        mut token_store,
+        mut backend,
+        declared,
+        inventory_source,
+        policy,
+        policy_source,
+        policy_text,
+        data_dir,
+        decide_interval_ms,
+    } = parts;
+    let nodes = backend.inventory()?;
+    let inventory_source =
+        if nodes == declared { inventory_source } else { format!("discovered by the {} backend", backend.name()) };
+    let daemon = daemon::Daemon::new(nodes.clone(), &policy, data_dir.clone())
+        .map_err(|e| anyhow!("{policy_source}: {e}"))?;
+    let admin_token = if token_store.tokens()?.is_empty() {
+        Some(auth::create(
+            token_store.as_mut(),
+            &TokenRequest { role: Role::Admin, name: "admin".into(), projects: Vec::new() },
+            runtime::wall_ms(),
+        )?)
+    } else {
+        None
+    };
+    let metrics = Arc::new(metrics::Metrics::new());
+    let view = Arc::new(RwLock::new(runtime::View {
+        inventory_source,
+        policy_source,
+        policy_text,
+        ..runtime::View::default()
+    }));
+    let mut main_loop =
+        runtime::Loop::new(store, daemon, backend, metrics.clone(), view.clone(), decide_interval_ms);
+    let replayed = main_loop.recover()?;
+    let (sender, receiver) = std::sync::mpsc::sync_channel(runtime::QUEUE_MAX);
+    let handle = runtime::Handle { sender: sender.clone(), view };
+    let tokens = Arc::new(auth::Tokens::new(token_store));
+    let state = api::AppState { handle, tokens, metrics, data_dir, nodes: Arc::new(nodes) };
+    let loop_thread = std::thread::Builder::new()
+        .name("allot-main-loop".into())
+        .spawn(move || main_loop.run(receiver))?;
+    Ok(Started { router: api::router(state), admin_token, replayed, sender, loop_thread })
+}
+
+/// Starts the daemon and blocks until SIGINT or SIGTERM.
+pub fn run(config: ServeConfig) -> Result<()> {
+    if config.tls_cert.is_some() != config.tls_key.is_some() {
+        return Err(anyhow!("TLS needs both --tls-cert and --tls-key"));
+    }
+    if config.tls_cert.is_some() {
+        return Err(anyhow!(
+            "TLS is not built into this allot yet: serve on loopback and put a TLS proxy in front (the issue is open)"
+        ));
+    }
+    let (policy_source, policy_text) = match &config.policy_file {
+        Some(p) => (p.display().to_string(), read_text(p)?),
+        None => (EMBEDDED_POLICY.0.to_string(), EMBEDDED_POLICY.1.to_string()),
+    };
+    let policy = allot_config::parse_policy(&policy_source, &policy_text).map_err(|d| diagnostics_error(&d))?;
+    let (inventory_source, declared) = match &config.inventory_file {
+        Some(p) => (p.display().to_string(), allot_config::load_cluster(p).map_err(|d| diagnostics_error(&d))?),
+        None => (
+            EMBEDDED_CLUSTER.0.to_string(),
+            allot_config::parse_cluster(EMBEDDED_CLUSTER.0, EMBEDDED_CLUSTER.1).map_err(|d| diagnostics_error(&d))?,
+        ),
+    };
+    let store = SqliteStore::open(&config.data_dir)?;
+    let backend = allot_backend_local::LocalBackend::new(allot_backend_local::LocalConfig {
+        state_dir: config.data_dir.join("runs"),
+        checkpoint_signal: checkpoint_signal(&config.checkpoint_signal)?,
+        declared_inventory: Some(declared.clone()),
+        node_name: "local".into(),
+    })?;
+    let token_store = SqliteStore::open_unlocked(&config.data_dir)?;
+    let started = start(Parts {
+        store: Box::new(store),
+        token_store: Box::new(token_store),
+        backend: Box::new(backend),
+        declared,
+        inventory_source,
+        policy,
+        policy_source,
+        policy_text,
+        data_dir: config.data_dir.clone(),
+        decide_interval_ms: config.decide_interval_ms,
+    })?;
+    let Started { router, admin_token: first_token, replayed, sender, loop_thread } = started;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let served: Result<()> = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}: is another allot (or program) using it? pass --listen HOST:PORT", config.listen))?;
+        let addr = listener.local_addr()?;
+        let base = format!("http://{addr}");
+        runtime::tracing_log(&format!(
+            "listening on {base} (API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics, no dashboard yet); data in {}; {replayed} log entries replayed",
+            config.data_dir.display()
+        ));
+        if let Some(t) = &first_token {
+            #[allow(clippy::print_stdout)]
+            {
+                println!("admin token (shown once; store it, e.g. export ALLOT_TOKEN=…):\n{}", t.token);
+            }
+        }
+        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+        Ok(())
+    });
+    let _ = sender.send(runtime::Request::Shutdown);
+    let looped = loop_thread.join().map_err(|_| anyhow!("the main loop panicked"))?;
+    served?;
+    looped
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+

@@ -1,0 +1,626 @@
+//! An in-memory backend for tests and the simulator: deterministic, no threads, no clock.
+//!
+//! The fake splits what a real backend splits: the *world* (the processes a host runs, which
+//! survive a daemon restart) and the *backend* (what one daemon life watched and reported). A
+//! test drives the world through [`FakeControl`] — it ends runs, fails launches, makes runs ignore
+//! signals — and gets a fresh backend on the same world with [`FakeControl::backend`], which is
+//! what the daemon sees after a restart.
+//!
+//! Like the local backend, a restarted fake knows an exit code only if a backend learned it
+//! (polled it) before the restart; an adopted run's exit is reported with code `None`.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use allot_core::NodeSpec;
+
+use crate::{Backend, BackendError, Launch, Observation, RunId, StopSignal};
+
+/// Detail of a run ended by Terminate or Kill.
+pub const DETAIL_SIGNALLED: &str = "terminated by signal";
+/// Detail of a run that ended while no backend watched it, or after re-adoption.
+pub const DETAIL_UNKNOWN: &str =
+    "exit status unknown: it ended while allot was restarting or after re-adoption";
+
+/// A run as the simulated host holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FakeRun {
+    pub launch: Launch,
+    pub state: FakeRunState,
+    /// Every signal delivered, in order.
+    pub signals: Vec<StopSignal>,
+    /// One made-up pid per member.
+    pub pids: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FakeRunState {
+    Running,
+    Exited { code: Option<i32>, detail: String },
+    LaunchFailed { error: String },
+}
+
+#[derive(Debug, Default)]
+struct World {
+    nodes: Vec<NodeSpec>,
+    /// In launch order, so that observations come out in the order things happened.
+    runs: Vec<WorldRun>,
+    fail_next_launch: Option<String>,
+    missing_programs: BTreeSet<String>,
+    next_pid: u32,
+}
+
+#[derive(Debug)]
+struct WorldRun {
+    run: FakeRun,
+    ignored: BTreeSet<SignalKey>,
+    /// A backend polled the exit with its code: a later backend may report it.
+    exit_learned: bool,
+}
+
+/// `StopSignal` has no `Ord`; the set of ignored signals keys on this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum SignalKey {
+    Checkpoint,
+    Terminate,
+    Kill,
+}
+
+impl From<StopSignal> for SignalKey {
+    fn from(s: StopSignal) -> Self {
+        match s {
+            StopSignal::Checkpoint => SignalKey::Checkpoint,
+            StopSignal::Terminate => SignalKey::Terminate,
+            StopSignal::Kill => SignalKey::Kill,
+        }
+    }
+}
+
+impl World {
+    fn find(&self, run: RunId) -> Option<&WorldRun> {
+        self.runs.iter().find(|r| r.run.launch.run == run)
+    }
+
+    fn find_mut(&mut self, run: RunId) -> Option<&mut WorldRun> {
+        self.runs.iter_mut().find(|r| r.run.launch.run == run)
+    }
+}
+
+fn lock(world: &Mutex<World>) -> MutexGuard<'_, World> {
+    // A test that panicked while holding the lock left consistent data: every update is one step.
+    world.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Drives the fake's world from a test. Cheap to clone; every clone drives the same world.
+#[derive(Clone, Debug)]
+pub struct FakeControl {
+    world: Arc<Mutex<World>>,
+}
+
+impl FakeControl {
+    /// A new backend on this world, as after a daemon restart: it watches nothing until it
+    /// launches or recovers runs.
+    pub fn backend(&self) -> FakeBackend {
+        FakeBackend { world: Arc::clone(&self.world), watched: Vec::new(), pending: Vec::new() }
+    }
+
+    /// The next launch fails with `error` (reported as `LaunchFailed`).
+    pub fn fail_next_launch(&self, error: impl Into<String>) {
+        lock(&self.world).fail_next_launch = Some(error.into());
+    }
+
+    /// Every launch whose program (`command[0]`) is `program` fails: it does not exist here.
+    pub fn set_missing_program(&self, program: impl Into<String>) {
+        lock(&self.world).missing_programs.insert(program.into());
+    }
+
+    /// The run's program exits with `code`. Returns false (and does nothing) unless it runs.
+    pub fn finish(&self, run: RunId, code: i32) -> bool {
+        self.end(run, Some(code), format!("exited with code {code}"))
+    }
+
+    /// The run ends with `code` and `detail` (`code: None` for a death by signal). Returns false
+    /// (and does nothing) unless it runs.
+    pub fn end(&self, run: RunId, code: Option<i32>, detail: impl Into<String>) -> bool {
+        let mut world = lock(&self.world);
+        match world.find_mut(run) {
+            Some(r) if r.run.state == FakeRunState::Running => {
+                r.run.state = FakeRunState::Exited { code, detail: detail.into() };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// From now on the run's program survives `signal` (it is still recorded). By default
+    /// Terminate and Kill end a run and Checkpoint does not; ignoring Kill is allowed so tests
+    /// can model a stuck process.
+    pub fn ignore_signal(&self, run: RunId, signal: StopSignal) -> bool {
+        let mut world = lock(&self.world);
+        match world.find_mut(run) {
+            Some(r) => r.ignored.insert(signal.into()),
+            None => false,
+        }
+    }
+
+    /// Every launched run, in launch order.
+    pub fn runs(&self) -> Vec<FakeRun> {
+        lock(&self.world).runs.iter().map(|r| r.run.clone()).collect()
+    }
+
+    pub fn run(&self, run: RunId) -> Option<FakeRun> {
+        lock(&self.world).find(run).map(|r| r.run.clone())
+    }
+
+    /// The signals the run received, in order (empty for an unknown run).
+    pub fn signals(&self, run: RunId) -> Vec<StopSignal> {
+        lock(&self.world).find(run).map(|r| r.run.signals.clone()).unwrap_or_default()
+    }
+}
+
+/// The backend side: what one daemon life launched or recovered, and what it reported.
+#[derive(Debug)]
+pub struct FakeBackend {
+    world: Arc<Mutex<World>>,
+    /// Runs this backend reports on, in the order it took them on.
+    watched: Vec<Watch>,
+    /// Observations decided outside `poll` (recovery through `launch`), reported first.
+    pending: Vec<Observation>,
+}
+
+#[derive(Debug)]
+struct Watch {
+    run: RunId,
+    started_reported: bool,
+    /// Adopted after a restart: its exit status cannot be learned.
+    adopted: bool,
+    done: bool,
+}
+
+impl FakeBackend {
+    /// A backend governing `nodes`, and the control that drives its world.
+    pub fn new(nodes: Vec<NodeSpec>) -> (FakeBackend, FakeControl) {
+        let world = World { nodes, next_pid: 1000, ..World::default() };
+        let control = FakeControl { world: Arc::new(Mutex::new(world)) };
+        (control.backend(), control)
+    }
+
+    fn watching(&self, run: RunId) -> bool {
+        self.watched.iter().any(|w| w.run == run)
+    }
+
+    /// What a backend without memory of `run` says about it from the world's state; runs still
+    /// running are watched from now on.
+    fn adopt(&mut self, world: &World, launch: &Launch) -> Observation {
+        let run = launch.run;
+        let Some(r) = world.find(run) else {
+            return Observation::LaunchFailed {
+                run,
+                error: "never launched: the backend has no record of this run".to_string(),
+            };
+        };
+        match &r.run.state {
+            FakeRunState::Running => {
+                self.watched.push(Watch {
+                    run,
+                    started_reported: true,
+                    adopted: true,
+                    done: false,
+                });
+                Observation::Started { run, pids: r.run.pids.clone() }
+            }
+            FakeRunState::Exited { code, detail } if r.exit_learned => {
+                Observation::Exited { run, code: *code, detail: detail.clone() }
+            }
+            FakeRunState::Exited { .. } => {
+                Observation::Exited { run, code: None, detail: DETAIL_UNKNOWN.to_string() }
+            }
+            FakeRunState::LaunchFailed { error } => {
+                Observation::LaunchFailed { run, error: error.clone() }
+            }
+        }
+    }
+
+    /// Why `launch` cannot start, if it cannot.
+    fn refusal(world: &mut World, launch: &Launch) -> Option<String> {
+        if let Some(error) = world.fail_next_launch.take() {
+            return Some(error);
+        }
+        let Some(program) = launch.command.first() else {
+            return Some("empty command: nothing to run".to_string());
+        };
+        if world.missing_programs.contains(program) {
+            return Some(format!("program {program:?} not found"));
+        }
+        if launch.members.is_empty() {
+            return Some("no members to launch".to_string());
+        }
+        for (i, member) in launch.members.iter().enumerate() {
+            if !world.nodes.iter().any(|n| n.name == member.node) {
+                return Some(format!("member {i}: unknown node {:?}", member.node));
+            }
+        }
+        None
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> &str {
+        "fake"
+    }
+
+    fn inventory(&mut self) -> Result<Vec<NodeSpec>, BackendError> {
+        Ok(lock(&self.world).nodes.clone())
+    }
+
+    fn launch(&mut self, launch: &Launch) -> Result<(), BackendError> {
+        if self.watching(launch.run) {
+            return Ok(());
+        }
+        let world = Arc::clone(&self.world);
+        let mut world = lock(&world);
+        if world.find(launch.run).is_some() {
+            // Launched by an earlier daemon life: adopt instead of starting it twice.
+            let observation = self.adopt(&world, launch);
+            self.pending.push(observation);
+            return Ok(());
+        }
+        let (state, pids) = match Self::refusal(&mut world, launch) {
+            Some(error) => (FakeRunState::LaunchFailed { error }, Vec::new()),
+            None => {
+                let first = world.next_pid;
+                let count = u32::try_from(launch.members.len()).unwrap_or(u32::MAX);
+                world.next_pid = first.saturating_add(count);
+                (FakeRunState::Running, (first..first.saturating_add(count)).collect())
+            }
+        };
+        world.runs.push(WorldRun {
+            run: FakeRun { launch: launch.clone(), state, signals: Vec::new(), pids },
+            ignored: BTreeSet::new(),
+            exit_learned: false,
+        });
+        self.watched.push(Watch {
+            run: launch.run,
+            started_reported: false,
+            adopted: false,
+            done: false,
+        });
+        Ok(())
+    }
+
+    fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
+        if !self.watching(run) {
+            return Err(BackendError::UnknownRun { run });
+        }
+        let mut world = lock(&self.world);
+        let Some(r) = world.find_mut(run) else {
+            return Err(BackendError::UnknownRun { run });
+        };
+        if r.run.state != FakeRunState::Running {
+            return Ok(());
+        }
+        r.run.signals.push(signal);
+        let ends = matches!(signal, StopSignal::Terminate | StopSignal::Kill)
+            && !r.ignored.contains(&signal.into());
+        if ends {
+            r.run.state = FakeRunState::Exited { code: None, detail: DETAIL_SIGNALLED.to_string() };
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Vec<Observation>, BackendError> {
+        let mut observations = std::mem::take(&mut self.pending);
+        let mut world = lock(&self.world);
+        for watch in self.watched.iter_mut().filter(|w| !w.done) {
+            let Some(r) = world.find_mut(watch.run) else { continue };
+            let run = watch.run;
+            if let FakeRunState::LaunchFailed { error } = &r.run.state {
+                observations.push(Observation::LaunchFailed { run, error: error.clone() });
+                watch.done = true;
+                continue;
+            }
+            if !watch.started_reported {
+                observations.push(Observation::Started { run, pids: r.run.pids.clone() });
+                watch.started_reported = true;
+            }
+            if let FakeRunState::Exited { code, detail } = &r.run.state {
+                if watch.adopted {
+                    observations.push(Observation::Exited {
+                        run,
+                        code: None,
+                        detail: DETAIL_UNKNOWN.to_string(),
+                    });
+                } else {
+                    observations.push(Observation::Exited {
+                        run,
+                        code: *code,
+                        detail: detail.clone(),
+                    });
+                    r.exit_learned = true;
+                }
+                watch.done = true;
+            }
+        }
+        Ok(observations)
+    }
+
+    fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {
+        let world = Arc::clone(&self.world);
+        let world = lock(&world);
+        let mut observations = Vec::new();
+        for launch in runs {
+            if let Some(watch) = self.watched.iter().find(|w| w.run == launch.run && !w.done) {
+                // Still watched by this backend: nothing was lost; say where it stands.
+                if let Some(r) = world.find(watch.run).filter(|_| watch.started_reported) {
+                    observations
+                        .push(Observation::Started { run: launch.run, pids: r.run.pids.clone() });
+                }
+                continue;
+            }
+            observations.push(self.adopt(&world, launch));
+        }
+        Ok(observations)
+    }
+}
+
+impl FakeRun {
+    pub fn is_running(&self) -> bool {
+        self.state == FakeRunState::Running
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The contract suite against the fake, with a harness that plays the programs: it reads
+    //! each running run's command and moves the world as that program would, in steps of
+    //! 100 ms of simulated time.
+
+    use std::path::{Path, PathBuf};
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::MemberLaunch;
+    use crate::contract::{self, Harness};
+
+    const STEP_MS: u64 = 100;
+
+    struct FakeHarness {
+        control: FakeControl,
+        /// Held only to hand out; the suite asks for backends itself.
+        first: Option<FakeBackend>,
+        now_ms: u64,
+        started_ms: BTreeMap<RunId, u64>,
+        dir: tempfile::TempDir,
+    }
+
+    fn node(name: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.to_string(),
+            cpu_millis: 8000,
+            memory_mib: 65536,
+            labels: BTreeMap::new(),
+            pool: None,
+            rack: None,
+            devices: Vec::new(),
+        }
+    }
+
+    impl FakeHarness {
+        fn new() -> Self {
+            let (backend, control) = FakeBackend::new(vec![node("n1")]);
+            control.set_missing_program("no-such-program");
+            FakeHarness {
+                control,
+                first: Some(backend),
+                now_ms: 0,
+                started_ms: BTreeMap::new(),
+                dir: tempfile::tempdir().expect("temp dir for the fake harness"),
+            }
+        }
+
+        fn touch(path: &str) {
+            std::fs::write(path, b"").expect("marker file in the harness's temp dir");
+        }
+
+        /// One step of the simulated programs.
+        fn step(&mut self) {
+            self.now_ms += STEP_MS;
+            for r in self.control.runs().into_iter().filter(FakeRun::is_running) {
+                let run = r.launch.run;
+                let started = *self.started_ms.entry(run).or_insert(self.now_ms);
+                let args: Vec<&str> = r.launch.command.iter().map(String::as_str).collect();
+                match args.as_slice() {
+                    ["sleep", seconds] => {
+                        let seconds: u64 = seconds.parse().expect("sleep takes seconds");
+                        if self.now_ms - started >= seconds * 1000 {
+                            self.control.finish(run, 0);
+                        }
+                    }
+                    ["exit", code] => {
+                        self.control.finish(run, code.parse().expect("exit takes a code"));
+                    }
+                    ["trap-checkpoint", ready, marker] => {
+                        Self::touch(ready);
+                        if r.signals.contains(&StopSignal::Checkpoint) {
+                            Self::touch(marker);
+                            self.control.finish(run, 0);
+                        }
+                    }
+                    ["ignore-terminate", ready] => {
+                        self.control.ignore_signal(run, StopSignal::Terminate);
+                        Self::touch(ready);
+                    }
+                    other => panic!("the fake harness has no program {other:?}"),
+                }
+            }
+        }
+    }
+
+    fn path_arg(p: &Path) -> String {
+        p.to_str().expect("temp paths are UTF-8").to_string()
+    }
+
+    impl Harness for FakeHarness {
+        type B = FakeBackend;
+
+        fn backend(&mut self) -> FakeBackend {
+            self.first.take().unwrap_or_else(|| self.control.backend())
+        }
+        fn node(&self) -> String {
+            "n1".to_string()
+        }
+        fn program_sleep(&self, seconds: u32) -> Vec<String> {
+            vec!["sleep".to_string(), seconds.to_string()]
+        }
+        fn program_exit(&self, code: i32) -> Vec<String> {
+            vec!["exit".to_string(), code.to_string()]
+        }
+        fn program_trap_checkpoint(&self, ready: &Path, marker: &Path) -> Vec<String> {
+            vec!["trap-checkpoint".to_string(), path_arg(ready), path_arg(marker)]
+        }
+        fn program_ignore_terminate(&self, ready: &Path) -> Vec<String> {
+            vec!["ignore-terminate".to_string(), path_arg(ready)]
+        }
+        fn program_missing(&self) -> Vec<String> {
+            vec!["no-such-program".to_string()]
+        }
+        fn settle(&mut self) {
+            self.step();
+        }
+        fn pass_time(&mut self, seconds: u32) {
+            for _ in 0..(u64::from(seconds) * 1000 / STEP_MS) {
+                self.step();
+            }
+        }
+        fn tmp_dir(&self) -> PathBuf {
+            self.dir.path().to_path_buf()
+        }
+    }
+
+    #[test]
+    fn contract_run_all_on_one_harness() {
+        contract::run_all(&mut FakeHarness::new());
+    }
+
+    #[test]
+    fn contract_rules_each_on_a_fresh_harness() {
+        for (name, rule) in contract::rules::<FakeHarness>() {
+            let mut h = FakeHarness::new();
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rule(&mut h)));
+            assert!(result.is_ok(), "contract rule {name} failed on the fake");
+        }
+    }
+
+    fn launch(workload: u64, command: &[&str]) -> Launch {
+        Launch {
+            run: RunId { workload, attempt: 1 },
+            command: command.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::new(),
+            members: vec![
+                MemberLaunch { node: "n1".to_string(), devices: Vec::new() },
+                MemberLaunch { node: "n1".to_string(), devices: Vec::new() },
+            ],
+            log_dir: PathBuf::from("/nonexistent"),
+        }
+    }
+
+    #[test]
+    fn fail_next_launch_fails_only_the_next() {
+        let (mut backend, control) = FakeBackend::new(vec![node("n1")]);
+        control.fail_next_launch("no GPUs left");
+        backend.launch(&launch(1, &["train"])).expect("launch");
+        backend.launch(&launch(2, &["train"])).expect("launch");
+        let got = backend.poll().expect("poll");
+        assert_eq!(
+            got,
+            vec![
+                Observation::LaunchFailed {
+                    run: RunId { workload: 1, attempt: 1 },
+                    error: "no GPUs left".to_string()
+                },
+                Observation::Started {
+                    run: RunId { workload: 2, attempt: 1 },
+                    pids: vec![1000, 1001]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_node_fails_the_launch() {
+        let (mut backend, _control) = FakeBackend::new(vec![node("other")]);
+        backend.launch(&launch(1, &["train"])).expect("launch");
+        let got = backend.poll().expect("poll");
+        assert!(
+            matches!(got.as_slice(), [Observation::LaunchFailed { error, .. }] if error.contains("unknown node \"n1\"")),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn signals_are_recorded_in_order_and_checkpoint_does_not_end() {
+        let (mut backend, control) = FakeBackend::new(vec![node("n1")]);
+        let l = launch(1, &["train"]);
+        backend.launch(&l).expect("launch");
+        backend.poll().expect("poll");
+        backend.signal(l.run, StopSignal::Checkpoint).expect("signal");
+        assert!(control.run(l.run).expect("launched").is_running());
+        control.ignore_signal(l.run, StopSignal::Terminate);
+        backend.signal(l.run, StopSignal::Terminate).expect("signal");
+        assert!(control.run(l.run).expect("launched").is_running());
+        backend.signal(l.run, StopSignal::Kill).expect("signal");
+        backend.signal(l.run, StopSignal::Kill).expect("a second Kill after the end is Ok");
+        assert_eq!(
+            control.signals(l.run),
+            vec![StopSignal::Checkpoint, StopSignal::Terminate, StopSignal::Kill]
+        );
+        assert_eq!(
+            backend.poll().expect("poll"),
+            vec![Observation::Exited {
+                run: l.run,
+                code: None,
+                detail: DETAIL_SIGNALLED.to_string()
+            }]
+        );
+    }
+
+    #[test]
+    fn finish_sets_the_code_and_is_false_for_ended_runs() {
+        let (mut backend, control) = FakeBackend::new(vec![node("n1")]);
+        let l = launch(1, &["train"]);
+        backend.launch(&l).expect("launch");
+        assert!(control.finish(l.run, 7));
+        assert!(!control.finish(l.run, 8));
+        assert!(!control.finish(RunId { workload: 9, attempt: 1 }, 0));
+        let got = backend.poll().expect("poll");
+        assert!(
+            matches!(
+                got.as_slice(),
+                [Observation::Started { .. }, Observation::Exited { code: Some(7), .. }]
+            ),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn adopted_run_exit_is_unknown() {
+        let (mut backend, control) = FakeBackend::new(vec![node("n1")]);
+        let l = launch(1, &["train"]);
+        backend.launch(&l).expect("launch");
+        backend.poll().expect("poll");
+        drop(backend);
+        let mut backend = control.backend();
+        let got = backend.recover(std::slice::from_ref(&l)).expect("recover");
+        assert!(matches!(got.as_slice(), [Observation::Started { .. }]), "{got:?}");
+        control.finish(l.run, 0);
+        assert_eq!(
+            backend.poll().expect("poll"),
+            vec![Observation::Exited {
+                run: l.run,
+                code: None,
+                detail: DETAIL_UNKNOWN.to_string()
+            }]
+        );
+    }
+}

@@ -1,0 +1,360 @@
+//! The REST API under `/api/v1` (axum), its OpenAPI document (utoipa), `/metrics` and
+//! `/healthz`. Handlers authenticate, read the view or ask the main loop, and turn every
+//! failure into an `ApiError` body with a 4xx/5xx status — never a panic, never a plain-text
+//! rejection from the framework.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use allot_api::{
+    API_PREFIX, ApiError, NodeList, PolicyValidation, PolicyView, ProjectList, Report,
+    SubmitRequest, SubmitResponse, TokenCreated, TokenRequest, Why, Workload, WorkloadList,
+    limits,
+};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use utoipa::OpenApi;
+
+use crate::auth::{Principal, Tokens};
+use crate::entry::Entry;
+use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::runtime::{Handle, HttpError, Request, wall_ms};
+
+#[derive(Clone, Debug)]
+pub(crate) struct AppState {
+    pub handle: Handle,
+    pub tokens: Arc<Tokens>,
+    pub metrics: Arc<Metrics>,
+    pub data_dir: PathBuf,
+    /// Nodes of the inventory, for validating a candidate policy.
+    pub nodes: Arc<Vec<allot_core::model::NodeSpec>>,
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.body)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, HttpError>;
+
+fn id_of(id: Result<Path<u64>, PathRejection>) -> ApiResult<u64> {
+    id.map(|Path(id)| id).map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("bad workload id: {e}"),
+                field: Some("id".into()),
+                fix: Some("workload ids are whole numbers, as `allot ls` shows them".into()),
+            },
+        )
+    })
+}
+
+fn bytes_of(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
+    body.map_err(|e| {
+        let status = e.status().as_u16();
+        let fix = if status == 413 {
+            format!("send at most {} bytes", limits::BODY_BYTES_MAX)
+        } else {
+            "send the body again".to_string()
+        };
+        HttpError::plain(status, format!("cannot read the request body: {e}"), Some(fix.as_str()))
+    })
+}
+
+fn principal(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(HttpError::plain(401, "no token", Some("send `Authorization: Bearer TOKEN` (ALLOT_TOKEN for the CLI)")));
+    };
+    let token = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    token
+        .and_then(|t| state.tokens.principal(t))
+        .ok_or_else(|| HttpError::plain(401, "unknown or revoked token", Some("create one with `allot token create`")))
+}
+
+/// Parses a JSON body into `T`, naming the field at fault (serde's path) on failure.
+fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    match value.and_then(|v| de.end().map(|()| v).map_err(|e| serde_path_to_error::Error::new(serde_path_to_error::Path::empty(), e))) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            Err(HttpError::new(
+                400,
+                ApiError {
+                    error: format!("invalid JSON body: {}", e.inner()),
+                    field: (path != ".").then_some(path),
+                    fix: Some("see /api/v1/openapi.json for the request's fields".into()),
+                },
+            ))
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    /// Only this project's workloads.
+    project: Option<String>,
+    /// Only workloads in this state.
+    state: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LogQuery {
+    /// Gang member (default 0).
+    member: Option<u32>,
+    /// Only the last this many bytes (default 64 KiB, at most 16 MiB).
+    tail_bytes: Option<u64>,
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads", request_body = SubmitRequest,
+    responses((status = 201, body = SubmitResponse), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError)),
+    security(("bearer" = [])))]
+async fn submit(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<(StatusCode, axum::Json<SubmitResponse>)> {
+    let body = bytes_of(body)?;
+    let principal = principal(&state, &headers)?;
+    let request: SubmitRequest = json_body(&body)?;
+    let response = state.handle.ask(|reply| Request::Submit { principal, request, reply }).await?;
+    Ok((StatusCode::CREATED, axum::Json(response)))
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads", params(ListQuery),
+    responses((status = 200, body = WorkloadList), (status = 401, body = ApiError)), security(("bearer" = [])))]
+async fn list(State(state): State<AppState>, headers: HeaderMap, query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<axum::Json<WorkloadList>> {
+    let principal = principal(&state, &headers)?;
+    let Query(query) = query.map_err(|e| HttpError::plain(400, format!("invalid query: {e}"), Some("use ?project=NAME&state=STATE")))?;
+    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let workloads = view
+        .workloads
+        .values()
+        .filter(|w| principal.can_see(&w.project))
+        .filter(|w| query.project.as_ref().is_none_or(|p| &w.project == p))
+        .filter(|w| query.state.as_ref().is_none_or(|s| w.state.as_str() == s))
+        .cloned()
+        .collect();
+    Ok(axum::Json(WorkloadList { workloads }))
+}
+
+fn visible(state: &AppState, principal: &Principal, id: u64) -> ApiResult<Workload> {
+    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let Some(w) = view.workloads.get(&id) else {
+        return Err(HttpError::plain(404, format!("no workload {id}"), Some("list workloads with `allot ls`")));
+    };
+    if !principal.can_see(&w.project) {
+        return Err(HttpError::plain(403, format!("{} may not see project {:?}", principal.name, w.project), Some("use a token of that project's member")));
+    }
+    Ok(w.clone())
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 404, body = ApiError), (status = 403, body = ApiError)), security(("bearer" = [])))]
+async fn get_workload(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+    let id = id_of(id)?;
+    let principal = principal(&state, &headers)?;
+    visible(&state, &principal, id).map(axum::Json)
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/why", params(("id" = u64, Path)),
+    responses((status = 200, body = Why), (status = 404, body = ApiError)), security(("bearer" = [])))]
+async fn why(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Why>> {
+    let id = id_of(id)?;
+    let principal = principal(&state, &headers)?;
+    state.handle.ask(|reply| Request::Why { principal, id, reply }).await.map(axum::Json)
+}
+
+async fn act(state: AppState, headers: HeaderMap, id: u64, entry: Entry) -> ApiResult<axum::Json<Workload>> {
+    let principal = principal(&state, &headers)?;
+    if principal.role == allot_api::Role::Viewer {
+        return Err(HttpError::plain(403, format!("{} has a viewer token: it changes nothing", principal.name), Some("use a member or admin token")));
+    }
+    state.handle.ask(|reply| Request::Action { principal, id, entry, reply }).await.map(axum::Json)
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+async fn cancel(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+    let id = id_of(id)?;
+    act(state, headers, id, Entry::CancelRequested { id }).await
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/suspend", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+async fn suspend(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+    let id = id_of(id)?;
+    act(state, headers, id, Entry::SuspendRequested { id }).await
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/resume", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+async fn resume(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+    let id = id_of(id)?;
+    act(state, headers, id, Entry::ResumeRequested { id }).await
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}/logs", params(("id" = u64, Path), LogQuery),
+    responses((status = 200, body = String, content_type = "text/plain"), (status = 404, body = ApiError)), security(("bearer" = [])))]
+async fn logs(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>, query: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<Response> {
+    let id = id_of(id)?;
+    let principal = principal(&state, &headers)?;
+    let Query(query) = query.map_err(|e| HttpError::plain(400, format!("invalid query: {e}"), Some("use ?member=N&tail_bytes=B")))?;
+    let w = visible(&state, &principal, id)?;
+    if w.attempt == 0 {
+        return Err(HttpError::plain(404, format!("workload {id} has not started yet: no logs"), Some("see `allot why`")));
+    }
+    let member = query.member.unwrap_or(0);
+    let path = state.data_dir.join("logs").join(id.to_string()).join(w.attempt.to_string()).join(format!("member-{member}.log"));
+    let tail = query.tail_bytes.unwrap_or(64 * 1024).min(16 * 1024 * 1024);
+    let text = tokio::task::spawn_blocking(move || read_tail(&path, tail))
+        .await
+        .map_err(|e| HttpError::plain(500, format!("reading logs: {e}"), None))?
+        .map_err(|e| HttpError::plain(404, e, Some("member numbers start at 0")))?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+
+fn read_tail(path: &std::path::Path, tail: u64) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(tail))).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    file.take(tail).read_to_end(&mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+#[utoipa::path(get, path = "/api/v1/projects", responses((status = 200, body = ProjectList)), security(("bearer" = [])))]
+async fn projects(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<ProjectList>> {
+    let principal = principal(&state, &headers)?;
+    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let projects = view.projects.iter().filter(|p| principal.can_see(&p.name)).cloned().collect();
+    Ok(axum::Json(ProjectList { projects }))
+}
+
+#[utoipa::path(get, path = "/api/v1/nodes", responses((status = 200, body = NodeList)), security(("bearer" = [])))]
+async fn nodes(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<NodeList>> {
+    let principal = principal(&state, &headers)?;
+    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let mut nodes = view.nodes.clone();
+    if principal.role == allot_api::Role::Member {
+        // Members see the devices, not which other projects' workloads hold them.
+        let mine: std::collections::BTreeSet<u64> =
+            view.workloads.values().filter(|w| principal.can_see(&w.project)).map(|w| w.id).collect();
+        for n in &mut nodes {
+            for d in &mut n.devices {
+                d.workloads.retain(|id| mine.contains(id));
+            }
+        }
+    }
+    Ok(axum::Json(NodeList { source: view.inventory_source.clone(), nodes }))
+}
+
+#[utoipa::path(get, path = "/api/v1/report", responses((status = 200, body = Report)), security(("bearer" = [])))]
+async fn report(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<Report>> {
+    let principal = principal(&state, &headers)?;
+    state.handle.ask(|reply| Request::Report { principal, reply }).await.map(axum::Json)
+}
+
+#[utoipa::path(get, path = "/api/v1/policy", responses((status = 200, body = PolicyView)), security(("bearer" = [])))]
+async fn policy(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<PolicyView>> {
+    principal(&state, &headers)?;
+    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    Ok(axum::Json(PolicyView { source: view.policy_source.clone(), text: view.policy_text.clone() }))
+}
+
+#[utoipa::path(post, path = "/api/v1/policy/validate", request_body(content = String, content_type = "application/yaml"),
+    responses((status = 200, body = PolicyValidation)), security(("bearer" = [])))]
+async fn validate_policy(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<axum::Json<PolicyValidation>> {
+    let body = bytes_of(body)?;
+    principal(&state, &headers)?;
+    let text = std::str::from_utf8(&body).map_err(|_| HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is")))?;
+    Ok(axum::Json(crate::validate_policy_text("candidate policy", text, &state.nodes)))
+}
+
+#[utoipa::path(post, path = "/api/v1/tokens", request_body = TokenRequest,
+    responses((status = 201, body = TokenCreated), (status = 403, body = ApiError)), security(("bearer" = [])))]
+async fn create_token(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<(StatusCode, axum::Json<TokenCreated>)> {
+    let body = bytes_of(body)?;
+    let principal = principal(&state, &headers)?;
+    if !principal.is_admin() {
+        return Err(HttpError::plain(403, format!("{} is not an admin: only admins create tokens", principal.name), Some("ask an admin")));
+    }
+    let request: TokenRequest = json_body(&body)?;
+    let projects: Vec<String> = state.handle.view.read().map(|v| v.projects.iter().map(|p| p.name.clone()).collect()).unwrap_or_default();
+    crate::auth::check_request(&request, &projects).map_err(|e| HttpError::new(400, e))?;
+    let tokens = state.tokens.clone();
+    let created = tokio::task::spawn_blocking(move || tokens.create(&request, wall_ms()))
+        .await
+        .map_err(|e| HttpError::plain(500, e.to_string(), None))?
+        .map_err(|e| HttpError::plain(500, e.to_string(), None))?;
+    Ok((StatusCode::CREATED, axum::Json(created)))
+}
+
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    principal(&state, &headers)?;
+    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], state.metrics.encode()).into_response())
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], ApiDoc::openapi().to_pretty_json().unwrap_or_default()).into_response()
+}
+
+async fn not_found() -> HttpError {
+    HttpError::plain(404, "no such endpoint", Some("see /api/v1/openapi.json"))
+}
+
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, logs, projects, nodes, report, policy, validate_policy, create_token),
+    modifiers(&BearerScheme)
+)]
+pub(crate) struct ApiDoc;
+
+pub(crate) fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/workloads", post(submit).get(list))
+        .route("/workloads/{id}", get(get_workload))
+        .route("/workloads/{id}/why", get(why))
+        .route("/workloads/{id}/cancel", post(cancel))
+        .route("/workloads/{id}/suspend", post(suspend))
+        .route("/workloads/{id}/resume", post(resume))
+        .route("/workloads/{id}/logs", get(logs))
+        .route("/projects", get(projects))
+        .route("/nodes", get(nodes))
+        .route("/report", get(report))
+        .route("/policy", get(policy))
+        .route("/policy/validate", post(validate_policy))
+        .route("/tokens", post(create_token))
+        .route("/openapi.json", get(openapi));
+    Router::new()
+        .nest(API_PREFIX, api)
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limits::BODY_BYTES_MAX))
+        .with_state(state)
+}

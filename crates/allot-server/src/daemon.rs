@@ -1,0 +1,586 @@
+//! The daemon's state: the engine, the ledger and one record per workload, changed only by log
+//! entries. `apply` is a function of (state, time, entry), so replaying the log rebuilds the
+//! same state; what must happen outside (launch, signal) comes back as `Command`s, which the
+//! caller executes only after the entries are durable, and drops during a replay.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use allot_api::{ApiError, SubmitRequest, WorkloadState};
+use allot_backend::{DeviceAssignment, Launch, MemberLaunch, RunId, StopSignal, Vendor};
+use allot_core::ledger::Ledger;
+use allot_core::model::{NodeSpec, PolicySpec, WorkloadSpec};
+use allot_core::{Decision, Engine, Event, Placement, Stage, Timestamp, WorkloadId};
+
+use crate::entry::Entry;
+use crate::submit::{self, Known};
+use crate::views;
+
+/// After SIGTERM (or the end of a checkpoint grace and SIGTERM), how long a member has before
+/// SIGKILL.
+pub(crate) const KILL_AFTER_MS: u64 = 10_000;
+/// Ledger periods: one day.
+const LEDGER_PERIOD_MS: u64 = 24 * 3600 * 1000;
+
+/// What the user asked for a running workload, carried until it has stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Intent {
+    Cancel,
+    Suspend,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    pub request: SubmitRequest,
+    pub spec: WorkloadSpec,
+    pub state: WorkloadState,
+    pub submitted_ms: u64,
+    pub started_ms: Option<u64>,
+    pub ended_ms: Option<u64>,
+    pub exit_code: Option<i32>,
+    /// Runs so far; the current run is `attempt` (0 before the first admission).
+    pub attempt: u32,
+    /// The last decision about it: (reason code, sentence).
+    pub reason: Option<(String, String)>,
+    pub intent: Option<Intent>,
+    pub placement: Vec<String>,
+    /// The engine's placement of the current run, to rebuild its `Launch` after a restart.
+    pub launch: Option<Launch>,
+    pub pids: Vec<u32>,
+}
+
+/// A stop under way: when to escalate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StopPlan {
+    pub run: RunId,
+    pub term_at: u64,
+    pub kill_at: u64,
+    pub term_sent: bool,
+    pub kill_sent: bool,
+}
+
+/// What the caller must do outside, after the entries that caused it are durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Command {
+    Launch(Launch),
+    Signal(RunId, StopSignal),
+}
+
+/// Counters for `/metrics`, all derived from the log (so they survive a restart).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Counters {
+    /// Pre-emptions and reclaims by reason code.
+    pub preemptions: BTreeMap<String, u64>,
+    pub cycles: u64,
+    pub submitted: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Daemon {
+    pub engine: Engine,
+    pub ledger: Ledger,
+    pub nodes: Vec<NodeSpec>,
+    pub known: Known,
+    pub workloads: BTreeMap<u64, Record>,
+    pub stops: BTreeMap<u64, StopPlan>,
+    pub counters: Counters,
+    /// Ids changed since `take_changed` (for the readers' view).
+    pub changed: std::collections::BTreeSet<u64>,
+    next_id: u64,
+    last_now: u64,
+    first_ms: Option<u64>,
+    /// Work changed since the last cycle.
+    dirty: bool,
+    last_cycle_ms: u64,
+    /// Where members' logs and heartbeat files go.
+    data_dir: PathBuf,
+}
+
+fn vendor_of(model: &str) -> Vendor {
+    let m = model.to_ascii_lowercase();
+    if m.starts_with("mi") || m.contains("instinct") || m.contains("amd") || m.contains("radeon")
+    {
+        Vendor::Amd
+    } else {
+        Vendor::Nvidia
+    }
+}
+
+impl Daemon {
+    pub(crate) fn new(
+        nodes: Vec<NodeSpec>,
+        policy: &PolicySpec,
+        data_dir: PathBuf,
+    ) -> Result<Daemon, allot_core::ConfigError> {
+        let engine = Engine::new(&nodes, policy)?;
+        let mut models: Vec<String> =
+            nodes.iter().flat_map(|n| n.devices.iter().map(|d| d.model.clone())).collect();
+        models.sort();
+        models.dedup();
+        let known = Known {
+            projects: policy.projects.iter().map(|p| p.name.clone()).collect(),
+            classes: policy.priority_classes.iter().map(|c| c.name.clone()).collect(),
+            models,
+        };
+        Ok(Daemon {
+            engine,
+            ledger: Ledger::new(LEDGER_PERIOD_MS),
+            nodes,
+            known,
+            workloads: BTreeMap::new(),
+            stops: BTreeMap::new(),
+            counters: Counters::default(),
+            changed: std::collections::BTreeSet::new(),
+            next_id: 1,
+            last_now: 0,
+            first_ms: None,
+            dirty: false,
+            last_cycle_ms: 0,
+            data_dir,
+        })
+    }
+
+    /// Time only moves forward for the engine, whatever the wall clock does.
+    pub(crate) fn clamp(&self, wall_ms: u64) -> u64 {
+        wall_ms.max(self.last_now)
+    }
+
+    pub(crate) fn first_ms(&self) -> u64 {
+        self.first_ms.unwrap_or(self.last_now)
+    }
+
+    pub(crate) fn heartbeat_path(&self, id: u64) -> PathBuf {
+        self.data_dir.join("heartbeat").join(id.to_string())
+    }
+
+    pub(crate) fn log_dir(&self, id: u64, attempt: u32) -> PathBuf {
+        self.data_dir.join("logs").join(id.to_string()).join(attempt.to_string())
+    }
+
+    /// Checks a submission and makes its entry (with the next id); nothing is changed.
+    pub(crate) fn prepare_submit(
+        &self,
+        user: &str,
+        request: SubmitRequest,
+    ) -> Result<Entry, ApiError> {
+        submit::to_spec(self.next_id, user, &request, &self.known)?;
+        Ok(Entry::Submitted { id: self.next_id, user: user.to_string(), request })
+    }
+
+    /// Checks a user's action on a workload against its state; nothing is changed.
+    pub(crate) fn prepare_action(&self, id: u64, entry: Entry) -> Result<Entry, ApiError> {
+        let Some(record) = self.workloads.get(&id) else {
+            return Err(ApiError {
+                error: format!("no workload {id}"),
+                field: Some("id".into()),
+                fix: Some("list workloads with `allot ls`".into()),
+            });
+        };
+        let state = record.state;
+        let allowed = match entry {
+            Entry::CancelRequested { .. } => !state.is_final() && record.intent != Some(Intent::Cancel),
+            Entry::SuspendRequested { .. } => {
+                matches!(
+                    state,
+                    WorkloadState::Pending | WorkloadState::Starting | WorkloadState::Running
+                ) && record.intent.is_none()
+            }
+            Entry::ResumeRequested { .. } => state == WorkloadState::Suspended,
+            _ => false,
+        };
+        if allowed {
+            Ok(entry)
+        } else {
+            Err(ApiError {
+                error: format!("workload {id} is {}: {} does not apply", state.as_str(), entry.kind()),
+                field: Some("state".into()),
+                fix: Some(match entry {
+                    Entry::ResumeRequested { .. } => "only a suspended workload can be resumed".into(),
+                    Entry::SuspendRequested { .. } => {
+                        "only pending, starting or running work can be suspended".into()
+                    }
+                    _ => "it has already ended or is being cancelled".into(),
+                }),
+            })
+        }
+    }
+
+    fn event(&mut self, now: u64, event: Event) {
+        self.ledger.event(Timestamp(now), &event);
+        self.engine.apply(Timestamp(now), event);
+    }
+
+    fn set_state(&mut self, id: u64, state: WorkloadState, now: u64) {
+        if let Some(r) = self.workloads.get_mut(&id) {
+            r.state = state;
+            if state.is_final() || state == WorkloadState::Suspended {
+                r.ended_ms = Some(now);
+                r.pids.clear();
+            }
+        }
+        self.changed.insert(id);
+    }
+
+    /// Applies one durable entry at `at` (ms since the Unix epoch); returns what to do outside.
+    pub(crate) fn apply(&mut self, at: u64, entry: &Entry) -> Vec<Command> {
+        let now = self.clamp(at);
+        self.last_now = now;
+        self.first_ms.get_or_insert(now);
+        let mut out = Vec::new();
+        match entry {
+            Entry::Submitted { id, user, request } => {
+                self.next_id = self.next_id.max(id.saturating_add(1));
+                self.counters.submitted += 1;
+                let (spec, state, reason) = match submit::to_spec(*id, user, request, &self.known) {
+                    Ok(spec) => (spec, WorkloadState::Pending, None),
+                    // Valid when logged, but the policy given at this start no longer has what it
+                    // names: kept as rejected, never silently dropped.
+                    Err(e) => {
+                        let mut spec = WorkloadSpec::new(*id, "", &request.project, allot_core::model::GpuRequest::Whole(0));
+                        spec.user = user.clone();
+                        (spec, WorkloadState::Rejected, Some(("invalid_under_policy".to_string(), format!("{}: {}", e.field.unwrap_or_default(), e.error))))
+                    }
+                };
+                let pending = state == WorkloadState::Pending;
+                self.workloads.insert(
+                    *id,
+                    Record {
+                        request: request.clone(),
+                        spec: spec.clone(),
+                        state,
+                        submitted_ms: now,
+                        started_ms: None,
+                        ended_ms: None,
+                        exit_code: None,
+                        attempt: 0,
+                        reason,
+                        intent: None,
+                        placement: Vec::new(),
+                        launch: None,
+                        pids: Vec::new(),
+                    },
+                );
+                self.changed.insert(*id);
+                if pending {
+                    self.event(now, Event::WorkloadSubmitted(spec));
+                    self.dirty = true;
+                }
+            }
+            Entry::CancelRequested { id } | Entry::SuspendRequested { id } => {
+                let intent = if matches!(entry, Entry::CancelRequested { .. }) {
+                    Intent::Cancel
+                } else {
+                    Intent::Suspend
+                };
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                let state = record.state;
+                match state {
+                    WorkloadState::Pending => {
+                        self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
+                        let done = match intent {
+                            Intent::Cancel => WorkloadState::Cancelled,
+                            Intent::Suspend => WorkloadState::Suspended,
+                        };
+                        self.set_state(*id, done, now);
+                    }
+                    WorkloadState::Suspended if intent == Intent::Cancel => {
+                        self.set_state(*id, WorkloadState::Cancelled, now);
+                    }
+                    WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping => {
+                        record.intent = Some(intent);
+                        self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
+                        self.changed.insert(*id);
+                    }
+                    _ => {}
+                }
+                self.dirty = true;
+            }
+            Entry::ResumeRequested { id } => {
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                if record.state == WorkloadState::Suspended {
+                    record.intent = None;
+                    record.ended_ms = None;
+                    record.reason = Some(("resumed".into(), "resumed by its user".into()));
+                    let spec = record.spec.clone();
+                    self.set_state(*id, WorkloadState::Pending, now);
+                    self.event(now, Event::WorkloadSubmitted(spec));
+                    self.dirty = true;
+                }
+            }
+            Entry::Started { id, attempt, pids } => {
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                if record.attempt != *attempt {
+                    return out;
+                }
+                record.pids.clone_from(pids);
+                if record.state == WorkloadState::Starting {
+                    record.started_ms = Some(now);
+                    self.set_state(*id, WorkloadState::Running, now);
+                }
+                self.changed.insert(*id);
+                self.event(now, Event::AllocationStarted { workload: WorkloadId(*id) });
+                self.dirty = true;
+            }
+            Entry::LaunchFailed { id, attempt, error } => {
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                if record.attempt != *attempt || record.state.is_final() {
+                    return out;
+                }
+                record.reason = Some(("launch_failed".into(), format!("could not start: {error}")));
+                self.stops.remove(id);
+                // A program that cannot start would fail the same way on every try: the
+                // workload ends here instead of cycling through the queue.
+                self.event(
+                    now,
+                    Event::AllocationFailed { workload: WorkloadId(*id), reason: error.clone() },
+                );
+                self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
+                let done = match self.workloads.get(id).and_then(|r| r.intent) {
+                    Some(Intent::Suspend) => WorkloadState::Suspended,
+                    Some(Intent::Cancel) => WorkloadState::Cancelled,
+                    None => WorkloadState::Failed,
+                };
+                self.set_state(*id, done, now);
+                self.dirty = true;
+            }
+            Entry::Exited { id, attempt, code, detail } => {
+                self.exited(now, *id, *attempt, *code, detail);
+            }
+            Entry::Probed { id, last_activity_ms } => {
+                if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
+                    self.event(
+                        now,
+                        Event::ActivityProbed {
+                            workload: WorkloadId(*id),
+                            last_activity: Timestamp((*last_activity_ms).min(now)),
+                        },
+                    );
+                }
+            }
+            Entry::Decided => out = self.cycle(now),
+        }
+        out
+    }
+
+    fn exited(&mut self, now: u64, id: u64, attempt: u32, code: Option<i32>, detail: &str) {
+        let Some(record) = self.workloads.get_mut(&id) else { return };
+        if record.attempt != attempt || record.state.is_final() || record.state == WorkloadState::Suspended {
+            return;
+        }
+        self.stops.remove(&id);
+        record.exit_code = code;
+        record.pids.clear();
+        let intent = record.intent;
+        let was_stopping = record.state == WorkloadState::Stopping;
+        self.dirty = true;
+        if !was_stopping && intent.is_none() {
+            self.event(now, Event::WorkloadFinished { workload: WorkloadId(id) });
+            let state = if code == Some(0) { WorkloadState::Succeeded } else { WorkloadState::Failed };
+            if let Some(r) = self.workloads.get_mut(&id) {
+                r.reason = Some(match code {
+                    Some(0) => ("exited".into(), "exited with code 0".into()),
+                    Some(c) => ("exited".into(), format!("exited with code {c}")),
+                    None => ("exited".into(), detail.to_string()),
+                });
+            }
+            self.set_state(id, state, now);
+            return;
+        }
+        self.event(now, Event::WorkloadStopped { workload: WorkloadId(id) });
+        let requeued = self.engine.stage(WorkloadId(id)) == Some(Stage::Pending);
+        let state = match (intent, requeued) {
+            (Some(Intent::Suspend), true) | (Some(Intent::Cancel), true) => {
+                self.event(now, Event::WorkloadCancelled { workload: WorkloadId(id) });
+                if intent == Some(Intent::Suspend) { WorkloadState::Suspended } else { WorkloadState::Cancelled }
+            }
+            (Some(Intent::Suspend), false) => WorkloadState::Suspended,
+            (Some(Intent::Cancel), false) => WorkloadState::Cancelled,
+            (None, true) => WorkloadState::Pending,
+            (None, false) => {
+                if let Some(r) = self.workloads.get_mut(&id) {
+                    let why = r.reason.as_ref().map_or(String::new(), |(_, text)| text.clone());
+                    r.reason = Some(("deleted".into(), format!("deleted when stopped: {why}")));
+                }
+                WorkloadState::Failed
+            }
+        };
+        self.set_state(id, state, now);
+    }
+
+    /// Whether a cycle is due: new work, idle timers the engine wants looked at, or the
+    /// periodic cycle that catches max-runtime stops and idle rules.
+    pub(crate) fn cycle_due(&self, now: u64, interval_ms: u64) -> bool {
+        let since = now.saturating_sub(self.last_cycle_ms);
+        if since < interval_ms {
+            return false;
+        }
+        self.dirty
+            || self.engine.idle_attention(Timestamp(now))
+            || (since >= 5_000 && self.workloads.values().any(|r| !r.state.is_final()))
+    }
+
+    fn cycle(&mut self, now: u64) -> Vec<Command> {
+        self.dirty = false;
+        self.last_cycle_ms = now;
+        self.counters.cycles += 1;
+        let decisions = self.engine.decide(Timestamp(now));
+        let mut out = Vec::new();
+        for d in &decisions {
+            self.ledger.decision(Timestamp(now), d);
+            let id = d.workload().0;
+            let reason = (views::reason_code(d).to_string(), self.engine.render_reason(d));
+            match d {
+                Decision::Admit { placement, .. } => {
+                    if let Some(launch) = self.admit(now, id, placement) {
+                        out.push(Command::Launch(launch));
+                    }
+                    if let Some(r) = self.workloads.get_mut(&id) {
+                        r.reason = Some(reason);
+                    }
+                }
+                Decision::Preempt { checkpoint_grace_ms, .. }
+                | Decision::Reclaim { checkpoint_grace_ms, .. } => {
+                    *self.counters.preemptions.entry(reason.0.clone()).or_default() += 1;
+                    out.extend(self.stop(now, id, *checkpoint_grace_ms, reason));
+                }
+                Decision::Stop { .. } => {
+                    let grace = self.workloads.get(&id).and_then(|r| {
+                        (r.intent == Some(Intent::Suspend))
+                            .then(|| r.spec.checkpointing.map(|c| c.grace_ms))
+                            .flatten()
+                    });
+                    out.extend(self.stop(now, id, grace, reason));
+                }
+                Decision::Defer { .. } | Decision::Warn { .. } => {
+                    if let Some(r) = self.workloads.get_mut(&id)
+                        && r.reason.as_ref() != Some(&reason)
+                    {
+                        r.reason = Some(reason);
+                        self.changed.insert(id);
+                    }
+                }
+                Decision::Reject { .. } => {
+                    if let Some(r) = self.workloads.get_mut(&id) {
+                        r.reason = Some(reason);
+                    }
+                    self.set_state(id, WorkloadState::Rejected, now);
+                }
+            }
+        }
+        self.ledger.cluster(Timestamp(now), self.engine.cluster_snapshot());
+        out
+    }
+
+    fn admit(&mut self, now: u64, id: u64, placement: &Placement) -> Option<Launch> {
+        let members: Vec<MemberLaunch> = placement
+            .members
+            .iter()
+            .map(|m| {
+                let node = self.engine.node_name(m.node).to_string();
+                let spec = self.nodes.iter().find(|n| n.name == node);
+                MemberLaunch {
+                    devices: m
+                        .devices
+                        .iter()
+                        .map(|d| DeviceAssignment {
+                            index: u32::from(d.device),
+                            uuid: None,
+                            vendor: spec
+                                .and_then(|n| n.devices.get(usize::from(d.device)))
+                                .map_or(Vendor::Nvidia, |dev| vendor_of(&dev.model)),
+                            shares: u64::from(d.shares),
+                        })
+                        .collect(),
+                    node,
+                }
+            })
+            .collect();
+        let text = views::placement_lines(&self.engine, placement);
+        let heartbeat = self.heartbeat_path(id);
+        let record = self.workloads.get_mut(&id)?;
+        record.attempt += 1;
+        record.placement = text;
+        let mut env = record.request.env.clone();
+        env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());
+        let launch = Launch {
+            run: RunId { workload: id, attempt: record.attempt },
+            command: record.request.command.clone(),
+            env,
+            members,
+            log_dir: self.data_dir.join("logs").join(id.to_string()).join(record.attempt.to_string()),
+        };
+        record.launch = Some(launch.clone());
+        record.started_ms = None;
+        record.exit_code = None;
+        self.set_state(id, WorkloadState::Starting, now);
+        Some(launch)
+    }
+
+    fn stop(
+        &mut self,
+        now: u64,
+        id: u64,
+        grace_ms: Option<u64>,
+        reason: (String, String),
+    ) -> Vec<Command> {
+        let Some(record) = self.workloads.get_mut(&id) else { return Vec::new() };
+        record.reason = Some(reason);
+        let run = RunId { workload: id, attempt: record.attempt };
+        self.set_state(id, WorkloadState::Stopping, now);
+        let (first, term_at) = match grace_ms {
+            Some(g) => (StopSignal::Checkpoint, now.saturating_add(g)),
+            None => (StopSignal::Terminate, now),
+        };
+        self.stops.insert(
+            id,
+            StopPlan {
+                run,
+                term_at,
+                kill_at: term_at.saturating_add(KILL_AFTER_MS),
+                term_sent: first == StopSignal::Terminate,
+                kill_sent: false,
+            },
+        );
+        vec![Command::Signal(run, first)]
+    }
+
+    /// Escalations whose time has come (SIGTERM after the grace, SIGKILL after that). Not
+    /// logged: signals are idempotent, and after a restart the plan is rebuilt from the log.
+    pub(crate) fn due_signals(&mut self, now: u64) -> Vec<Command> {
+        let mut out = Vec::new();
+        for plan in self.stops.values_mut() {
+            if !plan.term_sent && now >= plan.term_at {
+                plan.term_sent = true;
+                out.push(Command::Signal(plan.run, StopSignal::Terminate));
+            }
+            if !plan.kill_sent && now >= plan.kill_at {
+                plan.kill_sent = true;
+                out.push(Command::Signal(plan.run, StopSignal::Kill));
+            }
+        }
+        out
+    }
+
+    /// Runs the log says were launched and have not ended: what the backend must re-adopt.
+    pub(crate) fn live_launches(&self) -> Vec<Launch> {
+        self.workloads
+            .values()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
+                )
+            })
+            .filter_map(|r| r.launch.clone())
+            .collect()
+    }
+
+    /// Running workloads with a heartbeat file to watch.
+    pub(crate) fn running_ids(&self) -> Vec<u64> {
+        self.workloads
+            .iter()
+            .filter(|(_, r)| r.state == WorkloadState::Running)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}

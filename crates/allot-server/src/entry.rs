@@ -1,0 +1,39 @@
+//! What the daemon writes to its log before acting: every input, in order, with its time.
+//! Replaying the entries through a fresh `Daemon` rebuilds exactly the same state, because the
+//! engine is deterministic and `Decided` marks when each cycle ran.
+
+use allot_api::SubmitRequest;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Entry {
+    Submitted { id: u64, user: String, request: SubmitRequest },
+    CancelRequested { id: u64 },
+    SuspendRequested { id: u64 },
+    ResumeRequested { id: u64 },
+    Started { id: u64, attempt: u32, pids: Vec<u32> },
+    LaunchFailed { id: u64, attempt: u32, error: String },
+    Exited { id: u64, attempt: u32, code: Option<i32>, detail: String },
+    /// The workload's heartbeat file changed: it was in use at `last_activity_ms`.
+    Probed { id: u64, last_activity_ms: u64 },
+    /// A decision cycle ran at the entry's time.
+    Decided,
+}
+
+impl Entry {
+    /// The store's record kind.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Entry::Submitted { .. } => "submitted",
+            Entry::CancelRequested { .. } => "cancel_requested",
+            Entry::SuspendRequested { .. } => "suspend_requested",
+            Entry::ResumeRequested { .. } => "resume_requested",
+            Entry::Started { .. } => "started",
+            Entry::LaunchFailed { .. } => "launch_failed",
+            Entry::Exited { .. } => "exited",
+            Entry::Probed { .. } => "probed",
+            Entry::Decided => "decided",
+        }
+    }
+}

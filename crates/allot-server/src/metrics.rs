@@ -1,0 +1,129 @@
+//! `/metrics` in the OpenMetrics text format. The main loop sets the gauges after each turn;
+//! a scrape only encodes.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProjectLabel {
+    pub project: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    pub node: String,
+    pub device: String,
+    pub model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// GPUs allocated per project (fractions included).
+    pub allocated_gpus: Family<ProjectLabel, Gauge<f64, AtomicU64>>,
+    /// GPUs of running workloads an idle rule currently warns about.
+    pub idle_gpus: Family<ProjectLabel, Gauge<f64, AtomicU64>>,
+    pub device_allocated: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
+    pub queue_length: Family<ProjectLabel, Gauge>,
+    pub pending_by_reason: Family<ReasonLabel, Gauge>,
+    pub workloads_by_state: Family<StateLabel, Gauge>,
+    pub preemptions: Family<ReasonLabel, Gauge>,
+    pub submissions: Counter,
+    pub cycle_seconds: Histogram,
+    pub log_append_seconds: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("allot");
+        let allocated_gpus = Family::<ProjectLabel, Gauge<f64, AtomicU64>>::default();
+        let idle_gpus = Family::<ProjectLabel, Gauge<f64, AtomicU64>>::default();
+        let device_allocated = Family::<DeviceLabels, Gauge<f64, AtomicU64>>::default();
+        let queue_length = Family::<ProjectLabel, Gauge>::default();
+        let pending_by_reason = Family::<ReasonLabel, Gauge>::default();
+        let workloads_by_state = Family::<StateLabel, Gauge>::default();
+        let preemptions = Family::<ReasonLabel, Gauge>::default();
+        let submissions = Counter::default();
+        let cycle_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let log_append_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register("allocated_gpus", "GPUs allocated, per project", allocated_gpus.clone());
+        registry.register(
+            "idle_gpus",
+            "GPUs of running workloads an idle rule warns about, per project",
+            idle_gpus.clone(),
+        );
+        registry.register(
+            "device_allocated_gpus",
+            "Part of each device allocated (0 to 1)",
+            device_allocated.clone(),
+        );
+        registry.register("queue_length", "Pending workloads, per project", queue_length.clone());
+        registry.register(
+            "pending_workloads",
+            "Pending workloads by the reason they wait",
+            pending_by_reason.clone(),
+        );
+        registry.register("workloads", "Workloads by state", workloads_by_state.clone());
+        registry.register(
+            "preemptions",
+            "Pre-emptions and idle reclaims since the first start, by reason",
+            preemptions.clone(),
+        );
+        registry.register("submissions", "Workloads submitted since this start", submissions.clone());
+        registry.register(
+            "decision_cycle_seconds",
+            "Time of one decision cycle",
+            cycle_seconds.clone(),
+        );
+        registry.register(
+            "log_append_seconds",
+            "Time to make one batch of entries durable",
+            log_append_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            allocated_gpus,
+            idle_gpus,
+            device_allocated,
+            queue_length,
+            pending_by_reason,
+            workloads_by_state,
+            preemptions,
+            submissions,
+            cycle_seconds,
+            log_append_seconds,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,502 @@
+//! The main loop: one thread owns the store, the daemon state and the backend. API handlers send
+//! it requests; it batches them, makes their entries durable in one transaction, applies them,
+//! runs a cycle when one is due, and only then answers and acts (launch, signal). Readers get a
+//! view the loop updates; nothing else writes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use allot_api::{ApiError, Node, Project, Report, SubmitRequest, SubmitResponse, Why, Workload, WorkloadState};
+use allot_backend::{Backend, Observation};
+use allot_core::{Timestamp, WorkloadId};
+use allot_store::{NewRecord, Store};
+use tokio::sync::oneshot;
+
+use crate::auth::Principal;
+use crate::daemon::{Command, Daemon};
+use crate::entry::Entry;
+use crate::metrics::{DeviceLabels, Metrics, ProjectLabel, ReasonLabel, StateLabel};
+use crate::views;
+
+/// Most requests made durable in one transaction.
+pub(crate) const BATCH_MAX: usize = 1024;
+/// Most requests waiting for the loop; more are refused with 503.
+pub(crate) const QUEUE_MAX: usize = 16 * 1024;
+/// How often the loop wakes without requests (backend polls, escalations, cycles).
+const TICK_MS: u64 = 50;
+/// How often the readers' project and node views are rebuilt at most.
+const VIEW_REFRESH_MS: u64 = 200;
+
+#[derive(Debug)]
+pub(crate) struct HttpError {
+    pub status: u16,
+    pub body: ApiError,
+}
+
+impl HttpError {
+    pub(crate) fn new(status: u16, body: ApiError) -> HttpError {
+        HttpError { status, body }
+    }
+
+    pub(crate) fn plain(status: u16, error: impl Into<String>, fix: Option<&str>) -> HttpError {
+        HttpError {
+            status,
+            body: ApiError { error: error.into(), field: None, fix: fix.map(str::to_string) },
+        }
+    }
+}
+
+type Reply<T> = oneshot::Sender<Result<T, HttpError>>;
+
+#[derive(Debug)]
+pub(crate) enum Request {
+    Submit { principal: Principal, request: SubmitRequest, reply: Reply<SubmitResponse> },
+    Action { principal: Principal, id: u64, entry: Entry, reply: Reply<Workload> },
+    Why { principal: Principal, id: u64, reply: Reply<Why> },
+    Report { principal: Principal, reply: Reply<Report> },
+    Shutdown,
+}
+
+/// What readers see without asking the loop.
+#[derive(Debug, Default)]
+pub(crate) struct View {
+    pub workloads: BTreeMap<u64, Workload>,
+    pub projects: Vec<Project>,
+    pub nodes: Vec<Node>,
+    pub inventory_source: String,
+    pub policy_source: String,
+    pub policy_text: String,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Handle {
+    pub sender: SyncSender<Request>,
+    pub view: Arc<RwLock<View>>,
+}
+
+impl Handle {
+    /// Sends to the loop; a full queue is a 503, a stopped loop a 500.
+    pub(crate) async fn ask<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> Result<T, HttpError> {
+        let (tx, rx) = oneshot::channel();
+        match self.sender.try_send(make(tx)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(HttpError::plain(503, "allot is busy: too many requests queued", Some("retry in a moment")));
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                return Err(HttpError::plain(500, "allot's main loop has stopped", Some("see the daemon's log; restart it")));
+            }
+        }
+        rx.await.map_err(|_| HttpError::plain(500, "allot's main loop stopped before answering", Some("see the daemon's log; restart it")))?
+    }
+}
+
+#[allow(clippy::disallowed_methods)] // the daemon's clock: the one place wall time enters
+pub(crate) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[allow(clippy::disallowed_methods)] // latency histograms measure real time
+fn elapsed_s(f: impl FnOnce()) -> f64 {
+    let start = std::time::Instant::now();
+    f();
+    start.elapsed().as_secs_f64()
+}
+
+pub(crate) struct Loop {
+    pub store: Box<dyn Store>,
+    pub daemon: Daemon,
+    pub backend: Box<dyn Backend>,
+    pub metrics: Arc<Metrics>,
+    pub view: Arc<RwLock<View>>,
+    pub decide_interval_ms: u64,
+    pub heartbeats: BTreeMap<u64, u64>,
+    last_view_ms: u64,
+}
+
+/// An entry waiting for durability, and whom to answer once it is.
+enum Pending {
+    Submitted(Reply<SubmitResponse>, u64),
+    Acted(Reply<Workload>, u64),
+}
+
+impl Loop {
+    pub(crate) fn new(
+        store: Box<dyn Store>,
+        daemon: Daemon,
+        backend: Box<dyn Backend>,
+        metrics: Arc<Metrics>,
+        view: Arc<RwLock<View>>,
+        decide_interval_ms: u64,
+    ) -> Loop {
+        Loop { store, daemon, backend, metrics, view, decide_interval_ms, heartbeats: BTreeMap::new(), last_view_ms: 0 }
+    }
+
+    /// Replays the log into the daemon state (nothing is executed), then asks the backend
+    /// what became of the runs the log says were live, and logs what it says.
+    pub(crate) fn recover(&mut self) -> anyhow::Result<u64> {
+        let mut after = 0;
+        let mut replayed = 0u64;
+        loop {
+            let records = self.store.read_after(after, 4096)?;
+            if records.is_empty() {
+                break;
+            }
+            for r in &records {
+                let entry: Entry = serde_json::from_str(&r.body).map_err(|e| {
+                    anyhow::anyhow!(
+                        "the log's record {} ({}) cannot be read: {e}; the data directory was written by another allot version or damaged — restore it from a backup",
+                        r.seq, r.kind
+                    )
+                })?;
+                self.daemon.apply(r.at_ms, &entry);
+                replayed += 1;
+            }
+            after = records.last().map_or(after, |r| r.seq);
+        }
+        let launches = self.daemon.live_launches();
+        let observations = self.backend.recover(&launches)?;
+        let now = self.daemon.clamp(wall_ms());
+        let entries: Vec<Entry> = observations.into_iter().map(observation_entry).collect();
+        let mut commands = Vec::new();
+        for e in &entries {
+            commands.extend(self.daemon.apply(now, e));
+        }
+        self.append(now, &entries)?;
+        // Stops that were under way: escalate from now (signals are idempotent).
+        commands.extend(self.daemon.due_signals(now));
+        self.execute(commands);
+        self.daemon.changed.extend(self.daemon.workloads.keys().copied());
+        self.refresh_view(now, true);
+        Ok(replayed)
+    }
+
+    fn append(&mut self, now: u64, entries: &[Entry]) -> anyhow::Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let bodies: Vec<String> = entries
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<_, _>>()?;
+        let records: Vec<NewRecord<'_>> = entries
+            .iter()
+            .zip(&bodies)
+            .map(|(e, b)| NewRecord { at_ms: now, kind: e.kind(), body: b })
+            .collect();
+        let mut result = Ok(0);
+        let seconds = elapsed_s(|| result = self.store.append(&records));
+        self.metrics.log_append_seconds.observe(seconds);
+        result?;
+        Ok(())
+    }
+
+    fn execute(&mut self, commands: Vec<Command>) {
+        for command in commands {
+            let result = match &command {
+                Command::Launch(launch) => {
+                    let _ = std::fs::create_dir_all(&launch.log_dir);
+                    self.backend.launch(launch)
+                }
+                Command::Signal(run, signal) => self.backend.signal(*run, *signal),
+            };
+            if let Err(e) = result {
+                // The observation that follows (LaunchFailed, or the run ending) carries the
+                // consequence; the error itself is for the operator.
+                tracing_log(&format!("backend: {command:?}: {e}"));
+            }
+        }
+    }
+
+    /// Heartbeat files newer than last seen become probes.
+    fn probes(&mut self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for id in self.daemon.running_ids() {
+            let path = self.daemon.heartbeat_path(id);
+            let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) else { continue };
+            let ms = modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            if self.heartbeats.get(&id) != Some(&ms) {
+                self.heartbeats.insert(id, ms);
+                out.push(Entry::Probed { id, last_activity_ms: ms });
+            }
+        }
+        out
+    }
+
+    /// Runs until `Shutdown` or until every sender is gone.
+    pub(crate) fn run(mut self, requests: Receiver<Request>) -> anyhow::Result<()> {
+        let mut last_poll = 0u64;
+        loop {
+            let first = match requests.recv_timeout(Duration::from_millis(TICK_MS)) {
+                Ok(r) => Some(r),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            let mut batch: Vec<Request> = first.into_iter().collect();
+            while batch.len() < BATCH_MAX {
+                match requests.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if batch.iter().any(|r| matches!(r, Request::Shutdown)) {
+                return Ok(());
+            }
+            let now = self.daemon.clamp(wall_ms());
+            let mut entries: Vec<Entry> = Vec::new();
+            let mut waiting: Vec<Pending> = Vec::new();
+            let mut commands: Vec<Command> = Vec::new();
+            let mut queries = Vec::new();
+            for request in batch {
+                match request {
+                    Request::Submit { principal, request, reply } => {
+                        if !principal.can_act(&request.project) {
+                            let _ = reply.send(Err(forbidden(&principal, &request.project)));
+                            continue;
+                        }
+                        match self.daemon.prepare_submit(&principal.name, request) {
+                            Ok(entry) => {
+                                let Entry::Submitted { id, .. } = &entry else { continue };
+                                let id = *id;
+                                commands.extend(self.daemon.apply(now, &entry));
+                                entries.push(entry);
+                                waiting.push(Pending::Submitted(reply, id));
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(HttpError::new(400, e)));
+                            }
+                        }
+                    }
+                    Request::Action { principal, id, entry, reply } => {
+                        if let Some(project) = self.daemon.workloads.get(&id).map(|r| r.spec.project.clone())
+                            && !principal.can_act(&project)
+                        {
+                            let _ = reply.send(Err(forbidden(&principal, &project)));
+                            continue;
+                        }
+                        match self.daemon.prepare_action(id, entry) {
+                            Ok(entry) => {
+                                commands.extend(self.daemon.apply(now, &entry));
+                                entries.push(entry);
+                                waiting.push(Pending::Acted(reply, id));
+                            }
+                            Err(e) => {
+                                let status = if self.daemon.workloads.contains_key(&id) { 409 } else { 404 };
+                                let _ = reply.send(Err(HttpError::new(status, e)));
+                            }
+                        }
+                    }
+                    other => queries.push(other),
+                }
+            }
+            if now.saturating_sub(last_poll) >= TICK_MS || !entries.is_empty() {
+                last_poll = now;
+                match self.backend.poll() {
+                    Ok(observations) => {
+                        for o in observations {
+                            let e = observation_entry(o);
+                            commands.extend(self.daemon.apply(now, &e));
+                            entries.push(e);
+                        }
+                    }
+                    Err(e) => tracing_log(&format!("backend poll: {e}")),
+                }
+                for e in self.probes() {
+                    commands.extend(self.daemon.apply(now, &e));
+                    entries.push(e);
+                }
+            }
+            if self.daemon.cycle_due(now, self.decide_interval_ms) {
+                let mut cycle = Vec::new();
+                let seconds = elapsed_s(|| cycle = self.daemon.apply(now, &Entry::Decided));
+                self.metrics.cycle_seconds.observe(seconds);
+                commands.extend(cycle);
+                entries.push(Entry::Decided);
+            }
+            // Durable before anything is answered or done. If this fails the state in memory is
+            // ahead of the log: stop (nothing was acknowledged) and let a restart replay.
+            self.append(now, &entries)?;
+            for p in waiting {
+                match p {
+                    Pending::Submitted(reply, id) => {
+                        self.metrics.submissions.inc();
+                        let state = self.daemon.workloads.get(&id).map_or(WorkloadState::Pending, |r| r.state);
+                        let _ = reply.send(Ok(SubmitResponse { id, state }));
+                    }
+                    Pending::Acted(reply, id) => {
+                        let w = self.daemon.workloads.get(&id).map(|r| views::workload(id, r));
+                        let _ = reply.send(w.ok_or_else(|| HttpError::plain(404, format!("no workload {id}"), None)));
+                    }
+                }
+            }
+            commands.extend(self.daemon.due_signals(now));
+            self.execute(commands);
+            for q in queries {
+                self.answer(now, q);
+            }
+            self.refresh_view(now, false);
+        }
+    }
+
+    fn answer(&mut self, now: u64, request: Request) {
+        match request {
+            Request::Why { principal, id, reply } => {
+                let result = match self.daemon.workloads.get(&id) {
+                    None => Err(HttpError::plain(404, format!("no workload {id}"), Some("list workloads with `allot ls`"))),
+                    Some(r) if !principal.can_see(&r.spec.project) => Err(forbidden(&principal, &r.spec.project)),
+                    Some(r) => Ok(self.why(now, id, r.state)),
+                };
+                let _ = reply.send(result);
+            }
+            Request::Report { principal, reply } => {
+                let rows = views::report(&self.daemon.ledger, now)
+                    .into_iter()
+                    .filter(|row| self.row_visible(&principal, &row.scope))
+                    .collect();
+                let _ = reply.send(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }));
+            }
+            _ => {}
+        }
+    }
+
+    fn row_visible(&self, principal: &Principal, scope: &str) -> bool {
+        if principal.role != allot_api::Role::Member {
+            return true;
+        }
+        match scope.split_once(':') {
+            None => true,
+            Some(("project", p)) => principal.can_see(p),
+            Some(("user", u)) => u == principal.name,
+            Some(("workload", id)) => id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| self.daemon.workloads.get(&id))
+                .is_some_and(|r| principal.can_see(&r.spec.project)),
+            Some(_) => false,
+        }
+    }
+
+    fn why(&self, now: u64, id: u64, state: WorkloadState) -> Why {
+        let engine = &self.daemon.engine;
+        let record = self.daemon.workloads.get(&id);
+        let mut lines = Vec::new();
+        let mut decision = None;
+        if let Some(e) = engine.explain(Timestamp(now), WorkloadId(id)) {
+            let text = engine.render_explanation(&e);
+            lines.extend(text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()));
+            decision = e.decision.as_ref().map(|d| views::decision_json(engine, d));
+        } else {
+            lines.push(format!("{} is {}.", record.map_or("it", |r| r.spec.name.as_str()), state.as_str()));
+            if let Some((_, reason)) = record.and_then(|r| r.reason.as_ref()) {
+                lines.push(reason.clone());
+            }
+        }
+        Why { id, name: record.map_or(String::new(), |r| r.spec.name.clone()), state, lines, decision }
+    }
+
+    fn refresh_view(&mut self, now: u64, force: bool) {
+        let changed = std::mem::take(&mut self.daemon.changed);
+        let full = force || now.saturating_sub(self.last_view_ms) >= VIEW_REFRESH_MS;
+        if changed.is_empty() && !full {
+            return;
+        }
+        let Ok(mut view) = self.view.write() else { return };
+        for id in changed {
+            if let Some(r) = self.daemon.workloads.get(&id) {
+                view.workloads.insert(id, views::workload(id, r));
+            }
+        }
+        if !full {
+            return;
+        }
+        self.last_view_ms = now;
+        let engine = &self.daemon.engine;
+        view.projects = views::projects(engine, self.daemon.workloads.values());
+        let live = self.daemon.workloads.iter().filter(|(_, r)| {
+            matches!(r.state, WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping)
+        });
+        view.nodes = views::nodes(engine, &self.daemon.nodes, live);
+        drop(view);
+        self.update_metrics();
+    }
+
+    fn update_metrics(&self) {
+        let m = &self.metrics;
+        let Ok(view) = self.view.read() else { return };
+        for p in &view.projects {
+            let label = ProjectLabel { project: p.name.clone() };
+            let used: f64 = p.quota.iter().filter_map(|q| q.used_gpus.parse::<f64>().ok()).sum();
+            m.allocated_gpus.get_or_create(&label).set(used);
+            m.queue_length.get_or_create(&label).set(p.pending as i64);
+        }
+        for n in &view.nodes {
+            for d in &n.devices {
+                m.device_allocated
+                    .get_or_create(&DeviceLabels { node: n.name.clone(), device: d.index.to_string(), model: d.model.clone() })
+                    .set(d.used_shares as f64 / 1000.0);
+            }
+        }
+        let mut by_state: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut by_reason: BTreeMap<String, i64> = BTreeMap::new();
+        let mut idle: BTreeMap<String, f64> = BTreeMap::new();
+        for r in self.daemon.workloads.values() {
+            *by_state.entry(r.state.as_str()).or_default() += 1;
+            let code = r.reason.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
+            if r.state == WorkloadState::Pending {
+                *by_reason.entry(code).or_default() += 1;
+            } else if r.state == WorkloadState::Running && code == "idle_warning" {
+                *idle.entry(r.spec.project.clone()).or_default() +=
+                    r.spec.total_shares().0 as f64 / 1000.0;
+            }
+        }
+        for state in ["pending", "starting", "running", "stopping", "suspended", "succeeded", "failed", "cancelled", "rejected"] {
+            m.workloads_by_state.get_or_create(&StateLabel { state: state.into() }).set(*by_state.get(state).unwrap_or(&0));
+        }
+        m.pending_by_reason.clear();
+        for (reason, n) in by_reason {
+            m.pending_by_reason.get_or_create(&ReasonLabel { reason }).set(n);
+        }
+        for p in &view.projects {
+            m.idle_gpus.get_or_create(&ProjectLabel { project: p.name.clone() }).set(*idle.get(&p.name).unwrap_or(&0.0));
+        }
+        for (reason, n) in &self.daemon.counters.preemptions {
+            m.preemptions.get_or_create(&ReasonLabel { reason: reason.clone() }).set(*n as i64);
+        }
+    }
+}
+
+fn forbidden(principal: &Principal, project: &str) -> HttpError {
+    HttpError::plain(
+        403,
+        format!("{} ({}) may not act on project {project:?}", principal.name, principal.role.as_str()),
+        Some("use a token of that project's member, or an admin token"),
+    )
+}
+
+fn observation_entry(o: Observation) -> Entry {
+    match o {
+        Observation::Started { run, pids } => Entry::Started { id: run.workload, attempt: run.attempt, pids },
+        Observation::LaunchFailed { run, error } => Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error },
+        Observation::Exited { run, code, detail } => Entry::Exited { id: run.workload, attempt: run.attempt, code, detail },
+    }
+}
+
+/// The daemon's own log lines go to stderr (journald or the terminal).
+pub(crate) fn tracing_log(line: &str) {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("allot: {line}");
+    }
+}
+
+pub(crate) fn logs_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("logs")
+}

@@ -1,0 +1,178 @@
+//! The HTTP API through its router: the acceptance flow, the authorisation matrix (every role
+//! × every endpoint), and bad input (4xx JSON naming the field, nothing changed, no panic).
+
+mod common;
+
+use axum::http::StatusCode;
+use common::{TestDaemon, submit_body};
+use serde_json::Value;
+
+async fn submit(d: &TestDaemon, token: &str, project: &str) -> u64 {
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(token), Some(&submit_body(project, 1))).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v["id"].as_u64().expect("id")
+}
+
+async fn count(d: &TestDaemon) -> usize {
+    let (_, v) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
+    v["workloads"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
+    let d = TestDaemon::new();
+    let id = submit(&d, &d.admin, "vision").await;
+    let running = d.wait_state(id, "running").await;
+    assert_eq!(running["project"], "vision");
+    assert_eq!(running["attempt"], 1);
+    assert!(!running["placement"].as_array().expect("placement").is_empty(), "{running}");
+    let (status, why) = d.call("GET", &format!("/api/v1/workloads/{id}/why"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{why}");
+    assert!(why["lines"].as_array().is_some_and(|l| !l.is_empty()), "{why}");
+    let (status, report) = d.call("GET", "/api/v1/report", Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(report["rows"].as_array().expect("rows").iter().any(|r| r["scope"] == "project:vision"), "{report}");
+    let (status, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = metrics.as_str().expect("text");
+    assert!(text.contains("allot_allocated_gpus{project=\"vision\"} 1"), "{text}");
+    assert!(text.contains("allot_decision_cycle_seconds_bucket"), "{text}");
+    assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    let (status, doc) = d.call("GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["paths"]["/api/v1/workloads"]["post"].is_object(), "{doc}");
+
+    // Cancel a running workload: it is stopped through the backend, then cancelled.
+    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    d.wait_state(id, "cancelled").await;
+    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn suspend_and_resume_start_a_new_attempt() {
+    let d = TestDaemon::new();
+    let id = submit(&d, &d.admin, "vision").await;
+    d.wait_state(id, "running").await;
+    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    d.wait_state(id, "suspended").await;
+    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let v = d.wait_state(id, "running").await;
+    assert_eq!(v["attempt"], 2, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn authorisation_matrix() {
+    let d = TestDaemon::new();
+    let member = d.token("member", &["vision"]).await;
+    let other = d.token("member", &["nlp"]).await;
+    let viewer = d.token("viewer", &[]).await;
+    let roles: [(&str, Option<&str>); 5] =
+        [("none", None), ("admin", Some(&d.admin)), ("member", Some(&member)), ("other", Some(&other)), ("viewer", Some(&viewer))];
+    let target = submit(&d, &d.admin, "vision").await;
+    // (method, path, body, expected status per role: none, admin, member of vision, member of nlp, viewer)
+    let w = format!("/api/v1/workloads/{target}");
+    let sub = submit_body("vision", 1);
+    let token_body = r#"{"role": "viewer", "name": "x"}"#;
+    let policy = common::POLICY;
+    let reads: Vec<(&str, String, Option<&str>, [u16; 5])> = vec![
+        ("GET", "/api/v1/workloads".into(), None, [401, 200, 200, 200, 200]),
+        ("GET", w.clone(), None, [401, 200, 200, 403, 200]),
+        ("GET", format!("{w}/why"), None, [401, 200, 200, 403, 200]),
+        ("GET", "/api/v1/projects".into(), None, [401, 200, 200, 200, 200]),
+        ("GET", "/api/v1/nodes".into(), None, [401, 200, 200, 200, 200]),
+        ("GET", "/api/v1/report".into(), None, [401, 200, 200, 200, 200]),
+        ("GET", "/api/v1/policy".into(), None, [401, 200, 200, 200, 200]),
+        ("POST", "/api/v1/policy/validate".into(), Some(policy), [401, 200, 200, 200, 200]),
+        ("GET", "/metrics".into(), None, [401, 200, 200, 200, 200]),
+        ("GET", "/api/v1/openapi.json".into(), None, [200, 200, 200, 200, 200]),
+        ("POST", "/api/v1/workloads".into(), Some(&sub), [401, 201, 201, 403, 403]),
+        ("POST", "/api/v1/tokens".into(), Some(token_body), [401, 201, 403, 403, 403]),
+    ];
+    for (method, path, body, want) in &reads {
+        for ((role, token), want) in roles.iter().zip(want) {
+            let (status, v) = d.call(method, path, *token, *body).await;
+            assert_eq!(status.as_u16(), *want, "{role} {method} {path}: {v}");
+            if status.as_u16() >= 400 {
+                assert!(v["error"].is_string(), "{role} {method} {path}: error body {v}");
+            }
+        }
+    }
+    // Actions, each on a fresh workload so that one role's success does not change the next.
+    for action in ["cancel", "suspend", "resume"] {
+        for ((role, token), want) in roles.iter().zip([401u16, 200, 200, 403, 403]) {
+            let id = submit(&d, &d.admin, "vision").await;
+            if action == "resume" {
+                let (s, _) = d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
+                assert_eq!(s, StatusCode::OK);
+                d.wait_state(id, "suspended").await;
+            }
+            let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/{action}"), *token, None).await;
+            assert_eq!(status.as_u16(), want, "{role} {action}: {v}");
+        }
+    }
+    // A member lists only its own projects' workloads.
+    let nlp = submit(&d, &d.admin, "nlp").await;
+    let (_, v) = d.call("GET", "/api/v1/workloads", Some(&member), None).await;
+    let ids: Vec<u64> = v["workloads"].as_array().expect("list").iter().filter_map(|w| w["id"].as_u64()).collect();
+    assert!(!ids.contains(&nlp) && ids.contains(&target), "{ids:?}");
+    // A revoked or made-up token is 401.
+    let (status, _) = d.call("GET", "/api/v1/workloads", Some("allot_00000000_deadbeef"), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
+    let d = TestDaemon::new();
+    let before = count(&d).await;
+    let big = format!(r#"{{"project": "vision", "command": ["{}"]}}"#, "x".repeat(300 * 1024));
+    let cases: Vec<(String, u16, Option<&str>)> = vec![
+        ("{".into(), 400, None),
+        ("[]".into(), 400, None),
+        (r#"{"project": "vision", "command": ["true"], "gpu": 1}"#.into(), 400, None),
+        (r#"{"project": "vision", "command": ["true"], "gpus": -1}"#.into(), 400, Some("gpus")),
+        (r#"{"project": "vision", "command": ["true"], "gpus": 1e12}"#.into(), 400, Some("gpus")),
+        (r#"{"project": "vision", "command": ["true"], "gpus": 1.5}"#.into(), 400, Some("gpus")),
+        (r#"{"project": "vision", "command": ["true"], "members": 0}"#.into(), 400, Some("members")),
+        (r#"{"project": "vision", "command": ["true"], "members": -3}"#.into(), 400, Some("members")),
+        (r#"{"project": "vision", "command": ["true"], "max_runtime_s": 99999999999}"#.into(), 400, Some("max_runtime_s")),
+        (r#"{"project": "nope", "command": ["true"]}"#.into(), 400, Some("project")),
+        (r#"{"project": "vision", "command": []}"#.into(), 400, Some("command")),
+        (r#"{"project": "vision", "command": ["true"], "kind": "party"}"#.into(), 400, Some("kind")),
+        (r#"{"project": "vision", "command": ["true"], "gpu_models": ["Z9"]}"#.into(), 400, Some("gpu_models[0]")),
+        (r#"{"project": "vision", "command": ["true"], "priority_class": "vip"}"#.into(), 400, Some("priority_class")),
+        (r#"{"project": "vision", "command": ["true"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}"#.into(), 400, Some("env.CUDA_VISIBLE_DEVICES")),
+        (r#"{"project": "vision", "command": ["true"], "mig": "9g.1tb"}"#.into(), 400, Some("mig")),
+        (r#"{"project": 7, "command": ["true"]}"#.into(), 400, Some("project")),
+        (big, 413, None),
+    ];
+    for (body, want, field) in &cases {
+        let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(body)).await;
+        let shown: String = body.chars().take(80).collect();
+        assert_eq!(status.as_u16(), *want, "{shown}: {v}");
+        assert!(v["error"].is_string(), "{shown}: not a JSON error: {v}");
+        if let Some(f) = field {
+            assert_eq!(v["field"].as_str(), Some(*f), "{shown}: {v}");
+        }
+    }
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(r#"{"project": "vision", "command": ["true"], "gpu": 1}"#)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().expect("error").contains("gpu"), "names the unknown field: {v}");
+    for (path, want) in [("/api/v1/workloads/abc", 400), ("/api/v1/workloads/99999", 404), ("/api/v1/nope", 404), ("/api/v1/workloads?bogus=1", 400)] {
+        let (status, v) = d.call("GET", path, Some(&d.admin), None).await;
+        assert_eq!(status.as_u16(), want, "{path}: {v}");
+        assert!(v["error"].is_string(), "{path}: {v}");
+    }
+    let (status, v) = d.call("POST", "/api/v1/tokens", Some(&d.admin), Some(r#"{"role": "root", "name": "x"}"#)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let (status, v) = d.call("POST", "/api/v1/tokens", Some(&d.admin), Some(r#"{"role": "member", "name": "x", "projects": ["nope"]}"#)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["field"], "projects[0]");
+    let (status, v) = d.call("POST", "/api/v1/policy/validate", Some(&d.admin), Some("projects: [")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v["ok"], Value::Bool(false), "{v}");
+    assert_eq!(count(&d).await, before, "nothing was submitted");
+}

@@ -34,15 +34,80 @@ pub(crate) struct Client {
 pub(crate) struct Json<T> {
     pub(crate) value: T,
     pub(crate) raw: serde_json::Value,
+    /// The body as received (keys in the server's order).
+    pub(crate) text: String,
+    /// Set when `raw` was changed after receipt (a client-side filter): print `raw` then.
+    pub(crate) edited: bool,
 }
 
 impl<T> Json<T> {
-    /// The response as received, pretty-printed, with a final newline.
+    /// The response pretty-printed with a final newline: the received text re-indented (the
+    /// server's key order kept), or the edited value.
     pub(crate) fn pretty(&self) -> String {
-        let mut text = serde_json::to_string_pretty(&self.raw).unwrap_or_default();
+        let mut text = if self.edited {
+            serde_json::to_string_pretty(&self.raw).unwrap_or_default()
+        } else {
+            reindent(&self.text)
+        };
         text.push('\n');
         text
     }
+}
+
+/// Pretty-prints valid JSON text with two-space indents, keeping its key order (a
+/// `serde_json::Value` would sort the keys).
+fn reindent(json: &str) -> String {
+    let mut out = String::with_capacity(json.len() * 2);
+    let mut depth = 0usize;
+    let (mut in_string, mut escaped) = (false, false);
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.extend(std::iter::repeat_n("  ", depth));
+    };
+    let mut chars = json.trim().chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                    chars.next();
+                }
+                if matches!(chars.peek(), Some('}' | ']')) {
+                    out.extend(chars.next());
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 enum Body<'a> {
@@ -206,7 +271,7 @@ fn decode<T: DeserializeOwned>(path: &str, text: &str) -> Result<Json<T>> {
     let value = T::deserialize(&raw).with_context(|| {
         format!("the daemon's answer to {path} does not match this allot's API version")
     })?;
-    Ok(Json { value, raw })
+    Ok(Json { value, raw, text: text.to_string(), edited: false })
 }
 
 fn load_ca(path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>> {
@@ -279,6 +344,18 @@ mod tests {
             (f.code, f.message.as_str()),
             (EXIT_INTERNAL, "error: GET /x: HTTP 500: boom\n")
         );
+    }
+
+    #[test]
+    fn json_is_reindented_in_the_servers_key_order() {
+        let text = r#"{"z":1, "a":[],"s":"x,{\":y","l":[1,{"k":{}}]}"#;
+        let pretty = reindent(text);
+        assert_eq!(
+            pretty,
+            "{\n  \"z\": 1,\n  \"a\": [],\n  \"s\": \"x,{\\\":y\",\n  \"l\": [\n    1,\n    {\n      \"k\": {}\n    }\n  ]\n}"
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&pretty).expect("still JSON");
+        assert_eq!(parsed, serde_json::from_str::<serde_json::Value>(text).expect("JSON"));
     }
 
     #[test]

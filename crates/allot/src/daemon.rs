@@ -20,7 +20,8 @@ pub(crate) struct ServeArgs {
     /// Address and port to listen on.
     #[arg(long, default_value = "127.0.0.1:7380", value_name = "ADDR:PORT")]
     pub(crate) listen: SocketAddr,
-    /// Cluster inventory YAML (default: discover this host's GPUs).
+    /// Declared nodes and GPUs (cluster YAML), for when this host's GPUs cannot be discovered
+    /// (default: the embedded examples/cluster.yaml).
     #[arg(long = "inventory", value_name = "FILE")]
     pub(crate) inventory_file: Option<PathBuf>,
     /// Policy YAML (default: the embedded examples/policy.yaml).

@@ -145,7 +145,8 @@ enum PolicyCommand {
         /// Validate against the running daemon's inventory instead (nothing is changed).
         #[arg(long)]
         remote: bool,
-        #[arg(long, value_enum, default_value_t = Output::Text)]
+        /// Output format of the daemon's answer (with --remote).
+        #[arg(long, value_enum, default_value_t = Output::Text, requires = "remote")]
         output: Output,
     },
     /// Print the daemon's active policy (its YAML text).

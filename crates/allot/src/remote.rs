@@ -106,6 +106,7 @@ pub(crate) fn ls(remote: &RemoteArgs, args: &LsArgs) -> Result<String> {
     let mut list = client.get::<WorkloadList>(&path)?;
     if args.active {
         list.value.workloads.retain(|w| !w.state.is_final());
+        list.edited = true;
         if let Some(items) = list.raw.get_mut("workloads").and_then(|w| w.as_array_mut()) {
             items.retain(|w| {
                 w.get("state")

@@ -155,6 +155,9 @@ pub struct Workload {
     /// Where it runs: `node: devices`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<String>,
+    /// Process (group) ids of its members while it runs, as the backend reported them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

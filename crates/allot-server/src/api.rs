@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use allot_api::{
     API_PREFIX, ApiError, NodeList, PolicyValidation, PolicyView, ProjectList, Report,
-    SubmitRequest, SubmitResponse, TokenCreated, TokenRequest, Why, Workload, WorkloadList,
-    limits,
+    SubmitRequest, SubmitResponse, TokenCreated, TokenRequest, Why, Workload, WorkloadList, limits,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -33,7 +32,7 @@ pub(crate) struct AppState {
     pub metrics: Arc<Metrics>,
     pub data_dir: PathBuf,
     /// Nodes of the inventory, for validating a candidate policy.
-    pub nodes: Arc<Vec<allot_core::model::NodeSpec>>,
+    pub nodes: Arc<Vec<allot_core::NodeSpec>>,
 }
 
 impl IntoResponse for HttpError {
@@ -72,32 +71,41 @@ fn bytes_of(body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
 
 fn principal(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(HttpError::plain(401, "no token", Some("send `Authorization: Bearer TOKEN` (ALLOT_TOKEN for the CLI)")));
+        return Err(HttpError::plain(
+            401,
+            "no token",
+            Some("send `Authorization: Bearer TOKEN` (ALLOT_TOKEN for the CLI)"),
+        ));
     };
     let token = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
-    token
-        .and_then(|t| state.tokens.principal(t))
-        .ok_or_else(|| HttpError::plain(401, "unknown or revoked token", Some("create one with `allot token create`")))
+    token.and_then(|t| state.tokens.principal(t)).ok_or_else(|| {
+        HttpError::plain(
+            401,
+            "unknown or revoked token",
+            Some("create one with `allot token create`"),
+        )
+    })
 }
 
 /// Parses a JSON body into `T`, naming the field at fault (serde's path) on failure.
 fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    let invalid = |error: String, field: Option<String>| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("invalid JSON body: {error}"),
+                field,
+                fix: Some("see /api/v1/openapi.json for the request's fields".into()),
+            },
+        )
+    };
     let mut de = serde_json::Deserializer::from_slice(body);
-    let value: Result<T, _> = serde_path_to_error::deserialize(&mut de);
-    match value.and_then(|v| de.end().map(|()| v).map_err(|e| serde_path_to_error::Error::new(serde_path_to_error::Path::empty(), e))) {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            Err(HttpError::new(
-                400,
-                ApiError {
-                    error: format!("invalid JSON body: {}", e.inner()),
-                    field: (path != ".").then_some(path),
-                    fix: Some("see /api/v1/openapi.json for the request's fields".into()),
-                },
-            ))
-        }
-    }
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        invalid(e.inner().to_string(), (path != ".").then_some(path))
+    })?;
+    de.end().map_err(|e| invalid(e.to_string(), None))?;
+    Ok(value)
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -121,20 +129,34 @@ pub(crate) struct LogQuery {
 #[utoipa::path(post, path = "/api/v1/workloads", request_body = SubmitRequest,
     responses((status = 201, body = SubmitResponse), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError)),
     security(("bearer" = [])))]
-async fn submit(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<(StatusCode, axum::Json<SubmitResponse>)> {
+async fn submit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, axum::Json<SubmitResponse>)> {
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     let request: SubmitRequest = json_body(&body)?;
-    let response = state.handle.ask(|reply| Request::Submit { principal, request, reply }).await?;
+    #[allow(clippy::disallowed_methods)] // the submit-to-admit histogram measures real time
+    let received = std::time::Instant::now();
+    let response =
+        state.handle.ask(|reply| Request::Submit { principal, request, reply, received }).await?;
     Ok((StatusCode::CREATED, axum::Json(response)))
 }
 
 #[utoipa::path(get, path = "/api/v1/workloads", params(ListQuery),
     responses((status = 200, body = WorkloadList), (status = 401, body = ApiError)), security(("bearer" = [])))]
-async fn list(State(state): State<AppState>, headers: HeaderMap, query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<axum::Json<WorkloadList>> {
+async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<axum::Json<WorkloadList>> {
     let principal = principal(&state, &headers)?;
-    let Query(query) = query.map_err(|e| HttpError::plain(400, format!("invalid query: {e}"), Some("use ?project=NAME&state=STATE")))?;
-    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let Query(query) = query.map_err(|e| {
+        HttpError::plain(400, format!("invalid query: {e}"), Some("use ?project=NAME&state=STATE"))
+    })?;
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
     let workloads = view
         .workloads
         .values()
@@ -147,19 +169,32 @@ async fn list(State(state): State<AppState>, headers: HeaderMap, query: Result<Q
 }
 
 fn visible(state: &AppState, principal: &Principal, id: u64) -> ApiResult<Workload> {
-    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
     let Some(w) = view.workloads.get(&id) else {
-        return Err(HttpError::plain(404, format!("no workload {id}"), Some("list workloads with `allot ls`")));
+        return Err(HttpError::plain(
+            404,
+            format!("no workload {id}"),
+            Some("list workloads with `allot ls`"),
+        ));
     };
     if !principal.can_see(&w.project) {
-        return Err(HttpError::plain(403, format!("{} may not see project {:?}", principal.name, w.project), Some("use a token of that project's member")));
+        return Err(HttpError::plain(
+            403,
+            format!("{} may not see project {:?}", principal.name, w.project),
+            Some("use a token of that project's member"),
+        ));
     }
     Ok(w.clone())
 }
 
 #[utoipa::path(get, path = "/api/v1/workloads/{id}", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 404, body = ApiError), (status = 403, body = ApiError)), security(("bearer" = [])))]
-async fn get_workload(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+async fn get_workload(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
     let principal = principal(&state, &headers)?;
     visible(&state, &principal, id).map(axum::Json)
@@ -167,53 +202,94 @@ async fn get_workload(State(state): State<AppState>, headers: HeaderMap, id: Res
 
 #[utoipa::path(get, path = "/api/v1/workloads/{id}/why", params(("id" = u64, Path)),
     responses((status = 200, body = Why), (status = 404, body = ApiError)), security(("bearer" = [])))]
-async fn why(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Why>> {
+async fn why(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+) -> ApiResult<axum::Json<Why>> {
     let id = id_of(id)?;
     let principal = principal(&state, &headers)?;
     state.handle.ask(|reply| Request::Why { principal, id, reply }).await.map(axum::Json)
 }
 
-async fn act(state: AppState, headers: HeaderMap, id: u64, entry: Entry) -> ApiResult<axum::Json<Workload>> {
+async fn act(
+    state: AppState,
+    headers: HeaderMap,
+    id: u64,
+    entry: Entry,
+) -> ApiResult<axum::Json<Workload>> {
     let principal = principal(&state, &headers)?;
     if principal.role == allot_api::Role::Viewer {
-        return Err(HttpError::plain(403, format!("{} has a viewer token: it changes nothing", principal.name), Some("use a member or admin token")));
+        return Err(HttpError::plain(
+            403,
+            format!("{} has a viewer token: it changes nothing", principal.name),
+            Some("use a member or admin token"),
+        ));
     }
     state.handle.ask(|reply| Request::Action { principal, id, entry, reply }).await.map(axum::Json)
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
-async fn cancel(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
     act(state, headers, id, Entry::CancelRequested { id }).await
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/suspend", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
-async fn suspend(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+async fn suspend(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
     act(state, headers, id, Entry::SuspendRequested { id }).await
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/resume", params(("id" = u64, Path)),
     responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
-async fn resume(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>) -> ApiResult<axum::Json<Workload>> {
+async fn resume(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
     act(state, headers, id, Entry::ResumeRequested { id }).await
 }
 
 #[utoipa::path(get, path = "/api/v1/workloads/{id}/logs", params(("id" = u64, Path), LogQuery),
     responses((status = 200, body = String, content_type = "text/plain"), (status = 404, body = ApiError)), security(("bearer" = [])))]
-async fn logs(State(state): State<AppState>, headers: HeaderMap, id: Result<Path<u64>, PathRejection>, query: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<Response> {
+async fn logs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+    query: Result<Query<LogQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Response> {
     let id = id_of(id)?;
     let principal = principal(&state, &headers)?;
-    let Query(query) = query.map_err(|e| HttpError::plain(400, format!("invalid query: {e}"), Some("use ?member=N&tail_bytes=B")))?;
+    let Query(query) = query.map_err(|e| {
+        HttpError::plain(400, format!("invalid query: {e}"), Some("use ?member=N&tail_bytes=B"))
+    })?;
     let w = visible(&state, &principal, id)?;
     if w.attempt == 0 {
-        return Err(HttpError::plain(404, format!("workload {id} has not started yet: no logs"), Some("see `allot why`")));
+        return Err(HttpError::plain(
+            404,
+            format!("workload {id} has not started yet: no logs"),
+            Some("see `allot why`"),
+        ));
     }
     let member = query.member.unwrap_or(0);
-    let path = state.data_dir.join("logs").join(id.to_string()).join(w.attempt.to_string()).join(format!("member-{member}.log"));
+    let path = state
+        .data_dir
+        .join("logs")
+        .join(id.to_string())
+        .join(w.attempt.to_string())
+        .join(format!("member-{member}.log"));
     let tail = query.tail_bytes.unwrap_or(64 * 1024).min(16 * 1024 * 1024);
     let text = tokio::task::spawn_blocking(move || read_tail(&path, tail))
         .await
@@ -233,22 +309,34 @@ fn read_tail(path: &std::path::Path, tail: u64) -> Result<Vec<u8>, String> {
 }
 
 #[utoipa::path(get, path = "/api/v1/projects", responses((status = 200, body = ProjectList)), security(("bearer" = [])))]
-async fn projects(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<ProjectList>> {
+async fn projects(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<ProjectList>> {
     let principal = principal(&state, &headers)?;
-    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
     let projects = view.projects.iter().filter(|p| principal.can_see(&p.name)).cloned().collect();
     Ok(axum::Json(ProjectList { projects }))
 }
 
 #[utoipa::path(get, path = "/api/v1/nodes", responses((status = 200, body = NodeList)), security(("bearer" = [])))]
-async fn nodes(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<NodeList>> {
+async fn nodes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<NodeList>> {
     let principal = principal(&state, &headers)?;
-    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
     let mut nodes = view.nodes.clone();
     if principal.role == allot_api::Role::Member {
         // Members see the devices, not which other projects' workloads hold them.
-        let mine: std::collections::BTreeSet<u64> =
-            view.workloads.values().filter(|w| principal.can_see(&w.project)).map(|w| w.id).collect();
+        let mine: std::collections::BTreeSet<u64> = view
+            .workloads
+            .values()
+            .filter(|w| principal.can_see(&w.project))
+            .map(|w| w.id)
+            .collect();
         for n in &mut nodes {
             for d in &mut n.devices {
                 d.workloads.retain(|id| mine.contains(id));
@@ -259,37 +347,66 @@ async fn nodes(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<a
 }
 
 #[utoipa::path(get, path = "/api/v1/report", responses((status = 200, body = Report)), security(("bearer" = [])))]
-async fn report(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<Report>> {
+async fn report(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<Report>> {
     let principal = principal(&state, &headers)?;
     state.handle.ask(|reply| Request::Report { principal, reply }).await.map(axum::Json)
 }
 
 #[utoipa::path(get, path = "/api/v1/policy", responses((status = 200, body = PolicyView)), security(("bearer" = [])))]
-async fn policy(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<axum::Json<PolicyView>> {
+async fn policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<PolicyView>> {
     principal(&state, &headers)?;
-    let view = state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
-    Ok(axum::Json(PolicyView { source: view.policy_source.clone(), text: view.policy_text.clone() }))
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    Ok(axum::Json(PolicyView {
+        source: view.policy_source.clone(),
+        text: view.policy_text.clone(),
+    }))
 }
 
 #[utoipa::path(post, path = "/api/v1/policy/validate", request_body(content = String, content_type = "application/yaml"),
     responses((status = 200, body = PolicyValidation)), security(("bearer" = [])))]
-async fn validate_policy(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<axum::Json<PolicyValidation>> {
+async fn validate_policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<axum::Json<PolicyValidation>> {
     let body = bytes_of(body)?;
     principal(&state, &headers)?;
-    let text = std::str::from_utf8(&body).map_err(|_| HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is")))?;
+    let text = std::str::from_utf8(&body).map_err(|_| {
+        HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is"))
+    })?;
     Ok(axum::Json(crate::validate_policy_text("candidate policy", text, &state.nodes)))
 }
 
 #[utoipa::path(post, path = "/api/v1/tokens", request_body = TokenRequest,
     responses((status = 201, body = TokenCreated), (status = 403, body = ApiError)), security(("bearer" = [])))]
-async fn create_token(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> ApiResult<(StatusCode, axum::Json<TokenCreated>)> {
+async fn create_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, axum::Json<TokenCreated>)> {
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     if !principal.is_admin() {
-        return Err(HttpError::plain(403, format!("{} is not an admin: only admins create tokens", principal.name), Some("ask an admin")));
+        return Err(HttpError::plain(
+            403,
+            format!("{} is not an admin: only admins create tokens", principal.name),
+            Some("ask an admin"),
+        ));
     }
     let request: TokenRequest = json_body(&body)?;
-    let projects: Vec<String> = state.handle.view.read().map(|v| v.projects.iter().map(|p| p.name.clone()).collect()).unwrap_or_default();
+    let projects: Vec<String> = state
+        .handle
+        .view
+        .read()
+        .map(|v| v.projects.iter().map(|p| p.name.clone()).collect())
+        .unwrap_or_default();
     crate::auth::check_request(&request, &projects).map_err(|e| HttpError::new(400, e))?;
     let tokens = state.tokens.clone();
     let created = tokio::task::spawn_blocking(move || tokens.create(&request, wall_ms()))
@@ -309,7 +426,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], ApiDoc::openapi().to_pretty_json().unwrap_or_default()).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        ApiDoc::openapi().to_pretty_json().unwrap_or_default(),
+    )
+        .into_response()
 }
 
 async fn not_found() -> HttpError {
@@ -322,7 +443,10 @@ impl utoipa::Modify for BearerScheme {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 

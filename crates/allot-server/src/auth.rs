@@ -52,28 +52,50 @@ fn random_hex(bytes: usize) -> anyhow::Result<String> {
 }
 
 /// Checks a token request (names, projects) against the known projects.
-pub(crate) fn check_request(request: &TokenRequest, projects: &[String]) -> Result<(), allot_api::ApiError> {
+pub(crate) fn check_request(
+    request: &TokenRequest,
+    projects: &[String],
+) -> Result<(), allot_api::ApiError> {
     let bad = |field: &str, error: String, fix: &str| allot_api::ApiError {
         error,
         field: Some(field.to_string()),
         fix: Some(fix.to_string()),
     };
-    if request.name.is_empty() || request.name.len() > 200 || request.name.chars().any(char::is_control) {
-        return Err(bad("name", "a token needs a printable name of 1 to 200 characters".into(), "name who holds it, e.g. --name alice"));
+    if request.name.is_empty()
+        || request.name.len() > 200
+        || request.name.chars().any(char::is_control)
+    {
+        return Err(bad(
+            "name",
+            "a token needs a printable name of 1 to 200 characters".into(),
+            "name who holds it, e.g. --name alice",
+        ));
     }
     match request.role {
         Role::Member if request.projects.is_empty() => {
-            return Err(bad("projects", "a member token needs at least one project".into(), "add --project NAME"));
+            return Err(bad(
+                "projects",
+                "a member token needs at least one project".into(),
+                "add --project NAME",
+            ));
         }
         Role::Admin | Role::Viewer if !request.projects.is_empty() => {
-            return Err(bad("projects", format!("a {} token sees every project", request.role.as_str()), "leave the projects out, or make it a member token"));
+            return Err(bad(
+                "projects",
+                format!("a {} token sees every project", request.role.as_str()),
+                "leave the projects out, or make it a member token",
+            ));
         }
         _ => {}
     }
     if !projects.is_empty() {
         for (i, p) in request.projects.iter().enumerate() {
             if !projects.contains(p) {
-                return Err(bad(&format!("projects[{i}]"), format!("no project {p:?}"), &format!("known: {}", projects.join(", "))));
+                return Err(bad(
+                    &format!("projects[{i}]"),
+                    format!("no project {p:?}"),
+                    &format!("known: {}", projects.join(", ")),
+                ));
             }
         }
     }
@@ -147,7 +169,11 @@ impl Tokens {
         Some(principal)
     }
 
-    pub(crate) fn create(&self, request: &TokenRequest, now_ms: u64) -> anyhow::Result<TokenCreated> {
+    pub(crate) fn create(
+        &self,
+        request: &TokenRequest,
+        now_ms: u64,
+    ) -> anyhow::Result<TokenCreated> {
         let mut store = self.store.lock().map_err(|_| anyhow::anyhow!("token store poisoned"))?;
         create(store.as_mut(), request, now_ms)
     }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use allot_api::{ApiError, SubmitRequest, WorkloadState};
 use allot_backend::{DeviceAssignment, Launch, MemberLaunch, RunId, StopSignal, Vendor};
 use allot_core::ledger::Ledger;
-use allot_core::model::{NodeSpec, PolicySpec, WorkloadSpec};
 use allot_core::{Decision, Engine, Event, Placement, Stage, Timestamp, WorkloadId};
+use allot_core::{NodeSpec, PolicySpec, WorkloadSpec};
 
 use crate::entry::Entry;
 use crate::submit::{self, Known};
@@ -98,8 +98,7 @@ pub(crate) struct Daemon {
 
 fn vendor_of(model: &str) -> Vendor {
     let m = model.to_ascii_lowercase();
-    if m.starts_with("mi") || m.contains("instinct") || m.contains("amd") || m.contains("radeon")
-    {
+    if m.starts_with("mi") || m.contains("instinct") || m.contains("amd") || m.contains("radeon") {
         Vendor::Amd
     } else {
         Vendor::Nvidia
@@ -178,7 +177,9 @@ impl Daemon {
         };
         let state = record.state;
         let allowed = match entry {
-            Entry::CancelRequested { .. } => !state.is_final() && record.intent != Some(Intent::Cancel),
+            Entry::CancelRequested { .. } => {
+                !state.is_final() && record.intent != Some(Intent::Cancel)
+            }
             Entry::SuspendRequested { .. } => {
                 matches!(
                     state,
@@ -192,10 +193,16 @@ impl Daemon {
             Ok(entry)
         } else {
             Err(ApiError {
-                error: format!("workload {id} is {}: {} does not apply", state.as_str(), entry.kind()),
+                error: format!(
+                    "workload {id} is {}: {} does not apply",
+                    state.as_str(),
+                    entry.kind()
+                ),
                 field: Some("state".into()),
                 fix: Some(match entry {
-                    Entry::ResumeRequested { .. } => "only a suspended workload can be resumed".into(),
+                    Entry::ResumeRequested { .. } => {
+                        "only a suspended workload can be resumed".into()
+                    }
                     Entry::SuspendRequested { .. } => {
                         "only pending, starting or running work can be suspended".into()
                     }
@@ -236,9 +243,21 @@ impl Daemon {
                     // Valid when logged, but the policy given at this start no longer has what it
                     // names: kept as rejected, never silently dropped.
                     Err(e) => {
-                        let mut spec = WorkloadSpec::new(*id, "", &request.project, allot_core::model::GpuRequest::Whole(0));
+                        let mut spec = WorkloadSpec::new(
+                            *id,
+                            "",
+                            &request.project,
+                            allot_core::GpuRequest::Whole(0),
+                        );
                         spec.user = user.clone();
-                        (spec, WorkloadState::Rejected, Some(("invalid_under_policy".to_string(), format!("{}: {}", e.field.unwrap_or_default(), e.error))))
+                        (
+                            spec,
+                            WorkloadState::Rejected,
+                            Some((
+                                "invalid_under_policy".to_string(),
+                                format!("{}: {}", e.field.unwrap_or_default(), e.error),
+                            )),
+                        )
                     }
                 };
                 let pending = state == WorkloadState::Pending;
@@ -321,9 +340,22 @@ impl Daemon {
                 self.event(now, Event::AllocationStarted { workload: WorkloadId(*id) });
                 self.dirty = true;
             }
-            Entry::LaunchFailed { id, attempt, error } => {
+            Entry::LaunchFailed { id, attempt, error, requeue } => {
                 let Some(record) = self.workloads.get_mut(id) else { return out };
                 if record.attempt != *attempt || record.state.is_final() {
+                    return out;
+                }
+                if *requeue && record.state == WorkloadState::Starting && record.intent.is_none() {
+                    record.reason = Some((
+                        "relaunch".into(),
+                        format!("queued again: the daemon stopped while launching it ({error})"),
+                    ));
+                    self.event(
+                        now,
+                        Event::AllocationFailed { workload: WorkloadId(*id), reason: error.clone() },
+                    );
+                    self.set_state(*id, WorkloadState::Pending, now);
+                    self.dirty = true;
                     return out;
                 }
                 record.reason = Some(("launch_failed".into(), format!("could not start: {error}")));
@@ -364,7 +396,10 @@ impl Daemon {
 
     fn exited(&mut self, now: u64, id: u64, attempt: u32, code: Option<i32>, detail: &str) {
         let Some(record) = self.workloads.get_mut(&id) else { return };
-        if record.attempt != attempt || record.state.is_final() || record.state == WorkloadState::Suspended {
+        if record.attempt != attempt
+            || record.state.is_final()
+            || record.state == WorkloadState::Suspended
+        {
             return;
         }
         self.stops.remove(&id);
@@ -375,7 +410,8 @@ impl Daemon {
         self.dirty = true;
         if !was_stopping && intent.is_none() {
             self.event(now, Event::WorkloadFinished { workload: WorkloadId(id) });
-            let state = if code == Some(0) { WorkloadState::Succeeded } else { WorkloadState::Failed };
+            let state =
+                if code == Some(0) { WorkloadState::Succeeded } else { WorkloadState::Failed };
             if let Some(r) = self.workloads.get_mut(&id) {
                 r.reason = Some(match code {
                     Some(0) => ("exited".into(), "exited with code 0".into()),
@@ -391,7 +427,11 @@ impl Daemon {
         let state = match (intent, requeued) {
             (Some(Intent::Suspend), true) | (Some(Intent::Cancel), true) => {
                 self.event(now, Event::WorkloadCancelled { workload: WorkloadId(id) });
-                if intent == Some(Intent::Suspend) { WorkloadState::Suspended } else { WorkloadState::Cancelled }
+                if intent == Some(Intent::Suspend) {
+                    WorkloadState::Suspended
+                } else {
+                    WorkloadState::Cancelled
+                }
             }
             (Some(Intent::Suspend), false) => WorkloadState::Suspended,
             (Some(Intent::Cancel), false) => WorkloadState::Cancelled,
@@ -497,8 +537,10 @@ impl Daemon {
             .collect();
         let text = views::placement_lines(&self.engine, placement);
         let heartbeat = self.heartbeat_path(id);
+        let attempt = self.workloads.get(&id)?.attempt + 1;
+        let log_dir = self.log_dir(id, attempt);
         let record = self.workloads.get_mut(&id)?;
-        record.attempt += 1;
+        record.attempt = attempt;
         record.placement = text;
         let mut env = record.request.env.clone();
         env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());
@@ -507,7 +549,7 @@ impl Daemon {
             command: record.request.command.clone(),
             env,
             members,
-            log_dir: self.data_dir.join("logs").join(id.to_string()).join(record.attempt.to_string()),
+            log_dir,
         };
         record.launch = Some(launch.clone());
         record.started_ms = None;

@@ -8,15 +8,45 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub(crate) enum Entry {
-    Submitted { id: u64, user: String, request: SubmitRequest },
-    CancelRequested { id: u64 },
-    SuspendRequested { id: u64 },
-    ResumeRequested { id: u64 },
-    Started { id: u64, attempt: u32, pids: Vec<u32> },
-    LaunchFailed { id: u64, attempt: u32, error: String },
-    Exited { id: u64, attempt: u32, code: Option<i32>, detail: String },
+    Submitted {
+        id: u64,
+        user: String,
+        request: SubmitRequest,
+    },
+    CancelRequested {
+        id: u64,
+    },
+    SuspendRequested {
+        id: u64,
+    },
+    ResumeRequested {
+        id: u64,
+    },
+    Started {
+        id: u64,
+        attempt: u32,
+        pids: Vec<u32>,
+    },
+    /// `requeue`: the failure was the daemon's (it stopped while launching), so the workload
+    /// queues again instead of failing.
+    LaunchFailed {
+        id: u64,
+        attempt: u32,
+        error: String,
+        #[serde(default)]
+        requeue: bool,
+    },
+    Exited {
+        id: u64,
+        attempt: u32,
+        code: Option<i32>,
+        detail: String,
+    },
     /// The workload's heartbeat file changed: it was in use at `last_activity_ms`.
-    Probed { id: u64, last_activity_ms: u64 },
+    Probed {
+        id: u64,
+        last_activity_ms: u64,
+    },
     /// A decision cycle ran at the entry's time.
     Decided,
 }

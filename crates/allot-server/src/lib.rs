@@ -22,7 +22,7 @@ use std::sync::{Arc, RwLock};
 use allot_api::{ApiError, PolicyValidation, Role, TokenCreated, TokenRequest};
 use allot_backend::Backend;
 use allot_core::Engine;
-use allot_core::model::NodeSpec;
+use allot_core::NodeSpec;
 use allot_store::{SqliteStore, Store};
 use anyhow::{Context, Result, anyhow};
 
@@ -59,7 +59,12 @@ pub fn default_data_dir() -> Result<PathBuf> {
 /// Makes a token offline in `data_dir` (works while the daemon runs).
 pub fn create_token(data_dir: &Path, request: &TokenRequest) -> Result<TokenCreated> {
     auth::check_request(request, &[]).map_err(|e| {
-        anyhow!("{}: {}{}", e.field.unwrap_or_default(), e.error, e.fix.map(|f| format!(" — {f}")).unwrap_or_default())
+        anyhow!(
+            "{}: {}{}",
+            e.field.unwrap_or_default(),
+            e.error,
+            e.fix.map(|f| format!(" — {f}")).unwrap_or_default()
+        )
     })?;
     let mut store = SqliteStore::open_unlocked(data_dir)?;
     auth::create(&mut store, request, runtime::wall_ms())
@@ -70,7 +75,11 @@ fn read_text(path: &Path) -> Result<String> {
 }
 
 fn diagnostics_error(diagnostics: &[allot_config::Diagnostic]) -> anyhow::Error {
-    anyhow!("{}{} problem(s) found; nothing was changed.", allot_config::render(diagnostics), diagnostics.len())
+    anyhow!(
+        "{}{} problem(s) found; nothing was changed.",
+        allot_config::render(diagnostics),
+        diagnostics.len()
+    )
 }
 
 /// Checks a policy text against `nodes`, as `POST /policy/validate` answers.
@@ -111,11 +120,12 @@ pub(crate) fn validate_policy_text(name: &str, text: &str, nodes: &[NodeSpec]) -
 fn checkpoint_signal(name: &str) -> Result<nix::sys::signal::Signal> {
     let upper = name.to_ascii_uppercase();
     let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
-    full.parse().map_err(|_| anyhow!("--checkpoint-signal {name:?} is not a signal; use e.g. SIGUSR1, SIGUSR2, SIGINT"))
+    full.parse().map_err(|_| {
+        anyhow!("--checkpoint-signal {name:?} is not a signal; use e.g. SIGUSR1, SIGUSR2, SIGINT")
+    })
 }
 
 /// What a daemon is made of; `run` builds it from files, tests from in-memory parts.
-#[derive(Debug)]
 pub struct Parts {
     /// The log (and snapshots).
     pub store: Box<dyn Store>,
@@ -125,11 +135,22 @@ pub struct Parts {
     /// The inventory declared in a file (the backend may discover another).
     pub declared: Vec<NodeSpec>,
     pub inventory_source: String,
-    pub policy: allot_core::model::PolicySpec,
+    pub policy: allot_core::PolicySpec,
     pub policy_source: String,
     pub policy_text: String,
     pub data_dir: PathBuf,
     pub decide_interval_ms: u64,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts")
+            .field("backend", &self.backend.name())
+            .field("inventory_source", &self.inventory_source)
+            .field("policy_source", &self.policy_source)
+            .field("data_dir", &self.data_dir)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A daemon whose main loop runs: serve `router`; send `Shutdown` through `sender` to stop.
@@ -167,8 +188,11 @@ pub fn start(parts: Parts) -> Result<Started> {
         decide_interval_ms,
     } = parts;
     let nodes = backend.inventory()?;
-    let inventory_source =
-        if nodes == declared { inventory_source } else { format!("discovered by the {} backend", backend.name()) };
+    let inventory_source = if nodes == declared {
+        inventory_source
+    } else {
+        format!("discovered by the {} backend", backend.name())
+    };
     let daemon = daemon::Daemon::new(nodes.clone(), &policy, data_dir.clone())
         .map_err(|e| anyhow!("{policy_source}: {e}"))?;
     let admin_token = if token_store.tokens()?.is_empty() {
@@ -187,8 +211,14 @@ pub fn start(parts: Parts) -> Result<Started> {
         policy_text,
         ..runtime::View::default()
     }));
-    let mut main_loop =
-        runtime::Loop::new(store, daemon, backend, metrics.clone(), view.clone(), decide_interval_ms);
+    let mut main_loop = runtime::Loop::new(
+        store,
+        daemon,
+        backend,
+        metrics.clone(),
+        view.clone(),
+        decide_interval_ms,
+    );
     let replayed = main_loop.recover()?;
     let (sender, receiver) = std::sync::mpsc::sync_channel(runtime::QUEUE_MAX);
     let handle = runtime::Handle { sender: sender.clone(), view };
@@ -214,21 +244,27 @@ pub fn run(config: ServeConfig) -> Result<()> {
         Some(p) => (p.display().to_string(), read_text(p)?),
         None => (EMBEDDED_POLICY.0.to_string(), EMBEDDED_POLICY.1.to_string()),
     };
-    let policy = allot_config::parse_policy(&policy_source, &policy_text).map_err(|d| diagnostics_error(&d))?;
+    let policy = allot_config::parse_policy(&policy_source, &policy_text)
+        .map_err(|d| diagnostics_error(&d))?;
     let (inventory_source, declared) = match &config.inventory_file {
-        Some(p) => (p.display().to_string(), allot_config::load_cluster(p).map_err(|d| diagnostics_error(&d))?),
+        Some(p) => (
+            p.display().to_string(),
+            allot_config::load_cluster(p).map_err(|d| diagnostics_error(&d))?,
+        ),
         None => (
             EMBEDDED_CLUSTER.0.to_string(),
-            allot_config::parse_cluster(EMBEDDED_CLUSTER.0, EMBEDDED_CLUSTER.1).map_err(|d| diagnostics_error(&d))?,
+            allot_config::parse_cluster(EMBEDDED_CLUSTER.0, EMBEDDED_CLUSTER.1)
+                .map_err(|d| diagnostics_error(&d))?,
         ),
     };
     let store = SqliteStore::open(&config.data_dir)?;
-    let backend = allot_backend_local::LocalBackend::new(allot_backend_local::LocalConfig {
-        state_dir: config.data_dir.join("runs"),
-        checkpoint_signal: checkpoint_signal(&config.checkpoint_signal)?,
-        declared_inventory: Some(declared.clone()),
-        node_name: "local".into(),
-    })?;
+    let mut local = allot_backend_local::LocalConfig::new(
+        config.data_dir.join("runs"),
+        allot_backend_local::discover::hostname(),
+    );
+    local.checkpoint_signal = checkpoint_signal(&config.checkpoint_signal)?;
+    local.declared_inventory = Some(declared.clone());
+    let backend = allot_backend_local::LocalBackend::new(local)?;
     let token_store = SqliteStore::open_unlocked(&config.data_dir)?;
     let started = start(Parts {
         store: Box::new(store),
@@ -274,13 +310,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -291,4 +328,3 @@ async fn shutdown_signal() {
         let _ = ctrl_c.await;
     }
 }
-

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub submissions: Counter,
     pub cycle_seconds: Histogram,
     pub log_append_seconds: Histogram,
+    /// From a submission's arrival at the API to the cycle that admitted it (first admissions).
+    pub submit_to_admit_seconds: Histogram,
 }
 
 impl Metrics {
@@ -64,6 +66,7 @@ impl Metrics {
         let submissions = Counter::default();
         let cycle_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let log_append_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let submit_to_admit_seconds = Histogram::new(exponential_buckets(0.0005, 1.5, 24));
         registry.register("allocated_gpus", "GPUs allocated, per project", allocated_gpus.clone());
         registry.register(
             "idle_gpus",
@@ -87,7 +90,11 @@ impl Metrics {
             "Pre-emptions and idle reclaims since the first start, by reason",
             preemptions.clone(),
         );
-        registry.register("submissions", "Workloads submitted since this start", submissions.clone());
+        registry.register(
+            "submissions",
+            "Workloads submitted since this start",
+            submissions.clone(),
+        );
         registry.register(
             "decision_cycle_seconds",
             "Time of one decision cycle",
@@ -98,7 +105,13 @@ impl Metrics {
             "Time to make one batch of entries durable",
             log_append_seconds.clone(),
         );
+        registry.register(
+            "submit_to_admit_seconds",
+            "From a submission's arrival to the cycle that admitted it",
+            submit_to_admit_seconds.clone(),
+        );
         Metrics {
+            submit_to_admit_seconds,
             registry,
             allocated_gpus,
             idle_gpus,

@@ -4,12 +4,13 @@
 //! view the loop updates; nothing else writes.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use allot_api::{ApiError, Node, Project, Report, SubmitRequest, SubmitResponse, Why, Workload, WorkloadState};
+use allot_api::{
+    ApiError, Node, Project, Report, SubmitRequest, SubmitResponse, Why, Workload, WorkloadState,
+};
 use allot_backend::{Backend, Observation};
 use allot_core::{Timestamp, WorkloadId};
 use allot_store::{NewRecord, Store};
@@ -53,10 +54,28 @@ type Reply<T> = oneshot::Sender<Result<T, HttpError>>;
 
 #[derive(Debug)]
 pub(crate) enum Request {
-    Submit { principal: Principal, request: SubmitRequest, reply: Reply<SubmitResponse> },
-    Action { principal: Principal, id: u64, entry: Entry, reply: Reply<Workload> },
-    Why { principal: Principal, id: u64, reply: Reply<Why> },
-    Report { principal: Principal, reply: Reply<Report> },
+    Submit {
+        principal: Principal,
+        request: SubmitRequest,
+        reply: Reply<SubmitResponse>,
+        /// When the API received it (for the submit-to-admit histogram).
+        received: std::time::Instant,
+    },
+    Action {
+        principal: Principal,
+        id: u64,
+        entry: Entry,
+        reply: Reply<Workload>,
+    },
+    Why {
+        principal: Principal,
+        id: u64,
+        reply: Reply<Why>,
+    },
+    Report {
+        principal: Principal,
+        reply: Reply<Report>,
+    },
     Shutdown,
 }
 
@@ -87,13 +106,27 @@ impl Handle {
         match self.sender.try_send(make(tx)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
-                return Err(HttpError::plain(503, "allot is busy: too many requests queued", Some("retry in a moment")));
+                return Err(HttpError::plain(
+                    503,
+                    "allot is busy: too many requests queued",
+                    Some("retry in a moment"),
+                ));
             }
             Err(TrySendError::Disconnected(_)) => {
-                return Err(HttpError::plain(500, "allot's main loop has stopped", Some("see the daemon's log; restart it")));
+                return Err(HttpError::plain(
+                    500,
+                    "allot's main loop has stopped",
+                    Some("see the daemon's log; restart it"),
+                ));
             }
         }
-        rx.await.map_err(|_| HttpError::plain(500, "allot's main loop stopped before answering", Some("see the daemon's log; restart it")))?
+        rx.await.map_err(|_| {
+            HttpError::plain(
+                500,
+                "allot's main loop stopped before answering",
+                Some("see the daemon's log; restart it"),
+            )
+        })?
     }
 }
 
@@ -120,7 +153,11 @@ pub(crate) struct Loop {
     pub decide_interval_ms: u64,
     pub heartbeats: BTreeMap<u64, u64>,
     last_view_ms: u64,
+    awaiting_admission: BTreeMap<u64, std::time::Instant>,
 }
+
+/// Most submissions timed to their admission at once (the rest are not timed).
+const AWAITING_ADMISSION_MAX: usize = 100_000;
 
 /// An entry waiting for durability, and whom to answer once it is.
 enum Pending {
@@ -137,7 +174,17 @@ impl Loop {
         view: Arc<RwLock<View>>,
         decide_interval_ms: u64,
     ) -> Loop {
-        Loop { store, daemon, backend, metrics, view, decide_interval_ms, heartbeats: BTreeMap::new(), last_view_ms: 0 }
+        Loop {
+            store,
+            daemon,
+            backend,
+            metrics,
+            view,
+            decide_interval_ms,
+            heartbeats: BTreeMap::new(),
+            last_view_ms: 0,
+            awaiting_admission: BTreeMap::new(),
+        }
     }
 
     /// Replays the log into the daemon state (nothing is executed), then asks the backend
@@ -165,7 +212,15 @@ impl Loop {
         let launches = self.daemon.live_launches();
         let observations = self.backend.recover(&launches)?;
         let now = self.daemon.clamp(wall_ms());
-        let entries: Vec<Entry> = observations.into_iter().map(observation_entry).collect();
+        let entries: Vec<Entry> = observations
+            .into_iter()
+            .map(|o| match observation_entry(o) {
+                Entry::LaunchFailed { id, attempt, error, .. } => {
+                    Entry::LaunchFailed { id, attempt, error, requeue: true }
+                }
+                other => other,
+            })
+            .collect();
         let mut commands = Vec::new();
         for e in &entries {
             commands.extend(self.daemon.apply(now, e));
@@ -183,10 +238,8 @@ impl Loop {
         if entries.is_empty() {
             return Ok(());
         }
-        let bodies: Vec<String> = entries
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<_, _>>()?;
+        let bodies: Vec<String> =
+            entries.iter().map(serde_json::to_string).collect::<Result<_, _>>()?;
         let records: Vec<NewRecord<'_>> = entries
             .iter()
             .zip(&bodies)
@@ -221,8 +274,11 @@ impl Loop {
         let mut out = Vec::new();
         for id in self.daemon.running_ids() {
             let path = self.daemon.heartbeat_path(id);
-            let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) else { continue };
-            let ms = modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) else {
+                continue;
+            };
+            let ms =
+                modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             if self.heartbeats.get(&id) != Some(&ms) {
                 self.heartbeats.insert(id, ms);
                 out.push(Entry::Probed { id, last_activity_ms: ms });
@@ -257,7 +313,7 @@ impl Loop {
             let mut queries = Vec::new();
             for request in batch {
                 match request {
-                    Request::Submit { principal, request, reply } => {
+                    Request::Submit { principal, request, reply, received } => {
                         if !principal.can_act(&request.project) {
                             let _ = reply.send(Err(forbidden(&principal, &request.project)));
                             continue;
@@ -269,6 +325,9 @@ impl Loop {
                                 commands.extend(self.daemon.apply(now, &entry));
                                 entries.push(entry);
                                 waiting.push(Pending::Submitted(reply, id));
+                                if self.awaiting_admission.len() < AWAITING_ADMISSION_MAX {
+                                    self.awaiting_admission.insert(id, received);
+                                }
                             }
                             Err(e) => {
                                 let _ = reply.send(Err(HttpError::new(400, e)));
@@ -276,7 +335,8 @@ impl Loop {
                         }
                     }
                     Request::Action { principal, id, entry, reply } => {
-                        if let Some(project) = self.daemon.workloads.get(&id).map(|r| r.spec.project.clone())
+                        if let Some(project) =
+                            self.daemon.workloads.get(&id).map(|r| r.spec.project.clone())
                             && !principal.can_act(&project)
                         {
                             let _ = reply.send(Err(forbidden(&principal, &project)));
@@ -289,7 +349,8 @@ impl Loop {
                                 waiting.push(Pending::Acted(reply, id));
                             }
                             Err(e) => {
-                                let status = if self.daemon.workloads.contains_key(&id) { 409 } else { 404 };
+                                let status =
+                                    if self.daemon.workloads.contains_key(&id) { 409 } else { 404 };
                                 let _ = reply.send(Err(HttpError::new(status, e)));
                             }
                         }
@@ -324,18 +385,31 @@ impl Loop {
             // Durable before anything is answered or done. If this fails the state in memory is
             // ahead of the log: stop (nothing was acknowledged) and let a restart replay.
             self.append(now, &entries)?;
+            // Readers see what was acknowledged before the acknowledgement arrives.
+            self.refresh_view(now, false);
             for p in waiting {
                 match p {
                     Pending::Submitted(reply, id) => {
                         self.metrics.submissions.inc();
-                        let state = self.daemon.workloads.get(&id).map_or(WorkloadState::Pending, |r| r.state);
+                        let state = self
+                            .daemon
+                            .workloads
+                            .get(&id)
+                            .map_or(WorkloadState::Pending, |r| r.state);
                         let _ = reply.send(Ok(SubmitResponse { id, state }));
                     }
                     Pending::Acted(reply, id) => {
                         let w = self.daemon.workloads.get(&id).map(|r| views::workload(id, r));
-                        let _ = reply.send(w.ok_or_else(|| HttpError::plain(404, format!("no workload {id}"), None)));
+                        let _ = reply.send(w.ok_or_else(|| {
+                            HttpError::plain(404, format!("no workload {id}"), None)
+                        }));
                     }
                 }
+            }
+            if !self.awaiting_admission.is_empty()
+                && entries.iter().any(|e| matches!(e, Entry::Decided))
+            {
+                self.observe_admissions();
             }
             commands.extend(self.daemon.due_signals(now));
             self.execute(commands);
@@ -346,12 +420,36 @@ impl Loop {
         }
     }
 
+    /// Submissions the last cycle decided on for good (admitted, or ended otherwise) leave the
+    /// map; admitted ones are timed from their arrival at the API.
+    fn observe_admissions(&mut self) {
+        let daemon = &self.daemon;
+        let metrics = &self.metrics;
+        self.awaiting_admission.retain(|id, received| {
+            let Some(r) = daemon.workloads.get(id) else { return false };
+            match r.state {
+                WorkloadState::Pending | WorkloadState::Suspended => true,
+                WorkloadState::Starting | WorkloadState::Running if r.attempt == 1 => {
+                    metrics.submit_to_admit_seconds.observe(received.elapsed().as_secs_f64());
+                    false
+                }
+                _ => false,
+            }
+        });
+    }
+
     fn answer(&mut self, now: u64, request: Request) {
         match request {
             Request::Why { principal, id, reply } => {
                 let result = match self.daemon.workloads.get(&id) {
-                    None => Err(HttpError::plain(404, format!("no workload {id}"), Some("list workloads with `allot ls`"))),
-                    Some(r) if !principal.can_see(&r.spec.project) => Err(forbidden(&principal, &r.spec.project)),
+                    None => Err(HttpError::plain(
+                        404,
+                        format!("no workload {id}"),
+                        Some("list workloads with `allot ls`"),
+                    )),
+                    Some(r) if !principal.can_see(&r.spec.project) => {
+                        Err(forbidden(&principal, &r.spec.project))
+                    }
                     Some(r) => Ok(self.why(now, id, r.state)),
                 };
                 let _ = reply.send(result);
@@ -361,7 +459,8 @@ impl Loop {
                     .into_iter()
                     .filter(|row| self.row_visible(&principal, &row.scope))
                     .collect();
-                let _ = reply.send(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }));
+                let _ =
+                    reply.send(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }));
             }
             _ => {}
         }
@@ -394,12 +493,22 @@ impl Loop {
             lines.extend(text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()));
             decision = e.decision.as_ref().map(|d| views::decision_json(engine, d));
         } else {
-            lines.push(format!("{} is {}.", record.map_or("it", |r| r.spec.name.as_str()), state.as_str()));
+            lines.push(format!(
+                "{} is {}.",
+                record.map_or("it", |r| r.spec.name.as_str()),
+                state.as_str()
+            ));
             if let Some((_, reason)) = record.and_then(|r| r.reason.as_ref()) {
                 lines.push(reason.clone());
             }
         }
-        Why { id, name: record.map_or(String::new(), |r| r.spec.name.clone()), state, lines, decision }
+        Why {
+            id,
+            name: record.map_or(String::new(), |r| r.spec.name.clone()),
+            state,
+            lines,
+            decision,
+        }
     }
 
     fn refresh_view(&mut self, now: u64, force: bool) {
@@ -421,7 +530,10 @@ impl Loop {
         let engine = &self.daemon.engine;
         view.projects = views::projects(engine, self.daemon.workloads.values());
         let live = self.daemon.workloads.iter().filter(|(_, r)| {
-            matches!(r.state, WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping)
+            matches!(
+                r.state,
+                WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
+            )
         });
         view.nodes = views::nodes(engine, &self.daemon.nodes, live);
         drop(view);
@@ -440,7 +552,11 @@ impl Loop {
         for n in &view.nodes {
             for d in &n.devices {
                 m.device_allocated
-                    .get_or_create(&DeviceLabels { node: n.name.clone(), device: d.index.to_string(), model: d.model.clone() })
+                    .get_or_create(&DeviceLabels {
+                        node: n.name.clone(),
+                        device: d.index.to_string(),
+                        model: d.model.clone(),
+                    })
                     .set(d.used_shares as f64 / 1000.0);
             }
         }
@@ -457,15 +573,29 @@ impl Loop {
                     r.spec.total_shares().0 as f64 / 1000.0;
             }
         }
-        for state in ["pending", "starting", "running", "stopping", "suspended", "succeeded", "failed", "cancelled", "rejected"] {
-            m.workloads_by_state.get_or_create(&StateLabel { state: state.into() }).set(*by_state.get(state).unwrap_or(&0));
+        for state in [
+            "pending",
+            "starting",
+            "running",
+            "stopping",
+            "suspended",
+            "succeeded",
+            "failed",
+            "cancelled",
+            "rejected",
+        ] {
+            m.workloads_by_state
+                .get_or_create(&StateLabel { state: state.into() })
+                .set(*by_state.get(state).unwrap_or(&0));
         }
         m.pending_by_reason.clear();
         for (reason, n) in by_reason {
             m.pending_by_reason.get_or_create(&ReasonLabel { reason }).set(n);
         }
         for p in &view.projects {
-            m.idle_gpus.get_or_create(&ProjectLabel { project: p.name.clone() }).set(*idle.get(&p.name).unwrap_or(&0.0));
+            m.idle_gpus
+                .get_or_create(&ProjectLabel { project: p.name.clone() })
+                .set(*idle.get(&p.name).unwrap_or(&0.0));
         }
         for (reason, n) in &self.daemon.counters.preemptions {
             m.preemptions.get_or_create(&ReasonLabel { reason: reason.clone() }).set(*n as i64);
@@ -476,16 +606,26 @@ impl Loop {
 fn forbidden(principal: &Principal, project: &str) -> HttpError {
     HttpError::plain(
         403,
-        format!("{} ({}) may not act on project {project:?}", principal.name, principal.role.as_str()),
+        format!(
+            "{} ({}) may not act on project {project:?}",
+            principal.name,
+            principal.role.as_str()
+        ),
         Some("use a token of that project's member, or an admin token"),
     )
 }
 
 fn observation_entry(o: Observation) -> Entry {
     match o {
-        Observation::Started { run, pids } => Entry::Started { id: run.workload, attempt: run.attempt, pids },
-        Observation::LaunchFailed { run, error } => Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error },
-        Observation::Exited { run, code, detail } => Entry::Exited { id: run.workload, attempt: run.attempt, code, detail },
+        Observation::Started { run, pids } => {
+            Entry::Started { id: run.workload, attempt: run.attempt, pids }
+        }
+        Observation::LaunchFailed { run, error } => {
+            Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error, requeue: false }
+        }
+        Observation::Exited { run, code, detail } => {
+            Entry::Exited { id: run.workload, attempt: run.attempt, code, detail }
+        }
     }
 }
 
@@ -495,8 +635,4 @@ pub(crate) fn tracing_log(line: &str) {
     {
         eprintln!("allot: {line}");
     }
-}
-
-pub(crate) fn logs_dir(data_dir: &std::path::Path) -> PathBuf {
-    data_dir.join("logs")
 }

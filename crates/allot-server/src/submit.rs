@@ -3,7 +3,7 @@
 //! a 400 naming the field, so a bad submission is never logged.
 
 use allot_api::{ApiError, SubmitRequest, limits};
-use allot_core::model::{Checkpointing, GpuRequest, WorkloadKind, WorkloadSpec};
+use allot_core::{Checkpointing, GpuRequest, WorkloadKind, WorkloadSpec};
 use allot_core::{MigProfile, WorkloadId};
 
 /// What a submission is checked against: the names the active policy and inventory know.

@@ -5,8 +5,8 @@
 use allot_api::{Device, LedgerRow, Node, Project, QuotaLine, Workload};
 use allot_core::ledger::{Books, Ledger, Scope};
 use allot_core::{
-    AdmitReason, Decision, DeferReason, Engine, Placement, PreemptReason, ProjectId,
-    RejectReason, StopReason, Timestamp,
+    AdmitReason, Decision, DeferReason, Engine, Placement, PreemptReason, ProjectId, RejectReason,
+    StopReason, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -124,7 +124,6 @@ pub fn explain_json(engine: &Engine, now: Timestamp, id: allot_core::WorkloadId)
     }
 }
 
-
 /// A placement as `node: devices` lines (`gpu-01: 0,1`, `gpu-02: 3 (250‰)`, `… 2 (3g.40gb@4)`).
 pub(crate) fn placement_lines(engine: &Engine, placement: &Placement) -> Vec<String> {
     placement
@@ -164,6 +163,7 @@ pub(crate) fn workload(id: u64, r: &Record) -> Workload {
         reason: r.reason.as_ref().map(|(_, text)| text.clone()),
         reason_code: r.reason.as_ref().map(|(code, _)| code.clone()),
         placement: r.placement.clone(),
+        pids: r.pids.clone(),
     }
 }
 
@@ -212,7 +212,7 @@ pub(crate) fn projects<'a>(
 /// Nodes and devices with what runs on them, from the records' placements.
 pub(crate) fn nodes<'a>(
     engine: &Engine,
-    nodes: &[allot_core::model::NodeSpec],
+    nodes: &[allot_core::NodeSpec],
     records: impl Iterator<Item = (&'a u64, &'a Record)>,
 ) -> Vec<Node> {
     let mut out: Vec<Node> = nodes

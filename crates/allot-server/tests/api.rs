@@ -8,7 +8,8 @@ use common::{TestDaemon, submit_body};
 use serde_json::Value;
 
 async fn submit(d: &TestDaemon, token: &str, project: &str) -> u64 {
-    let (status, v) = d.call("POST", "/api/v1/workloads", Some(token), Some(&submit_body(project, 1))).await;
+    let (status, v) =
+        d.call("POST", "/api/v1/workloads", Some(token), Some(&submit_body(project, 1))).await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
     v["id"].as_u64().expect("id")
 }
@@ -26,16 +27,29 @@ async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
     assert_eq!(running["project"], "vision");
     assert_eq!(running["attempt"], 1);
     assert!(!running["placement"].as_array().expect("placement").is_empty(), "{running}");
-    let (status, why) = d.call("GET", &format!("/api/v1/workloads/{id}/why"), Some(&d.admin), None).await;
+    let (status, why) =
+        d.call("GET", &format!("/api/v1/workloads/{id}/why"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{why}");
     assert!(why["lines"].as_array().is_some_and(|l| !l.is_empty()), "{why}");
     let (status, report) = d.call("GET", "/api/v1/report", Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(report["rows"].as_array().expect("rows").iter().any(|r| r["scope"] == "project:vision"), "{report}");
-    let (status, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
-    assert_eq!(status, StatusCode::OK);
-    let text = metrics.as_str().expect("text");
-    assert!(text.contains("allot_allocated_gpus{project=\"vision\"} 1"), "{text}");
+    assert!(
+        report["rows"].as_array().expect("rows").iter().any(|r| r["scope"] == "project:vision"),
+        "{report}"
+    );
+    // Gauges are refreshed by the main loop a few times a second.
+    let mut text = String::new();
+    for _ in 0..100 {
+        let (status, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+        assert_eq!(status, StatusCode::OK);
+        text = metrics.as_str().expect("text").to_string();
+        if text.contains("allot_allocated_gpus{project=\"vision\"} 1.0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(text.contains("allot_allocated_gpus{project=\"vision\"} 1.0"), "{text}");
+    assert!(text.contains("allot_workloads{state=\"running\"} 1"), "{text}");
     assert!(text.contains("allot_decision_cycle_seconds_bucket"), "{text}");
     assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
     let (status, doc) = d.call("GET", "/api/v1/openapi.json", None, None).await;
@@ -43,10 +57,12 @@ async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
     assert!(doc["paths"]["/api/v1/workloads"]["post"].is_object(), "{doc}");
 
     // Cancel a running workload: it is stopped through the backend, then cancelled.
-    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     d.wait_state(id, "cancelled").await;
-    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
 }
 
@@ -55,10 +71,12 @@ async fn suspend_and_resume_start_a_new_attempt() {
     let d = TestDaemon::new();
     let id = submit(&d, &d.admin, "vision").await;
     d.wait_state(id, "running").await;
-    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     d.wait_state(id, "suspended").await;
-    let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&d.admin), None).await;
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     let v = d.wait_state(id, "running").await;
     assert_eq!(v["attempt"], 2, "{v}");
@@ -70,8 +88,13 @@ async fn authorisation_matrix() {
     let member = d.token("member", &["vision"]).await;
     let other = d.token("member", &["nlp"]).await;
     let viewer = d.token("viewer", &[]).await;
-    let roles: [(&str, Option<&str>); 5] =
-        [("none", None), ("admin", Some(&d.admin)), ("member", Some(&member)), ("other", Some(&other)), ("viewer", Some(&viewer))];
+    let roles: [(&str, Option<&str>); 5] = [
+        ("none", None),
+        ("admin", Some(&d.admin)),
+        ("member", Some(&member)),
+        ("other", Some(&other)),
+        ("viewer", Some(&viewer)),
+    ];
     let target = submit(&d, &d.admin, "vision").await;
     // (method, path, body, expected status per role: none, admin, member of vision, member of nlp, viewer)
     let w = format!("/api/v1/workloads/{target}");
@@ -106,21 +129,26 @@ async fn authorisation_matrix() {
         for ((role, token), want) in roles.iter().zip([401u16, 200, 200, 403, 403]) {
             let id = submit(&d, &d.admin, "vision").await;
             if action == "resume" {
-                let (s, _) = d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
+                let (s, _) = d
+                    .call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None)
+                    .await;
                 assert_eq!(s, StatusCode::OK);
                 d.wait_state(id, "suspended").await;
             }
-            let (status, v) = d.call("POST", &format!("/api/v1/workloads/{id}/{action}"), *token, None).await;
+            let (status, v) =
+                d.call("POST", &format!("/api/v1/workloads/{id}/{action}"), *token, None).await;
             assert_eq!(status.as_u16(), want, "{role} {action}: {v}");
         }
     }
     // A member lists only its own projects' workloads.
     let nlp = submit(&d, &d.admin, "nlp").await;
     let (_, v) = d.call("GET", "/api/v1/workloads", Some(&member), None).await;
-    let ids: Vec<u64> = v["workloads"].as_array().expect("list").iter().filter_map(|w| w["id"].as_u64()).collect();
+    let ids: Vec<u64> =
+        v["workloads"].as_array().expect("list").iter().filter_map(|w| w["id"].as_u64()).collect();
     assert!(!ids.contains(&nlp) && ids.contains(&target), "{ids:?}");
     // A revoked or made-up token is 401.
-    let (status, _) = d.call("GET", "/api/v1/workloads", Some("allot_00000000_deadbeef"), None).await;
+    let (status, _) =
+        d.call("GET", "/api/v1/workloads", Some("allot_00000000_deadbeef"), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -136,15 +164,44 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
         (r#"{"project": "vision", "command": ["true"], "gpus": -1}"#.into(), 400, Some("gpus")),
         (r#"{"project": "vision", "command": ["true"], "gpus": 1e12}"#.into(), 400, Some("gpus")),
         (r#"{"project": "vision", "command": ["true"], "gpus": 1.5}"#.into(), 400, Some("gpus")),
-        (r#"{"project": "vision", "command": ["true"], "members": 0}"#.into(), 400, Some("members")),
-        (r#"{"project": "vision", "command": ["true"], "members": -3}"#.into(), 400, Some("members")),
-        (r#"{"project": "vision", "command": ["true"], "max_runtime_s": 99999999999}"#.into(), 400, Some("max_runtime_s")),
+        (
+            r#"{"project": "vision", "command": ["true"], "members": 0}"#.into(),
+            400,
+            Some("members"),
+        ),
+        (
+            r#"{"project": "vision", "command": ["true"], "members": -3}"#.into(),
+            400,
+            Some("members"),
+        ),
+        (
+            r#"{"project": "vision", "command": ["true"], "max_runtime_s": 99999999999}"#.into(),
+            400,
+            Some("max_runtime_s"),
+        ),
         (r#"{"project": "nope", "command": ["true"]}"#.into(), 400, Some("project")),
         (r#"{"project": "vision", "command": []}"#.into(), 400, Some("command")),
-        (r#"{"project": "vision", "command": ["true"], "kind": "party"}"#.into(), 400, Some("kind")),
-        (r#"{"project": "vision", "command": ["true"], "gpu_models": ["Z9"]}"#.into(), 400, Some("gpu_models[0]")),
-        (r#"{"project": "vision", "command": ["true"], "priority_class": "vip"}"#.into(), 400, Some("priority_class")),
-        (r#"{"project": "vision", "command": ["true"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}"#.into(), 400, Some("env.CUDA_VISIBLE_DEVICES")),
+        (
+            r#"{"project": "vision", "command": ["true"], "kind": "party"}"#.into(),
+            400,
+            Some("kind"),
+        ),
+        (
+            r#"{"project": "vision", "command": ["true"], "gpu_models": ["Z9"]}"#.into(),
+            400,
+            Some("gpu_models[0]"),
+        ),
+        (
+            r#"{"project": "vision", "command": ["true"], "priority_class": "vip"}"#.into(),
+            400,
+            Some("priority_class"),
+        ),
+        (
+            r#"{"project": "vision", "command": ["true"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}"#
+                .into(),
+            400,
+            Some("env.CUDA_VISIBLE_DEVICES"),
+        ),
         (r#"{"project": "vision", "command": ["true"], "mig": "9g.1tb"}"#.into(), 400, Some("mig")),
         (r#"{"project": 7, "command": ["true"]}"#.into(), 400, Some("project")),
         (big, 413, None),
@@ -158,20 +215,42 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
             assert_eq!(v["field"].as_str(), Some(*f), "{shown}: {v}");
         }
     }
-    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(r#"{"project": "vision", "command": ["true"], "gpu": 1}"#)).await;
+    let (status, v) = d
+        .call(
+            "POST",
+            "/api/v1/workloads",
+            Some(&d.admin),
+            Some(r#"{"project": "vision", "command": ["true"], "gpu": 1}"#),
+        )
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(v["error"].as_str().expect("error").contains("gpu"), "names the unknown field: {v}");
-    for (path, want) in [("/api/v1/workloads/abc", 400), ("/api/v1/workloads/99999", 404), ("/api/v1/nope", 404), ("/api/v1/workloads?bogus=1", 400)] {
+    for (path, want) in [
+        ("/api/v1/workloads/abc", 400),
+        ("/api/v1/workloads/99999", 404),
+        ("/api/v1/nope", 404),
+        ("/api/v1/workloads?bogus=1", 400),
+    ] {
         let (status, v) = d.call("GET", path, Some(&d.admin), None).await;
         assert_eq!(status.as_u16(), want, "{path}: {v}");
         assert!(v["error"].is_string(), "{path}: {v}");
     }
-    let (status, v) = d.call("POST", "/api/v1/tokens", Some(&d.admin), Some(r#"{"role": "root", "name": "x"}"#)).await;
+    let (status, v) = d
+        .call("POST", "/api/v1/tokens", Some(&d.admin), Some(r#"{"role": "root", "name": "x"}"#))
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
-    let (status, v) = d.call("POST", "/api/v1/tokens", Some(&d.admin), Some(r#"{"role": "member", "name": "x", "projects": ["nope"]}"#)).await;
+    let (status, v) = d
+        .call(
+            "POST",
+            "/api/v1/tokens",
+            Some(&d.admin),
+            Some(r#"{"role": "member", "name": "x", "projects": ["nope"]}"#),
+        )
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["field"], "projects[0]");
-    let (status, v) = d.call("POST", "/api/v1/policy/validate", Some(&d.admin), Some("projects: [")).await;
+    let (status, v) =
+        d.call("POST", "/api/v1/policy/validate", Some(&d.admin), Some("projects: [")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(v["ok"], Value::Bool(false), "{v}");
     assert_eq!(count(&d).await, before, "nothing was submitted");

@@ -49,6 +49,17 @@ impl TestDaemon {
         TestDaemon { started: Some(started), control, admin, dir }
     }
 
+    pub fn wrap(started: Started, control: FakeControl, admin: String, dir: PathBuf) -> TestDaemon {
+        TestDaemon { started: Some(started), control, admin, dir }
+    }
+
+    /// Stops the main loop (as a clean shutdown would).
+    pub fn stop(&mut self) {
+        if let Some(s) = self.started.take() {
+            s.stop().expect("main loop ends cleanly");
+        }
+    }
+
     pub async fn call(
         &self,
         method: &str,
@@ -78,7 +89,8 @@ impl TestDaemon {
     /// Makes a token through the API with the admin token.
     pub async fn token(&self, role: &str, projects: &[&str]) -> String {
         let body = serde_json::json!({"role": role, "name": format!("{role}-{}", projects.join("-")), "projects": projects});
-        let (status, v) = self.call("POST", "/api/v1/tokens", Some(&self.admin), Some(&body.to_string())).await;
+        let (status, v) =
+            self.call("POST", "/api/v1/tokens", Some(&self.admin), Some(&body.to_string())).await;
         assert_eq!(status, StatusCode::CREATED, "{v}");
         v["token"].as_str().expect("token").to_string()
     }
@@ -87,7 +99,8 @@ impl TestDaemon {
     pub async fn wait_state(&self, id: u64, state: &str) -> Value {
         let mut last = Value::Null;
         for _ in 0..500 {
-            let (_, v) = self.call("GET", &format!("/api/v1/workloads/{id}"), Some(&self.admin), None).await;
+            let (_, v) =
+                self.call("GET", &format!("/api/v1/workloads/{id}"), Some(&self.admin), None).await;
             if v["state"] == state {
                 return v;
             }

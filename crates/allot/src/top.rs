@@ -208,6 +208,7 @@ mod tests {
             reason: reason.map(str::to_string),
             reason_code: None,
             placement: Vec::new(),
+            pids: Vec::new(),
         }
     }
 

@@ -1,0 +1,133 @@
+//! Glue to `allot-server`: `allot serve` and the offline `allot token create --data-dir`.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use allot_api::{Role, TokenCreated, TokenRequest};
+use anyhow::Result;
+use clap::ValueEnum;
+
+use crate::client::Client;
+use crate::{EXIT_INVALID, Failure, Output, RemoteArgs};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Where the daemon keeps its state (event log, snapshots, tokens, logs); default: the
+    /// platform's data directory for allot.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Address and port to listen on.
+    #[arg(long, default_value = "127.0.0.1:7380", value_name = "ADDR:PORT")]
+    pub(crate) listen: SocketAddr,
+    /// Declared nodes and GPUs (cluster YAML), for when this host's GPUs cannot be discovered
+    /// (default: the embedded examples/cluster.yaml).
+    #[arg(long = "inventory", value_name = "FILE")]
+    pub(crate) inventory_file: Option<PathBuf>,
+    /// Policy YAML (default: the embedded examples/policy.yaml).
+    #[arg(long = "policy", value_name = "FILE")]
+    pub(crate) policy_file: Option<PathBuf>,
+    /// PEM certificate chain to serve HTTPS with (needs --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// How often the scheduling cycle runs, in milliseconds.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) decide_interval_ms: u64,
+    /// The signal sent to a checkpointable workload before it is stopped.
+    #[arg(long, default_value = "SIGUSR1", value_name = "SIGNAL")]
+    pub(crate) checkpoint_signal: String,
+}
+
+pub(crate) fn serve(args: ServeArgs) -> Result<String> {
+    let data_dir = match args.data_dir {
+        Some(dir) => dir,
+        None => allot_server::default_data_dir()?,
+    };
+    allot_server::run(allot_server::ServeConfig {
+        data_dir,
+        listen: args.listen,
+        inventory_file: args.inventory_file,
+        policy_file: args.policy_file,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+        decide_interval_ms: args.decide_interval_ms,
+        checkpoint_signal: args.checkpoint_signal,
+    })?;
+    Ok(String::new())
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct TokenCreateArgs {
+    /// What the token may do.
+    #[arg(long, value_enum)]
+    pub(crate) role: RoleArg,
+    /// Who holds it (becomes the `user` of what it submits).
+    #[arg(long)]
+    pub(crate) name: String,
+    /// A project a member token may see and act on; repeatable.
+    #[arg(long = "project", value_name = "PROJECT")]
+    pub(crate) projects: Vec<String>,
+    /// Create it offline in this data directory (the daemon's --data-dir) instead of through
+    /// the API.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Output format: the token alone on stdout (text) or the TokenCreated answer (json).
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub(crate) output: Output,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum RoleArg {
+    Admin,
+    Member,
+    Viewer,
+}
+
+pub(crate) fn token_create(remote: &RemoteArgs, args: &TokenCreateArgs) -> Result<String> {
+    let role = match args.role {
+        RoleArg::Admin => Role::Admin,
+        RoleArg::Member => Role::Member,
+        RoleArg::Viewer => Role::Viewer,
+    };
+    if role == Role::Member && args.projects.is_empty() {
+        return Err(Failure::new(
+            EXIT_INVALID,
+            "error: a member token with no --project can see nothing — fix: add --project NAME (repeatable)\n",
+        )
+        .into());
+    }
+    let request = TokenRequest { role, name: args.name.clone(), projects: args.projects.clone() };
+    let (created, raw) = match &args.data_dir {
+        Some(dir) => {
+            let created = allot_server::create_token(dir, &request)?;
+            let raw = serde_json::to_value(&created)?;
+            (created, raw)
+        }
+        None => {
+            let json = Client::new(remote)?.post::<TokenCreated>("/tokens", Some(&request))?;
+            (json.value, json.raw)
+        }
+    };
+    Ok(match args.output {
+        Output::Json => {
+            let mut text = serde_json::to_string_pretty(&raw)?;
+            text.push('\n');
+            text
+        }
+        Output::Text => {
+            // The token alone on stdout, so `TOKEN=$(allot token create …)` works; what it is
+            // goes to stderr.
+            let mut note =
+                format!("token {} for {} ({}", created.id, created.name, created.role.as_str());
+            if !created.projects.is_empty() {
+                let _ = write!(note, ", projects {}", created.projects.join(","));
+            }
+            note.push_str("); shown once, keep it\n");
+            crate::print_err(&note);
+            format!("{}\n", created.token)
+        }
+    })
+}

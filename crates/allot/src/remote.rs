@@ -1,0 +1,290 @@
+//! The verbs that read from or act on a running daemon through its REST API.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use allot_api::{
+    NodeList, PolicyValidation, PolicyView, ProjectList, Report, Why, Workload, WorkloadList,
+    WorkloadState,
+};
+use anyhow::Result;
+use clap::ValueEnum;
+
+use crate::client::{Client, encode};
+use crate::{EXIT_INVALID, Failure, Output, RemoteArgs, diff, render};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct OutputArgs {
+    /// Output format: text for people, json for programs (the API's answer as received).
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub(crate) output: Output,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct IdArgs {
+    /// The workload's id (from `allot submit` or `allot ls`).
+    pub(crate) id: u64,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct LsArgs {
+    /// Only this project's workloads.
+    #[arg(long)]
+    pub(crate) project: Option<String>,
+    /// Only workloads in this state.
+    #[arg(long, value_enum)]
+    pub(crate) state: Option<StateArg>,
+    /// Hide workloads that have ended (succeeded, failed, cancelled, rejected).
+    #[arg(long, conflicts_with = "state")]
+    pub(crate) active: bool,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+/// The states `ls --state` filters on (the API's `WorkloadState`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StateArg {
+    Pending,
+    Starting,
+    Running,
+    Stopping,
+    Suspended,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Rejected,
+}
+
+impl StateArg {
+    fn state(self) -> WorkloadState {
+        match self {
+            StateArg::Pending => WorkloadState::Pending,
+            StateArg::Starting => WorkloadState::Starting,
+            StateArg::Running => WorkloadState::Running,
+            StateArg::Stopping => WorkloadState::Stopping,
+            StateArg::Suspended => WorkloadState::Suspended,
+            StateArg::Succeeded => WorkloadState::Succeeded,
+            StateArg::Failed => WorkloadState::Failed,
+            StateArg::Cancelled => WorkloadState::Cancelled,
+            StateArg::Rejected => WorkloadState::Rejected,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct LogsArgs {
+    /// The workload's id.
+    pub(crate) id: u64,
+    /// Which gang member's output (0-based).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) member: u32,
+    /// Only the last B bytes (the daemon's default when absent).
+    #[arg(long, value_name = "B")]
+    pub(crate) tail_bytes: Option<u64>,
+    /// Keep printing new output, polling every second, until the workload ends (or Ctrl-C).
+    #[arg(long, short = 'f')]
+    pub(crate) follow: bool,
+}
+
+pub(crate) fn ls(remote: &RemoteArgs, args: &LsArgs) -> Result<String> {
+    let client = Client::new(remote)?;
+    let mut query = Vec::new();
+    if let Some(project) = &args.project {
+        query.push(format!("project={}", encode(project)));
+    }
+    if let Some(state) = args.state {
+        query.push(format!("state={}", state.state().as_str()));
+    }
+    let path = if query.is_empty() {
+        "/workloads".to_string()
+    } else {
+        format!("/workloads?{}", query.join("&"))
+    };
+    let mut list = client.get::<WorkloadList>(&path)?;
+    if args.active {
+        list.value.workloads.retain(|w| !w.state.is_final());
+        list.edited = true;
+        if let Some(items) = list.raw.get_mut("workloads").and_then(|w| w.as_array_mut()) {
+            items.retain(|w| {
+                w.get("state")
+                    .and_then(|s| serde_json::from_value::<WorkloadState>(s.clone()).ok())
+                    .is_none_or(|s| !s.is_final())
+            });
+        }
+    }
+    Ok(match args.output.output {
+        Output::Json => list.pretty(),
+        Output::Text => render::workloads(&list.value, render::now_ms()),
+    })
+}
+
+pub(crate) fn why(remote: &RemoteArgs, args: &IdArgs) -> Result<String> {
+    let why = Client::new(remote)?.get::<Why>(&format!("/workloads/{}/why", args.id))?;
+    Ok(match args.output.output {
+        Output::Json => why.pretty(),
+        Output::Text => render::why(&why.value),
+    })
+}
+
+/// `cancel`, `suspend` or `resume`.
+pub(crate) fn act(remote: &RemoteArgs, args: &IdArgs, action: &str) -> Result<String> {
+    let workload = Client::new(remote)?
+        .post::<Workload>(&format!("/workloads/{}/{action}", args.id), None::<&()>)?;
+    Ok(match args.output.output {
+        Output::Json => workload.pretty(),
+        Output::Text => render::workload_line(&workload.value),
+    })
+}
+
+/// How much of the log each `--follow` poll reads back; output beyond this in one second is
+/// reported as skipped.
+const FOLLOW_WINDOW_BYTES: u64 = 256 * 1024;
+const FOLLOW_POLL: Duration = Duration::from_secs(1);
+
+pub(crate) fn logs(remote: &RemoteArgs, args: &LogsArgs) -> Result<String> {
+    let client = Client::new(remote)?;
+    let path = |tail: Option<u64>| {
+        let mut p = format!("/workloads/{}/logs?member={}", args.id, args.member);
+        if let Some(tail) = tail {
+            let _ = write!(p, "&tail_bytes={tail}");
+        }
+        p
+    };
+    let first = client.get_text(&path(args.tail_bytes))?;
+    if !args.follow {
+        return Ok(first);
+    }
+    crate::print_out(&first);
+    // The endpoint serves the tail of the log, not an offset: each poll reads a window and
+    // prints what follows the previous window's end.
+    let mut window = client.get_text(&path(Some(FOLLOW_WINDOW_BYTES)))?;
+    loop {
+        let ended =
+            client.get::<Workload>(&format!("/workloads/{}", args.id))?.value.state.is_final();
+        std::thread::sleep(if ended { Duration::ZERO } else { FOLLOW_POLL });
+        let next = client.get_text(&path(Some(FOLLOW_WINDOW_BYTES)))?;
+        match appended(&window, &next) {
+            Some(new) => crate::print_out(new),
+            None => {
+                crate::print_out(
+                    "\n[allot: output skipped: more than the follow window arrived in one poll]\n",
+                );
+                crate::print_out(&next);
+            }
+        }
+        window = next;
+        if ended {
+            return Ok(String::new());
+        }
+    }
+}
+
+/// What `next` adds after `previous`, where both are tails of one growing log: `previous`
+/// without its first k bytes is a prefix of `next` for the smallest such k. `None` when they do
+/// not overlap (more arrived than one window holds).
+fn appended<'a>(previous: &str, next: &'a str) -> Option<&'a str> {
+    if previous.is_empty() {
+        return Some(next);
+    }
+    (0..previous.len())
+        .filter(|&k| previous.is_char_boundary(k))
+        .find(|&k| next.starts_with(&previous[k..]))
+        .map(|k| &next[previous.len() - k..])
+}
+
+pub(crate) fn projects(remote: &RemoteArgs, output: Output) -> Result<String> {
+    let list = Client::new(remote)?.get::<ProjectList>("/projects")?;
+    Ok(match output {
+        Output::Json => list.pretty(),
+        Output::Text => render::projects(&list.value),
+    })
+}
+
+pub(crate) fn nodes(remote: &RemoteArgs, output: Output) -> Result<String> {
+    let list = Client::new(remote)?.get::<NodeList>("/nodes")?;
+    Ok(match output {
+        Output::Json => list.pretty(),
+        Output::Text => render::nodes(&list.value),
+    })
+}
+
+pub(crate) fn report(remote: &RemoteArgs, output: Output) -> Result<String> {
+    let report = Client::new(remote)?.get::<Report>("/report")?;
+    Ok(match output {
+        Output::Json => report.pretty(),
+        Output::Text => render::report(&report.value),
+    })
+}
+
+pub(crate) fn read_local(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| {
+        Failure::new(EXIT_INVALID, format!("{}: cannot read the file: {e}\n", path.display()))
+            .into()
+    })
+}
+
+/// `policy validate --remote`: the daemon checks the file against its inventory.
+pub(crate) fn policy_validate(remote: &RemoteArgs, file: &Path, output: Output) -> Result<String> {
+    let text = read_local(file)?;
+    let validation =
+        Client::new(remote)?.post_text::<PolicyValidation>("/policy/validate", &text)?;
+    let rendered = match output {
+        Output::Json => validation.pretty(),
+        Output::Text => {
+            let mut out = String::new();
+            for p in &validation.value.problems {
+                let field = p.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
+                let fix = p.fix.as_deref().map(|f| format!(" — fix: {f}")).unwrap_or_default();
+                let _ = writeln!(out, "{}: {field}{}{fix}", file.display(), p.error);
+            }
+            let _ = writeln!(out, "{}", validation.value.summary.trim_end());
+            out
+        }
+    };
+    if validation.value.ok {
+        Ok(rendered)
+    } else {
+        Err(Failure::new(EXIT_INVALID, rendered).into())
+    }
+}
+
+pub(crate) fn policy_show(remote: &RemoteArgs, output: Output) -> Result<String> {
+    let view = Client::new(remote)?.get::<PolicyView>("/policy")?;
+    Ok(match output {
+        Output::Json => view.pretty(),
+        Output::Text => {
+            let mut text = view.value.text;
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text
+        }
+    })
+}
+
+pub(crate) fn policy_diff(remote: &RemoteArgs, file: &Path) -> Result<String> {
+    let local = read_local(file)?;
+    let view = Client::new(remote)?.get::<PolicyView>("/policy")?;
+    let active = format!("active ({})", view.value.source);
+    diff::unified(&view.value.text, &local, &active, &file.display().to_string())
+        .map_err(|e| Failure::new(EXIT_INVALID, format!("{}: {e}\n", file.display())).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_prints_only_what_was_appended() {
+        assert_eq!(appended("", "abc"), Some("abc"));
+        // The log is shorter than the window: the new window extends the old one.
+        assert_eq!(appended("abc", "abcdef"), Some("def"));
+        // The window slid: its start dropped off.
+        assert_eq!(appended("abcdef", "cdefgh"), Some("gh"));
+        assert_eq!(appended("abc", "abc"), Some(""));
+        assert_eq!(appended("abcdef", "xyz"), None);
+    }
+}

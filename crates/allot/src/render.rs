@@ -1,0 +1,219 @@
+//! Text renderers for the API's answers: aligned tables, human durations.
+
+use std::fmt::Write as _;
+
+use allot_api::{NodeList, ProjectList, Report, Workload, WorkloadList};
+
+/// Columns separated by two spaces, each as wide as its widest cell; the last column is not
+/// padded (reasons are long).
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = headers.iter().map(|h| (*h).to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                line.push_str(cell);
+                line.extend(std::iter::repeat_n(' ', pad + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `45s`, `12m`, `3h05m`, `2d04h`: two units at most, the larger first.
+pub(crate) fn duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// What a workload asks for: `4`, `0.25`, `1g.10gb`, or `2×4` for a gang of two members.
+pub(crate) fn gpus(w: &Workload) -> String {
+    if w.members > 1 { format!("{}×{}", w.members, w.gpus) } else { w.gpus.clone() }
+}
+
+/// The `ls` table; `now_ms` is the client's clock (ages).
+pub(crate) fn workloads(list: &WorkloadList, now_ms: u64) -> String {
+    let rows: Vec<Vec<String>> = list
+        .workloads
+        .iter()
+        .map(|w| {
+            vec![
+                w.id.to_string(),
+                w.name.clone(),
+                w.project.clone(),
+                w.state.as_str().to_string(),
+                gpus(w),
+                duration(now_ms.saturating_sub(w.submitted_ms)),
+                w.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(&["ID", "NAME", "PROJECT", "STATE", "GPUS", "AGE", "REASON"], &rows)
+}
+
+/// One workload after an action (`cancel`, `suspend`, `resume`).
+pub(crate) fn workload_line(w: &Workload) -> String {
+    let mut line = format!("{} {}: {}", w.id, w.name, w.state.as_str());
+    if let Some(reason) = &w.reason {
+        let _ = write!(line, " — {reason}");
+    }
+    line.push('\n');
+    line
+}
+
+pub(crate) fn why(why: &allot_api::Why) -> String {
+    let mut out = format!("{} {}: {}\n", why.id, why.name, why.state.as_str());
+    for line in &why.lines {
+        let _ = writeln!(out, "  {line}");
+    }
+    out
+}
+
+pub(crate) fn projects(list: &ProjectList) -> String {
+    let mut rows = Vec::new();
+    for p in &list.projects {
+        let lines: Vec<Option<&allot_api::QuotaLine>> =
+            if p.quota.is_empty() { vec![None] } else { p.quota.iter().map(Some).collect() };
+        for (i, q) in lines.into_iter().enumerate() {
+            let first = i == 0;
+            let text = |s: &str| if first { s.to_string() } else { String::new() };
+            let limit = |l: &Option<String>| l.clone().unwrap_or_else(|| "-".to_string());
+            rows.push(vec![
+                text(&p.name),
+                text(p.cohort.as_deref().unwrap_or("-")),
+                q.map_or("-".to_string(), |q| q.model.clone()),
+                q.map_or("-".to_string(), |q| q.used_gpus.clone()),
+                q.map_or("-".to_string(), |q| q.guaranteed_gpus.clone()),
+                q.map_or("-".to_string(), |q| limit(&q.borrow_limit_gpus)),
+                q.map_or("-".to_string(), |q| limit(&q.lend_limit_gpus)),
+                text(&p.running.to_string()),
+                text(&p.pending.to_string()),
+            ]);
+        }
+    }
+    table(
+        &[
+            "PROJECT",
+            "COHORT",
+            "MODEL",
+            "USED",
+            "GUARANTEED",
+            "BORROW_LIMIT",
+            "LEND_LIMIT",
+            "RUNNING",
+            "PENDING",
+        ],
+        &rows,
+    )
+}
+
+/// Thousandths of a device as a percentage.
+pub(crate) fn share(used_shares: u64) -> String {
+    format!("{}%", used_shares.div_ceil(10))
+}
+
+pub(crate) fn nodes(list: &NodeList) -> String {
+    let mut rows = Vec::new();
+    for node in &list.nodes {
+        for d in &node.devices {
+            let ids: Vec<String> = d.workloads.iter().map(u64::to_string).collect();
+            rows.push(vec![
+                node.name.clone(),
+                d.index.to_string(),
+                d.model.clone(),
+                share(d.used_shares),
+                if ids.is_empty() { "-".to_string() } else { ids.join(",") },
+            ]);
+        }
+    }
+    let mut out = format!("inventory: {}\n", list.source);
+    out.push_str(&table(&["NODE", "DEVICE", "MODEL", "USED", "WORKLOADS"], &rows));
+    out
+}
+
+pub(crate) fn report(report: &Report) -> String {
+    let hours = |h: f64| format!("{h:.1}");
+    let rows: Vec<Vec<String>> = report
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.scope.clone(),
+                hours(r.allocated_gpu_hours),
+                hours(r.active_gpu_hours),
+                hours(r.idle_allocated_gpu_hours),
+                hours(r.lost_gpu_hours),
+                hours(r.useful_gpu_hours),
+                r.goodput.map_or("-".to_string(), |g| format!("{:.0}%", g * 100.0)),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "goodput ledger over the last {} (GPU-hours)\n",
+        duration(report.now_ms.saturating_sub(report.since_ms))
+    );
+    out.push_str(&table(
+        &["SCOPE", "ALLOCATED", "ACTIVE", "IDLE", "LOST", "USEFUL", "GOODPUT"],
+        &rows,
+    ));
+    out
+}
+
+/// The client's wall clock in ms since the Unix epoch, for ages in `ls` and `top`.
+#[allow(clippy::disallowed_methods)] // ages are shown against the user's real clock
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_a_person_writes_them() {
+        assert_eq!(duration(999), "0s");
+        assert_eq!(duration(45_000), "45s");
+        assert_eq!(duration(12 * 60_000 + 5_000), "12m");
+        assert_eq!(duration(3 * 3_600_000 + 5 * 60_000), "3h05m");
+        assert_eq!(duration(2 * 86_400_000 + 4 * 3_600_000), "2d04h");
+    }
+
+    #[test]
+    fn tables_align_columns_and_leave_the_last_unpadded() {
+        let rows = vec![
+            vec!["1".to_string(), "a-long-name".to_string(), "x".to_string()],
+            vec!["12".to_string(), "b".to_string(), String::new()],
+        ];
+        assert_eq!(
+            table(&["ID", "NAME", "REASON"], &rows),
+            "ID  NAME         REASON\n1   a-long-name  x\n12  b\n"
+        );
+    }
+
+    #[test]
+    fn shares_round_up_to_a_visible_percentage() {
+        assert_eq!(share(0), "0%");
+        assert_eq!(share(1), "1%");
+        assert_eq!(share(250), "25%");
+        assert_eq!(share(1000), "100%");
+    }
+}

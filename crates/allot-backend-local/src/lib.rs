@@ -104,6 +104,9 @@ pub struct LocalBackend {
     pending: Vec<Observation>,
     /// NVIDIA UUIDs by index, from the last discovery.
     nvidia_uuids: BTreeMap<u32, String>,
+    /// Nodes whose members run here: this host, or every node of a declared inventory (a host
+    /// without GPUs stands in for the cluster it declares).
+    hosted_nodes: std::collections::BTreeSet<String>,
 }
 
 #[derive(Debug)]
@@ -328,6 +331,7 @@ impl LocalBackend {
             runs: BTreeMap::new(),
             pending: Vec::new(),
             nvidia_uuids: BTreeMap::new(),
+            hosted_nodes: std::collections::BTreeSet::new(),
         })
     }
 
@@ -376,7 +380,7 @@ impl LocalBackend {
             return Some("no members to launch".to_string());
         }
         for (i, m) in launch.members.iter().enumerate() {
-            if m.node != self.config.node_name {
+            if m.node != self.config.node_name && !self.hosted_nodes.contains(&m.node) {
                 return Some(format!(
                     "member {i} is for node {:?} but this host is {:?}",
                     m.node, self.config.node_name
@@ -629,7 +633,10 @@ impl Backend for LocalBackend {
             return Ok(vec![discover::node_spec(&self.config.node_name, &gpus)]);
         }
         match &self.config.declared_inventory {
-            Some(nodes) => Ok(nodes.clone()),
+            Some(nodes) => {
+                self.hosted_nodes = nodes.iter().map(|n| n.name.clone()).collect();
+                Ok(nodes.clone())
+            }
             None => Err(BackendError::Invalid(format!(
                 "no GPU found on this host (NVML: {}; no AMD GPU under {}/class/drm); pass \
                  --inventory FILE to declare this host's devices",

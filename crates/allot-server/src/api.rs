@@ -294,7 +294,13 @@ async fn logs(
     let text = tokio::task::spawn_blocking(move || read_tail(&path, tail))
         .await
         .map_err(|e| HttpError::plain(500, format!("reading logs: {e}"), None))?
-        .map_err(|e| HttpError::plain(404, e, Some("member numbers start at 0")))?;
+        .map_err(|e| {
+            HttpError::plain(
+                404,
+                format!("no log: {e}"),
+                Some("member numbers start at 0; a member that has written nothing yet has no log"),
+            )
+        })?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
 

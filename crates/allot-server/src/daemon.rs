@@ -352,7 +352,10 @@ impl Daemon {
                     ));
                     self.event(
                         now,
-                        Event::AllocationFailed { workload: WorkloadId(*id), reason: error.clone() },
+                        Event::AllocationFailed {
+                            workload: WorkloadId(*id),
+                            reason: error.clone(),
+                        },
                     );
                     self.set_state(*id, WorkloadState::Pending, now);
                     self.dirty = true;

@@ -33,8 +33,9 @@ pub(crate) struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub(crate) tls_key: Option<PathBuf>,
-    /// How often the scheduling cycle runs, in milliseconds.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Least time between two decision cycles, in milliseconds. A cycle runs as soon as work
+    /// changed and this much time has passed since the last (and every 5 s regardless).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub(crate) decide_interval_ms: u64,
     /// The signal sent to a checkpointable workload before it is stopped.
     #[arg(long, default_value = "SIGUSR1", value_name = "SIGNAL")]

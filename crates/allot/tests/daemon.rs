@@ -5,6 +5,8 @@
 //! The kill test's full size (20 rounds × 1,000 submissions) runs with `ALLOT_SLOW_TESTS=1`;
 //! `cargo test` runs 3 rounds × 150.
 
+#![allow(clippy::print_stderr)] // the kill test reports its seed and rounds
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -148,8 +148,13 @@ impl Daemon {
         self.first_ms.unwrap_or(self.last_now)
     }
 
+    /// Where members' heartbeat files live (`ALLOT_HEARTBEAT_FILE`).
+    pub(crate) fn heartbeat_dir(&self) -> PathBuf {
+        self.data_dir.join("heartbeat")
+    }
+
     pub(crate) fn heartbeat_path(&self, id: u64) -> PathBuf {
-        self.data_dir.join("heartbeat").join(id.to_string())
+        self.heartbeat_dir().join(id.to_string())
     }
 
     pub(crate) fn log_dir(&self, id: u64, attempt: u32) -> PathBuf {
@@ -392,6 +397,16 @@ impl Daemon {
                     );
                 }
             }
+            Entry::TelemetryMissing { ids } => {
+                for id in ids {
+                    if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
+                        self.event(
+                            now,
+                            Event::ActivitySampled { workload: WorkloadId(*id), readings: Vec::new() },
+                        );
+                    }
+                }
+            }
             Entry::Decided => out = self.cycle(now),
         }
         out
@@ -471,7 +486,10 @@ impl Daemon {
         for d in &decisions {
             self.ledger.decision(Timestamp(now), d);
             let id = d.workload().0;
-            let reason = (views::reason_code(d).to_string(), self.engine.render_reason(d));
+            let reason = (
+                views::reason_code(d).to_string(),
+                views::humanize_times(&self.engine.render_reason(d)),
+            );
             match d {
                 Decision::Admit { placement, .. } => {
                     if let Some(launch) = self.admit(now, id, placement) {

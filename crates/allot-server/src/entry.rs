@@ -49,6 +49,11 @@ pub(crate) enum Entry {
         id: u64,
         last_activity_ms: u64,
     },
+    /// A telemetry round found no reading for these running workloads (no collector covers
+    /// their devices yet): each idle rule's `missing_telemetry` says what that means.
+    TelemetryMissing {
+        ids: Vec<u64>,
+    },
     /// A decision cycle ran at the entry's time.
     Decided,
 }
@@ -65,6 +70,7 @@ impl Entry {
             Entry::LaunchFailed { .. } => "launch_failed",
             Entry::Exited { .. } => "exited",
             Entry::Probed { .. } => "probed",
+            Entry::TelemetryMissing { .. } => "telemetry_missing",
             Entry::Decided => "decided",
         }
     }

@@ -140,6 +140,8 @@ pub struct Parts {
     pub policy_text: String,
     pub data_dir: PathBuf,
     pub decide_interval_ms: u64,
+    /// How often running workloads get a telemetry round (`None`: every 5 s).
+    pub telemetry_round_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -186,6 +188,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         policy_text,
         data_dir,
         decide_interval_ms,
+        telemetry_round_ms,
     } = parts;
     let nodes = backend.inventory()?;
     let inventory_source = if nodes == declared {
@@ -219,6 +222,9 @@ pub fn start(parts: Parts) -> Result<Started> {
         view.clone(),
         decide_interval_ms,
     );
+    if let Some(ms) = telemetry_round_ms {
+        main_loop.telemetry_round_ms = ms.max(1);
+    }
     let replayed = main_loop.recover()?;
     let (sender, receiver) = std::sync::mpsc::sync_channel(runtime::QUEUE_MAX);
     let handle = runtime::Handle { sender: sender.clone(), view };
@@ -277,6 +283,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         policy_text,
         data_dir: config.data_dir.clone(),
         decide_interval_ms: config.decide_interval_ms,
+        telemetry_round_ms: None,
     })?;
     let Started { router, admin_token: first_token, replayed, sender, loop_thread } = started;
 

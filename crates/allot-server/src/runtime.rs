@@ -28,6 +28,10 @@ pub(crate) const BATCH_MAX: usize = 1024;
 pub(crate) const QUEUE_MAX: usize = 16 * 1024;
 /// How often the loop wakes without requests (backend polls, escalations, cycles).
 const TICK_MS: u64 = 50;
+/// How often running workloads get a telemetry round by default. No collector exists yet, so
+/// every round reports telemetry missing (the idle rules' `missing_telemetry` decides what that
+/// means).
+pub(crate) const TELEMETRY_ROUND_MS: u64 = 5_000;
 /// How often the readers' project and node views are rebuilt at most.
 const VIEW_REFRESH_MS: u64 = 200;
 
@@ -151,6 +155,7 @@ pub(crate) struct Loop {
     pub metrics: Arc<Metrics>,
     pub view: Arc<RwLock<View>>,
     pub decide_interval_ms: u64,
+    pub telemetry_round_ms: u64,
     pub heartbeats: BTreeMap<u64, u64>,
     last_view_ms: u64,
     awaiting_admission: BTreeMap<u64, std::time::Instant>,
@@ -181,6 +186,7 @@ impl Loop {
             metrics,
             view,
             decide_interval_ms,
+            telemetry_round_ms: TELEMETRY_ROUND_MS,
             heartbeats: BTreeMap::new(),
             last_view_ms: 0,
             awaiting_admission: BTreeMap::new(),
@@ -257,6 +263,7 @@ impl Loop {
             let result = match &command {
                 Command::Launch(launch) => {
                     let _ = std::fs::create_dir_all(&launch.log_dir);
+                    let _ = std::fs::create_dir_all(self.daemon.heartbeat_dir());
                     self.backend.launch(launch)
                 }
                 Command::Signal(run, signal) => self.backend.signal(*run, *signal),
@@ -290,6 +297,7 @@ impl Loop {
     /// Runs until `Shutdown` or until every sender is gone.
     pub(crate) fn run(mut self, requests: Receiver<Request>) -> anyhow::Result<()> {
         let mut last_poll = 0u64;
+        let mut last_telemetry = 0u64;
         loop {
             let first = match requests.recv_timeout(Duration::from_millis(TICK_MS)) {
                 Ok(r) => Some(r),
@@ -373,6 +381,15 @@ impl Loop {
                 for e in self.probes() {
                     commands.extend(self.daemon.apply(now, &e));
                     entries.push(e);
+                }
+                if now.saturating_sub(last_telemetry) >= self.telemetry_round_ms {
+                    last_telemetry = now;
+                    let ids = self.daemon.running_ids();
+                    if !ids.is_empty() {
+                        let e = Entry::TelemetryMissing { ids };
+                        commands.extend(self.daemon.apply(now, &e));
+                        entries.push(e);
+                    }
                 }
             }
             if self.daemon.cycle_due(now, self.decide_interval_ms) {
@@ -490,7 +507,9 @@ impl Loop {
         let mut decision = None;
         if let Some(e) = engine.explain(Timestamp(now), WorkloadId(id)) {
             let text = engine.render_explanation(&e);
-            lines.extend(text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()));
+            lines.extend(
+                text.lines().map(|l| views::humanize_times(l.trim())).filter(|l| !l.is_empty()),
+            );
             decision = e.decision.as_ref().map(|d| views::decision_json(engine, d));
         } else {
             lines.push(format!(

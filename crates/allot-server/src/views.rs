@@ -281,3 +281,62 @@ pub(crate) fn report(ledger: &Ledger, now: u64) -> Vec<LedgerRow> {
         })
         .collect()
 }
+
+/// The engine writes times as `t=<ms> ms` (its clock is abstract); the daemon's clock is the
+/// Unix epoch, so these become UTC times (`2026-11-30 13:44:51 UTC`) for people.
+pub(crate) fn humanize_times(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("t=") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, tail) = after.split_at(digits);
+        match (number.parse::<u64>(), tail.strip_prefix(" ms")) {
+            // Only plausible epoch times (after 2001); small numbers stay as they are.
+            (Ok(ms), Some(tail)) if ms >= 1_000_000_000_000 => {
+                out.push_str(&utc(ms));
+                rest = tail;
+            }
+            _ => {
+                out.push_str("t=");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `YYYY-MM-DD hh:mm:ss UTC` from ms since the Unix epoch (civil-from-days).
+pub(crate) fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02} UTC")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{humanize_times, utc};
+
+    #[test]
+    fn epoch_times_become_utc_and_small_ones_stay() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(1_796_046_291_054), "2026-11-30 13:44:51 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(
+            humanize_times("will suspend at t=1796046291054 ms unless; at t=5000 ms; t=x"),
+            "will suspend at 2026-11-30 13:44:51 UTC unless; at t=5000 ms; t=x"
+        );
+    }
+}

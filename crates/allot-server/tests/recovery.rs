@@ -24,6 +24,7 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
         policy_text: POLICY.into(),
         data_dir: dir.to_path_buf(),
         decide_interval_ms: 0,
+        telemetry_round_ms: Some(100),
     }
 }
 

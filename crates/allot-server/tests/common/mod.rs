@@ -24,8 +24,12 @@ pub struct TestDaemon {
 
 impl TestDaemon {
     pub fn new() -> TestDaemon {
+        TestDaemon::with_policy(POLICY)
+    }
+
+    pub fn with_policy(policy_text: &str) -> TestDaemon {
         let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("example cluster");
-        let policy = allot_config::parse_policy("policy.yaml", POLICY).expect("example policy");
+        let policy = allot_config::parse_policy("policy.yaml", policy_text).expect("test policy");
         let (backend, control) = FakeBackend::new(nodes.clone());
         let dir = std::env::temp_dir().join(format!(
             "allot-server-test-{}-{}",
@@ -40,9 +44,10 @@ impl TestDaemon {
             inventory_source: "cluster.yaml".into(),
             policy,
             policy_source: "policy.yaml".into(),
-            policy_text: POLICY.into(),
+            policy_text: policy_text.into(),
             data_dir: dir.clone(),
             decide_interval_ms: 0,
+            telemetry_round_ms: Some(100),
         })
         .expect("daemon starts");
         let admin = started.admin_token.clone().expect("first start makes an admin token").token;

@@ -28,14 +28,10 @@ stop_daemon() { kill $(cat $WORK/pid); wait $(cat $WORK/pid) 2>/dev/null || true
 
 # Workloads that stay queued: a gang no node can hold (pending, never placeable).
 queue() {
-  local n=$1
-  for i in $(seq $n); do
-    curl -s -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
-      -d '{"project": "research", "gpus": 8, "members": 64, "same_node": true, "command": ["true"]}' \
-      $URL/api/v1/workloads &
-    if (( i % 50 == 0 )); then wait; fi
-  done
-  wait
+  seq $1 | xargs -P 8 -I{} curl -s -o /dev/null -X POST -H "Authorization: Bearer $TOKEN" \
+    -H 'Content-Type: application/json' \
+    -d '{"project": "research", "gpus": 8, "members": 64, "same_node": true, "command": ["true"]}' \
+    $URL/api/v1/workloads
 }
 
 metric() { curl -s -H "Authorization: Bearer $TOKEN" $URL/metrics; }
@@ -69,7 +65,7 @@ wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer TOKEN"
 wrk.body = '{"project": "vision", "gpus": 0, "kind": "batch", "command": ["true", "allot-bench-marker"]}'
-local conns = 10
+local conns = 50
 function delay() return 1000 * conns / $RATE end
 function done(summary, latency, requests)
   io.write(string.format("wrk: %d requests, %d errors (connect %d, read %d, write %d, status %d, timeout %d)\n",
@@ -87,7 +83,7 @@ for QUEUED in 100 1000; do
   sleep 1
   metric > $WORK/before
   echo "== $QUEUED workloads queued, paced at $RATE submissions/s for ${SECONDS_RUN}s =="
-  wrk -t2 -c10 -d${SECONDS_RUN}s -s $WORK/submit.lua $URL/api/v1/workloads | grep '^wrk:'
+  wrk -t2 -c50 -d${SECONDS_RUN}s -s $WORK/submit.lua $URL/api/v1/workloads | grep '^wrk:'
   sleep 1
   metric > $WORK/after
   echo -n "submit-to-admit: "; quantiles $WORK/before $WORK/after

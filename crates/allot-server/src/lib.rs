@@ -232,7 +232,10 @@ pub fn start(parts: Parts) -> Result<Started> {
     let state = api::AppState { handle, tokens, metrics, data_dir, nodes: Arc::new(nodes) };
     let loop_thread = std::thread::Builder::new()
         .name("allot-main-loop".into())
-        .spawn(move || main_loop.run(receiver))?;
+        .spawn({
+            let sender = sender.clone();
+            move || main_loop.run(receiver, sender)
+        })?;
     Ok(Started { router: api::router(state), admin_token, replayed, sender, loop_thread })
 }
 

@@ -1,7 +1,8 @@
-//! The main loop: one thread owns the store, the daemon state and the backend. API handlers send
-//! it requests; it batches them, makes their entries durable in one transaction, applies them,
-//! runs a cycle when one is due, and only then answers and acts (launch, signal). Readers get a
-//! view the loop updates; nothing else writes.
+//! The main loop: one thread owns the store and the daemon state. API handlers send it requests,
+//! the executor thread (which owns the backend) sends it observations; it batches them, makes
+//! their entries durable in one transaction, applies them, runs a cycle when one is due, and
+//! only then answers and hands commands (launch, signal) to the executor. Readers get a view the
+//! loop updates; nothing else writes.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -26,8 +27,12 @@ use crate::views;
 pub(crate) const BATCH_MAX: usize = 1024;
 /// Most requests waiting for the loop; more are refused with 503.
 pub(crate) const QUEUE_MAX: usize = 16 * 1024;
-/// How often the loop wakes without requests (backend polls, escalations, cycles).
+/// How often the loop wakes without requests (escalations, cycles).
 const TICK_MS: u64 = 50;
+/// How often the executor polls the backend.
+const POLL_MS: u64 = 50;
+/// How often heartbeat files are looked at.
+const PROBE_MS: u64 = 1_000;
 /// How often running workloads get a telemetry round by default. No collector exists yet, so
 /// every round reports telemetry missing (the idle rules' `missing_telemetry` decides what that
 /// means).
@@ -80,6 +85,8 @@ pub(crate) enum Request {
         principal: Principal,
         reply: Reply<Report>,
     },
+    /// What the backend saw (from the executor thread).
+    Observed(Vec<Observation>),
     Shutdown,
 }
 
@@ -151,7 +158,12 @@ fn elapsed_s(f: impl FnOnce()) -> f64 {
 pub(crate) struct Loop {
     pub store: Box<dyn Store>,
     pub daemon: Daemon,
-    pub backend: Box<dyn Backend>,
+    /// The backend until `run` moves it to the executor thread.
+    backend: Option<Box<dyn Backend>>,
+    /// Commands for the executor thread (set by `run`).
+    executor: Option<std::sync::mpsc::Sender<Command>>,
+    /// Commands decided before the executor runs (during recovery).
+    pending_commands: Vec<Command>,
     pub metrics: Arc<Metrics>,
     pub view: Arc<RwLock<View>>,
     pub decide_interval_ms: u64,
@@ -182,7 +194,9 @@ impl Loop {
         Loop {
             store,
             daemon,
-            backend,
+            backend: Some(backend),
+            executor: None,
+            pending_commands: Vec::new(),
             metrics,
             view,
             decide_interval_ms,
@@ -216,7 +230,10 @@ impl Loop {
             after = records.last().map_or(after, |r| r.seq);
         }
         let launches = self.daemon.live_launches();
-        let observations = self.backend.recover(&launches)?;
+        let observations = match self.backend.as_mut() {
+            Some(backend) => backend.recover(&launches)?,
+            None => Vec::new(),
+        };
         let now = self.daemon.clamp(wall_ms());
         let entries: Vec<Entry> = observations
             .into_iter()
@@ -258,20 +275,20 @@ impl Loop {
         Ok(())
     }
 
+    /// Hands commands to the executor (in order); they run after the entries that caused them
+    /// are durable, because the loop calls this only after `append`.
     fn execute(&mut self, commands: Vec<Command>) {
+        if commands.iter().any(|c| matches!(c, Command::Launch(_))) {
+            let _ = std::fs::create_dir_all(self.daemon.heartbeat_dir());
+        }
         for command in commands {
-            let result = match &command {
-                Command::Launch(launch) => {
-                    let _ = std::fs::create_dir_all(&launch.log_dir);
-                    let _ = std::fs::create_dir_all(self.daemon.heartbeat_dir());
-                    self.backend.launch(launch)
+            match &self.executor {
+                Some(tx) => {
+                    if tx.send(command).is_err() {
+                        tracing_log("the backend executor has stopped; commands are dropped");
+                    }
                 }
-                Command::Signal(run, signal) => self.backend.signal(*run, *signal),
-            };
-            if let Err(e) = result {
-                // The observation that follows (LaunchFailed, or the run ending) carries the
-                // consequence; the error itself is for the operator.
-                tracing_log(&format!("backend: {command:?}: {e}"));
+                None => self.pending_commands.push(command),
             }
         }
     }
@@ -295,8 +312,21 @@ impl Loop {
     }
 
     /// Runs until `Shutdown` or until every sender is gone.
-    pub(crate) fn run(mut self, requests: Receiver<Request>) -> anyhow::Result<()> {
-        let mut last_poll = 0u64;
+    pub(crate) fn run(
+        mut self,
+        requests: Receiver<Request>,
+        observations: SyncSender<Request>,
+    ) -> anyhow::Result<()> {
+        if let Some(backend) = self.backend.take() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("allot-executor".into())
+                .spawn(move || execute_commands(backend, &rx, &observations))?;
+            self.executor = Some(tx);
+            let pending = std::mem::take(&mut self.pending_commands);
+            self.execute(pending);
+        }
+        let mut last_probe = 0u64;
         let mut last_telemetry = 0u64;
         loop {
             let first = match requests.recv_timeout(Duration::from_millis(TICK_MS)) {
@@ -363,21 +393,18 @@ impl Loop {
                             }
                         }
                     }
-                    other => queries.push(other),
-                }
-            }
-            if now.saturating_sub(last_poll) >= TICK_MS || !entries.is_empty() {
-                last_poll = now;
-                match self.backend.poll() {
-                    Ok(observations) => {
+                    Request::Observed(observations) => {
                         for o in observations {
                             let e = observation_entry(o);
                             commands.extend(self.daemon.apply(now, &e));
                             entries.push(e);
                         }
                     }
-                    Err(e) => tracing_log(&format!("backend poll: {e}")),
+                    other => queries.push(other),
                 }
+            }
+            if now.saturating_sub(last_probe) >= PROBE_MS {
+                last_probe = now;
                 for e in self.probes() {
                     commands.extend(self.daemon.apply(now, &e));
                     entries.push(e);
@@ -619,6 +646,52 @@ impl Loop {
         for (reason, n) in &self.daemon.counters.preemptions {
             m.preemptions.get_or_create(&ReasonLabel { reason: reason.clone() }).set(*n as i64);
         }
+    }
+}
+
+/// The executor thread: runs commands against the backend in order and polls it, sending what
+/// it observes to the main loop. Ends when the loop drops its sender.
+fn execute_commands(
+    mut backend: Box<dyn Backend>,
+    commands: &Receiver<Command>,
+    loop_tx: &SyncSender<Request>,
+) {
+    loop {
+        match commands.recv_timeout(Duration::from_millis(POLL_MS)) {
+            Ok(command) => {
+                run_command(backend.as_mut(), &command);
+                while let Ok(command) = commands.try_recv() {
+                    run_command(backend.as_mut(), &command);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        match backend.poll() {
+            Ok(observations) if !observations.is_empty() => {
+                // Blocking send: a full loop queue slows the executor, nothing is dropped.
+                if loop_tx.send(Request::Observed(observations)).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing_log(&format!("backend poll: {e}")),
+        }
+    }
+}
+
+fn run_command(backend: &mut dyn Backend, command: &Command) {
+    let result = match command {
+        Command::Launch(launch) => {
+            let _ = std::fs::create_dir_all(&launch.log_dir);
+            backend.launch(launch)
+        }
+        Command::Signal(run, signal) => backend.signal(*run, *signal),
+    };
+    if let Err(e) = result {
+        // The observation that follows (LaunchFailed, or the run ending) carries the
+        // consequence; the error itself is for the operator.
+        tracing_log(&format!("backend: {command:?}: {e}"));
     }
 }
 

@@ -4,6 +4,8 @@
 #   to the cycle that admitted it) and sustained submissions/s at a paced 500/s, with 100 and
 #   1,000 workloads queued; then daemon RSS with 10,000 workloads.
 # Usage: scripts/bench-daemon.sh [RATE_PER_S] [SECONDS]   (needs a release build: cargo build --release -p allot)
+#   RATE_PER_S 0: no pacing (as fast as 50 connections go). wrk's pacing waits after each answer,
+#   so the rate reached is a little below the one asked; it is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${1:-500}
@@ -66,7 +68,10 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer TOKEN"
 wrk.body = '{"project": "vision", "gpus": 0, "kind": "batch", "command": ["true", "allot-bench-marker"]}'
 local conns = 50
-function delay() return 1000 * conns / $RATE end
+local rate = $RATE
+if rate > 0 then
+  function delay() return 1000 * conns / rate end
+end
 function done(summary, latency, requests)
   io.write(string.format("wrk: %d requests, %d errors (connect %d, read %d, write %d, status %d, timeout %d)\n",
     summary.requests, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.status + summary.errors.timeout,
@@ -82,7 +87,7 @@ for QUEUED in 100 1000; do
   queue $QUEUED
   sleep 1
   metric > $WORK/before
-  echo "== $QUEUED workloads queued, paced at $RATE submissions/s for ${SECONDS_RUN}s =="
+  echo "== $QUEUED workloads queued, paced at $RATE submissions/s (0: unpaced) for ${SECONDS_RUN}s =="
   wrk -t2 -c50 -d${SECONDS_RUN}s -s $WORK/submit.lua $URL/api/v1/workloads | grep '^wrk:'
   sleep 1
   metric > $WORK/after

@@ -402,7 +402,10 @@ impl Daemon {
                     if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
                         self.event(
                             now,
-                            Event::ActivitySampled { workload: WorkloadId(*id), readings: Vec::new() },
+                            Event::ActivitySampled {
+                                workload: WorkloadId(*id),
+                                readings: Vec::new(),
+                            },
                         );
                     }
                 }
@@ -475,6 +478,11 @@ impl Daemon {
         self.dirty
             || self.engine.idle_attention(Timestamp(now))
             || (since >= 5_000 && self.workloads.values().any(|r| !r.state.is_final()))
+    }
+
+    /// With work changed since the last cycle: how long until a cycle may run.
+    pub(crate) fn cycle_wait_ms(&self, now: u64, interval_ms: u64) -> Option<u64> {
+        self.dirty.then(|| (self.last_cycle_ms + interval_ms).saturating_sub(now))
     }
 
     fn cycle(&mut self, now: u64) -> Vec<Command> {

@@ -230,12 +230,10 @@ pub fn start(parts: Parts) -> Result<Started> {
     let handle = runtime::Handle { sender: sender.clone(), view };
     let tokens = Arc::new(auth::Tokens::new(token_store));
     let state = api::AppState { handle, tokens, metrics, data_dir, nodes: Arc::new(nodes) };
-    let loop_thread = std::thread::Builder::new()
-        .name("allot-main-loop".into())
-        .spawn({
-            let sender = sender.clone();
-            move || main_loop.run(receiver, sender)
-        })?;
+    let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
+        let sender = sender.clone();
+        move || main_loop.run(receiver, sender)
+    })?;
     Ok(Started { router: api::router(state), admin_token, replayed, sender, loop_thread })
 }
 

@@ -329,7 +329,12 @@ impl Loop {
         let mut last_probe = 0u64;
         let mut last_telemetry = 0u64;
         loop {
-            let first = match requests.recv_timeout(Duration::from_millis(TICK_MS)) {
+            // Sleep until the next request, the next tick, or the moment a due cycle may run.
+            let wait =
+                self.daemon.cycle_wait_ms(self.daemon.clamp(wall_ms()), self.decide_interval_ms);
+            let first = match requests
+                .recv_timeout(Duration::from_millis(wait.unwrap_or(TICK_MS).min(TICK_MS)))
+            {
                 Ok(r) => Some(r),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),

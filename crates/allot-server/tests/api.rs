@@ -259,11 +259,14 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     // The example's research-notebooks rule, with seconds instead of minutes.
-    let policy = common::POLICY
-        .replacen("idle_timer: 2m", "idle_timer: 2s", 1)
-        .replacen("warn_before: 1m", "warn_before: 1s", 1);
+    let policy = common::POLICY.replacen("idle_timer: 2m", "idle_timer: 2s", 1).replacen(
+        "warn_before: 1m",
+        "warn_before: 1s",
+        1,
+    );
     let d = TestDaemon::with_policy(&policy);
-    let notebook = r#"{"project": "research", "kind": "notebook", "gpus": 1, "command": ["sleep", "600"]}"#;
+    let notebook =
+        r#"{"project": "research", "kind": "notebook", "gpus": 1, "command": ["sleep", "600"]}"#;
     let mut ids = Vec::new();
     for _ in 0..2 {
         let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(notebook)).await;
@@ -278,7 +281,8 @@ async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     for _ in 0..100 {
         std::fs::write(&heartbeat, b"").expect("touch the heartbeat");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let (_, v) = d.call("GET", &format!("/api/v1/workloads/{idle}"), Some(&d.admin), None).await;
+        let (_, v) =
+            d.call("GET", &format!("/api/v1/workloads/{idle}"), Some(&d.admin), None).await;
         if v["state"] != "running" && v["state"] != "stopping" {
             reclaimed = Some(v);
             break;
@@ -286,8 +290,10 @@ async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     }
     let reclaimed = reclaimed.expect("the idle notebook was reclaimed within 10 s");
     assert_eq!(reclaimed["state"], "pending", "suspended work queues again: {reclaimed}");
-    let (_, busy_now) = d.call("GET", &format!("/api/v1/workloads/{busy}"), Some(&d.admin), None).await;
+    let (_, busy_now) =
+        d.call("GET", &format!("/api/v1/workloads/{busy}"), Some(&d.admin), None).await;
     assert_eq!(busy_now["state"], "running", "{busy_now}");
-    let (_, why) = d.call("GET", &format!("/api/v1/workloads/{idle}/why"), Some(&d.admin), None).await;
+    let (_, why) =
+        d.call("GET", &format!("/api/v1/workloads/{idle}/why"), Some(&d.admin), None).await;
     assert!(why.to_string().contains("idle"), "{why}");
 }

@@ -4,12 +4,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use allot_config::{Diagnostic, WorkloadFile};
-use allot_core::{
-    AdmitReason, Decision, DeferReason, Engine, Event, NodeSpec, PolicySpec, PreemptReason,
-    RejectReason, StopReason, Timestamp,
-};
+use allot_core::{Decision, Engine, Event, NodeSpec, PolicySpec, Timestamp};
 use anyhow::Result;
 use serde_json::{Value, json};
+
+use allot_server::views::{decision_json, explain_json};
 
 use crate::{InvalidInput, Output, PlanArgs};
 
@@ -248,117 +247,6 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
             }
             Ok(out)
         }
-    }
-}
-
-fn name(engine: &Engine, id: allot_core::WorkloadId) -> String {
-    engine.workload_name(id).map_or_else(|| format!("#{id}"), str::to_string)
-}
-
-fn reason_code(d: &Decision) -> &'static str {
-    match d {
-        Decision::Admit { reason, .. } => match reason {
-            AdmitReason::WithinGuarantee { .. } => "within_guarantee",
-            AdmitReason::Borrowing { .. } => "borrowing",
-            AdmitReason::NoGpuRequested => "no_gpu_requested",
-        },
-        Decision::Preempt { reason, .. } => match reason {
-            PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
-            PreemptReason::Priority { .. } => "priority",
-            PreemptReason::Defragment { .. } => "defragment",
-            PreemptReason::Idle { .. } => "idle",
-        },
-        Decision::Warn { .. } => "idle_warning",
-        Decision::Reclaim { .. } => "idle",
-        Decision::Stop { reason, .. } => match reason {
-            StopReason::Cancelled => "cancelled",
-            StopReason::MaxRuntimeExceeded { .. } => "max_runtime_exceeded",
-        },
-        Decision::Defer { reason, .. } => match reason {
-            DeferReason::NoQuotaForModel { .. } => "no_quota_for_model",
-            DeferReason::ExceedsMaxQuota { .. } => "exceeds_max_quota",
-            DeferReason::QuotaExhausted { .. } => "quota_exhausted",
-            DeferReason::NoPlacement(_) => "no_placement",
-            DeferReason::NeverPlaceable { .. } => "never_placeable",
-            DeferReason::NoMigProfile { .. } => "no_mig_profile",
-            DeferReason::WaitingForPreemption { .. } => "waiting_for_preemption",
-            DeferReason::BlockedByFifo { .. } => "blocked_by_fifo",
-            DeferReason::IdleBackoff { .. } => "idle_backoff",
-            DeferReason::AwaitingUse { .. } => "awaiting_use",
-        },
-        Decision::Reject { reason, .. } => match reason {
-            RejectReason::UnknownProject { .. } => "unknown_project",
-            RejectReason::UnknownPriorityClass { .. } => "unknown_priority_class",
-            RejectReason::UnknownModel { .. } => "unknown_model",
-            RejectReason::DuplicateId => "duplicate_id",
-            RejectReason::InvalidRequest { .. } => "invalid_request",
-        },
-    }
-}
-
-fn decision_json(engine: &Engine, d: &Decision) -> Value {
-    let mut v = json!({
-        "workload": engine.decision_subject(d),
-        "id": d.workload().0,
-        "action": d.action(),
-        "reason": engine.render_reason(d),
-        "reason_code": reason_code(d),
-    });
-    match d {
-        Decision::Admit { placement, .. } => {
-            v["gpu_model"] = json!(placement.model.map(|m| engine.model_name(m)));
-            v["placement"] = placement
-                .members
-                .iter()
-                .map(|m| {
-                    json!({
-                        "node": engine.node_name(m.node),
-                        "devices": m.devices.iter().map(|d| {
-                            let mut dev = json!({"index": d.device, "shares": d.shares});
-                            if let Some(slot) = d.mig {
-                                dev["mig"] = json!(slot.to_string());
-                            }
-                            dev
-                        }).collect::<Vec<_>>(),
-                    })
-                })
-                .collect();
-        }
-        Decision::Preempt { for_workload, mode, checkpoint_grace_ms, reason, .. } => {
-            v["for_workload"] = json!(name(engine, *for_workload));
-            v["mode"] = json!(mode.as_str());
-            v["checkpoint_grace_ms"] = json!(checkpoint_grace_ms);
-            if let PreemptReason::Defragment {
-                model,
-                node,
-                frees_block,
-                gain_gpu_ms,
-                cost_gpu_ms,
-                replaceable,
-            } = reason
-            {
-                v["defragment"] = json!({
-                    "gpu_model": engine.model_name(*model),
-                    "node": engine.node_name(*node),
-                    "frees_block": frees_block,
-                    "gain_gpu_ms": gain_gpu_ms,
-                    "cost_gpu_ms": cost_gpu_ms,
-                    "replaceable": replaceable,
-                });
-            }
-        }
-        _ => {}
-    }
-    v
-}
-
-fn explain_json(engine: &Engine, now: Timestamp, id: allot_core::WorkloadId) -> Value {
-    match engine.explain(now, id) {
-        Some(e) => {
-            let text = engine.render_explanation(&e);
-            json!(text.lines().skip(1).map(str::trim).collect::<Vec<_>>())
-        }
-        None => Value::Null,
     }
 }
 

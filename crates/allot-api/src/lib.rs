@@ -99,6 +99,19 @@ pub enum WorkloadState {
 }
 
 impl WorkloadState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [WorkloadState; 9] = [
+        WorkloadState::Pending,
+        WorkloadState::Starting,
+        WorkloadState::Running,
+        WorkloadState::Stopping,
+        WorkloadState::Suspended,
+        WorkloadState::Succeeded,
+        WorkloadState::Failed,
+        WorkloadState::Cancelled,
+        WorkloadState::Rejected,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             WorkloadState::Pending => "pending",

@@ -9,7 +9,6 @@ use allot_api::{
     WorkloadState,
 };
 use anyhow::Result;
-use clap::ValueEnum;
 
 use crate::client::{Client, encode};
 use crate::{EXIT_INVALID, Failure, Output, RemoteArgs, diff, render};
@@ -35,43 +34,13 @@ pub(crate) struct LsArgs {
     #[arg(long)]
     pub(crate) project: Option<String>,
     /// Only workloads in this state.
-    #[arg(long, value_enum)]
-    pub(crate) state: Option<StateArg>,
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(WorkloadState::ALL.map(WorkloadState::as_str)))]
+    pub(crate) state: Option<String>,
     /// Hide workloads that have ended (succeeded, failed, cancelled, rejected).
     #[arg(long, conflicts_with = "state")]
     pub(crate) active: bool,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
-}
-
-/// The states `ls --state` filters on (the API's `WorkloadState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum StateArg {
-    Pending,
-    Starting,
-    Running,
-    Stopping,
-    Suspended,
-    Succeeded,
-    Failed,
-    Cancelled,
-    Rejected,
-}
-
-impl StateArg {
-    fn state(self) -> WorkloadState {
-        match self {
-            StateArg::Pending => WorkloadState::Pending,
-            StateArg::Starting => WorkloadState::Starting,
-            StateArg::Running => WorkloadState::Running,
-            StateArg::Stopping => WorkloadState::Stopping,
-            StateArg::Suspended => WorkloadState::Suspended,
-            StateArg::Succeeded => WorkloadState::Succeeded,
-            StateArg::Failed => WorkloadState::Failed,
-            StateArg::Cancelled => WorkloadState::Cancelled,
-            StateArg::Rejected => WorkloadState::Rejected,
-        }
-    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -95,8 +64,8 @@ pub(crate) fn ls(remote: &RemoteArgs, args: &LsArgs) -> Result<String> {
     if let Some(project) = &args.project {
         query.push(format!("project={}", encode(project)));
     }
-    if let Some(state) = args.state {
-        query.push(format!("state={}", state.state().as_str()));
+    if let Some(state) = &args.state {
+        query.push(format!("state={state}"));
     }
     let path = if query.is_empty() {
         "/workloads".to_string()

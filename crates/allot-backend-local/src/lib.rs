@@ -39,9 +39,11 @@ use nix::unistd::Pid;
 pub const DETAIL_UNKNOWN: &str =
     "exit status unknown: it ended while allot was restarting or after re-adoption";
 
-/// The member's shell writes its pid (`$$`, kept by `exec`) to the file named by `$0`, then
-/// becomes the program.
-const MEMBER_SHELL: &str = "echo $$ > \"$0\"; exec \"$@\"";
+/// The member's shell writes its pid (`$$`, kept by `exec`) to the file named by `$0`, then —
+/// unless a restarted daemon has meanwhile given the launch up (the marker `$1` exists) —
+/// becomes the program. The check after the pid write closes the race with `recover`, which
+/// writes the marker before its last look at the pid files.
+const MEMBER_SHELL: &str = "echo $$ > \"$0\"; [ -e \"$1\" ] && exit 99; shift; exec \"$@\"";
 
 /// How long `recover` waits for a member's pid file that a shell may still be writing.
 const PID_FILE_WAIT: Duration = Duration::from_secs(1);
@@ -190,6 +192,11 @@ fn alive(pid: u32, start_time: Option<u64>) -> bool {
         // No /proc (not Linux): kill(pid, 0) is all there is.
         None => true,
     }
+}
+
+/// No process has this pid any more (its process group may still have members).
+fn pid_gone(pid: u32) -> bool {
+    nix_pid(pid).is_none_or(|p| kill(p, None) == Err(Errno::ESRCH))
 }
 
 /// Sends `signal` to the process group `pgid`; a group that is gone is fine.
@@ -426,6 +433,7 @@ impl LocalBackend {
             .arg("-c")
             .arg(MEMBER_SHELL)
             .arg(Self::pid_file(dir, index))
+            .arg(dir.join("launch-failed"))
             .args(&launch.command)
             .envs(&launch.env)
             .envs(env)
@@ -459,24 +467,31 @@ impl LocalBackend {
             };
         }
         let pids = self.read_pid_files(&dir, launch.members.len());
-        let found: Vec<(usize, u32, Option<u64>)> = pids
+        let mut found: Vec<(usize, u32, Option<u64>)> = pids
             .iter()
             .enumerate()
             .filter_map(|(i, p)| p.map(|pid| (i, pid, self.start_time_of(&dir, i))))
             .collect();
         if found.len() < launch.members.len() {
+            // Give the launch up first, then look again: a member shell that wrote its pid
+            // after our first look either shows up now (and is killed) or sees the marker and
+            // exits before becoming the program.
+            let error = "the daemon stopped while launching".to_string();
+            let _ = write_durably(&dir.join("launch-failed"), &error);
+            found = pids
+                .iter()
+                .enumerate()
+                .filter_map(|(i, _)| {
+                    let text = std::fs::read_to_string(Self::pid_file(&dir, i)).ok()?;
+                    let pid = text.strip_suffix('\n')?.trim().parse().ok()?;
+                    Some((i, pid, self.start_time_of(&dir, i)))
+                })
+                .collect();
             for (_, pid, start) in &found {
                 if alive(*pid, *start) {
                     let _ = signal_group(*pid, Signal::SIGKILL);
                 }
             }
-            let error = if found.is_empty() {
-                "the daemon stopped while launching".to_string()
-            } else {
-                "the daemon stopped while launching; the members already started were killed"
-                    .to_string()
-            };
-            let _ = write_durably(&dir.join("launch-failed"), &error);
             return Observation::LaunchFailed { run, error };
         }
         let living: Vec<bool> = found.iter().map(|(_, pid, start)| alive(*pid, *start)).collect();
@@ -576,7 +591,11 @@ impl LocalBackend {
                     if alive(member.pid, member.start_time) {
                         continue;
                     }
-                    let _ = signal_group(member.pid, Signal::SIGKILL);
+                    // Stragglers of its group may remain only if the pid is free; a pid
+                    // taken by another process (start time differs) is not ours to signal.
+                    if pid_gone(member.pid) {
+                        let _ = signal_group(member.pid, Signal::SIGKILL);
+                    }
                     MemberEnd::Unknown
                 }
             };
@@ -732,6 +751,11 @@ impl Backend for LocalBackend {
             StopSignal::Kill => Signal::SIGKILL,
         };
         for m in state.members.iter().filter(|m| m.end.is_none()) {
+            // A re-adopted member (not our child) whose pid now names another process is
+            // not signalled; the next poll reports it ended.
+            if m.child.is_none() && !alive(m.pid, m.start_time) {
+                continue;
+            }
             signal_group(m.pid, signal)?;
         }
         Ok(())

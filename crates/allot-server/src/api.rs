@@ -423,7 +423,15 @@ async fn create_token(
 }
 
 async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
-    principal(&state, &headers)?;
+    let principal = principal(&state, &headers)?;
+    if principal.role == allot_api::Role::Member {
+        // The series name every project; a member sees only its own (GET /projects).
+        return Err(HttpError::plain(
+            403,
+            format!("{} is a project member: /metrics covers every project", principal.name),
+            Some("scrape with a viewer or admin token"),
+        ));
+    }
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], state.metrics.encode()).into_response())
 }
 

@@ -350,6 +350,13 @@ impl Daemon {
                 if record.attempt != *attempt || record.state.is_final() {
                     return out;
                 }
+                // A run told to stop before it started ends as a stop would (the engine
+                // requeues or drops it by the stop's mode; a user's intent is honoured).
+                if *requeue && record.state == WorkloadState::Stopping {
+                    let detail = format!("never started: {error}");
+                    self.exited(now, *id, *attempt, None, &detail);
+                    return out;
+                }
                 if *requeue && record.state == WorkloadState::Starting && record.intent.is_none() {
                     record.reason = Some((
                         "relaunch".into(),
@@ -477,7 +484,11 @@ impl Daemon {
         }
         self.dirty
             || self.engine.idle_attention(Timestamp(now))
-            || (since >= 5_000 && self.workloads.values().any(|r| !r.state.is_final()))
+            || (since >= 5_000
+                && self
+                    .workloads
+                    .values()
+                    .any(|r| !r.state.is_final() && r.state != WorkloadState::Suspended))
     }
 
     /// With work changed since the last cycle: how long until a cycle may run.
@@ -630,6 +641,19 @@ impl Daemon {
             }
         }
         out
+    }
+
+    /// After a restart: the signal each stop under way is at (its first step may have been
+    /// decided and logged but never sent before the crash).
+    pub(crate) fn resend_stops(&self, now: u64) -> Vec<Command> {
+        self.stops
+            .values()
+            .map(|plan| {
+                let signal =
+                    if now < plan.term_at { StopSignal::Checkpoint } else { StopSignal::Terminate };
+                Command::Signal(plan.run, signal)
+            })
+            .collect()
     }
 
     /// Runs the log says were launched and have not ended: what the backend must re-adopt.

@@ -178,7 +178,7 @@ impl Started {
 /// Recovers state from the log, starts the main loop, and returns the API's router.
 pub fn start(parts: Parts) -> Result<Started> {
     let Parts {
-        store,
+        mut store,
         mut token_store,
         mut backend,
         declared,
@@ -198,6 +198,7 @@ pub fn start(parts: Parts) -> Result<Started> {
     };
     let daemon = daemon::Daemon::new(nodes.clone(), &policy, data_dir.clone())
         .map_err(|e| anyhow!("{policy_source}: {e}"))?;
+    check_configuration(store.as_mut(), &policy_text, &nodes, &policy_source, &inventory_source)?;
     let admin_token = if token_store.tokens()?.is_empty() {
         Some(auth::create(
             token_store.as_mut(),
@@ -235,6 +236,30 @@ pub fn start(parts: Parts) -> Result<Started> {
         move || main_loop.run(receiver, sender)
     })?;
     Ok(Started { router: api::router(state), admin_token, replayed, sender, loop_thread })
+}
+
+/// The log replays only under the policy and inventory it was written with (a cycle under
+/// other quotas would admit other work, and the runs the log knows would no longer match).
+/// A first start records them; a later start with different ones is refused — changing the
+/// policy under a live log needs a migration of running allocations, not built yet.
+fn check_configuration(
+    store: &mut dyn Store,
+    policy_text: &str,
+    nodes: &[NodeSpec],
+    policy_source: &str,
+    inventory_source: &str,
+) -> Result<()> {
+    const KEY: &str = "configuration_sha256";
+    let fingerprint = auth::hash(&format!("{policy_text}\n--- inventory ---\n{nodes:?}"));
+    match store.meta(KEY)? {
+        Some(old) if old == fingerprint => Ok(()),
+        Some(_) if store.last_seq()? > 0 => Err(anyhow!(
+            "the policy ({policy_source}) or the inventory ({inventory_source}) differs from the \
+             one this data directory's log was written with; allot cannot yet move a live log \
+             to another policy — start with the same files, or use a new --data-dir"
+        )),
+        _ => Ok(store.set_meta(KEY, &fingerprint)?),
+    }
 }
 
 /// Starts the daemon and blocks until SIGINT or SIGTERM.

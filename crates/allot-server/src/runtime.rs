@@ -249,7 +249,9 @@ impl Loop {
             commands.extend(self.daemon.apply(now, e));
         }
         self.append(now, &entries)?;
-        // Stops that were under way: escalate from now (signals are idempotent).
+        // Stops that were under way: their current step again, then escalate from now
+        // (signals are idempotent).
+        commands.extend(self.daemon.resend_stops(now));
         commands.extend(self.daemon.due_signals(now));
         self.execute(commands);
         self.daemon.changed.extend(self.daemon.workloads.keys().copied());
@@ -346,9 +348,8 @@ impl Loop {
                     Err(_) => break,
                 }
             }
-            if batch.iter().any(|r| matches!(r, Request::Shutdown)) {
-                return Ok(());
-            }
+            // A shutdown still handles what came with it (observations above all), then stops.
+            let shutdown = batch.iter().any(|r| matches!(r, Request::Shutdown));
             let now = self.daemon.clamp(wall_ms());
             let mut entries: Vec<Entry> = Vec::new();
             let mut waiting: Vec<Pending> = Vec::new();
@@ -466,6 +467,9 @@ impl Loop {
                 self.answer(now, q);
             }
             self.refresh_view(now, false);
+            if shutdown {
+                return Ok(());
+            }
         }
     }
 
@@ -664,9 +668,13 @@ fn execute_commands(
     loop {
         match commands.recv_timeout(Duration::from_millis(POLL_MS)) {
             Ok(command) => {
-                run_command(backend.as_mut(), &command);
+                let mut failed = Vec::new();
+                failed.extend(run_command(backend.as_mut(), &command));
                 while let Ok(command) = commands.try_recv() {
-                    run_command(backend.as_mut(), &command);
+                    failed.extend(run_command(backend.as_mut(), &command));
+                }
+                if !failed.is_empty() && loop_tx.send(Request::Observed(failed)).is_err() {
+                    return;
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -685,7 +693,10 @@ fn execute_commands(
     }
 }
 
-fn run_command(backend: &mut dyn Backend, command: &Command) {
+/// Runs one command; a launch the backend refused with an error (not a `LaunchFailed` it
+/// reports itself, e.g. the disk is full) becomes a `LaunchFailed`, so the workload does not
+/// stay "starting" for ever.
+fn run_command(backend: &mut dyn Backend, command: &Command) -> Option<Observation> {
     let result = match command {
         Command::Launch(launch) => {
             let _ = std::fs::create_dir_all(&launch.log_dir);
@@ -693,10 +704,14 @@ fn run_command(backend: &mut dyn Backend, command: &Command) {
         }
         Command::Signal(run, signal) => backend.signal(*run, *signal),
     };
-    if let Err(e) = result {
-        // The observation that follows (LaunchFailed, or the run ending) carries the
-        // consequence; the error itself is for the operator.
-        tracing_log(&format!("backend: {command:?}: {e}"));
+    let error = result.err()?;
+    tracing_log(&format!("backend: {command:?}: {error}"));
+    match command {
+        Command::Launch(launch) => {
+            Some(Observation::LaunchFailed { run: launch.run, error: error.to_string() })
+        }
+        // A signal to a run that ended is not an error; another failure is the operator's to see.
+        Command::Signal(..) => None,
     }
 }
 

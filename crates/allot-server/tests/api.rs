@@ -110,7 +110,7 @@ async fn authorisation_matrix() {
         ("GET", "/api/v1/report".into(), None, [401, 200, 200, 200, 200]),
         ("GET", "/api/v1/policy".into(), None, [401, 200, 200, 200, 200]),
         ("POST", "/api/v1/policy/validate".into(), Some(policy), [401, 200, 200, 200, 200]),
-        ("GET", "/metrics".into(), None, [401, 200, 200, 200, 200]),
+        ("GET", "/metrics".into(), None, [401, 200, 403, 403, 200]),
         ("GET", "/api/v1/openapi.json".into(), None, [200, 200, 200, 200, 200]),
         ("POST", "/api/v1/workloads".into(), Some(&sub), [401, 201, 201, 403, 403]),
         ("POST", "/api/v1/tokens".into(), Some(token_body), [401, 201, 403, 403, 403]),

@@ -83,3 +83,33 @@ async fn a_restart_brings_every_workload_back_once_and_readopts_running_ones() {
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_restart_with_another_policy_is_refused_and_changes_nothing() {
+    let dir = std::env::temp_dir().join(format!("allot-recovery-policy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+    let (backend, control) = FakeBackend::new(nodes);
+    let started = start(parts(&dir, backend)).expect("first start");
+    let admin = started.admin_token.clone().expect("admin").token;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (status, _) = rt.block_on(d.call(
+        "POST",
+        "/api/v1/workloads",
+        Some(&admin),
+        Some(&common::submit_body("vision", 1)),
+    ));
+    assert_eq!(status, StatusCode::CREATED);
+    d.stop();
+    let mut other = parts(&dir, control.backend());
+    other.policy_text = POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
+    other.policy = allot_config::parse_policy("policy.yaml", &other.policy_text).expect("policy");
+    let err = start(other).expect_err("another policy under a live log is refused");
+    assert!(err.to_string().contains("differs from the one"), "{err}");
+    // The same files start fine, and the workload is still there.
+    let started = start(parts(&dir, control.backend())).expect("same files start");
+    let d = TestDaemon::wrap(started, control, admin.clone(), dir.clone());
+    let (_, list) = rt.block_on(d.call("GET", "/api/v1/workloads", Some(&admin), None));
+    assert_eq!(list["workloads"].as_array().map(Vec::len), Some(1), "{list}");
+}

@@ -163,6 +163,9 @@ pub struct Started {
     pub admin_token: Option<TokenCreated>,
     /// Log entries replayed at start.
     pub replayed: u64,
+    /// Fires when the main loop has ended (shutdown, or a failure: then the daemon must stop
+    /// serving and exit, so that a supervisor restarts it and the log is replayed).
+    pub loop_done: tokio::sync::oneshot::Receiver<()>,
     sender: std::sync::mpsc::SyncSender<runtime::Request>,
     loop_thread: std::thread::JoinHandle<Result<()>>,
 }
@@ -231,11 +234,26 @@ pub fn start(parts: Parts) -> Result<Started> {
     let handle = runtime::Handle { sender: sender.clone(), view };
     let tokens = Arc::new(auth::Tokens::new(token_store));
     let state = api::AppState { handle, tokens, metrics, data_dir, nodes: Arc::new(nodes) };
+    let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
         let sender = sender.clone();
-        move || main_loop.run(receiver, sender)
+        move || {
+            let ended = main_loop.run(receiver, sender);
+            if let Err(e) = &ended {
+                runtime::tracing_log(&format!("the main loop stopped: {e:#}"));
+            }
+            let _ = done_tx.send(());
+            ended
+        }
     })?;
-    Ok(Started { router: api::router(state), admin_token, replayed, sender, loop_thread })
+    Ok(Started {
+        router: api::router(state),
+        admin_token,
+        replayed,
+        loop_done,
+        sender,
+        loop_thread,
+    })
 }
 
 /// The log replays only under the policy and inventory it was written with (a cycle under
@@ -311,7 +329,8 @@ pub fn run(config: ServeConfig) -> Result<()> {
         decide_interval_ms: config.decide_interval_ms,
         telemetry_round_ms: None,
     })?;
-    let Started { router, admin_token: first_token, replayed, sender, loop_thread } = started;
+    let Started { router, admin_token: first_token, replayed, loop_done, sender, loop_thread } =
+        started;
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let served: Result<()> = runtime.block_on(async {
@@ -330,7 +349,13 @@ pub fn run(config: ServeConfig) -> Result<()> {
                 println!("admin token (shown once; store it, e.g. export ALLOT_TOKEN=…):\n{}", t.token);
             }
         }
-        axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+        axum::serve(listener, router).with_graceful_shutdown(async {
+                // A signal, or the main loop's end (then stop serving: nothing could be logged).
+                tokio::select! {
+                    () = shutdown_signal() => {}
+                    _ = loop_done => {}
+                }
+            }).await?;
         Ok(())
     });
     let _ = sender.send(runtime::Request::Shutdown);

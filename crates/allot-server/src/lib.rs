@@ -13,6 +13,7 @@ mod entry;
 mod metrics;
 mod runtime;
 mod submit;
+mod tls;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -285,11 +286,11 @@ pub fn run(config: ServeConfig) -> Result<()> {
     if config.tls_cert.is_some() != config.tls_key.is_some() {
         return Err(anyhow!("TLS needs both --tls-cert and --tls-key"));
     }
-    if config.tls_cert.is_some() {
-        return Err(anyhow!(
-            "TLS is not built into this allot yet: serve on loopback and put a TLS proxy in front (the issue is open)"
-        ));
-    }
+    // Read and checked before anything starts: a bad certificate or key leaves no daemon behind.
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+        _ => None,
+    };
     let (policy_source, policy_text) = match &config.policy_file {
         Some(p) => (p.display().to_string(), read_text(p)?),
         None => (EMBEDDED_POLICY.0.to_string(), EMBEDDED_POLICY.1.to_string()),
@@ -338,7 +339,8 @@ pub fn run(config: ServeConfig) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {}: is another allot (or program) using it? pass --listen HOST:PORT", config.listen))?;
         let addr = listener.local_addr()?;
-        let base = format!("http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let base = format!("{scheme}://{addr}");
         runtime::tracing_log(&format!(
             "listening on {base} (API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics, no dashboard yet); data in {}; {replayed} log entries replayed",
             config.data_dir.display()
@@ -349,13 +351,20 @@ pub fn run(config: ServeConfig) -> Result<()> {
                 println!("admin token (shown once; store it, e.g. export ALLOT_TOKEN=…):\n{}", t.token);
             }
         }
-        axum::serve(listener, router).with_graceful_shutdown(async {
-                // A signal, or the main loop's end (then stop serving: nothing could be logged).
-                tokio::select! {
-                    () = shutdown_signal() => {}
-                    _ = loop_done => {}
-                }
-            }).await?;
+        // A signal, or the main loop's end (then stop serving: nothing could be logged).
+        let stop = async {
+            tokio::select! {
+                () = shutdown_signal() => {}
+                _ = loop_done => {}
+            }
+        };
+        match tls {
+            Some(tls) => {
+                let listener = tls::TlsListener::new(listener, tls)?;
+                axum::serve(listener, router).with_graceful_shutdown(stop).await?;
+            }
+            None => axum::serve(listener, router).with_graceful_shutdown(stop).await?,
+        }
         Ok(())
     });
     let _ = sender.send(runtime::Request::Shutdown);

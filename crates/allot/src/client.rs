@@ -217,6 +217,17 @@ impl Client {
                 | ureq::Error::Timeout(_)
                 | ureq::Error::Io(_)
         );
+        let text = error.to_string();
+        if text.contains("certificate") || text.contains("Certificate") {
+            return Failure::new(
+                EXIT_UNREACHABLE,
+                format!(
+                    "error: {url}: the daemon's TLS certificate is not trusted: {error} — pass \
+                     --ca-cert FILE (or ALLOT_CA_CERT) with the certificate it serves or its CA\n"
+                ),
+            )
+            .into();
+        }
         if unreachable {
             return Failure::new(
                 EXIT_UNREACHABLE,

@@ -111,9 +111,15 @@ fn example_policy_parses() {
     let research_notebooks = &policy.idle[0];
     assert_eq!(research_notebooks.projects, ["research"]);
     assert_eq!(research_notebooks.kinds, [WorkloadKind::Notebook]);
-    assert_eq!(research_notebooks.rule.idle_timer_ms, 10 * MIN);
-    assert_eq!(research_notebooks.action, PreemptionMode::Delete);
-    assert_eq!(research_notebooks.warn_before_ms, 2 * MIN);
+    // The README's walkthrough: short, always, and without GPU telemetry only probes count.
+    assert_eq!(research_notebooks.rule.idle_timer_ms, 2 * MIN);
+    assert_eq!(research_notebooks.rule.missing, allot_core::idle::MissingTelemetry::Idle);
+    assert_eq!(research_notebooks.rule.min_runtime_ms, 0);
+    assert_eq!(
+        (research_notebooks.when, research_notebooks.action),
+        (IdleWhen::Always, PreemptionMode::Suspend)
+    );
+    assert_eq!(research_notebooks.warn_before_ms, MIN);
     let notebooks = &policy.idle[1];
     assert!(notebooks.projects.is_empty());
     assert_eq!(notebooks.rule, IdleRule::allot_default());

@@ -7,10 +7,12 @@
 
 #![allow(clippy::print_stderr)] // the kill test reports its seed and rounds
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -30,42 +32,15 @@ struct Daemon {
 impl Daemon {
     /// Starts `allot serve` on a free port; returns it and the admin token if it printed one.
     fn start(data_dir: &Path) -> (Daemon, Option<String>) {
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["serve", "--data-dir"])
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0", "--inventory"])
             .arg(repo_file("examples/cluster.yaml"))
             .arg("--policy")
-            .arg(repo_file("examples/policy.yaml"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("allot serve starts");
-        let stderr = child.stderr.take().expect("stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut addr = None;
-        for line in lines.by_ref() {
-            let line = line.expect("stderr line");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                addr = rest.split_whitespace().next().map(str::to_string);
-                break;
-            }
-            assert!(!line.contains("error"), "allot serve failed: {line}");
-        }
-        // Keep draining stderr so the daemon never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        let addr = addr.expect("allot serve printed where it listens");
-        // The admin token is printed on stdout on a first start only.
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.trim().starts_with("allot_") {
-                    let _ = tx.send(line.trim().to_string());
-                }
-            }
-        });
-        let token = rx.recv_timeout(Duration::from_millis(1000)).ok();
+            .arg(repo_file("examples/policy.yaml"));
+        let (child, addr, token) = common::spawn_serve(command, "http");
         (Daemon { child, url: format!("http://{addr}"), addr }, token)
     }
 

@@ -2,13 +2,15 @@
 //! certificate (`--ca-cert`) and refuses it otherwise; plain HTTP gets no answer; a bad key is
 //! refused before anything starts. The certificates are made here, at test time, with rcgen.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+
+mod common;
 
 const BIN: &str = env!("CARGO_BIN_EXE_allot");
 
@@ -66,41 +68,8 @@ fn wait_exit(child: &mut Child, what: &str) -> ExitStatus {
 
 /// `allot serve` over HTTPS on a free port: the child, its address and the admin token.
 fn start_daemon(data_dir: &Path, cert: &Path, key: &Path) -> (Child, String, String) {
-    let mut child = serve_command(data_dir, cert, key)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("allot serve starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut addr = None;
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("stderr line");
-        if let Some(rest) = line.split("listening on https://").nth(1) {
-            addr = rest.split_whitespace().next().map(str::to_string);
-            break;
-        }
-        seen.push(line);
-    }
-    // Keep draining stderr so the daemon never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    let Some(addr) = addr else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("allot serve printed no https:// address; stderr:\n{}", seen.join("\n"));
-    };
-    // The admin token comes on stdout on a first start.
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.trim().starts_with("allot_") {
-                let _ = tx.send(line.trim().to_string());
-            }
-        }
-    });
-    let token = rx.recv_timeout(Duration::from_secs(5)).expect("a first start prints a token");
-    (child, addr, token)
+    let (child, addr, token) = common::spawn_serve(serve_command(data_dir, cert, key), "https");
+    (child, addr, token.expect("a first start prints a token"))
 }
 
 fn cli(url: &str, token: &str, ca_cert: Option<&Path>, args: &[&str]) -> Output {

@@ -21,3 +21,46 @@ pub fn allot(args: &[&str]) -> Output {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// Spawns `allot serve` from `command` (its output is piped here), waits for the line
+/// `listening on SCHEME://ADDR`, keeps draining both pipes so the daemon never blocks, and
+/// returns the child, ADDR and the admin token it prints on a first start (else `None`).
+/// A daemon that never says where it listens is killed and its stderr shown.
+pub fn spawn_serve(
+    mut command: Command,
+    scheme: &str,
+) -> (std::process::Child, String, Option<String>) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child =
+        command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("allot serve starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let marker = format!("listening on {scheme}://");
+    let mut addr = None;
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        if let Some(rest) = line.split(marker.as_str()).nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+        seen.push(line);
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let Some(addr) = addr else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("allot serve printed no {scheme}:// address; stderr:\n{}", seen.join("\n"));
+    };
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.trim().starts_with("allot_") {
+                let _ = tx.send(line.trim().to_string());
+            }
+        }
+    });
+    let token = rx.recv_timeout(std::time::Duration::from_millis(1000)).ok();
+    (child, addr, token)
+}

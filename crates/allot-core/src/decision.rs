@@ -269,3 +269,28 @@ pub enum RejectReason {
         detail: String,
     },
 }
+
+// Snapshot encoding (`codec.rs`).
+crate::codec::codec_struct!(MigSlot { profile, start });
+crate::codec::codec_struct!(DeviceShare { device, shares, mig });
+crate::codec::codec_struct!(MemberPlacement { node, devices });
+crate::codec::codec_struct!(Placement { model, members });
+
+impl crate::codec::Codec for QuotaKey {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            QuotaKey::Any => out.push(0),
+            QuotaKey::Model(m) => {
+                out.push(1);
+                m.encode(out);
+            }
+        }
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        match u8::decode(input)? {
+            0 => Ok(QuotaKey::Any),
+            1 => Ok(QuotaKey::Model(ModelId::decode(input)?)),
+            _ => Err(crate::codec::bad("unknown quota key")),
+        }
+    }
+}

@@ -28,8 +28,10 @@ use crate::quota::{QuotaBook, QuotaLine};
 
 mod defrag;
 mod idle;
+mod state;
 pub use defrag::{DefragPlan, DefragVictim};
 pub(crate) use idle::IdleState;
+pub use state::StateError;
 
 /// Limits on one submission, so that a malformed request cannot make a cycle unbounded.
 pub const MEMBERS_MAX: u32 = 4096;
@@ -285,6 +287,12 @@ pub struct Engine {
 
 /// Decay of `recent_demand` per GPU submission: about the last thousand count.
 const DEMAND_DECAY: u64 = 1024;
+
+/// The CPU per whole GPU of the recent demand (CPU millicores, GPU shares).
+fn cpu_per_gpu((cpu, shares): (u64, u64)) -> u64 {
+    let ratio = u128::from(cpu) * u128::from(SHARES_PER_GPU) / u128::from(shares.max(1));
+    u64::try_from(ratio).unwrap_or(u64::MAX)
+}
 
 impl Engine {
     /// Builds an engine over a cluster and a policy, checking what the core itself relies on.
@@ -818,52 +826,17 @@ impl Engine {
             self.rejected.push((id, spec.name.clone(), RejectReason::DuplicateId));
             return;
         }
-        let Some(&project) = self.project_index.get(&spec.project) else {
-            let name = spec.project.clone();
-            self.rejected.push((id, spec.name.clone(), RejectReason::UnknownProject { name }));
-            return;
-        };
-        let class = match &spec.priority_class {
-            None => self.default_class,
-            Some(name) => match self.class_index.get(name) {
-                Some(&c) => c,
-                None => {
-                    let name = name.clone();
-                    self.rejected.push((
-                        id,
-                        spec.name.clone(),
-                        RejectReason::UnknownPriorityClass { name },
-                    ));
-                    return;
-                }
-            },
-        };
-        let mut models = Vec::new();
-        for name in &spec.gpu_models {
-            match self.model_index.get(name) {
-                Some(&m) if !models.contains(&m) => models.push(m),
-                Some(_) => {}
-                None => {
-                    let name = name.clone();
-                    self.rejected.push((
-                        id,
-                        spec.name.clone(),
-                        RejectReason::UnknownModel { name },
-                    ));
-                    return;
-                }
+        let (project, priority, preemptible, models) = match self.resolve(&spec) {
+            Ok(resolved) => resolved,
+            Err(reason) => {
+                self.rejected.push((id, spec.name.clone(), reason));
+                return;
             }
-        }
-        if let Some(detail) = invalid_request(&spec) {
-            self.rejected.push((id, spec.name.clone(), RejectReason::InvalidRequest { detail }));
-            return;
-        }
+        };
         self.note_demand(&spec);
-        let class_spec = &self.classes[class];
-        let preemptible = class_spec.preemptible && spec.preemptible != Some(false);
         let state = WorkloadState {
             project,
-            priority: class_spec.value,
+            priority,
             preemptible,
             models,
             stage: Stage::Pending,
@@ -884,6 +857,38 @@ impl Engine {
         self.workloads.insert(id, state);
     }
 
+    /// A request's project, priority, preemptibility and acceptable models under this
+    /// engine's policy, or why it can never run here.
+    fn resolve(
+        &self,
+        spec: &WorkloadSpec,
+    ) -> Result<(ProjectId, i32, bool, Vec<ModelId>), RejectReason> {
+        let Some(&project) = self.project_index.get(&spec.project) else {
+            return Err(RejectReason::UnknownProject { name: spec.project.clone() });
+        };
+        let class = match &spec.priority_class {
+            None => self.default_class,
+            Some(name) => match self.class_index.get(name) {
+                Some(&c) => c,
+                None => return Err(RejectReason::UnknownPriorityClass { name: name.clone() }),
+            },
+        };
+        let mut models = Vec::new();
+        for name in &spec.gpu_models {
+            match self.model_index.get(name) {
+                Some(&m) if !models.contains(&m) => models.push(m),
+                Some(_) => {}
+                None => return Err(RejectReason::UnknownModel { name: name.clone() }),
+            }
+        }
+        if let Some(detail) = invalid_request(spec) {
+            return Err(RejectReason::InvalidRequest { detail });
+        }
+        let class_spec = &self.classes[class];
+        let preemptible = class_spec.preemptible && spec.preemptible != Some(false);
+        Ok((project, class_spec.value, preemptible, models))
+    }
+
     /// Fold a valid GPU submission into the recent demand and the CPU per GPU placement uses.
     fn note_demand(&mut self, spec: &WorkloadSpec) {
         let shares = spec.total_shares().0;
@@ -895,8 +900,7 @@ impl Engine {
         let c = (c - c / DEMAND_DECAY).saturating_add(cpu);
         let g = (g - g / DEMAND_DECAY).saturating_add(shares);
         self.recent_demand = (c, g);
-        let ratio = u128::from(c) * u128::from(SHARES_PER_GPU) / u128::from(g.max(1));
-        self.capacity.cpu_per_gpu = u64::try_from(ratio).unwrap_or(u64::MAX);
+        self.capacity.cpu_per_gpu = cpu_per_gpu(self.recent_demand);
     }
 
     fn cancel(&mut self, id: WorkloadId) {

@@ -429,3 +429,28 @@ impl IdleTracker {
         !self.in_grace(now) && self.idle_ms >= self.rule.idle_timer_ms
     }
 }
+
+// Snapshot encoding (`codec.rs`).
+crate::codec::codec_unit_enum!(Signal { SmActive, EngineActive, Utilisation });
+crate::codec::codec_unit_enum!(IdleModel { Allot, AmdRm, RunAi });
+crate::codec::codec_unit_enum!(MissingTelemetry { Hold, Idle, Active });
+crate::codec::codec_struct!(IdleRule {
+    model,
+    threshold_permille,
+    idle_timer_ms,
+    sustain_ms,
+    missing,
+    min_runtime_ms,
+});
+crate::codec::codec_struct!(IdleTracker {
+    rule,
+    started_at,
+    idle_ms,
+    last_at,
+    accruing,
+    window,
+    gap_since,
+    last_signal,
+    runai_window,
+    active_seen,
+});

@@ -471,3 +471,74 @@ fn busiest_member(readings: &[DeviceReading]) -> Option<u16> {
     }
     members.values().map(|&(sum, w)| (sum / w.max(1)) as u16).max()
 }
+
+// Snapshot encoding (`codec.rs`).
+crate::codec::codec_struct!(Books {
+    allocated,
+    active,
+    lost_to_preemption,
+    lost_active,
+    checkpoint_overhead,
+    queue_delay_ms,
+    admissions,
+    startup_delay_ms,
+    starts,
+    preemptions,
+    capacity,
+    free,
+    fragmented,
+});
+crate::codec::codec_struct!(ClusterSnapshot {
+    capacity_shares,
+    allocated_shares,
+    free_shares,
+    fragmented_shares,
+});
+crate::codec::codec_struct!(Tracked {
+    project,
+    user,
+    queued_since,
+    shares,
+    held_since,
+    admitted_at,
+    started_at,
+    activity,
+    last_checkpoint,
+    since_checkpoint,
+    this_run,
+    preempted,
+    open,
+});
+crate::codec::codec_struct!(Ledger { period_ms, workloads, rows, cluster });
+
+impl crate::codec::Codec for Scope {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Scope::Cluster => out.push(0),
+            Scope::Project(name) => (1u8, name.clone()).encode(out),
+            Scope::User(name) => (2u8, name.clone()).encode(out),
+            Scope::Workload(id) => (3u8, *id).encode(out),
+        }
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        match u8::decode(input)? {
+            0 => Ok(Scope::Cluster),
+            1 => Ok(Scope::Project(String::decode(input)?)),
+            2 => Ok(Scope::User(String::decode(input)?)),
+            3 => Ok(Scope::Workload(WorkloadId::decode(input)?)),
+            _ => Err(crate::codec::bad("unknown ledger scope")),
+        }
+    }
+}
+
+impl Ledger {
+    /// The ledger's whole state, for a snapshot (`Ledger::from_state` reads it back).
+    pub fn state(&self) -> Vec<u8> {
+        crate::codec::to_bytes(self)
+    }
+
+    /// A ledger from `Ledger::state`; damaged or foreign bytes are an error, never a panic.
+    pub fn from_state(bytes: &[u8]) -> Result<Ledger, crate::codec::CodecError> {
+        crate::codec::from_bytes(bytes)
+    }
+}

@@ -6,6 +6,7 @@
 //! test in `tests/tidy.rs`).
 
 mod capacity;
+mod codec;
 mod decision;
 mod engine;
 mod event;
@@ -21,12 +22,14 @@ mod quota;
 mod render;
 mod topology;
 
+pub use codec::CodecError;
 pub use decision::{
     AdmitReason, Decision, DeferReason, DeviceShare, IdleFacts, MemberPlacement, MigSlot,
     Placement, PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 pub use engine::{
-    ConfigError, DefragPlan, DefragVictim, Engine, MEMBERS_MAX, Stage, WHOLE_GPUS_PER_MEMBER_MAX,
+    ConfigError, DefragPlan, DefragVictim, Engine, MEMBERS_MAX, Stage, StateError,
+    WHOLE_GPUS_PER_MEMBER_MAX,
 };
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};

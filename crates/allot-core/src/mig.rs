@@ -343,6 +343,9 @@ impl MigState {
     }
 }
 
+// Snapshot encoding (`codec.rs`).
+crate::codec::codec_struct!(MigProfile { compute_slices, memory_gb, media_extensions });
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -339,3 +339,49 @@ impl WorkloadSpec {
         Shares(self.gpus_per_member.shares().0.saturating_mul(u64::from(self.members)))
     }
 }
+
+// Snapshot encoding (`codec.rs`).
+crate::codec::codec_unit_enum!(WorkloadKind { Training, Batch, Notebook, Inference, Service });
+crate::codec::codec_unit_enum!(PreemptionMode { Suspend, Requeue, Delete });
+crate::codec::codec_struct!(Checkpointing { grace_ms, last_checkpoint_at });
+crate::codec::codec_struct!(WorkloadSpec {
+    id,
+    name,
+    kind,
+    project,
+    user,
+    priority_class,
+    members,
+    gpus_per_member,
+    gpu_models,
+    cpu_millis_per_member,
+    memory_mib_per_member,
+    same_node,
+    prefer_same_node,
+    preemptible,
+    checkpointing,
+    min_runtime_ms,
+    max_runtime_ms,
+    deadline,
+});
+
+impl crate::codec::Codec for GpuRequest {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            GpuRequest::Whole(n) => (0u8, *n).encode(out),
+            GpuRequest::Shares(n) => (1u8, *n).encode(out),
+            GpuRequest::Mig(p) => {
+                2u8.encode(out);
+                p.encode(out);
+            }
+        }
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        match u8::decode(input)? {
+            0 => Ok(GpuRequest::Whole(u32::decode(input)?)),
+            1 => Ok(GpuRequest::Shares(u32::decode(input)?)),
+            2 => Ok(GpuRequest::Mig(MigProfile::decode(input)?)),
+            _ => Err(crate::codec::bad("unknown GPU request kind")),
+        }
+    }
+}

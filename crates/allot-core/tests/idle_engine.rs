@@ -263,6 +263,15 @@ impl World {
 
     fn decide(&mut self, now: Timestamp) -> Result<Vec<Decision>, String> {
         let decisions = self.engine.decide(now);
+        // Go on from the engine rebuilt from its saved state: idle trackers, warnings and
+        // backoffs must survive a snapshot exactly.
+        let bytes = self.engine.state().map_err(|e| format!("state: {e}"))?;
+        let restored = Engine::from_state(&nodes(), &policy(self.rules.clone()), &bytes)
+            .map_err(|e| format!("from_state: {e}"))?;
+        if format!("{restored:?}") != format!("{:?}", self.engine) {
+            return Err("the engine rebuilt from its state differs".into());
+        }
+        self.engine = restored;
         for d in &decisions {
             match d {
                 Decision::Warn { workload, .. } => {

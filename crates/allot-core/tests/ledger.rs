@@ -270,6 +270,12 @@ fn run_history(steps: &[Step], period_ms: u64) -> Result<(), String> {
                     }
                 }
                 ledger.cluster(now, engine.cluster_snapshot());
+                // A snapshot point: go on with the ledger read back from its saved state.
+                let restored = Ledger::from_state(&ledger.state()).map_err(|e| e.to_string())?;
+                if format!("{restored:?}") != format!("{ledger:?}") {
+                    return Err("the ledger read back from its state differs".into());
+                }
+                ledger = restored;
             }
             Step::Act => {
                 for w in std::mem::take(&mut to_start) {

@@ -581,6 +581,9 @@ struct Checker<'a> {
     /// Submissions since the last decide that the engine must reject, by id.
     rejects_due: Vec<WorkloadId>,
     transcript: Vec<String>,
+    /// After every decide, save the engine's state and go on with the engine rebuilt from it
+    /// (it must equal the original, field for field).
+    restore_each_cycle: bool,
 }
 
 /// Rounds of `settle`; each round admits or stops something, so this bounds a settle.
@@ -618,6 +621,7 @@ impl<'a> Checker<'a> {
             waiting: BTreeMap::new(),
             rejects_due: Vec::new(),
             transcript: Vec::new(),
+            restore_each_cycle: false,
         }
     }
 
@@ -756,6 +760,18 @@ impl<'a> Checker<'a> {
 
         let decisions = self.engine.decide(now);
         self.transcript.push(format!("{decisions:?}"));
+        if self.restore_each_cycle {
+            let bytes = self.engine.state().map_err(|e| format!("state: {e}"))?;
+            let restored = Engine::from_state(&self.case.nodes, &self.case.policy, &bytes)
+                .map_err(|e| format!("from_state: {e}"))?;
+            if format!("{restored:?}") != format!("{:?}", self.engine) {
+                return Err(format!(
+                    "the engine rebuilt from its state differs:\n{restored:?}\n{:?}",
+                    self.engine
+                ));
+            }
+            self.engine = restored;
+        }
 
         // `explain` runs the same checks as `decide`, so they agree.
         for d in &decisions {
@@ -1060,7 +1076,9 @@ impl<'a> Checker<'a> {
 fn check_case(case: &Case) -> Result<(), String> {
     let mut first = Checker::new(case);
     first.run()?;
+    // The replay goes on from a saved state after every cycle: same decisions.
     let mut again = Checker::new(case);
+    again.restore_each_cycle = true;
     again.run()?;
     for (n, (a, b)) in first.transcript.iter().zip(&again.transcript).enumerate() {
         if a != b {

@@ -18,7 +18,7 @@ pub use fake::{FakeBackend, FakeControl};
 
 /// One run of a workload. A workload suspended and resumed, or requeued, runs again as the next
 /// attempt; observations always name the attempt they belong to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RunId {
     pub workload: u64,
     pub attempt: u32,
@@ -31,7 +31,7 @@ impl std::fmt::Display for RunId {
 }
 
 /// What to start: every member of an admitted workload, on the devices the engine chose.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Launch {
     pub run: RunId,
     /// argv; the first element is the program.
@@ -43,13 +43,13 @@ pub struct Launch {
     pub log_dir: PathBuf,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemberLaunch {
     pub node: String,
     pub devices: Vec<DeviceAssignment>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceAssignment {
     /// The device's index on its node (CUDA/HIP ordinal).
     pub index: u32,
@@ -60,7 +60,7 @@ pub struct DeviceAssignment {
     pub shares: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Vendor {
     Nvidia,
     Amd,

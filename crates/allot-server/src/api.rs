@@ -390,6 +390,52 @@ async fn validate_policy(
     Ok(axum::Json(crate::validate_policy_text("candidate policy", text, &state.nodes)))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApplyQuery {
+    /// A name for the policy (the file it came from), shown by `allot policy show`.
+    source: Option<String>,
+}
+
+/// Applies a policy to the running daemon: live work moves to it (running work keeps its
+/// devices), or, if it cannot, 422 names every problem and nothing changes. Admins only.
+#[utoipa::path(put, path = "/api/v1/policy", request_body(content = String, content_type = "application/yaml"),
+    params(("source" = Option<String>, Query, description = "name of the policy (its file)")),
+    responses((status = 200, body = PolicyView), (status = 403, body = ApiError), (status = 422, body = ApiError)),
+    security(("bearer" = [])))]
+async fn apply_policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ApplyQuery>, axum::extract::rejection::QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<axum::Json<PolicyView>> {
+    let body = bytes_of(body)?;
+    let principal = principal(&state, &headers)?;
+    if !principal.is_admin() {
+        return Err(HttpError::plain(
+            403,
+            format!("{} is not an admin: only admins change the policy", principal.name),
+            Some("ask an admin"),
+        ));
+    }
+    let Query(query) = query.map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("bad query: {e}"),
+                field: Some("source".into()),
+                fix: Some("pass at most `?source=NAME`".into()),
+            },
+        )
+    })?;
+    let text = std::str::from_utf8(&body).map_err(|_| {
+        HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is"))
+    })?;
+    let source = query.source.unwrap_or_else(|| "applied policy".to_string());
+    let text = text.to_string();
+    state.handle.ask(|reply| Request::ApplyPolicy { source, text, reply }).await.map(axum::Json)
+}
+
 #[utoipa::path(post, path = "/api/v1/tokens", request_body = TokenRequest,
     responses((status = 201, body = TokenCreated), (status = 403, body = ApiError)), security(("bearer" = [])))]
 async fn create_token(
@@ -467,7 +513,7 @@ impl utoipa::Modify for BearerScheme {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
-    paths(submit, list, get_workload, why, cancel, suspend, resume, logs, projects, nodes, report, policy, validate_policy, create_token),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, logs, projects, nodes, report, policy, apply_policy, validate_policy, create_token),
     modifiers(&BearerScheme)
 )]
 pub(crate) struct ApiDoc;
@@ -484,7 +530,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/projects", get(projects))
         .route("/nodes", get(nodes))
         .route("/report", get(report))
-        .route("/policy", get(policy))
+        .route("/policy", get(policy).put(apply_policy))
         .route("/policy/validate", post(validate_policy))
         .route("/tokens", post(create_token))
         .route("/openapi.json", get(openapi));

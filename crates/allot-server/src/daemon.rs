@@ -12,6 +12,8 @@ use allot_core::ledger::Ledger;
 use allot_core::{Decision, Engine, Event, Placement, Stage, Timestamp, WorkloadId};
 use allot_core::{NodeSpec, PolicySpec, WorkloadSpec};
 
+use serde::{Deserialize, Serialize};
+
 use crate::entry::Entry;
 use crate::submit::{self, Known};
 use crate::views;
@@ -23,7 +25,8 @@ pub(crate) const KILL_AFTER_MS: u64 = 10_000;
 const LEDGER_PERIOD_MS: u64 = 24 * 3600 * 1000;
 
 /// What the user asked for a running workload, carried until it has stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum Intent {
     Cancel,
     Suspend,
@@ -50,7 +53,7 @@ pub(crate) struct Record {
 }
 
 /// A stop under way: when to escalate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StopPlan {
     pub run: RunId,
     pub term_at: u64,
@@ -67,7 +70,7 @@ pub(crate) enum Command {
 }
 
 /// Counters for `/metrics`, all derived from the log (so they survive a restart).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Counters {
     /// Pre-emptions and reclaims by reason code.
     pub preemptions: BTreeMap<String, u64>,
@@ -86,14 +89,30 @@ pub(crate) struct Daemon {
     pub counters: Counters,
     /// Ids changed since `take_changed` (for the readers' view).
     pub changed: std::collections::BTreeSet<u64>,
-    next_id: u64,
-    last_now: u64,
-    first_ms: Option<u64>,
+    pub(crate) next_id: u64,
+    pub(crate) last_now: u64,
+    pub(crate) first_ms: Option<u64>,
     /// Work changed since the last cycle.
-    dirty: bool,
-    last_cycle_ms: u64,
+    pub(crate) dirty: bool,
+    pub(crate) last_cycle_ms: u64,
     /// Where members' logs and heartbeat files go.
-    data_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
+    /// The policy in effect: the one the log started with, or the last one applied.
+    pub policy_source: String,
+    pub policy_text: String,
+}
+
+/// The names a submission may use under `policy` on `nodes`.
+pub(crate) fn known(nodes: &[NodeSpec], policy: &PolicySpec) -> Known {
+    let mut models: Vec<String> =
+        nodes.iter().flat_map(|n| n.devices.iter().map(|d| d.model.clone())).collect();
+    models.sort();
+    models.dedup();
+    Known {
+        projects: policy.projects.iter().map(|p| p.name.clone()).collect(),
+        classes: policy.priority_classes.iter().map(|c| c.name.clone()).collect(),
+        models,
+    }
 }
 
 fn vendor_of(model: &str) -> Vendor {
@@ -109,18 +128,11 @@ impl Daemon {
     pub(crate) fn new(
         nodes: Vec<NodeSpec>,
         policy: &PolicySpec,
+        (policy_source, policy_text): (String, String),
         data_dir: PathBuf,
     ) -> Result<Daemon, allot_core::ConfigError> {
         let engine = Engine::new(&nodes, policy)?;
-        let mut models: Vec<String> =
-            nodes.iter().flat_map(|n| n.devices.iter().map(|d| d.model.clone())).collect();
-        models.sort();
-        models.dedup();
-        let known = Known {
-            projects: policy.projects.iter().map(|p| p.name.clone()).collect(),
-            classes: policy.priority_classes.iter().map(|c| c.name.clone()).collect(),
-            models,
-        };
+        let known = known(&nodes, policy);
         Ok(Daemon {
             engine,
             ledger: Ledger::new(LEDGER_PERIOD_MS),
@@ -136,6 +148,8 @@ impl Daemon {
             dirty: false,
             last_cycle_ms: 0,
             data_dir,
+            policy_source,
+            policy_text,
         })
     }
 
@@ -248,13 +262,7 @@ impl Daemon {
                     // Valid when logged, but the policy given at this start no longer has what it
                     // names: kept as rejected, never silently dropped.
                     Err(e) => {
-                        let mut spec = WorkloadSpec::new(
-                            *id,
-                            "",
-                            &request.project,
-                            allot_core::GpuRequest::Whole(0),
-                        );
-                        spec.user = user.clone();
+                        let spec = crate::snapshot::rejected_spec(*id, user, request);
                         (
                             spec,
                             WorkloadState::Rejected,
@@ -418,8 +426,60 @@ impl Daemon {
                 }
             }
             Entry::Decided => out = self.cycle(now),
+            Entry::PolicyApplied { source, text } => {
+                // Checked before it was logged (`prepare_policy`); the same check again here
+                // gives the same answer, so a replay switches at the same point.
+                if let Ok((engine, known)) = self.policy_engine(source, text) {
+                    self.engine = engine;
+                    self.known = known;
+                    self.policy_source.clone_from(source);
+                    self.policy_text.clone_from(text);
+                    self.changed.extend(self.workloads.keys().copied());
+                    self.dirty = true;
+                }
+            }
         }
         out
+    }
+
+    /// The engine and names under another policy, with all live work moved to it, or every
+    /// reason it cannot be (one line each).
+    fn policy_engine(&self, source: &str, text: &str) -> Result<(Engine, Known), Vec<String>> {
+        let policy = allot_config::parse_policy(source, text).map_err(|diagnostics| {
+            diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>()
+        })?;
+        let engine = self.engine.with_policy(&self.nodes, &policy).map_err(|e| match e {
+            allot_core::StateError::Incompatible(problems) => problems,
+            other => vec![other.to_string()],
+        })?;
+        let known = known(&self.nodes, &policy);
+        // Suspended work is outside the engine but resumes under the new policy.
+        let mut problems = Vec::new();
+        for (id, r) in &self.workloads {
+            if r.state == WorkloadState::Suspended
+                && let Err(e) = submit::to_spec(*id, &r.spec.user, &r.request, &known)
+            {
+                problems.push(format!(
+                    "suspended workload {id} ({}) could not resume: {}",
+                    r.spec.name, e.error
+                ));
+            }
+        }
+        if problems.is_empty() { Ok((engine, known)) } else { Err(problems) }
+    }
+
+    /// Checks a policy for `allot policy apply`; nothing is changed. `Ok(None)`: it is the
+    /// policy in effect already.
+    pub(crate) fn prepare_policy(
+        &self,
+        source: &str,
+        text: &str,
+    ) -> Result<Option<Entry>, Vec<String>> {
+        if text == self.policy_text {
+            return Ok(None);
+        }
+        self.policy_engine(source, text)?;
+        Ok(Some(Entry::PolicyApplied { source: source.to_string(), text: text.to_string() }))
     }
 
     fn exited(&mut self, now: u64, id: u64, attempt: u32, code: Option<i32>, detail: &str) {

@@ -56,6 +56,12 @@ pub(crate) enum Entry {
     },
     /// A decision cycle ran at the entry's time.
     Decided,
+    /// `allot policy apply` (or a restart with another policy file): live work moves to this
+    /// policy (`Engine::with_policy`); checked before it is logged.
+    PolicyApplied {
+        source: String,
+        text: String,
+    },
 }
 
 impl Entry {
@@ -72,6 +78,7 @@ impl Entry {
             Entry::Probed { .. } => "probed",
             Entry::TelemetryMissing { .. } => "telemetry_missing",
             Entry::Decided => "decided",
+            Entry::PolicyApplied { .. } => "policy_applied",
         }
     }
 }

@@ -12,6 +12,7 @@ mod daemon;
 mod entry;
 mod metrics;
 mod runtime;
+mod snapshot;
 mod submit;
 mod tls;
 pub mod views;
@@ -50,6 +51,8 @@ pub struct ServeConfig {
     pub decide_interval_ms: u64,
     /// Signal that asks a workload to checkpoint (`SIGUSR1`, `SIGUSR2`, `SIGINT`, …).
     pub checkpoint_signal: String,
+    /// Log records between snapshots.
+    pub snapshot_every: u64,
 }
 
 /// The default data directory (`$XDG_DATA_HOME/allot`, else `~/.local/share/allot`).
@@ -143,6 +146,8 @@ pub struct Parts {
     pub decide_interval_ms: u64,
     /// How often running workloads get a telemetry round (`None`: every 5 s).
     pub telemetry_round_ms: Option<u64>,
+    /// Log records between snapshots (`None`: 10,000).
+    pub snapshot_every: Option<u64>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -193,6 +198,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         data_dir,
         decide_interval_ms,
         telemetry_round_ms,
+        snapshot_every,
     } = parts;
     let nodes = backend.inventory()?;
     let inventory_source = if nodes == declared {
@@ -200,9 +206,22 @@ pub fn start(parts: Parts) -> Result<Started> {
     } else {
         format!("discovered by the {} backend", backend.name())
     };
-    let daemon = daemon::Daemon::new(nodes.clone(), &policy, data_dir.clone())
-        .map_err(|e| anyhow!("{policy_source}: {e}"))?;
-    check_configuration(store.as_mut(), &policy_text, &nodes, &policy_source, &inventory_source)?;
+    let (log_source, log_text) =
+        log_policy(store.as_mut(), (&policy_source, &policy_text), &nodes, &inventory_source)?;
+    let log_policy = if log_text == policy_text {
+        policy.clone()
+    } else {
+        allot_config::parse_policy(&log_source, &log_text).map_err(|d| {
+            anyhow!("the policy this data directory's log began with: {}", allot_config::render(&d))
+        })?
+    };
+    let daemon = daemon::Daemon::new(
+        nodes.clone(),
+        &log_policy,
+        (log_source.clone(), log_text.clone()),
+        data_dir.clone(),
+    )
+    .map_err(|e| anyhow!("{log_source}: {e}"))?;
     let admin_token = if token_store.tokens()?.is_empty() {
         Some(auth::create(
             token_store.as_mut(),
@@ -215,8 +234,8 @@ pub fn start(parts: Parts) -> Result<Started> {
     let metrics = Arc::new(metrics::Metrics::new());
     let view = Arc::new(RwLock::new(runtime::View {
         inventory_source,
-        policy_source,
-        policy_text,
+        policy_source: log_source,
+        policy_text: log_text,
         ..runtime::View::default()
     }));
     let mut main_loop = runtime::Loop::new(
@@ -230,7 +249,12 @@ pub fn start(parts: Parts) -> Result<Started> {
     if let Some(ms) = telemetry_round_ms {
         main_loop.telemetry_round_ms = ms.max(1);
     }
+    if let Some(every) = snapshot_every {
+        main_loop.snapshot_every = every.max(1);
+    }
     let replayed = main_loop.recover()?;
+    // A policy file edited since the last start applies like `allot policy apply`.
+    main_loop.start_with_policy(&policy_source, &policy_text)?;
     let (sender, receiver) = std::sync::mpsc::sync_channel(runtime::QUEUE_MAX);
     let handle = runtime::Handle { sender: sender.clone(), view };
     let tokens = Arc::new(auth::Tokens::new(token_store));
@@ -257,28 +281,47 @@ pub fn start(parts: Parts) -> Result<Started> {
     })
 }
 
-/// The log replays only under the policy and inventory it was written with (a cycle under
-/// other quotas would admit other work, and the runs the log knows would no longer match).
-/// A first start records them; a later start with different ones is refused — changing the
-/// policy under a live log needs a migration of running allocations, not built yet.
-fn check_configuration(
+/// The policy the log begins with (replay starts under it; snapshots and `PolicyApplied`
+/// entries carry later ones). A first start records the given policy and the inventory; a
+/// later start must have the same inventory (runs the log knows are placed on its devices).
+fn log_policy(
     store: &mut dyn Store,
-    policy_text: &str,
+    (given_source, given_text): (&str, &str),
     nodes: &[NodeSpec],
-    policy_source: &str,
     inventory_source: &str,
-) -> Result<()> {
-    const KEY: &str = "configuration_sha256";
-    let fingerprint = auth::hash(&format!("{policy_text}\n--- inventory ---\n{nodes:?}"));
-    match store.meta(KEY)? {
-        Some(old) if old == fingerprint => Ok(()),
-        Some(_) if store.last_seq()? > 0 => Err(anyhow!(
-            "the policy ({policy_source}) or the inventory ({inventory_source}) differs from the \
-             one this data directory's log was written with; allot cannot yet move a live log \
-             to another policy — start with the same files, or use a new --data-dir"
-        )),
-        _ => Ok(store.set_meta(KEY, &fingerprint)?),
+) -> Result<(String, String)> {
+    const INVENTORY: &str = "inventory_sha256";
+    const SOURCE: &str = "initial_policy_source";
+    const TEXT: &str = "initial_policy_text";
+    // Written by allot before policy apply existed: policy and inventory in one fingerprint.
+    const COMBINED: &str = "configuration_sha256";
+    let inventory = auth::hash(&format!("{nodes:?}"));
+    let used = store.last_seq()? > 0;
+    if let (Some(source), Some(text)) = (store.meta(SOURCE)?, store.meta(TEXT)?) {
+        if used && store.meta(INVENTORY)?.is_some_and(|old| old != inventory) {
+            return Err(anyhow!(
+                "the inventory ({inventory_source}) differs from the one this data directory's \
+                 log was written with; its runs are placed on those devices — start with the \
+                 same inventory, or use a new --data-dir"
+            ));
+        }
+        return Ok((source, text));
     }
+    if used && let Some(old) = store.meta(COMBINED)? {
+        let combined = auth::hash(&format!("{given_text}\n--- inventory ---\n{nodes:?}"));
+        if old != combined {
+            return Err(anyhow!(
+                "the policy or the inventory ({inventory_source}) differs from the one this \
+                 data directory's log was written with (by an allot that did not record them \
+                 separately) — start once with the same files, then change the policy with \
+                 `allot policy apply`"
+            ));
+        }
+    }
+    store.set_meta(INVENTORY, &inventory)?;
+    store.set_meta(SOURCE, given_source)?;
+    store.set_meta(TEXT, given_text)?;
+    Ok((given_source.to_string(), given_text.to_string()))
 }
 
 /// Starts the daemon and blocks until SIGINT or SIGTERM.
@@ -329,6 +372,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         data_dir: config.data_dir.clone(),
         decide_interval_ms: config.decide_interval_ms,
         telemetry_round_ms: None,
+        snapshot_every: Some(config.snapshot_every),
     })?;
     let Started { router, admin_token: first_token, replayed, loop_done, sender, loop_thread } =
         started;

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub submissions: Counter,
     pub cycle_seconds: Histogram,
     pub log_append_seconds: Histogram,
+    /// Time to encode one snapshot of the state (taken right after a cycle).
+    pub snapshot_seconds: Histogram,
     /// From a submission's arrival at the API to the cycle that admitted it (first admissions).
     pub submit_to_admit_seconds: Histogram,
 }
@@ -66,6 +68,7 @@ impl Metrics {
         let submissions = Counter::default();
         let cycle_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let log_append_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let snapshot_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         let submit_to_admit_seconds = Histogram::new(exponential_buckets(0.0005, 1.5, 24));
         registry.register("allocated_gpus", "GPUs allocated, per project", allocated_gpus.clone());
         registry.register(
@@ -106,6 +109,11 @@ impl Metrics {
             log_append_seconds.clone(),
         );
         registry.register(
+            "snapshot_seconds",
+            "Time to encode one snapshot of the daemon's state",
+            snapshot_seconds.clone(),
+        );
+        registry.register(
             "submit_to_admit_seconds",
             "From a submission's arrival to the cycle that admitted it",
             submit_to_admit_seconds.clone(),
@@ -123,6 +131,7 @@ impl Metrics {
             submissions,
             cycle_seconds,
             log_append_seconds,
+            snapshot_seconds,
         }
     }
 

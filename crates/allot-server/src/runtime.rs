@@ -85,6 +85,12 @@ pub(crate) enum Request {
         principal: Principal,
         reply: Reply<Report>,
     },
+    /// `allot policy apply` (admins only; the API checks the role).
+    ApplyPolicy {
+        source: String,
+        text: String,
+        reply: Reply<allot_api::PolicyView>,
+    },
     /// What the backend saw (from the executor thread).
     Observed(Vec<Observation>),
     Shutdown,
@@ -171,7 +177,14 @@ pub(crate) struct Loop {
     pub heartbeats: BTreeMap<u64, u64>,
     last_view_ms: u64,
     awaiting_admission: BTreeMap<u64, std::time::Instant>,
+    /// Log records between snapshots (taken right after a cycle).
+    pub snapshot_every: u64,
+    /// The seq of the latest snapshot (0: none).
+    snapshot_seq: u64,
 }
+
+/// Log records between snapshots by default: a restart replays at most about this many.
+pub(crate) const SNAPSHOT_EVERY: u64 = 10_000;
 
 /// Most submissions timed to their admission at once (the rest are not timed).
 const AWAITING_ADMISSION_MAX: usize = 100_000;
@@ -180,6 +193,7 @@ const AWAITING_ADMISSION_MAX: usize = 100_000;
 enum Pending {
     Submitted(Reply<SubmitResponse>, u64),
     Acted(Reply<Workload>, u64),
+    Policy(Reply<allot_api::PolicyView>),
 }
 
 impl Loop {
@@ -204,6 +218,8 @@ impl Loop {
             heartbeats: BTreeMap::new(),
             last_view_ms: 0,
             awaiting_admission: BTreeMap::new(),
+            snapshot_every: SNAPSHOT_EVERY,
+            snapshot_seq: 0,
         }
     }
 
@@ -212,6 +228,31 @@ impl Loop {
     pub(crate) fn recover(&mut self) -> anyhow::Result<u64> {
         let mut after = 0;
         let mut replayed = 0u64;
+        if let Some(snapshot) = self.store.latest_snapshot()? {
+            let nodes = self.daemon.nodes.clone();
+            let data_dir = self.daemon.data_dir.clone();
+            match Daemon::from_snapshot(nodes, data_dir, &snapshot.body) {
+                Ok(daemon) => {
+                    self.daemon = daemon;
+                    after = snapshot.seq;
+                    self.snapshot_seq = snapshot.seq;
+                }
+                // Without the records before it the log cannot rebuild the state: stop here
+                // rather than start from a partial history.
+                Err(e) if self.store.read_after(0, 1)?.first().is_none_or(|r| r.seq > 1) => {
+                    return Err(e.context(format!(
+                        "the snapshot at log record {} cannot be used and the log before it is \
+                         gone; run the allot version that wrote it, or restore the data \
+                         directory from a backup",
+                        snapshot.seq
+                    )));
+                }
+                Err(e) => tracing_log(&format!(
+                    "the snapshot at log record {} is not used ({e:#}); replaying the whole log",
+                    snapshot.seq
+                )),
+            }
+        }
         loop {
             let records = self.store.read_after(after, 4096)?;
             if records.is_empty() {
@@ -257,6 +298,31 @@ impl Loop {
         self.daemon.changed.extend(self.daemon.workloads.keys().copied());
         self.refresh_view(now, true);
         Ok(replayed)
+    }
+
+    /// After recovery: the policy given at this start, if it is not the one in effect, is
+    /// applied as `allot policy apply` would (logged first); if live work cannot move to it
+    /// the start is refused with every problem named, and nothing is changed.
+    pub(crate) fn start_with_policy(&mut self, source: &str, text: &str) -> anyhow::Result<()> {
+        match self.daemon.prepare_policy(source, text) {
+            Ok(None) => Ok(()),
+            Ok(Some(entry)) => {
+                let now = self.daemon.clamp(wall_ms());
+                self.append(now, std::slice::from_ref(&entry))?;
+                let commands = self.daemon.apply(now, &entry);
+                self.execute(commands);
+                tracing_log(&format!(
+                    "the policy changed since the last start: {source} applied to the live work"
+                ));
+                self.refresh_view(now, true);
+                Ok(())
+            }
+            Err(problems) => Err(anyhow::anyhow!(
+                "{source} cannot be applied to this data directory's live work: {}; start with \
+                 the policy in effect (`allot policy show`), or cancel or suspend the work named",
+                problems.join("; ")
+            )),
+        }
     }
 
     fn append(&mut self, now: u64, entries: &[Entry]) -> anyhow::Result<()> {
@@ -399,6 +465,21 @@ impl Loop {
                             }
                         }
                     }
+                    Request::ApplyPolicy { source, text, reply } => {
+                        match self.daemon.prepare_policy(&source, &text) {
+                            Ok(Some(entry)) => {
+                                commands.extend(self.daemon.apply(now, &entry));
+                                entries.push(entry);
+                                waiting.push(Pending::Policy(reply));
+                            }
+                            Ok(None) => {
+                                let _ = reply.send(Ok(self.policy_view()));
+                            }
+                            Err(problems) => {
+                                let _ = reply.send(Err(policy_refused(&problems)));
+                            }
+                        }
+                    }
                     Request::Observed(observations) => {
                         for o in observations {
                             let e = observation_entry(o);
@@ -454,7 +535,13 @@ impl Loop {
                             HttpError::plain(404, format!("no workload {id}"), None)
                         }));
                     }
+                    Pending::Policy(reply) => {
+                        let _ = reply.send(Ok(self.policy_view()));
+                    }
                 }
+            }
+            if matches!(entries.last(), Some(Entry::Decided)) {
+                self.maybe_snapshot(now)?;
             }
             if !self.awaiting_admission.is_empty()
                 && entries.iter().any(|e| matches!(e, Entry::Decided))
@@ -566,6 +653,47 @@ impl Loop {
         }
     }
 
+    fn policy_view(&self) -> allot_api::PolicyView {
+        allot_api::PolicyView {
+            source: self.daemon.policy_source.clone(),
+            text: self.daemon.policy_text.clone(),
+        }
+    }
+
+    /// Right after a cycle, once `snapshot_every` entries have followed the last snapshot:
+    /// saves the state and drops the log before the previous snapshot (one snapshot's worth
+    /// of log stays, for inspection). A failure is logged, not fatal: the log is still whole.
+    fn maybe_snapshot(&mut self, now: u64) -> anyhow::Result<()> {
+        let last = self.store.last_seq()?;
+        if last.saturating_sub(self.snapshot_seq) < self.snapshot_every {
+            return Ok(());
+        }
+        let mut taken = Ok(None);
+        let seconds = elapsed_s(|| taken = self.daemon.snapshot());
+        let body = match taken {
+            Ok(Some(body)) => body,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                tracing_log(&format!("no snapshot: {e:#}"));
+                return Ok(());
+            }
+        };
+        self.metrics.snapshot_seconds.observe(seconds);
+        let previous = self.snapshot_seq;
+        match self.store.put_snapshot(&allot_store::Snapshot { seq: last, at_ms: now, body }) {
+            Ok(()) => {
+                self.snapshot_seq = last;
+                if previous > 0
+                    && let Err(e) = self.store.compact_through(previous)
+                {
+                    tracing_log(&format!("the log was not compacted: {e}"));
+                }
+            }
+            Err(e) => tracing_log(&format!("no snapshot: {e}")),
+        }
+        Ok(())
+    }
+
     fn refresh_view(&mut self, now: u64, force: bool) {
         let changed = std::mem::take(&mut self.daemon.changed);
         let full = force || now.saturating_sub(self.last_view_ms) >= VIEW_REFRESH_MS;
@@ -573,6 +701,10 @@ impl Loop {
             return;
         }
         let Ok(mut view) = self.view.write() else { return };
+        if view.policy_text != self.daemon.policy_text {
+            view.policy_text.clone_from(&self.daemon.policy_text);
+            view.policy_source.clone_from(&self.daemon.policy_source);
+        }
         for id in changed {
             if let Some(r) = self.daemon.workloads.get(&id) {
                 view.workloads.insert(id, views::workload(id, r));
@@ -742,6 +874,22 @@ fn observation_entry(o: Observation) -> Entry {
 }
 
 /// The daemon's own log lines go to stderr (journald or the terminal).
+/// A policy `allot policy apply` cannot move live work to: 422, every problem named.
+fn policy_refused(problems: &[String]) -> HttpError {
+    HttpError::new(
+        422,
+        ApiError {
+            error: format!("the policy cannot be applied: {}", problems.join("; ")),
+            field: Some("policy".into()),
+            fix: Some(
+                "fix the policy file (see `allot policy validate`), or cancel or suspend the \
+                 work named, then apply again; nothing was changed"
+                    .into(),
+            ),
+        },
+    )
+}
+
 pub(crate) fn tracing_log(line: &str) {
     #[allow(clippy::print_stderr)]
     {

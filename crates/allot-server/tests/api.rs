@@ -110,6 +110,8 @@ async fn authorisation_matrix() {
         ("GET", "/api/v1/report".into(), None, [401, 200, 200, 200, 200]),
         ("GET", "/api/v1/policy".into(), None, [401, 200, 200, 200, 200]),
         ("POST", "/api/v1/policy/validate".into(), Some(policy), [401, 200, 200, 200, 200]),
+        // The policy in effect again: changes nothing, so every role sees the same state.
+        ("PUT", "/api/v1/policy".into(), Some(policy), [401, 200, 403, 403, 403]),
         ("GET", "/metrics".into(), None, [401, 200, 403, 403, 200]),
         ("GET", "/api/v1/openapi.json".into(), None, [200, 200, 200, 200, 200]),
         ("POST", "/api/v1/workloads".into(), Some(&sub), [401, 201, 201, 403, 403]),
@@ -296,4 +298,44 @@ async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     let (_, why) =
         d.call("GET", &format!("/api/v1/workloads/{idle}/why"), Some(&d.admin), None).await;
     assert!(why.to_string().contains("idle"), "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_apply_moves_live_work_or_names_what_stops_it() {
+    let d = TestDaemon::new();
+    let running = submit(&d, &d.admin, "translation").await;
+    d.wait_state(running, "running").await;
+    let edited = common::POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
+    let viewer = d.token("viewer", &[]).await;
+    let member = d.token("member", &["translation"]).await;
+    for token in [&viewer, &member] {
+        let (status, v) = d.call("PUT", "/api/v1/policy", Some(token), Some(&edited)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    }
+
+    // Without the project the running workload belongs to: refused, nothing changes.
+    let cut = common::POLICY.find("  - name: translation").expect("translation");
+    let end = common::POLICY[cut..].find("\n\n").map_or(common::POLICY.len(), |e| cut + e);
+    let without = format!("{}{}", &common::POLICY[..cut], &common::POLICY[end..]);
+    let (status, v) = d.call("PUT", "/api/v1/policy", Some(&d.admin), Some(&without)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains(&format!("workload {running}"))), "{v}");
+    assert_eq!(v["field"], "policy");
+    // A file that does not parse: every diagnostic, by line.
+    let (status, v) =
+        d.call("PUT", "/api/v1/policy", Some(&d.admin), Some("projects: [oops")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    let (_, active) = d.call("GET", "/api/v1/policy", Some(&d.admin), None).await;
+    assert_eq!(active["text"], common::POLICY, "a refused policy changes nothing");
+
+    let (status, v) =
+        d.call("PUT", "/api/v1/policy?source=edited.yaml", Some(&d.admin), Some(&edited)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["source"], "edited.yaml");
+    let (_, active) = d.call("GET", "/api/v1/policy", Some(&d.admin), None).await;
+    assert_eq!(active["text"], edited.as_str());
+    assert_eq!(d.wait_state(running, "running").await["attempt"], 1, "not restarted");
+    // Work goes on under it.
+    let next = submit(&d, &d.admin, "vision").await;
+    d.wait_state(next, "running").await;
 }

@@ -6,6 +6,7 @@ mod common;
 use allot_backend::FakeBackend;
 use allot_server::{Parts, start};
 use allot_store::SqliteStore;
+use allot_store::Store;
 use axum::http::StatusCode;
 use common::{CLUSTER, POLICY, TestDaemon};
 use serde_json::Value;
@@ -25,6 +26,7 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
         data_dir: dir.to_path_buf(),
         decide_interval_ms: 0,
         telemetry_round_ms: Some(100),
+        snapshot_every: None,
     }
 }
 
@@ -85,7 +87,7 @@ async fn a_restart_brings_every_workload_back_once_and_readopts_running_ones() {
 }
 
 #[test]
-fn a_restart_with_another_policy_is_refused_and_changes_nothing() {
+fn a_restart_with_an_edited_policy_applies_it_or_is_refused_by_name() {
     let dir = std::env::temp_dir().join(format!("allot-recovery-policy-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
@@ -94,22 +96,106 @@ fn a_restart_with_another_policy_is_refused_and_changes_nothing() {
     let admin = started.admin_token.clone().expect("admin").token;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
-    let (status, _) = rt.block_on(d.call(
+    let (status, v) = rt.block_on(d.call(
         "POST",
         "/api/v1/workloads",
         Some(&admin),
-        Some(&common::submit_body("vision", 1)),
+        Some(&common::submit_body("translation", 1)),
     ));
     assert_eq!(status, StatusCode::CREATED);
+    let id = v["id"].as_u64().expect("id");
+    rt.block_on(d.wait_state(id, "running"));
     d.stop();
-    let mut other = parts(&dir, control.backend());
-    other.policy_text = POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
-    other.policy = allot_config::parse_policy("policy.yaml", &other.policy_text).expect("policy");
-    let err = start(other).expect_err("another policy under a live log is refused");
-    assert!(err.to_string().contains("differs from the one"), "{err}");
-    // The same files start fine, and the workload is still there.
-    let started = start(parts(&dir, control.backend())).expect("same files start");
-    let d = TestDaemon::wrap(started, control, admin.clone(), dir.clone());
-    let (_, list) = rt.block_on(d.call("GET", "/api/v1/workloads", Some(&admin), None));
-    assert_eq!(list["workloads"].as_array().map(Vec::len), Some(1), "{list}");
+
+    // A policy without the project of the running workload: refused, naming it.
+    let mut without = parts(&dir, control.backend());
+    let cut = POLICY.find("  - name: translation").expect("translation project");
+    let end = POLICY[cut..].find("\n\n").map_or(POLICY.len(), |e| cut + e);
+    without.policy_text = format!("{}{}", &POLICY[..cut], &POLICY[end..]);
+    without.policy =
+        allot_config::parse_policy("policy.yaml", &without.policy_text).expect("policy");
+    let err = start(without).expect_err("live work in a removed project");
+    assert!(err.to_string().contains(&format!("workload {id}")), "{err:#}");
+
+    // An edited policy the live work fits: applied at start; the workload runs on.
+    let mut edited = parts(&dir, control.backend());
+    edited.policy_text = POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
+    edited.policy = allot_config::parse_policy("policy.yaml", &edited.policy_text).expect("policy");
+    let expected = edited.policy_text.clone();
+    let started = start(edited).expect("an edited policy the live work fits");
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
+    assert_eq!(policy["text"], expected.as_str());
+    let (_, w) = rt.block_on(d.call("GET", &format!("/api/v1/workloads/{id}"), Some(&admin), None));
+    assert_eq!(w["state"], "running", "{w}");
+    d.stop();
+    // Its replay switches policy at the same point: the original file now applies back.
+    let started = start(parts(&dir, control.backend())).expect("the original policy again");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
+    assert_eq!(policy["text"], POLICY);
+    assert_eq!(control.runs().len(), 1, "nothing was launched twice");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_from_a_snapshot_rebuilds_the_same_state_and_the_log_is_compacted() {
+    let dir = std::env::temp_dir().join(format!("allot-recovery-snap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+    let (backend, control) = FakeBackend::new(nodes);
+    let mut first = parts(&dir, backend);
+    first.snapshot_every = Some(15);
+    let started = start(first).expect("first start");
+    let admin = started.admin_token.clone().expect("admin token").token;
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        let project = ["vision", "nlp", "research", "speech"][i % 4];
+        let (status, v) = d
+            .call(
+                "POST",
+                "/api/v1/workloads",
+                Some(&admin),
+                Some(&common::submit_body(project, 1 + (i % 3) as u32)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        ids.push(v["id"].as_u64().expect("id"));
+        if i % 10 == 9 {
+            // Cancel some, so the snapshot holds ended, running and pending work.
+            d.call("POST", &format!("/api/v1/workloads/{}/cancel", ids[i - 5]), Some(&admin), None)
+                .await;
+        }
+    }
+    d.wait_state(ids[0], "running").await;
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let (_, before) = d.call("GET", "/api/v1/workloads", Some(&admin), None).await;
+    let (_, projects_before) = d.call("GET", "/api/v1/projects", Some(&admin), None).await;
+    let (_, why_before) =
+        d.call("GET", &format!("/api/v1/workloads/{}/why", ids[59]), Some(&admin), None).await;
+    let launches_before = control.runs().len();
+    d.stop();
+
+    let store = SqliteStore::open_unlocked(&dir).expect("store");
+    let snapshot = store.latest_snapshot().expect("read").expect("a snapshot was taken");
+    let first_kept = store.read_after(0, 1).expect("read").first().map_or(0, |r| r.seq);
+    assert!(first_kept > 1, "the log before the previous snapshot was dropped");
+    let last = store.last_seq().expect("last seq");
+    drop(store);
+
+    let mut second = parts(&dir, control.backend());
+    second.snapshot_every = Some(15);
+    let started = start(second).expect("second start");
+    assert_eq!(started.replayed, last - snapshot.seq, "only the log after the snapshot");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (_, after) = d.call("GET", "/api/v1/workloads", Some(&admin), None).await;
+    let (_, projects_after) = d.call("GET", "/api/v1/projects", Some(&admin), None).await;
+    let (_, why_after) =
+        d.call("GET", &format!("/api/v1/workloads/{}/why", ids[59]), Some(&admin), None).await;
+    assert_eq!(before, after, "same workloads after a restart from the snapshot");
+    assert_eq!(projects_before, projects_after);
+    assert_eq!(why_before, why_after);
+    assert_eq!(control.runs().len(), launches_before, "nothing was launched twice");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -170,6 +170,11 @@ impl Client {
         decode(path, &self.request("POST", path, &Body::Text(text))?)
     }
 
+    /// PUT with a plain-text body (the policy to apply).
+    pub(crate) fn put_text<T: DeserializeOwned>(&self, path: &str, text: &str) -> Result<Json<T>> {
+        decode(path, &self.request("PUT", path, &Body::Text(text))?)
+    }
+
     /// `path` is under the API prefix (`/workloads?…`); returns the body of a 2xx response.
     fn request(&self, method: &str, path: &str, body: &Body<'_>) -> Result<String> {
         let url = format!("{}{API_PREFIX}{path}", self.base);
@@ -181,7 +186,8 @@ impl Client {
             }
             request.call()
         } else {
-            let mut request = self.agent.post(&url);
+            let mut request =
+                if method == "PUT" { self.agent.put(&url) } else { self.agent.post(&url) };
             if let Some(auth) = &auth {
                 request = request.header("Authorization", auth);
             }

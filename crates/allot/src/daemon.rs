@@ -40,6 +40,11 @@ pub(crate) struct ServeArgs {
     /// The signal sent to a checkpointable workload before it is stopped.
     #[arg(long, default_value = "SIGUSR1", value_name = "SIGNAL")]
     pub(crate) checkpoint_signal: String,
+    /// Log records between two snapshots of the state (taken right after a decision cycle);
+    /// a restart replays at most about this many, and the log before the previous snapshot
+    /// is dropped.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) snapshot_every: u64,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<String> {
@@ -56,6 +61,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
         tls_key: args.tls_key,
         decide_interval_ms: args.decide_interval_ms,
         checkpoint_signal: args.checkpoint_signal,
+        snapshot_every: args.snapshot_every,
     })?;
     Ok(String::new())
 }

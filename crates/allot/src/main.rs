@@ -149,6 +149,15 @@ enum PolicyCommand {
         #[arg(long, value_enum, default_value_t = Output::Text, requires = "remote")]
         output: Output,
     },
+    /// Move the daemon's live work to the policy in FILE (admins): running work keeps its GPUs,
+    /// pending work its place; refused with every problem named (exit 1) if live work cannot
+    /// move, and then nothing changes. Check first with `allot policy diff FILE`.
+    Apply {
+        /// The policy YAML file.
+        file: PathBuf,
+        #[command(flatten)]
+        output: remote::OutputArgs,
+    },
     /// Print the daemon's active policy (its YAML text).
     Show(remote::OutputArgs),
     /// Line diff between the daemon's active policy and FILE; exit 0 whether or not they differ.
@@ -235,6 +244,9 @@ fn main() -> ExitCode {
             }
             PolicyCommand::Validate { file, cluster, remote: false, output: _ } => {
                 plan::validate(&file, cluster.as_deref())
+            }
+            PolicyCommand::Apply { file, output } => {
+                remote::policy_apply(&remote, &file, output.output)
             }
             PolicyCommand::Show(args) => remote::policy_show(&remote, args.output),
             PolicyCommand::Diff { file } => remote::policy_diff(&remote, &file),

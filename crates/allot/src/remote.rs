@@ -234,6 +234,32 @@ pub(crate) fn policy_show(remote: &RemoteArgs, output: Output) -> Result<String>
     })
 }
 
+/// `policy apply`: the daemon moves its live work to the policy in FILE, or names every
+/// problem (exit 1) and changes nothing.
+pub(crate) fn policy_apply(remote: &RemoteArgs, file: &Path, output: Output) -> Result<String> {
+    let text = read_local(file)?;
+    let source = file.display().to_string();
+    let path = format!("/policy?source={}", percent_encode(&source));
+    let view = Client::new(remote)?.put_text::<PolicyView>(&path, &text)?;
+    Ok(match output {
+        Output::Json => view.pretty(),
+        Output::Text => format!("applied: the daemon's policy is now {}\n", view.value.source),
+    })
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986), for a query value.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 pub(crate) fn policy_diff(remote: &RemoteArgs, file: &Path) -> Result<String> {
     let local = read_local(file)?;
     let view = Client::new(remote)?.get::<PolicyView>("/policy")?;

@@ -39,7 +39,9 @@ impl Daemon {
             .args(["--listen", "127.0.0.1:0", "--inventory"])
             .arg(repo_file("examples/cluster.yaml"))
             .arg("--policy")
-            .arg(repo_file("examples/policy.yaml"));
+            .arg(repo_file("examples/policy.yaml"))
+            // Frequent snapshots and compaction, so that kills land around them too.
+            .args(["--snapshot-every", "100"]);
         let (child, addr, token) = common::spawn_serve(command, "http");
         (Daemon { child, url: format!("http://{addr}"), addr }, token)
     }

@@ -48,6 +48,7 @@ impl TestDaemon {
             data_dir: dir.clone(),
             decide_interval_ms: 0,
             telemetry_round_ms: Some(100),
+            snapshot_every: None,
         })
         .expect("daemon starts");
         let admin = started.admin_token.clone().expect("first start makes an admin token").token;

@@ -1,0 +1,175 @@
+//! The daemon's state as of one log record, so that a restart replays only what came after
+//! it (and the log before it can be dropped).
+//!
+//! A snapshot is taken only right after a decision cycle (`Entry::Decided` last in its batch):
+//! the engine then holds no undecided fact (`Engine::state`). The body is JSON: the records,
+//! stops and counters as they are, the engine's and the ledger's state as base64 of their own
+//! encoding, and the policy in effect (which may be one applied since the log began). A
+//! workload's `WorkloadSpec` is not stored: it is made again from its request, as at submit.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use allot_api::{SubmitRequest, WorkloadState};
+use allot_backend::Launch;
+use allot_core::ledger::Ledger;
+use allot_core::{Engine, NodeSpec, WorkloadSpec};
+use anyhow::{Context, anyhow};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+
+use crate::daemon::{Counters, Daemon, Intent, Record, StopPlan, known};
+use crate::submit;
+
+/// Bumped when the body's meaning changes; another version's snapshot is not read.
+const SNAPSHOT_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    version: u32,
+    policy_source: String,
+    policy_text: String,
+    engine: String,
+    ledger: String,
+    workloads: Vec<SavedRecord>,
+    stops: BTreeMap<u64, StopPlan>,
+    counters: Counters,
+    next_id: u64,
+    last_now: u64,
+    first_ms: Option<u64>,
+    dirty: bool,
+    last_cycle_ms: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedRecord {
+    id: u64,
+    user: String,
+    request: SubmitRequest,
+    state: WorkloadState,
+    submitted_ms: u64,
+    started_ms: Option<u64>,
+    ended_ms: Option<u64>,
+    exit_code: Option<i32>,
+    attempt: u32,
+    reason: Option<(String, String)>,
+    intent: Option<Intent>,
+    placement: Vec<String>,
+    launch: Option<Launch>,
+    pids: Vec<u32>,
+}
+
+impl Daemon {
+    /// The state as a snapshot body; `None` when the engine is between an event and a cycle.
+    pub(crate) fn snapshot(&self) -> anyhow::Result<Option<String>> {
+        let Ok(engine) = self.engine.state() else { return Ok(None) };
+        let workloads = self
+            .workloads
+            .iter()
+            .map(|(id, r)| SavedRecord {
+                id: *id,
+                user: r.spec.user.clone(),
+                request: r.request.clone(),
+                state: r.state,
+                submitted_ms: r.submitted_ms,
+                started_ms: r.started_ms,
+                ended_ms: r.ended_ms,
+                exit_code: r.exit_code,
+                attempt: r.attempt,
+                reason: r.reason.clone(),
+                intent: r.intent,
+                placement: r.placement.clone(),
+                launch: r.launch.clone(),
+                pids: r.pids.clone(),
+            })
+            .collect();
+        let body = Body {
+            version: SNAPSHOT_VERSION,
+            policy_source: self.policy_source.clone(),
+            policy_text: self.policy_text.clone(),
+            engine: BASE64.encode(engine),
+            ledger: BASE64.encode(self.ledger.state()),
+            workloads,
+            stops: self.stops.clone(),
+            counters: self.counters.clone(),
+            next_id: self.next_id,
+            last_now: self.last_now,
+            first_ms: self.first_ms,
+            dirty: self.dirty,
+            last_cycle_ms: self.last_cycle_ms,
+        };
+        Ok(Some(serde_json::to_string(&body)?))
+    }
+
+    /// The daemon a snapshot body describes, over `nodes`. Errors say what is wrong; the
+    /// caller decides whether the log can be replayed instead.
+    pub(crate) fn from_snapshot(
+        nodes: Vec<NodeSpec>,
+        data_dir: PathBuf,
+        body: &str,
+    ) -> anyhow::Result<Daemon> {
+        let body: Body = serde_json::from_str(body).context("the snapshot cannot be read")?;
+        if body.version != SNAPSHOT_VERSION {
+            return Err(anyhow!(
+                "the snapshot is version {} (this allot reads {SNAPSHOT_VERSION})",
+                body.version
+            ));
+        }
+        let policy = allot_config::parse_policy(&body.policy_source, &body.policy_text)
+            .map_err(|d| anyhow!("the snapshot's policy: {}", allot_config::render(&d)))?;
+        let mut daemon = Daemon::new(
+            nodes,
+            &policy,
+            (body.policy_source.clone(), body.policy_text.clone()),
+            data_dir,
+        )
+        .map_err(|e| anyhow!("the snapshot's policy: {e}"))?;
+        let engine_bytes = BASE64.decode(&body.engine).context("the snapshot's engine state")?;
+        daemon.engine = Engine::from_state(&daemon.nodes, &policy, &engine_bytes)
+            .map_err(|e| anyhow!("the snapshot's engine state: {e}"))?;
+        let ledger_bytes = BASE64.decode(&body.ledger).context("the snapshot's ledger state")?;
+        daemon.ledger = Ledger::from_state(&ledger_bytes)
+            .map_err(|e| anyhow!("the snapshot's ledger state: {e}"))?;
+        daemon.known = known(&daemon.nodes, &policy);
+        for saved in body.workloads {
+            let spec = submit::to_spec(saved.id, &saved.user, &saved.request, &daemon.known)
+                .unwrap_or_else(|_| rejected_spec(saved.id, &saved.user, &saved.request));
+            daemon.workloads.insert(
+                saved.id,
+                Record {
+                    request: saved.request,
+                    spec,
+                    state: saved.state,
+                    submitted_ms: saved.submitted_ms,
+                    started_ms: saved.started_ms,
+                    ended_ms: saved.ended_ms,
+                    exit_code: saved.exit_code,
+                    attempt: saved.attempt,
+                    reason: saved.reason,
+                    intent: saved.intent,
+                    placement: saved.placement,
+                    launch: saved.launch,
+                    pids: saved.pids,
+                },
+            );
+        }
+        daemon.stops = body.stops;
+        daemon.counters = body.counters;
+        daemon.next_id = body.next_id;
+        daemon.last_now = body.last_now;
+        daemon.first_ms = body.first_ms;
+        daemon.dirty = body.dirty;
+        daemon.last_cycle_ms = body.last_cycle_ms;
+        Ok(daemon)
+    }
+}
+
+/// The spec kept for a submission its policy no longer accepts (as `Daemon::apply` does).
+pub(crate) fn rejected_spec(id: u64, user: &str, request: &SubmitRequest) -> WorkloadSpec {
+    let mut spec = WorkloadSpec::new(id, "", &request.project, allot_core::GpuRequest::Whole(0));
+    spec.user = user.to_string();
+    spec
+}

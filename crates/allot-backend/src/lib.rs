@@ -18,7 +18,9 @@ pub use fake::{FakeBackend, FakeControl};
 
 /// One run of a workload. A workload suspended and resumed, or requeued, runs again as the next
 /// attempt; observations always name the attempt they belong to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct RunId {
     pub workload: u64,
     pub attempt: u32,

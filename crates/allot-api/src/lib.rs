@@ -171,6 +171,10 @@ pub struct Workload {
     /// Process (group) ids of its members while it runs, as the backend reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pids: Vec<u32>,
+    /// When it last reported a checkpoint (`$ALLOT_CHECKPOINT_FILE` touched, or
+    /// `POST …/checkpoint`): work before it survives a stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -262,6 +262,19 @@ async fn resume(
     act(state, headers, id, Entry::ResumeRequested { id }).await
 }
 
+/// The workload reports a checkpoint made now (a program may instead touch the file in
+/// `$ALLOT_CHECKPOINT_FILE`): a stop then loses only the work after it.
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/checkpoint", params(("id" = u64, Path)),
+    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+async fn checkpoint(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    id: Result<Path<u64>, PathRejection>,
+) -> ApiResult<axum::Json<Workload>> {
+    let id = id_of(id)?;
+    act(state, headers, id, Entry::CheckpointReported { id, at_ms: wall_ms() }).await
+}
+
 #[utoipa::path(get, path = "/api/v1/workloads/{id}/logs", params(("id" = u64, Path), LogQuery),
     responses((status = 200, body = String, content_type = "text/plain"), (status = 404, body = ApiError)), security(("bearer" = [])))]
 async fn logs(
@@ -513,7 +526,7 @@ impl utoipa::Modify for BearerScheme {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
-    paths(submit, list, get_workload, why, cancel, suspend, resume, logs, projects, nodes, report, policy, apply_policy, validate_policy, create_token),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, create_token),
     modifiers(&BearerScheme)
 )]
 pub(crate) struct ApiDoc;
@@ -526,6 +539,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/workloads/{id}/cancel", post(cancel))
         .route("/workloads/{id}/suspend", post(suspend))
         .route("/workloads/{id}/resume", post(resume))
+        .route("/workloads/{id}/checkpoint", post(checkpoint))
         .route("/workloads/{id}/logs", get(logs))
         .route("/projects", get(projects))
         .route("/nodes", get(nodes))

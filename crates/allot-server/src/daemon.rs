@@ -50,6 +50,8 @@ pub(crate) struct Record {
     /// The engine's placement of the current run, to rebuild its `Launch` after a restart.
     pub launch: Option<Launch>,
     pub pids: Vec<u32>,
+    /// The last checkpoint it reported (the engine counts work lost from there).
+    pub last_checkpoint_ms: Option<u64>,
 }
 
 /// A stop under way: when to escalate.
@@ -171,6 +173,11 @@ impl Daemon {
         self.heartbeat_dir().join(id.to_string())
     }
 
+    /// A workload touches its checkpoint file (`ALLOT_CHECKPOINT_FILE`) after each checkpoint.
+    pub(crate) fn checkpoint_path(&self, id: u64) -> PathBuf {
+        self.heartbeat_dir().join(format!("{id}.checkpoint"))
+    }
+
     pub(crate) fn log_dir(&self, id: u64, attempt: u32) -> PathBuf {
         self.data_dir.join("logs").join(id.to_string()).join(attempt.to_string())
     }
@@ -206,6 +213,7 @@ impl Daemon {
                 ) && record.intent.is_none()
             }
             Entry::ResumeRequested { .. } => state == WorkloadState::Suspended,
+            Entry::CheckpointReported { .. } => state == WorkloadState::Running,
             _ => false,
         };
         if allowed {
@@ -224,6 +232,9 @@ impl Daemon {
                     }
                     Entry::SuspendRequested { .. } => {
                         "only pending, starting or running work can be suspended".into()
+                    }
+                    Entry::CheckpointReported { .. } => {
+                        "only running work reports checkpoints".into()
                     }
                     _ => "it has already ended or is being cancelled".into(),
                 }),
@@ -290,6 +301,7 @@ impl Daemon {
                         placement: Vec::new(),
                         launch: None,
                         pids: Vec::new(),
+                        last_checkpoint_ms: None,
                     },
                 );
                 self.changed.insert(*id);
@@ -410,6 +422,17 @@ impl Daemon {
                             last_activity: Timestamp((*last_activity_ms).min(now)),
                         },
                     );
+                }
+            }
+            Entry::CheckpointReported { id, at_ms } => {
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                // Only a newer one counts: a file seen again after a restart is not new work.
+                if record.state == WorkloadState::Running
+                    && record.last_checkpoint_ms.is_none_or(|last| *at_ms > last)
+                {
+                    record.last_checkpoint_ms = Some(*at_ms);
+                    self.changed.insert(*id);
+                    self.event(now, Event::CheckpointSaved { workload: WorkloadId(*id) });
                 }
             }
             Entry::TelemetryMissing { ids } => {
@@ -637,6 +660,7 @@ impl Daemon {
             .collect();
         let text = views::placement_lines(&self.engine, placement);
         let heartbeat = self.heartbeat_path(id);
+        let checkpoint = self.checkpoint_path(id);
         let attempt = self.workloads.get(&id)?.attempt + 1;
         let log_dir = self.log_dir(id, attempt);
         let record = self.workloads.get_mut(&id)?;
@@ -644,6 +668,7 @@ impl Daemon {
         record.placement = text;
         let mut env = record.request.env.clone();
         env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());
+        env.insert("ALLOT_CHECKPOINT_FILE".into(), checkpoint.display().to_string());
         let launch = Launch {
             run: RunId { workload: id, attempt: record.attempt },
             command: record.request.command.clone(),

@@ -49,6 +49,12 @@ pub(crate) enum Entry {
         id: u64,
         last_activity_ms: u64,
     },
+    /// The workload reported a checkpoint made at `at_ms` (its checkpoint file's time, or the
+    /// API call's).
+    CheckpointReported {
+        id: u64,
+        at_ms: u64,
+    },
     /// A telemetry round found no reading for these running workloads (no collector covers
     /// their devices yet): each idle rule's `missing_telemetry` says what that means.
     TelemetryMissing {
@@ -76,6 +82,7 @@ impl Entry {
             Entry::LaunchFailed { .. } => "launch_failed",
             Entry::Exited { .. } => "exited",
             Entry::Probed { .. } => "probed",
+            Entry::CheckpointReported { .. } => "checkpoint_reported",
             Entry::TelemetryMissing { .. } => "telemetry_missing",
             Entry::Decided => "decided",
             Entry::PolicyApplied { .. } => "policy_applied",

@@ -361,19 +361,22 @@ impl Loop {
         }
     }
 
-    /// Heartbeat files newer than last seen become probes.
+    /// Heartbeat files newer than last seen become probes; checkpoint files newer than the last
+    /// checkpoint, checkpoint reports.
     fn probes(&mut self) -> Vec<Entry> {
         let mut out = Vec::new();
         for id in self.daemon.running_ids() {
-            let path = self.daemon.heartbeat_path(id);
-            let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) else {
-                continue;
-            };
-            let ms =
-                modified.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let Some(ms) = modified_ms(&self.daemon.heartbeat_path(id)) else { continue };
             if self.heartbeats.get(&id) != Some(&ms) {
                 self.heartbeats.insert(id, ms);
                 out.push(Entry::Probed { id, last_activity_ms: ms });
+            }
+        }
+        for id in self.daemon.running_ids() {
+            let Some(ms) = modified_ms(&self.daemon.checkpoint_path(id)) else { continue };
+            let last = self.daemon.workloads.get(&id).and_then(|r| r.last_checkpoint_ms);
+            if last.is_none_or(|last| ms > last) {
+                out.push(Entry::CheckpointReported { id, at_ms: ms });
             }
         }
         out
@@ -874,6 +877,12 @@ fn observation_entry(o: Observation) -> Entry {
 }
 
 /// The daemon's own log lines go to stderr (journald or the terminal).
+/// A file's modification time in ms since the Unix epoch, if it exists.
+fn modified_ms(path: &std::path::Path) -> Option<u64> {
+    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
+    modified.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+}
+
 /// A policy `allot policy apply` cannot move live work to: 422, every problem named.
 fn policy_refused(problems: &[String]) -> HttpError {
     HttpError::new(

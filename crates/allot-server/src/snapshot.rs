@@ -60,6 +60,7 @@ struct SavedRecord {
     placement: Vec<String>,
     launch: Option<Launch>,
     pids: Vec<u32>,
+    last_checkpoint_ms: Option<u64>,
 }
 
 impl Daemon {
@@ -84,6 +85,7 @@ impl Daemon {
                 placement: r.placement.clone(),
                 launch: r.launch.clone(),
                 pids: r.pids.clone(),
+                last_checkpoint_ms: r.last_checkpoint_ms,
             })
             .collect();
         let body = Body {
@@ -153,6 +155,7 @@ impl Daemon {
                     placement: saved.placement,
                     launch: saved.launch,
                     pids: saved.pids,
+                    last_checkpoint_ms: saved.last_checkpoint_ms,
                 },
             );
         }

@@ -164,6 +164,7 @@ pub(crate) fn workload(id: u64, r: &Record) -> Workload {
         reason_code: r.reason.as_ref().map(|(code, _)| code.clone()),
         placement: r.placement.clone(),
         pids: r.pids.clone(),
+        last_checkpoint_ms: r.last_checkpoint_ms,
     }
 }
 

@@ -339,3 +339,41 @@ async fn policy_apply_moves_live_work_or_names_what_stops_it() {
     let next = submit(&d, &d.admin, "vision").await;
     d.wait_state(next, "running").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_workload_reports_checkpoints_by_api_or_file() {
+    let d = TestDaemon::new();
+    let id = submit(&d, &d.admin, "vision").await;
+    d.wait_state(id, "running").await;
+    let other = d.token("member", &["nlp"]).await;
+    let path = format!("/api/v1/workloads/{id}/checkpoint");
+    let (status, v) = d.call("POST", &path, Some(&other), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (status, v) = d.call("POST", &path, Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let by_api = v["last_checkpoint_ms"].as_u64().expect("checkpoint time");
+
+    // The file the workload was given: a newer modification time is a newer checkpoint.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let file = d.dir.join("heartbeat").join(format!("{id}.checkpoint"));
+    std::fs::create_dir_all(file.parent().expect("dir")).expect("dir");
+    std::fs::write(&file, b"").expect("touch");
+    let mut seen = by_api;
+    for _ in 0..300 {
+        let (_, w) = d.call("GET", &format!("/api/v1/workloads/{id}"), Some(&d.admin), None).await;
+        seen = w["last_checkpoint_ms"].as_u64().unwrap_or(0);
+        if seen > by_api {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(seen > by_api, "the checkpoint file was not seen");
+
+    // Only running work checkpoints.
+    let (status, _) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    d.wait_state(id, "cancelled").await;
+    let (status, v) = d.call("POST", &path, Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+}

@@ -209,6 +209,7 @@ mod tests {
             reason_code: None,
             placement: Vec::new(),
             pids: Vec::new(),
+            last_checkpoint_ms: None,
         }
     }
 

@@ -268,6 +268,10 @@ pub enum RejectReason {
     InvalidRequest {
         detail: String,
     },
+    /// Work found running outside allot cannot be taken over as it is placed.
+    CannotAdopt {
+        detail: String,
+    },
 }
 
 // Snapshot encoding (`codec.rs`).

@@ -747,6 +747,7 @@ impl Engine {
         self.advance(now);
         match event {
             Event::WorkloadSubmitted(spec) => self.submit(now, spec),
+            Event::WorkloadAdopted { spec, placement } => self.adopt(now, spec, placement),
             Event::WorkloadCancelled { workload } => self.cancel(workload),
             Event::AllocationStarted { workload } => {
                 if let Some(w) = self.workloads.get_mut(&workload)
@@ -855,6 +856,135 @@ impl Engine {
         };
         self.queues[project.0 as usize].insert(state.queue_key());
         self.workloads.insert(id, state);
+    }
+
+    /// Work running outside allot, taken over where it runs (`Event::WorkloadAdopted`).
+    fn adopt(&mut self, now: Timestamp, spec: WorkloadSpec, placement: Placement) {
+        let id = spec.id;
+        if self.workloads.contains_key(&id) {
+            self.rejected.push((id, spec.name.clone(), RejectReason::DuplicateId));
+            return;
+        }
+        let (project, priority, preemptible, models) = match self.resolve(&spec) {
+            Ok(resolved) => resolved,
+            Err(reason) => {
+                self.rejected.push((id, spec.name.clone(), reason));
+                return;
+            }
+        };
+        let key = match self.adoptable(project, &spec, &placement) {
+            Ok(key) => key,
+            Err(detail) => {
+                self.rejected.push((id, spec.name.clone(), RejectReason::CannotAdopt { detail }));
+                return;
+            }
+        };
+        let shares = spec.total_shares();
+        let state = WorkloadState {
+            project,
+            priority,
+            preemptible,
+            models,
+            stage: Stage::Running,
+            stop_kind: None,
+            queued_at: now,
+            pending_since: now,
+            allocation: Some(Allocation { key, placement, shares, started_at: Some(now) }),
+            last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
+            waiting_for: BTreeSet::new(),
+            preemptions: 0,
+            idle_reclaims: 0,
+            resume_at: None,
+            idle_suspended_at: None,
+            probed: false,
+            spec,
+        };
+        if let Some(max) = state.spec.max_runtime_ms {
+            self.deadlines.insert((Timestamp(now.0.saturating_add(max)), id));
+        }
+        self.workloads.insert(id, state);
+        self.book_resources(id, true);
+        let p = &mut self.projects[project.0 as usize];
+        p.allocated = p.allocated.saturating_add(shares);
+        self.running[project.0 as usize].insert(id);
+        self.start_idle_tracking(id, now);
+    }
+
+    /// The quota line adopted work is charged to, if its placement matches its request, its
+    /// devices are free and its project's quota can hold it; else what is wrong.
+    fn adoptable(
+        &self,
+        project: ProjectId,
+        spec: &WorkloadSpec,
+        placement: &Placement,
+    ) -> Result<Option<QuotaKey>, String> {
+        if placement.members.len() != spec.members as usize {
+            return Err(format!(
+                "{} members placed for {} requested",
+                placement.members.len(),
+                spec.members
+            ));
+        }
+        let per_member = spec.gpus_per_member.shares().0;
+        if matches!(spec.gpus_per_member, GpuRequest::Mig(_)) {
+            return Err("MIG instances are not adopted (their layout is not known)".into());
+        }
+        let model = placement.model;
+        let mut seen = BTreeSet::new();
+        for m in &placement.members {
+            let Some(node) = self.capacity.nodes.get(m.node.0 as usize) else {
+                return Err(format!("node {} does not exist", m.node.0));
+            };
+            let name = &self.node_names[m.node.0 as usize];
+            if !node.fits_host(spec.cpu_millis_per_member, spec.memory_mib_per_member) {
+                return Err(format!("{name} has not that much CPU or memory free"));
+            }
+            let held: u64 = m.devices.iter().map(|d| u64::from(d.shares)).sum();
+            if held != per_member {
+                return Err(format!("{name}: {held} shares placed for {per_member} requested"));
+            }
+            for d in &m.devices {
+                let Some(dev) = node.devices.get(usize::from(d.device)) else {
+                    return Err(format!("{name} has no device {}", d.device));
+                };
+                if !seen.insert((m.node, d.device)) || d.mig.is_some() {
+                    return Err(format!("{name} device {} is listed twice", d.device));
+                }
+                if Some(dev.model) != model {
+                    return Err(format!("{name} device {} is not the placement's model", d.device));
+                }
+                if dev.free < d.shares {
+                    return Err(format!(
+                        "{name} device {} has {} shares free, {} needed (allot placed other \
+                         work there)",
+                        d.device, dev.free, d.shares
+                    ));
+                }
+            }
+        }
+        let Some(model) = model else {
+            return if per_member == 0 { Ok(None) } else { Err("no GPU model given".into()) };
+        };
+        let Some(key) = self.quota.resolve(project, QuotaKey::Model(model)) else {
+            return Err(format!(
+                "project {} has no quota for {}",
+                self.projects[project.0 as usize].name,
+                self.models[usize::from(model.0)]
+            ));
+        };
+        let shares = spec.total_shares();
+        if let Some(view) = self.quota.view(project, key)
+            && view.used.saturating_add(shares) > view.max
+        {
+            return Err(format!(
+                "project {} would hold {} shares on its {} line, above its maximum {}",
+                self.projects[project.0 as usize].name,
+                view.used.0.saturating_add(shares.0),
+                self.key_name(key),
+                view.max.0
+            ));
+        }
+        Ok(Some(key))
     }
 
     /// A request's project, priority, preemptibility and acceptable models under this

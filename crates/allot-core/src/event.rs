@@ -1,6 +1,7 @@
 //! Facts the engine is told, in past tense. The caller owns the clock: every event is applied
 //! at a `Timestamp` it passes in.
 
+use crate::decision::Placement;
 use crate::idle::DeviceReading;
 use crate::ids::{Timestamp, WorkloadId};
 use crate::model::WorkloadSpec;
@@ -27,12 +28,18 @@ pub enum Event {
     ActivitySampled { workload: WorkloadId, readings: Vec<DeviceReading> },
     /// An application probe (HTTP, exec, heartbeat) saw the workload in use at `last_activity`.
     ActivityProbed { workload: WorkloadId, last_activity: Timestamp },
+    /// The backend found work running that allot did not start (a job submitted to Slurm
+    /// directly) on these devices: the engine takes it as running there, charged to its
+    /// project, and governs it like its own from now on. Refused at the next `decide`
+    /// (`RejectReason::CannotAdopt`) when its project, class or model is unknown, its devices
+    /// are not free, or its project's quota cannot hold it.
+    WorkloadAdopted { spec: WorkloadSpec, placement: Placement },
 }
 
 impl Event {
     pub fn workload(&self) -> WorkloadId {
         match self {
-            Event::WorkloadSubmitted(spec) => spec.id,
+            Event::WorkloadSubmitted(spec) | Event::WorkloadAdopted { spec, .. } => spec.id,
             Event::WorkloadCancelled { workload }
             | Event::AllocationStarted { workload }
             | Event::AllocationFailed { workload, .. }

@@ -369,6 +369,29 @@ impl Ledger {
                 }
             }
             Event::ActivityProbed { .. } => {}
+            // Work found running outside allot: held from now (its time before is not ours
+            // to book). The caller folds it only once the engine took it.
+            Event::WorkloadAdopted { spec, placement } => {
+                let shares: u64 = placement
+                    .members
+                    .iter()
+                    .flat_map(|m| m.devices.iter())
+                    .map(|d| u64::from(d.shares))
+                    .sum();
+                self.workloads.entry(spec.id).or_insert_with(|| Tracked {
+                    project: spec.project.clone(),
+                    user: spec.user.clone(),
+                    shares,
+                    held_since: Some(now),
+                    admitted_at: Some(now),
+                    started_at: Some(now),
+                    ..Tracked::default()
+                });
+                self.book_at(spec.id, now, |b| {
+                    b.admissions += 1;
+                    b.starts += 1;
+                });
+            }
         }
     }
 

@@ -146,6 +146,9 @@ impl Engine {
                 }
                 RejectReason::DuplicateId => "a workload with this id already exists".to_string(),
                 RejectReason::InvalidRequest { detail } => detail.clone(),
+                RejectReason::CannotAdopt { detail } => {
+                    format!("running outside allot and cannot be taken over: {detail}")
+                }
             },
         }
     }

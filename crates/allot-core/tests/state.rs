@@ -1,14 +1,16 @@
-//! Saving and rebuilding the engine (`Engine::state`, `Engine::from_state`) and carrying live
-//! work into another policy (`Engine::with_policy`). The property tests in `properties.rs`,
+//! Saving and rebuilding the engine (`Engine::state`, `Engine::from_state`), carrying live
+//! work into another policy (`Engine::with_policy`), and taking over work found running
+//! outside allot (`Event::WorkloadAdopted`). The property tests in `properties.rs`,
 //! `idle_engine.rs` and `ledger.rs` check that a rebuilt engine equals the original after
 //! every cycle of random histories; these are the named cases around them.
 
 use std::collections::BTreeMap;
 
 use allot_core::{
-    Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Stage, StateError,
-    Timestamp, WorkloadId, WorkloadSpec,
+    Decision, DeviceShare, DeviceSpec, Engine, Event, GpuRequest, MemberPlacement, ModelId, NodeId,
+    NodeSpec, Placement, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec,
+    Queueing, QuotaModel, QuotaSpec, RejectReason, Shares, Stage, StateError, Timestamp,
+    WorkloadId, WorkloadSpec,
 };
 
 fn nodes() -> Vec<NodeSpec> {
@@ -175,4 +177,114 @@ fn a_new_policy_below_a_projects_running_use_is_refused() {
         panic!("a runs above its new maximum");
     };
     assert!(problems.iter().any(|p| p.contains("project a holds 6000")), "{problems:?}");
+}
+
+// ----- adoption ---------------------------------------------------------------------------
+
+/// Whole GPUs `devices` of node `node`.
+fn on(node: u32, devices: &[u16]) -> Placement {
+    Placement {
+        model: Some(ModelId(0)),
+        members: vec![MemberPlacement {
+            node: NodeId(node),
+            devices: devices
+                .iter()
+                .map(|&device| DeviceShare { device, shares: 1000, mig: None })
+                .collect(),
+        }],
+    }
+}
+
+fn adopt(engine: &mut Engine, at: u64, id: u64, project: &str, placement: Placement) {
+    let gpus = placement.members[0].devices.len() as u32;
+    let spec = WorkloadSpec::new(id, &format!("slurm-{id}"), project, GpuRequest::Whole(gpus));
+    engine.apply(Timestamp(at), Event::WorkloadAdopted { spec, placement });
+}
+
+fn rejection(decisions: &[Decision], id: u64) -> Option<String> {
+    decisions.iter().find_map(|d| match d {
+        Decision::Reject { workload, reason: RejectReason::CannotAdopt { detail }, .. }
+            if *workload == WorkloadId(id) =>
+        {
+            Some(detail.clone())
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn work_found_running_is_taken_over_where_it_runs_and_charged_to_its_project() {
+    let mut e = Engine::new(&nodes(), &policy(&[("a", 4), ("b", 4)])).expect("valid");
+    adopt(&mut e, 0, 1, "a", on(1, &[2, 3]));
+    assert_eq!(e.stage(WorkloadId(1)), Some(Stage::Running));
+    assert_eq!(e.placement(WorkloadId(1)), Some(&on(1, &[2, 3])));
+    e.audit().expect("booked like admitted work");
+    // The engine places around it: a 4-GPU request goes to node 0, the only one with 4 free.
+    submit(&mut e, 1_000, 2, "a", 4);
+    let decisions = cycle(&mut e, 1_000);
+    let admitted = decisions.iter().find_map(|d| match d {
+        Decision::Admit { workload, placement, .. } if *workload == WorkloadId(2) => {
+            Some(placement.members[0].node)
+        }
+        _ => None,
+    });
+    assert_eq!(admitted, Some(NodeId(0)), "{decisions:?}");
+    // Its end frees the devices.
+    e.apply(Timestamp(2_000), Event::WorkloadFinished { workload: WorkloadId(1) });
+    e.audit().expect("freed");
+    assert_eq!(e.stage(WorkloadId(1)), None);
+}
+
+#[test]
+fn adoption_is_refused_on_busy_devices_unknown_projects_and_beyond_quota() {
+    let mut e = Engine::new(&nodes(), &policy(&[("a", 4), ("b", 4)])).expect("valid");
+    adopt(&mut e, 0, 1, "a", on(0, &[0, 1]));
+    adopt(&mut e, 0, 2, "b", on(0, &[1]));
+    adopt(&mut e, 0, 3, "nobody", on(1, &[0]));
+    let mut config = policy(&[("a", 4), ("b", 4)]);
+    config.projects[0].cohort = None;
+    let mut solo = Engine::new(&nodes(), &config).expect("valid");
+    adopt(&mut solo, 0, 4, "a", on(0, &[0, 1, 2, 3]));
+    adopt(&mut solo, 0, 5, "a", on(1, &[0]));
+    let decisions = e.decide(Timestamp(1));
+    let busy = rejection(&decisions, 2).expect("device 1 is held by workload 1");
+    assert!(busy.contains("device 1 has 0 shares free"), "{busy}");
+    assert!(
+        decisions.iter().any(|d| matches!(
+            d,
+            Decision::Reject {
+                workload: WorkloadId(3),
+                reason: RejectReason::UnknownProject { .. },
+                ..
+            }
+        )),
+        "{decisions:?}"
+    );
+    assert_eq!(e.stage(WorkloadId(1)), Some(Stage::Running));
+    let over = rejection(&solo.decide(Timestamp(1)), 5).expect("a may hold 4 GPUs");
+    assert!(over.contains("above its maximum 4000"), "{over}");
+    e.audit().expect("refusals change nothing");
+    solo.audit().expect("refusals change nothing");
+}
+
+#[test]
+fn adopted_work_that_borrows_is_reclaimed_for_the_lenders_guarantee() {
+    // `a` runs 8 GPUs found on Slurm (4 of them borrowed from `b`); `b` asks for its 4.
+    let mut e = Engine::new(&nodes(), &policy(&[("a", 4), ("b", 4)])).expect("valid");
+    adopt(&mut e, 0, 1, "a", on(0, &[0, 1, 2, 3]));
+    adopt(&mut e, 0, 2, "a", on(1, &[0, 1, 2, 3]));
+    e.decide(Timestamp(1));
+    submit(&mut e, 600_000, 3, "b", 4);
+    let decisions = e.decide(Timestamp(600_000));
+    let reclaimed: Vec<WorkloadId> = decisions
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Preempt { victim, reason: PreemptReason::QuotaReclaim { .. }, .. } => {
+                Some(*victim)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reclaimed.len(), 1, "{decisions:?}");
+    e.audit().expect("consistent");
 }

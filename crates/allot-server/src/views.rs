@@ -54,6 +54,7 @@ pub fn reason_code(d: &Decision) -> &'static str {
             RejectReason::UnknownModel { .. } => "unknown_model",
             RejectReason::DuplicateId => "duplicate_id",
             RejectReason::InvalidRequest { .. } => "invalid_request",
+            RejectReason::CannotAdopt { .. } => "cannot_adopt",
         },
     }
 }

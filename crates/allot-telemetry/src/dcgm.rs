@@ -1,0 +1,170 @@
+//! NVIDIA dcgm-exporter: Prometheus text, or the same series read back through a Prometheus
+//! query, into one [`Sample`] per GPU or MIG instance (and per timestamp, for range queries).
+//!
+//! Labels accepted: `Hostname` or `hostname` (renamed in dcgm-exporter PR #655), `UUID` or `uuid`
+//! (`--use-old-namespace`), `gpu`, `modelName`, `GPU_I_ID`/`GPU_I_PROFILE` (MIG), Kubernetes
+//! `namespace`/`pod`/`container` (or the relabelled `pod_namespace`/`pod_name`/`container_name`),
+//! and `hpc_job` (HPC job mapping). Metric names are matched without regard to case, so the old
+//! lower-case `dcgm_fi_*` exports work too, as do the 1.x names `dcgm_gpu_utilization`,
+//! `dcgm_fb_used`, `dcgm_fb_free`. Any other `DCGM_FI_*`/`dcgm_*` series still makes the device
+//! known (it then appears with confidence Unknown); other families are ignored.
+
+use std::collections::BTreeMap;
+
+use crate::promtext::{self, Series};
+use crate::sample::{
+    DeviceIdentity, PodLabels, Sample, Vendor, amount, percent_to_permille, ratio_to_permille,
+};
+use crate::ParseError;
+
+/// Parses dcgm-exporter's `/metrics` text.
+pub fn parse(text: &str) -> Result<Vec<Sample>, ParseError> {
+    samples_from_series(&promtext::parse(text)?)
+}
+
+/// DCGM's "blank / not found / not supported / no permission" values: int64 sentinels start at
+/// 0x7ffffffffffffff0, FP64 ones at 2^47 (`DCGM_FP64_BLANK`), int32 ones at 0x7ffffff0.
+pub fn is_dcgm_sentinel(value: f64) -> bool {
+    const FP64_BLANK: f64 = 140_737_488_355_328.0;
+    const INT32_BLANK: f64 = 2_147_483_632.0;
+    value >= FP64_BLANK || (INT32_BLANK..=2_147_483_647.0).contains(&value)
+}
+
+#[derive(Clone, Copy)]
+enum Field {
+    Utilisation,
+    SmActive,
+    EngineActive,
+    TensorActive,
+    DramActive,
+    FbUsed,
+    FbFree,
+    FbReserved,
+    FbTotal,
+    /// Known family, no activity or memory meaning: identifies the device only.
+    Other,
+}
+
+fn field_of(name: &str) -> Option<Field> {
+    const FIELDS: [(&str, Field); 12] = [
+        ("DCGM_FI_DEV_GPU_UTIL", Field::Utilisation),
+        ("dcgm_gpu_utilization", Field::Utilisation),
+        ("DCGM_FI_PROF_SM_ACTIVE", Field::SmActive),
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", Field::EngineActive),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", Field::TensorActive),
+        ("DCGM_FI_PROF_DRAM_ACTIVE", Field::DramActive),
+        ("DCGM_FI_DEV_FB_USED", Field::FbUsed),
+        ("dcgm_fb_used", Field::FbUsed),
+        ("DCGM_FI_DEV_FB_FREE", Field::FbFree),
+        ("dcgm_fb_free", Field::FbFree),
+        ("DCGM_FI_DEV_FB_RESERVED", Field::FbReserved),
+        ("DCGM_FI_DEV_FB_TOTAL", Field::FbTotal),
+    ];
+    if let Some((_, f)) = FIELDS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        return Some(*f);
+    }
+    let lower_prefix = name.get(..5).is_some_and(|p| p.eq_ignore_ascii_case("dcgm_"));
+    lower_prefix.then_some(Field::Other)
+}
+
+/// Grouping key: host, GPU index, UUID, MIG instance, timestamp.
+type Key<'a> = (Option<&'a str>, Option<u32>, Option<&'a str>, Option<u32>, Option<i64>);
+
+#[derive(Default)]
+struct Memory {
+    used: Option<u64>,
+    free: Option<u64>,
+    reserved: Option<u64>,
+    total: Option<u64>,
+}
+
+/// Turns dcgm-exporter series (from text or a Prometheus query) into samples, sorted by host,
+/// GPU index, UUID, MIG instance and time.
+pub fn samples_from_series(series: &[Series<'_>]) -> Result<Vec<Sample>, ParseError> {
+    let mut groups: BTreeMap<Key<'_>, (Sample, Memory)> = BTreeMap::new();
+    for s in series {
+        let Some(field) = field_of(s.name) else { continue };
+        let gpu = parse_u32_label(s, "gpu")?;
+        let uuid = s.label_any(&["UUID", "uuid"]);
+        if gpu.is_none() && uuid.is_none() {
+            return Err(ParseError {
+                line: s.line,
+                field: "gpu".into(),
+                message: format!("{} has neither a gpu nor a UUID label", s.name),
+            });
+        }
+        let mig = parse_u32_label(s, "GPU_I_ID")?;
+        let host = s.label_any(&["Hostname", "hostname"]);
+        let key = (host, gpu, uuid, mig, s.timestamp_ms);
+        let (sample, memory) = groups.entry(key).or_insert_with(|| {
+            let mut identity = DeviceIdentity::new(Vendor::Nvidia);
+            identity.hostname = host.map(str::to_string);
+            identity.gpu_index = gpu;
+            identity.uuid = uuid.map(str::to_string);
+            identity.mig_instance = mig;
+            identity.mig_profile = s.label_any(&["GPU_I_PROFILE"]).map(str::to_string);
+            identity.model = s.label_any(&["modelName"]).map(str::to_string);
+            let mut sample = Sample::new(identity);
+            sample.at_ms = s.timestamp_ms.and_then(|t| u64::try_from(t).ok());
+            (sample, Memory::default())
+        });
+        add_job_labels(sample, s);
+        let value = Some(s.value).filter(|v| !is_dcgm_sentinel(*v));
+        match field {
+            Field::Utilisation => sample.utilisation = value.and_then(percent_to_permille),
+            Field::SmActive => sample.sm_active = value.and_then(ratio_to_permille),
+            Field::EngineActive => sample.engine_active = value.and_then(ratio_to_permille),
+            Field::TensorActive => sample.tensor_active = value.and_then(ratio_to_permille),
+            Field::DramActive => sample.dram_active = value.and_then(ratio_to_permille),
+            Field::FbUsed => memory.used = value.and_then(amount),
+            Field::FbFree => memory.free = value.and_then(amount),
+            Field::FbReserved => memory.reserved = value.and_then(amount),
+            Field::FbTotal => memory.total = value.and_then(amount),
+            Field::Other => {}
+        }
+    }
+    Ok(groups
+        .into_values()
+        .map(|(mut sample, memory)| {
+            sample.memory_used_mib = memory.used;
+            sample.memory_total_mib = memory.total.or_else(|| {
+                let (used, free) = (memory.used?, memory.free?);
+                Some(used.saturating_add(free).saturating_add(memory.reserved.unwrap_or(0)))
+            });
+            sample.classify();
+            sample
+        })
+        .collect())
+}
+
+fn parse_u32_label(s: &Series<'_>, name: &str) -> Result<Option<u32>, ParseError> {
+    match s.label_any(&[name]) {
+        None => Ok(None),
+        Some(v) => v.trim().parse::<u32>().map(Some).map_err(|_| ParseError {
+            line: s.line,
+            field: name.to_string(),
+            message: format!("{v:?} is not a non-negative integer (in {})", s.name),
+        }),
+    }
+}
+
+/// Adds the series' pod and HPC job labels to the sample (empty labels mean "no owner").
+pub(crate) fn add_job_labels(sample: &mut Sample, s: &Series<'_>) {
+    if let Some(pod) = s.label_any(&["pod", "pod_name"]) {
+        let labels = PodLabels {
+            namespace: s.label_any(&["namespace", "pod_namespace"]).map(str::to_string),
+            pod: pod.to_string(),
+            container: s.label_any(&["container", "container_name"]).map(str::to_string),
+        };
+        if let Err(at) = sample.jobs.pods.binary_search(&labels) {
+            sample.jobs.pods.insert(at, labels);
+        }
+    }
+    for label in ["hpc_job", "job_id"] {
+        if let Some(job) = s.label_any(&[label])
+            && let Err(at) = sample.jobs.hpc_jobs.binary_search_by(|j| j.as_str().cmp(job))
+        {
+            sample.jobs.hpc_jobs.insert(at, job.to_string());
+        }
+    }
+}

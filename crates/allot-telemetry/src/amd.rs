@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::ParseError;
 use crate::dcgm::add_job_labels;
 use crate::promtext::{self, Series};
 use crate::sample::{DeviceIdentity, Sample, Vendor, amount, percent_to_permille};
-use crate::ParseError;
 
 // ---------------------------------------------------------------------------------------------
 // device-metrics-exporter
@@ -270,7 +270,8 @@ pub fn parse_rocm_smi(text: &str) -> Result<Vec<Sample>, ParseError> {
         identity.model = card.get("Card Series").and_then(Value::as_str).map(str::to_string);
         let mut sample = Sample::new(identity);
         sample.utilisation = get("GPU use (%)").and_then(percent_to_permille);
-        sample.dram_active = get("GPU Memory Read/Write Activity (%)").and_then(percent_to_permille);
+        sample.dram_active =
+            get("GPU Memory Read/Write Activity (%)").and_then(percent_to_permille);
         const MIB: f64 = 1024.0 * 1024.0;
         sample.memory_total_mib = get("VRAM Total Memory (B)").and_then(|b| amount(b / MIB));
         sample.memory_used_mib = get("VRAM Total Used Memory (B)").and_then(|b| amount(b / MIB));
@@ -313,10 +314,10 @@ pub fn parse_sysfs(files: &SysfsFiles) -> Result<Sample, ParseError> {
     let mut identity = DeviceIdentity::new(Vendor::Amd);
     identity.gpu_index = Some(files.gpu_index);
     let mut sample = Sample::new(identity);
-    sample.utilisation = number("gpu_busy_percent", files.gpu_busy_percent.as_ref())?
-        .and_then(percent_to_permille);
-    sample.dram_active = number("mem_busy_percent", files.mem_busy_percent.as_ref())?
-        .and_then(percent_to_permille);
+    sample.utilisation =
+        number("gpu_busy_percent", files.gpu_busy_percent.as_ref())?.and_then(percent_to_permille);
+    sample.dram_active =
+        number("mem_busy_percent", files.mem_busy_percent.as_ref())?.and_then(percent_to_permille);
     const MIB: f64 = 1024.0 * 1024.0;
     sample.memory_used_mib = number("mem_info_vram_used", files.mem_info_vram_used.as_ref())?
         .and_then(|b| amount((b / MIB).floor()));

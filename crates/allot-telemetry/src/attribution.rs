@@ -43,10 +43,7 @@ pub fn attribute(
 ) -> BTreeMap<WorkloadId, Vec<DeviceReading>> {
     let mut out: BTreeMap<WorkloadId, Vec<DeviceReading>> = BTreeMap::new();
     for allocation in allocations {
-        let newest = samples
-            .iter()
-            .filter(|s| matches(s, allocation))
-            .max_by_key(|s| s.at_ms);
+        let newest = samples.iter().filter(|s| matches(s, allocation)).max_by_key(|s| s.at_ms);
         let reading = match newest {
             Some(sample) => sample.device_reading(allocation.member, allocation.shares),
             None => DeviceReading {

@@ -11,11 +11,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::ParseError;
 use crate::promtext::{self, Series};
 use crate::sample::{
     DeviceIdentity, PodLabels, Sample, Vendor, amount, percent_to_permille, ratio_to_permille,
 };
-use crate::ParseError;
 
 /// Parses dcgm-exporter's `/metrics` text.
 pub fn parse(text: &str) -> Result<Vec<Sample>, ParseError> {

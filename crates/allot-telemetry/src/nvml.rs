@@ -78,7 +78,12 @@ impl NvmlCollector {
                 };
                 processes.insert(
                     p.pid,
-                    ProcessUsage { pid: p.pid, memory_used_mib, sm_util_permille: None, last_seen_us: None },
+                    ProcessUsage {
+                        pid: p.pid,
+                        memory_used_mib,
+                        sm_util_permille: None,
+                        last_seen_us: None,
+                    },
                 );
             }
             let last_seen = self.last_seen_us.get(&index).copied();

@@ -69,7 +69,8 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<u64> {
         }
         // First three fractional digits, padded: ".7" is 700 ms.
         for k in 0..3 {
-            millis = millis * 10 + t.get(start + k).filter(|_| start + k < end).map_or(0, |d| i64::from(d - b'0'));
+            millis = millis * 10
+                + t.get(start + k).filter(|_| start + k < end).map_or(0, |d| i64::from(d - b'0'));
         }
         i = end;
     }
@@ -112,12 +113,14 @@ pub fn last_activity_from_json(body: &str, pointer: &str) -> Result<u64, ProbeEr
         .pointer(pointer)
         .ok_or_else(|| error("no such field in the body (check the JSON pointer)".into()))?;
     match found {
-        Value::String(s) => parse_rfc3339_ms(s)
-            .ok_or_else(|| error(format!("{s:?} is not an RFC 3339 time"))),
+        Value::String(s) => {
+            parse_rfc3339_ms(s).ok_or_else(|| error(format!("{s:?} is not an RFC 3339 time")))
+        }
         Value::Number(n) => {
-            let v = n.as_f64().filter(|v| v.is_finite() && *v >= 0.0).ok_or_else(|| {
-                error(format!("{n} is not a non-negative number of seconds"))
-            })?;
+            let v = n
+                .as_f64()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| error(format!("{n} is not a non-negative number of seconds")))?;
             let ms = if v > 1e11 { v } else { v * 1_000.0 };
             if ms > u64::MAX as f64 {
                 return Err(error(format!("{n} is too large")));
@@ -223,7 +226,15 @@ mod tests {
         assert_eq!(parse_rfc3339_ms("2024-05-01T12:34:56.789012Z"), Some(1_714_566_896_789));
         assert_eq!(parse_rfc3339_ms("2024-05-01T14:34:56.7+02:00"), Some(1_714_566_896_700));
         assert_eq!(parse_rfc3339_ms("2000-02-29T00:00:00-00:30"), Some(951_784_200_000));
-        for bad in ["", "2024-05-01", "2024-13-01T00:00:00Z", "2024-05-01T00:00:00", "x".repeat(30).as_str(), "2024-05-01T00:00:00.Z", "1969-12-31T23:59:59Z"] {
+        for bad in [
+            "",
+            "2024-05-01",
+            "2024-13-01T00:00:00Z",
+            "2024-05-01T00:00:00",
+            "x".repeat(30).as_str(),
+            "2024-05-01T00:00:00.Z",
+            "1969-12-31T23:59:59Z",
+        ] {
             assert_eq!(parse_rfc3339_ms(bad), None, "{bad}");
         }
     }
@@ -231,9 +242,18 @@ mod tests {
     #[test]
     fn json_pointer_to_a_time_or_number() {
         let jupyter = r#"{"started":"2024-05-01T10:00:00.000000Z","last_activity":"2024-05-01T12:00:00.500000Z","connections":0,"kernels":1}"#;
-        assert_eq!(last_activity_from_json(jupyter, "/last_activity").expect("a time"), 1_714_564_800_500);
-        assert_eq!(last_activity_from_json(r#"{"a":{"t":1700000000}}"#, "/a/t").expect("seconds"), 1_700_000_000_000);
-        assert_eq!(last_activity_from_json(r#"{"t":1700000000123}"#, "/t").expect("ms"), 1_700_000_000_123);
+        assert_eq!(
+            last_activity_from_json(jupyter, "/last_activity").expect("a time"),
+            1_714_564_800_500
+        );
+        assert_eq!(
+            last_activity_from_json(r#"{"a":{"t":1700000000}}"#, "/a/t").expect("seconds"),
+            1_700_000_000_000
+        );
+        assert_eq!(
+            last_activity_from_json(r#"{"t":1700000000123}"#, "/t").expect("ms"),
+            1_700_000_000_123
+        );
         assert!(matches!(last_activity_from_json(jupyter, "/nope"), Err(ProbeError::Body { .. })));
         assert!(last_activity_from_json("not json", "/t").is_err());
         assert!(last_activity_from_json(r#"{"t":true}"#, "/t").is_err());

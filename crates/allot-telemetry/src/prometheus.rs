@@ -114,8 +114,7 @@ impl PrometheusSource {
         exporter: Exporter,
     ) -> Result<Vec<Sample>, PrometheusError> {
         let url = format!("{}{path}", self.base);
-        let transport =
-            |message: String| PrometheusError::Transport { url: url.clone(), message };
+        let transport = |message: String| PrometheusError::Transport { url: url.clone(), message };
         let mut request = self.agent.get(&url);
         for (k, v) in params {
             request = request.query(*k, v);
@@ -146,7 +145,10 @@ fn answer_error(field: &str, message: impl Into<String>) -> ParseError {
 
 /// Samples from a query API answer (`{"status":"success","data":{"resultType":"vector"|"matrix",
 /// "result":[…]}}`). Pure: the HTTP part is [`PrometheusSource`].
-pub fn samples_from_query_answer(exporter: Exporter, body: &str) -> Result<Vec<Sample>, ParseError> {
+pub fn samples_from_query_answer(
+    exporter: Exporter,
+    body: &str,
+) -> Result<Vec<Sample>, ParseError> {
     let root: Value = serde_json::from_str(body).map_err(|e| ParseError {
         line: e.line(),
         field: "answer".into(),
@@ -158,6 +160,12 @@ pub fn samples_from_query_answer(exporter: Exporter, body: &str) -> Result<Vec<S
     }
     let data = root.get("data").ok_or_else(|| answer_error("data", "missing"))?;
     let kind = data.get("resultType").and_then(Value::as_str).unwrap_or("");
+    if kind != "vector" && kind != "matrix" {
+        return Err(answer_error(
+            "data.resultType",
+            format!("{kind:?}: expected vector or matrix (query a selector, not a scalar)"),
+        ));
+    }
     let result = data
         .get("result")
         .and_then(Value::as_array)
@@ -179,19 +187,15 @@ pub fn samples_from_query_answer(exporter: Exporter, body: &str) -> Result<Vec<S
             .filter_map(|(k, v)| Some((k.as_str(), Cow::Borrowed(v.as_str()?))))
             .collect();
         let points: Vec<&Value> = match kind {
-            "vector" => vec![item.get("value").ok_or_else(|| answer_error(&field("value"), "missing"))?],
-            "matrix" => item
+            "vector" => {
+                vec![item.get("value").ok_or_else(|| answer_error(&field("value"), "missing"))?]
+            }
+            _ => item
                 .get("values")
                 .and_then(Value::as_array)
                 .ok_or_else(|| answer_error(&field("values"), "missing or not a list"))?
                 .iter()
                 .collect(),
-            other => {
-                return Err(answer_error(
-                    "data.resultType",
-                    format!("{other:?}: expected vector or matrix (query a selector, not a scalar)"),
-                ));
-            }
         };
         for point in points {
             let (time_s, value) = match point.as_array().map(Vec::as_slice) {

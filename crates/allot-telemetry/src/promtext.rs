@@ -99,9 +99,9 @@ fn parse_labels<'a>(
         if let Some(after) = rest.strip_prefix('}') {
             return Ok(after);
         }
-        let eq = rest.find('=').ok_or_else(|| {
-            error(line_no, metric, "a label has no '=' (or the '}' is missing)")
-        })?;
+        let eq = rest
+            .find('=')
+            .ok_or_else(|| error(line_no, metric, "a label has no '=' (or the '}' is missing)"))?;
         let key = rest[..eq].trim();
         if !valid_label_name(key) {
             return Err(error(

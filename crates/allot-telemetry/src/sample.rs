@@ -1,7 +1,7 @@
 //! The normalised sample: one device, MIG instance or AMD partition at one time.
 
-use allot_core::idle::Signal;
 use allot_core::idle::DeviceReading;
+use allot_core::idle::Signal;
 
 /// GPU vendor of a sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -8,7 +8,8 @@ use allot_telemetry::amd::{self, SysfsFiles};
 use allot_telemetry::{Activity, Confidence, Sample, dcgm};
 
 fn fixture(name: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures").join(name);
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -69,7 +70,10 @@ fn dcgm_fixture_every_device_and_instance() {
     ];
     assert_eq!(got, expected);
     // Kubernetes labels: set on instance 7 and 9, absent on 8; empty labels are no owner.
-    let pods: Vec<_> = samples.iter().map(|s| s.jobs.pods.iter().map(|p| p.pod.as_str()).collect::<Vec<_>>()).collect();
+    let pods: Vec<_> = samples
+        .iter()
+        .map(|s| s.jobs.pods.iter().map(|p| p.pod.as_str()).collect::<Vec<_>>())
+        .collect();
     assert_eq!(pods[6], ["text-embedding-predictor-00008-deployment-57946f6c67-vdtjl"]);
     assert!(pods[7].is_empty());
     assert_eq!(samples[6].jobs.pods[0].namespace.as_deref(), Some("model-playground-stg"));
@@ -86,7 +90,10 @@ fn dcgm_hostname_profiling_and_jobs() {
     let (tiny, busy) = (&samples[0], &samples[1]);
     assert_eq!(tiny.identity.hostname.as_deref(), Some("gpu-node-07"));
     // The "one tiny kernel" case: utilisation 100 %, engine ~100 %, SMs < 1 %.
-    assert_eq!((tiny.utilisation, tiny.engine_active, tiny.sm_active), (Some(1000), Some(1000), Some(8)));
+    assert_eq!(
+        (tiny.utilisation, tiny.engine_active, tiny.sm_active),
+        (Some(1000), Some(1000), Some(8))
+    );
     assert_eq!((tiny.signal, tiny.confidence), (Some(Signal::SmActive), Confidence::High));
     assert_eq!(tiny.activity(100), Activity::IdleWithMemory);
     assert_eq!(tiny.jobs.hpc_jobs, ["4711", "4712"]);
@@ -99,7 +106,13 @@ fn dcgm_hostname_profiling_and_jobs() {
     assert_eq!(busy.memory_total_mib, Some(80_559));
     assert_eq!(
         busy.device_reading(1, 500),
-        DeviceReading { member: 1, shares: 500, sm_active: Some(871), engine_active: Some(962), utilisation: Some(970) }
+        DeviceReading {
+            member: 1,
+            shares: 500,
+            sm_active: Some(871),
+            engine_active: Some(962),
+            utilisation: Some(970)
+        }
     );
 }
 
@@ -108,7 +121,16 @@ fn dcgm_old_namespace() {
     let samples = dcgm::parse(&data("dcgm-old-namespace.txt")).expect("parses");
     let got: Vec<_> = samples
         .iter()
-        .map(|s| (s.identity.gpu_index, s.identity.uuid.is_some(), s.utilisation, s.memory_used_mib, s.memory_total_mib, s.confidence))
+        .map(|s| {
+            (
+                s.identity.gpu_index,
+                s.identity.uuid.is_some(),
+                s.utilisation,
+                s.memory_used_mib,
+                s.memory_total_mib,
+                s.confidence,
+            )
+        })
         .collect();
     assert_eq!(
         got,
@@ -151,7 +173,10 @@ fn dcgm_sentinels_are_absent() {
     assert_eq!(samples[0].confidence, Confidence::Unknown);
     // Profiling "not supported": falls back to utilisation with low confidence.
     assert_eq!((samples[1].sm_active, samples[1].utilisation), (None, Some(30)));
-    assert_eq!((samples[1].signal, samples[1].confidence), (Some(Signal::Utilisation), Confidence::Low));
+    assert_eq!(
+        (samples[1].signal, samples[1].confidence),
+        (Some(Signal::Utilisation), Confidence::Low)
+    );
     assert_eq!(samples[1].memory_used_mib, Some(512));
 }
 
@@ -162,14 +187,18 @@ fn dcgm_errors_name_line_and_field() {
     let e = dcgm::parse("# c\nDCGM_FI_DEV_GPU_UTIL{modelName=\"m\"} 1\n").expect_err("no gpu");
     assert_eq!((e.line, e.field.as_str()), (2, "gpu"));
     let e = dcgm::parse("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} abc\n").expect_err("bad value");
-    assert_eq!(e.to_string(), "line 1: DCGM_FI_DEV_GPU_UTIL: value \"abc\" is not a number (or NaN, +Inf, -Inf)");
+    assert_eq!(
+        e.to_string(),
+        "line 1: DCGM_FI_DEV_GPU_UTIL: value \"abc\" is not a number (or NaN, +Inf, -Inf)"
+    );
     // Other families are not ours and need no gpu label.
     assert_eq!(dcgm::parse("go_goroutines 12\n").expect("ignored"), Vec::new());
 }
 
 #[test]
 fn amd_exporter_fixture() {
-    let samples = amd::parse_exporter(&fixture("amd-device-metrics-exporter-sample.txt")).expect("parses");
+    let samples =
+        amd::parse_exporter(&fixture("amd-device-metrics-exporter-sample.txt")).expect("parses");
     let got = summary(&samples);
     assert_eq!(
         got,
@@ -209,14 +238,23 @@ fn amd_smi_values_and_na() {
     assert_eq!(samples.len(), 2);
     assert_eq!((samples[0].engine_active, samples[0].dram_active), (Some(420), Some(70)));
     assert_eq!(samples[0].confidence, Confidence::Medium);
-    assert_eq!((samples[1].engine_active, samples[1].dram_active), (Some(750), None), "mean of the XCCs");
+    assert_eq!(
+        (samples[1].engine_active, samples[1].dram_active),
+        (Some(750), None),
+        "mean of the XCCs"
+    );
     let na = amd::parse_amd_smi(&data("amd-smi-na.json")).expect("parses");
     assert_eq!((na[0].signal, na[0].confidence), (None, Confidence::Unknown));
     let e = amd::parse_amd_smi("[{\"gpu\":0}]").expect_err("no usage");
     assert_eq!(e.field, "[0].usage");
     let e = amd::parse_amd_smi("[\n{\"gpu\":0,\n").expect_err("truncated");
     assert!(e.line >= 2, "{e}");
-    assert!(amd::parse_amd_smi("{\"gpu_data\":[{\"gpu\":3,\"usage\":{\"gfx_activity\":{\"value\":5,\"unit\":\"%\"}}}]}").is_ok());
+    assert!(
+        amd::parse_amd_smi(
+            "{\"gpu_data\":[{\"gpu\":3,\"usage\":{\"gfx_activity\":{\"value\":5,\"unit\":\"%\"}}}]}"
+        )
+        .is_ok()
+    );
 }
 
 #[test]
@@ -224,7 +262,16 @@ fn rocm_smi_strings() {
     let samples = amd::parse_rocm_smi(&data("rocm-smi.json")).expect("parses");
     let got: Vec<_> = samples
         .iter()
-        .map(|s| (s.identity.gpu_index, s.utilisation, s.dram_active, s.memory_used_mib, s.memory_total_mib, s.confidence))
+        .map(|s| {
+            (
+                s.identity.gpu_index,
+                s.utilisation,
+                s.dram_active,
+                s.memory_used_mib,
+                s.memory_total_mib,
+                s.confidence,
+            )
+        })
         .collect();
     assert_eq!(
         got,

@@ -38,35 +38,65 @@ impl Series<'_> {
 /// Parses every sample line of `text`. Comments and blank lines are skipped.
 pub fn parse(text: &str) -> Result<Vec<Series<'_>>, ParseError> {
     let mut out = Vec::new();
+    for_each_series(text, |series| {
+        out.push(Series { labels: series.labels.clone(), ..*series });
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Calls `f` with every sample line of `text`, in order, reusing one label buffer: the large
+/// scrapes are grouped as they are read, without a vector of all their series. The first error,
+/// from the text or from `f`, stops the walk.
+pub fn for_each_series<'a>(
+    text: &'a str,
+    mut f: impl FnMut(&Series<'a>) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
+    let mut series = Series {
+        name: "",
+        labels: Vec::with_capacity(32),
+        value: 0.0,
+        timestamp_ms: None,
+        line: 0,
+    };
     for (index, raw) in text.lines().enumerate() {
-        let line_no = index + 1;
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        out.push(parse_line(line, line_no)?);
+        parse_line(line, index + 1, &mut series)?;
+        f(&series)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 fn error(line: usize, field: &str, message: impl Into<String>) -> ParseError {
     ParseError { line, field: field.to_string(), message: message.into() }
 }
 
-fn parse_line(line: &str, line_no: usize) -> Result<Series<'_>, ParseError> {
-    let name_end = line.find(|c: char| c == '{' || c.is_ascii_whitespace()).unwrap_or(line.len());
+fn parse_line<'a>(line: &'a str, line_no: usize, out: &mut Series<'a>) -> Result<(), ParseError> {
+    let bytes = line.as_bytes();
+    let name_end = bytes
+        .iter()
+        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b':'))
+        .unwrap_or(bytes.len());
     let name = &line[..name_end];
-    if !valid_metric_name(name) {
+    let name_ok = name_end > 0
+        && !bytes[0].is_ascii_digit()
+        && matches!(bytes.get(name_end), None | Some(b'{' | b' ' | b'\t'));
+    if !name_ok {
+        let shown = line.split(|c: char| c == '{' || c.is_ascii_whitespace()).next().unwrap_or("");
         return Err(error(
             line_no,
             "metric name",
-            format!("{name:?} is not a metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"),
+            format!("{shown:?} is not a metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)"),
         ));
     }
+    out.labels.clear();
     let mut rest = &line[name_end..];
-    let mut labels = Vec::new();
-    if let Some(after) = rest.strip_prefix('{') {
-        rest = parse_labels(after, name, line_no, &mut labels)?;
+    if bytes.get(name_end) == Some(&b'{') {
+        let after = parse_labels(line, name_end + 1, name, line_no, &mut out.labels)?;
+        rest = &line[after..];
     }
     let mut fields = rest.split_ascii_whitespace();
     let value_text = fields
@@ -84,86 +114,103 @@ fn parse_line(line: &str, line_no: usize) -> Result<Series<'_>, ParseError> {
     if let Some(extra) = fields.next() {
         return Err(error(line_no, name, format!("unexpected {extra:?} after the timestamp")));
     }
-    Ok(Series { name, labels, value, timestamp_ms, line: line_no })
+    out.name = name;
+    out.value = value;
+    out.timestamp_ms = timestamp_ms;
+    out.line = line_no;
+    Ok(())
 }
 
-/// Parses `label="value",…}` and returns what follows the closing brace.
+/// Parses `label="value",…}` from byte `i` of `line` and returns the index after the `}`.
 fn parse_labels<'a>(
-    mut rest: &'a str,
+    line: &'a str,
+    mut i: usize,
     metric: &str,
     line_no: usize,
     labels: &mut Vec<(&'a str, Cow<'a, str>)>,
-) -> Result<&'a str, ParseError> {
-    loop {
-        rest = rest.trim_start();
-        if let Some(after) = rest.strip_prefix('}') {
-            return Ok(after);
+) -> Result<usize, ParseError> {
+    let b = line.as_bytes();
+    // One search per line: without a backslash no value needs unescaping.
+    let escapes = b[i..].contains(&b'\\');
+    let skip_space = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
         }
-        let eq = rest
-            .find('=')
-            .ok_or_else(|| error(line_no, metric, "a label has no '=' (or the '}' is missing)"))?;
-        let key = rest[..eq].trim();
-        if !valid_label_name(key) {
+        i
+    };
+    loop {
+        i = skip_space(i);
+        match b.get(i) {
+            None => return Err(error(line_no, metric, "the label set has no closing '}'")),
+            Some(b'}') => return Ok(i + 1),
+            Some(_) => {}
+        }
+        let key_start = i;
+        while b.get(i).is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_') {
+            i += 1;
+        }
+        let key = &line[key_start..i];
+        i = skip_space(i);
+        if key.is_empty() || key.as_bytes()[0].is_ascii_digit() || b.get(i) != Some(&b'=') {
+            let shown = line[key_start..].split(['=', ',', '}']).next().unwrap_or("").trim();
             return Err(error(
                 line_no,
                 metric,
-                format!("{key:?} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
+                format!("{shown:?} is not a label name followed by '=' ([a-zA-Z_][a-zA-Z0-9_]*)"),
             ));
         }
-        rest = rest[eq + 1..].trim_start();
-        let Some(body) = rest.strip_prefix('"') else {
+        i = skip_space(i + 1);
+        if b.get(i) != Some(&b'"') {
             return Err(error(line_no, key, "the label value does not start with '\"'"));
-        };
-        let (value, after) = parse_quoted(body)
+        }
+        let (value, after) = parse_quoted(&line[i + 1..], escapes)
             .ok_or_else(|| error(line_no, key, "the label value has no closing '\"'"))?;
         labels.push((key, value));
-        rest = after.trim_start();
-        if let Some(after) = rest.strip_prefix(',') {
-            rest = after;
-        } else if !rest.starts_with('}') {
-            return Err(error(line_no, key, "expected ',' or '}' after the label value"));
+        i = skip_space(line.len() - after.len());
+        match b.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => {}
+            _ => return Err(error(line_no, key, "expected ',' or '}' after the label value")),
         }
     }
 }
 
 /// A quoted label value (after the opening quote): the value and what follows the closing quote.
-fn parse_quoted(body: &str) -> Option<(Cow<'_, str>, &str)> {
+/// Without `escapes` (no backslash on the line) it borrows; '"' and '\\' are ASCII, so scanning
+/// bytes is UTF-8 safe.
+fn parse_quoted(body: &str, escapes: bool) -> Option<(Cow<'_, str>, &str)> {
     let bytes = body.as_bytes();
+    if !escapes {
+        let quote = bytes.iter().position(|&b| b == b'"')?;
+        return Some((Cow::Borrowed(&body[..quote]), &body[quote + 1..]));
+    }
+    let mut value = String::new();
+    let mut start = 0;
     let mut i = 0;
-    let mut owned: Option<String> = None;
     while i < bytes.len() {
         match bytes[i] {
+            b'"' if start == 0 => return Some((Cow::Borrowed(&body[..i]), &body[i + 1..])),
             b'"' => {
-                let value = match owned {
-                    Some(s) => Cow::Owned(s),
-                    None => Cow::Borrowed(&body[..i]),
-                };
-                return Some((value, &body[i + 1..]));
+                value.push_str(&body[start..i]);
+                return Some((Cow::Owned(value), &body[i + 1..]));
             }
             b'\\' => {
-                let s = owned.get_or_insert_with(|| body[..i].to_string());
-                match bytes.get(i + 1)? {
-                    b'n' => s.push('\n'),
-                    b'\\' => s.push('\\'),
-                    b'"' => s.push('"'),
+                value.push_str(&body[start..i]);
+                let next = body.get(i + 1..)?.chars().next()?;
+                match next {
+                    'n' => value.push('\n'),
+                    '\\' => value.push('\\'),
+                    '"' => value.push('"'),
                     // Unknown escapes are kept as written (Prometheus does the same).
-                    _ => {
-                        let next = body[i + 1..].chars().next()?;
-                        s.push('\\');
-                        s.push(next);
-                        i += next.len_utf8() + 1;
-                        continue;
+                    other => {
+                        value.push('\\');
+                        value.push(other);
                     }
                 }
-                i += 2;
+                i += 1 + next.len_utf8();
+                start = i;
             }
-            _ => {
-                let c = body[i..].chars().next()?;
-                if let Some(s) = owned.as_mut() {
-                    s.push(c);
-                }
-                i += c.len_utf8();
-            }
+            _ => i += 1,
         }
     }
     None
@@ -176,18 +223,6 @@ fn parse_value(text: &str) -> Option<f64> {
         "-Inf" => Some(f64::NEG_INFINITY),
         _ => text.parse::<f64>().ok().filter(|_| !text.eq_ignore_ascii_case("inf")),
     }
-}
-
-fn valid_metric_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-}
-
-fn valid_label_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
@@ -230,5 +265,7 @@ mod tests {
         assert!(parse("m{a=1} 1").is_err());
         assert!(parse("m 1 2 3").is_err());
         assert!(parse("m").is_err());
+        assert_eq!(parse("{a=\"1\"} 1").expect_err("no name").field, "metric name");
+        assert_eq!(parse("m-x 1").expect_err("bad name").field, "metric name");
     }
 }

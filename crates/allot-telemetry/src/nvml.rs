@@ -116,6 +116,7 @@ impl NvmlCollector {
                 }
             }
             sample.processes = processes.into_values().collect();
+            sample.processes_listed = true;
             sample.classify();
             if mig {
                 sample.reason = "MIG enabled: NVML has no per-instance activity without GPM; \

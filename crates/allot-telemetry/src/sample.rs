@@ -153,6 +153,9 @@ pub struct Sample {
     pub memory_used_mib: Option<u64>,
     pub memory_total_mib: Option<u64>,
     pub processes: Vec<ProcessUsage>,
+    /// The source lists the device's processes (NVML): memory then counts as held only when a
+    /// process holds it (NVML's device "used" includes the driver's own reservation).
+    pub processes_listed: bool,
     pub jobs: JobLabels,
     /// The signal idleness is judged on; `None` when nothing usable is present.
     pub signal: Option<Signal>,
@@ -175,6 +178,7 @@ impl Sample {
             memory_used_mib: None,
             memory_total_mib: None,
             processes: Vec::new(),
+            processes_listed: false,
             jobs: JobLabels::default(),
             signal: None,
             confidence: Confidence::Unknown,
@@ -246,12 +250,12 @@ impl Sample {
         }
     }
 
-    /// Memory held by processes (or, without a process list, by anyone).
-    fn holds_memory(&self) -> bool {
+    /// Memory held by processes (or, when the source lists no processes, by anyone).
+    pub fn holds_memory(&self) -> bool {
         if self.processes.iter().any(|p| p.memory_used_mib.is_some_and(|m| m > 0)) {
             return true;
         }
-        self.processes.is_empty() && self.memory_used_mib.is_some_and(|m| m > 0)
+        !self.processes_listed && self.memory_used_mib.is_some_and(|m| m > 0)
     }
 
     /// The reading the idle tracker takes. `member` and `shares` come from the allocation.

@@ -301,3 +301,31 @@ fn sysfs_files_and_reader() {
     assert_eq!(empty.confidence, Confidence::Unknown);
     assert!(amd::read_sysfs(&root.join("missing")).is_err());
 }
+
+#[test]
+fn with_a_process_list_only_processes_hold_memory() {
+    use allot_telemetry::{DeviceIdentity, ProcessUsage, Vendor};
+    let mut sample = Sample::new(DeviceIdentity::new(Vendor::Nvidia));
+    sample.utilisation = Some(0);
+    sample.memory_used_mib = Some(450); // the driver's reservation on an empty GPU
+    sample.classify();
+    assert_eq!(sample.activity(100), Activity::IdleWithMemory, "an exporter's FB_USED counts");
+    sample.processes_listed = true;
+    assert_eq!(sample.activity(100), Activity::Idle, "NVML listed no process");
+    sample.processes.push(ProcessUsage {
+        pid: 7,
+        memory_used_mib: Some(4096),
+        sm_util_permille: None,
+        last_seen_us: None,
+    });
+    assert_eq!(sample.activity(100), Activity::IdleWithMemory);
+    assert_eq!(
+        allot_telemetry::process_activity(&sample.processes[0], 100),
+        Activity::IdleWithMemory
+    );
+    sample.processes[0].sm_util_permille = Some(850);
+    sample.utilisation = Some(990);
+    sample.classify();
+    assert_eq!(sample.activity(100), Activity::Active);
+    assert_eq!(allot_telemetry::process_activity(&sample.processes[0], 100), Activity::Active);
+}

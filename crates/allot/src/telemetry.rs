@@ -208,6 +208,7 @@ fn sample_json(s: &Sample, threshold: u16) -> Value {
         "pods": s.jobs.pods.iter().map(|p| json!({
             "namespace": p.namespace, "pod": p.pod, "container": p.container,
         })).collect::<Vec<_>>(),
+        "processes_listed": s.processes_listed,
         "hpc_jobs": s.jobs.hpc_jobs,
         "signal": s.signal.map(signal_name),
         "signal_permille": s.signal_value(),
@@ -348,7 +349,7 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
             (None, _) | (_, None) => Activity::Unknown,
             (Some(m), _) if m >= u64::from(threshold) => Activity::Active,
             // Below the threshold on average: idle, with or without memory held at the end.
-            (Some(_), Some(s)) if holds_memory(s) => Activity::IdleWithMemory,
+            (Some(_), Some(s)) if s.holds_memory() => Activity::IdleWithMemory,
             (Some(_), Some(_)) => Activity::Idle,
         };
         let signal = last.and_then(|s| s.signal).map_or("none", signal_name);
@@ -393,11 +394,6 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
             )?
         )),
     }
-}
-
-fn holds_memory(s: &Sample) -> bool {
-    s.memory_used_mib.is_some_and(|m| m > 0)
-        || s.processes.iter().any(|p| p.memory_used_mib.is_some_and(|m| m > 0))
 }
 
 fn local_hostname() -> Option<String> {

@@ -29,6 +29,11 @@ fn corpus() -> Vec<(Format, String)> {
     ]
 }
 
+/// 256 by default; the slow tier raises it (`ALLOT_PROPTEST_CASES=2048`).
+fn cases() -> u32 {
+    std::env::var("ALLOT_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256)
+}
+
 const FORMATS: [Format; 4] =
     [Format::DcgmExporter, Format::AmdExporter, Format::AmdSmi, Format::RocmSmi];
 
@@ -88,7 +93,7 @@ fn interesting_char() -> impl Strategy<Value = char> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC*") {

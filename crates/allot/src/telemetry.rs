@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use allot_telemetry::nvml::NvmlCollector;
 use allot_telemetry::prometheus::{Exporter, PrometheusSource};
+use allot_telemetry::schedule::CollectorSchedule;
 use allot_telemetry::{Activity, Format, Sample, amd, process_activity, signal_name};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Value, json};
@@ -303,14 +304,43 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
         }
     };
     let threshold = args.threshold_permille;
-    let interval = Duration::from_millis(args.interval_ms.max(100));
+    // A failed collection is retried with exponential backoff (up to 30 s), not fatal.
+    let mut schedule = CollectorSchedule::new(args.interval_ms.max(100), 10_000, 30_000, now_ms());
+    let mut failures = 0u64;
+    let mut last_error = String::new();
     let mut devices: std::collections::BTreeMap<String, DeviceWindow> = Default::default();
     let mut processes: std::collections::BTreeMap<u32, ProcessWindow> = Default::default();
     let end_ms = now_ms().saturating_add(args.seconds.saturating_mul(1000));
     let mut ticks = 0u64;
     loop {
         let at = now_ms();
-        let samples = source.collect(at)?;
+        if !schedule.is_due(at) {
+            let wake = schedule.next_due_ms().min(end_ms.max(at));
+            std::thread::sleep(Duration::from_millis(wake.saturating_sub(at).max(1)));
+            if now_ms() >= end_ms && ticks + failures > 0 {
+                break;
+            }
+            continue;
+        }
+        let samples = match source.collect(at) {
+            Ok(samples) => {
+                schedule.record_success(at);
+                samples
+            }
+            Err(e) => {
+                schedule.record_failure(at);
+                failures += 1;
+                last_error = format!("{e:#}");
+                crate::print_err(&format!(
+                    "warning: collection failed ({last_error}); retrying in {} ms\n",
+                    schedule.next_due_ms().saturating_sub(at)
+                ));
+                if now_ms() >= end_ms {
+                    break;
+                }
+                continue;
+            }
+        };
         ticks += 1;
         if args.output == Output::Text {
             for s in &samples {
@@ -337,7 +367,13 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
         if now_ms() >= end_ms {
             break;
         }
-        std::thread::sleep(interval);
+    }
+    if ticks == 0 {
+        return Err(Failure::new(
+            EXIT_UNREACHABLE,
+            format!("error: every collection failed ({failures}); the last: {last_error}\n"),
+        )
+        .into());
     }
     let mut out = String::new();
     let mut device_json = Vec::new();
@@ -386,11 +422,11 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
             "memory_used_mib_max": w.memory_used_mib_max, "sm_util_permille_max": w.sm_util_permille_max}));
     }
     match args.output {
-        Output::Text => Ok(format!("summary over {ticks} collections:\n{out}")),
+        Output::Text => Ok(format!("summary over {ticks} collections ({failures} failed):\n{out}")),
         Output::Json => Ok(format!(
             "{}\n",
             serde_json::to_string_pretty(
-                &json!({"collections": ticks, "devices": device_json, "processes": process_json})
+                &json!({"collections": ticks, "failed_collections": failures, "devices": device_json, "processes": process_json})
             )?
         )),
     }

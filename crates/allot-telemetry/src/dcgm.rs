@@ -63,6 +63,10 @@ fn field_of(name: &str) -> Option<Field> {
         ("DCGM_FI_DEV_FB_RESERVED", Field::FbReserved),
         ("DCGM_FI_DEV_FB_TOTAL", Field::FbTotal),
     ];
+    // Exact names first (one comparison per line in a big scrape), then any case.
+    if let Some((_, f)) = FIELDS.iter().find(|(n, _)| *n == name) {
+        return Some(*f);
+    }
     if let Some((_, f)) = FIELDS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
         return Some(*f);
     }
@@ -250,13 +254,23 @@ fn parse_u32(s: &Series<'_>, name: &str, value: Option<&str>) -> Result<Option<u
 /// Adds the series' pod and HPC job labels to the sample (empty labels mean "no owner").
 pub(crate) fn add_job_labels(sample: &mut Sample, s: &Series<'_>) {
     if let Some(pod) = s.label_any(&["pod", "pod_name"]) {
-        let labels = PodLabels {
-            namespace: s.label_any(&["namespace", "pod_namespace"]).map(str::to_string),
-            pod: pod.to_string(),
-            container: s.label_any(&["container", "container_name"]).map(str::to_string),
-        };
-        if let Err(at) = sample.jobs.pods.binary_search(&labels) {
-            sample.jobs.pods.insert(at, labels);
+        let namespace = s.label_any(&["namespace", "pod_namespace"]);
+        let container = s.label_any(&["container", "container_name"]);
+        // Every family repeats the owner: compare before allocating.
+        let known = sample.jobs.pods.iter().any(|p| {
+            p.pod == pod
+                && p.namespace.as_deref() == namespace
+                && p.container.as_deref() == container
+        });
+        if !known {
+            let labels = PodLabels {
+                namespace: namespace.map(str::to_string),
+                pod: pod.to_string(),
+                container: container.map(str::to_string),
+            };
+            if let Err(at) = sample.jobs.pods.binary_search(&labels) {
+                sample.jobs.pods.insert(at, labels);
+            }
         }
     }
     for label in ["hpc_job", "job_id"] {

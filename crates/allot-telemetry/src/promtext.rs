@@ -70,16 +70,29 @@ pub fn for_each_series<'a>(
     Ok(())
 }
 
+/// Byte classes for the name scans: a table lookup per byte instead of three comparisons.
+const NAME: u8 = 1;
+const NAME_CHAR: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        if c.is_ascii_alphanumeric() || c == b'_' || c == b':' {
+            table[b] = NAME;
+        }
+        b += 1;
+    }
+    table
+};
+
 fn error(line: usize, field: &str, message: impl Into<String>) -> ParseError {
     ParseError { line, field: field.to_string(), message: message.into() }
 }
 
 fn parse_line<'a>(line: &'a str, line_no: usize, out: &mut Series<'a>) -> Result<(), ParseError> {
     let bytes = line.as_bytes();
-    let name_end = bytes
-        .iter()
-        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b':'))
-        .unwrap_or(bytes.len());
+    let name_end =
+        bytes.iter().position(|&b| NAME_CHAR[usize::from(b)] != NAME).unwrap_or(bytes.len());
     let name = &line[..name_end];
     let name_ok = name_end > 0
         && !bytes[0].is_ascii_digit()
@@ -130,8 +143,6 @@ fn parse_labels<'a>(
     labels: &mut Vec<(&'a str, Cow<'a, str>)>,
 ) -> Result<usize, ParseError> {
     let b = line.as_bytes();
-    // One search per line: without a backslash no value needs unescaping.
-    let escapes = b[i..].contains(&b'\\');
     let skip_space = |mut i: usize| {
         while b.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
@@ -146,7 +157,7 @@ fn parse_labels<'a>(
             Some(_) => {}
         }
         let key_start = i;
-        while b.get(i).is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_') {
+        while b.get(i).is_some_and(|&c| NAME_CHAR[usize::from(c)] == NAME && c != b':') {
             i += 1;
         }
         let key = &line[key_start..i];
@@ -163,7 +174,7 @@ fn parse_labels<'a>(
         if b.get(i) != Some(&b'"') {
             return Err(error(line_no, key, "the label value does not start with '\"'"));
         }
-        let (value, after) = parse_quoted(&line[i + 1..], escapes)
+        let (value, after) = parse_quoted(&line[i + 1..])
             .ok_or_else(|| error(line_no, key, "the label value has no closing '\"'"))?;
         labels.push((key, value));
         i = skip_space(line.len() - after.len());
@@ -176,17 +187,16 @@ fn parse_labels<'a>(
 }
 
 /// A quoted label value (after the opening quote): the value and what follows the closing quote.
-/// Without `escapes` (no backslash on the line) it borrows; '"' and '\\' are ASCII, so scanning
-/// bytes is UTF-8 safe.
-fn parse_quoted(body: &str, escapes: bool) -> Option<(Cow<'_, str>, &str)> {
+/// Without escapes it borrows; '"' and '\\' are ASCII, so scanning bytes is UTF-8 safe.
+fn parse_quoted(body: &str) -> Option<(Cow<'_, str>, &str)> {
     let bytes = body.as_bytes();
-    if !escapes {
-        let quote = bytes.iter().position(|&b| b == b'"')?;
-        return Some((Cow::Borrowed(&body[..quote]), &body[quote + 1..]));
+    let special = find_quote_or_backslash(bytes)?;
+    if bytes[special] == b'"' {
+        return Some((Cow::Borrowed(&body[..special]), &body[special + 1..]));
     }
     let mut value = String::new();
     let mut start = 0;
-    let mut i = 0;
+    let mut i = special;
     while i < bytes.len() {
         match bytes[i] {
             b'"' if start == 0 => return Some((Cow::Borrowed(&body[..i]), &body[i + 1..])),
@@ -216,6 +226,32 @@ fn parse_quoted(body: &str, escapes: bool) -> Option<(Cow<'_, str>, &str)> {
     None
 }
 
+/// The first '"' or '\\' in `bytes`, eight bytes at a time (label values are most of a
+/// scrape's bytes; a byte loop was a fifth of the parse).
+fn find_quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // Bit 7 of each byte of the result is set where `word` has byte `b` (exact for the first
+    // such byte, which is all that is used).
+    let has = |word: u64, b: u8| {
+        let x = word ^ (ONES * u64::from(b));
+        x.wrapping_sub(ONES) & !x & HIGHS
+    };
+    let mut chunks = bytes.chunks_exact(8);
+    let mut offset = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let found = has(word, b'"') | has(word, b'\\');
+        if found != 0 {
+            return Some(offset + (found.trailing_zeros() / 8) as usize);
+        }
+        offset += 8;
+    }
+    chunks.remainder().iter().position(|&b| b == b'"' || b == b'\\').map(|p| offset + p)
+}
+
 fn parse_value(text: &str) -> Option<f64> {
     match text {
         "NaN" => Some(f64::NAN),
@@ -242,6 +278,25 @@ mod tests {
         assert_eq!(series[0].line, 3);
         assert_eq!(series[1].labels, Vec::new());
         assert_eq!(series[1].value, 3.0);
+    }
+
+    #[test]
+    fn finds_the_first_quote_or_backslash_at_any_offset() {
+        for len in 0..40 {
+            for at in 0..len {
+                for special in [b'"', b'\\'] {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = special;
+                    if at + 1 < len {
+                        bytes[at + 1] = b'"';
+                    }
+                    assert_eq!(find_quote_or_backslash(&bytes), Some(at), "{len} {at}");
+                }
+            }
+            assert_eq!(find_quote_or_backslash(&vec![0xffu8; len]), None);
+        }
+        // Bytes just above and below the needles, and a zero byte, are not matches.
+        assert_eq!(find_quote_or_backslash(b"\x00!#[]\x01\x7f\xff\"x"), Some(8));
     }
 
     #[test]

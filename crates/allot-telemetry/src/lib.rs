@@ -38,11 +38,20 @@
 //! - Ratios above 1 (SM-active on MIG, DCGM#152) are clamped to 1000 ‰; NaN and negative values
 //!   are absent.
 //!
+//! [`Sample::activity`] turns the chosen signal into active / idle-with-memory / idle / unknown
+//! against a threshold. Memory counts as held when a process holds some, or — for sources
+//! without a process list (exporters) — when the device reports memory used; with NVML's
+//! process list ([`Sample::processes_listed`]) the driver's own reservation does not count.
+//!
+//! Not read (yet): NVML GPM SM-activity (nvml-wrapper 0.11 has no GPM API and a raw call would
+//! need `unsafe`), per-MIG-instance NVML activity, and the AMD exporter's optional `gpu_prof_*`
+//! profiler fields (their units are not documented well enough to map them safely).
+//!
 //! # Why a hand-written Prometheus text parser
 //!
 //! See [`promtext`]: no maintained parsing crate fits (the official `prometheus-client` only
 //! encodes; `prometheus-parse` drags regex and chrono in and reports no line numbers), and the
-//! exporters' line-per-series format takes ~150 lines to parse with line and field in every error.
+//! exporters' line-per-series format takes about 200 lines to parse with line and field in every error.
 
 pub mod amd;
 pub mod attribution;

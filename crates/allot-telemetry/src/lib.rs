@@ -29,8 +29,8 @@
 //!   there; a MIG instance without profiling fields is Unknown, not idle.
 //! - **Profiling off**: `PROF_*` series are absent, not 0, when the profiling module is off; the
 //!   sample then falls back to utilisation with confidence Low.
-//! - **DCGM sentinels** ("blank", "not supported", …: int64 ≥ 0x7ffffffffffffff0, FP64 ≥ 2^47,
-//!   int32 0x7ffffff0..) are absent, see [`dcgm::is_dcgm_sentinel`].
+//! - **DCGM sentinels** ("blank", "not supported", …: int64 ≥ 0x7ffffffffffffff0,
+//!   FP64 ≥ 2^47, int32 0x7ffffff0..) are absent, see [`dcgm::is_dcgm_sentinel`].
 //! - **AMD partitions**: the device-metrics-exporter reports activity for partition 0 only; a
 //!   partition other than 0 without activity is Unknown, never idle.
 //! - **Label renames**: `Hostname`/`hostname`, `UUID`/`uuid`, `pod`/`pod_name`…, the `amd_`
@@ -51,7 +51,8 @@
 //!
 //! See [`promtext`]: no maintained parsing crate fits (the official `prometheus-client` only
 //! encodes; `prometheus-parse` drags regex and chrono in and reports no line numbers), and the
-//! exporters' line-per-series format takes about 200 lines to parse with line and field in every error.
+//! exporters' line-per-series format takes about 200 lines to parse with line and field in
+//! every error.
 
 pub mod amd;
 pub mod attribution;

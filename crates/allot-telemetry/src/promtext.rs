@@ -4,8 +4,9 @@
 //!
 //! Why not a crate: `prometheus-client` only encodes; `prometheus-parse` 0.2.5 pulls regex,
 //! chrono, itertools and once_cell, reports errors without a line number and is not actively
-//! maintained. Exporters' output is one line per series, so about 200 lines here parse it with line and
-//! field in every error, borrow instead of allocating, and are fuzzed in `tests/fuzz.rs`.
+//! maintained. Exporters' output is one line per series, so about 200 lines here parse it with
+//! line and field in every error, borrow instead of allocating, and are fuzzed in
+//! `tests/fuzz.rs`.
 
 use std::borrow::Cow;
 

@@ -14,6 +14,7 @@ mod sim_idle;
 mod sim_pack;
 mod sim_replay;
 mod submit;
+mod telemetry;
 mod top;
 
 use std::path::PathBuf;
@@ -123,6 +124,12 @@ enum Command {
     Sim {
         #[command(subcommand)]
         command: sim::SimCommand,
+    },
+    /// GPU telemetry as allot reads it: parse captured exporter/smi output, or watch a live
+    /// source (NVML, amdgpu sysfs, Prometheus) and classify devices and processes.
+    Telemetry {
+        #[command(subcommand)]
+        command: telemetry::TelemetryCommand,
     },
     /// Print a shell completion script (e.g. `allot completions bash > /etc/bash_completion.d/allot`).
     Completions {
@@ -257,6 +264,7 @@ fn main() -> ExitCode {
         Command::Top => top::run(&remote),
         Command::Plan(args) => plan::plan(&args),
         Command::Sim { command } => sim::run(command),
+        Command::Telemetry { command } => telemetry::run(command),
         Command::Completions { shell } => Ok(completions(shell)),
         Command::Man => man_page(),
     };

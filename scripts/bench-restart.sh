@@ -3,6 +3,7 @@
 # they stay pending and every cycle looks at all of them), stop cleanly, restart, and time
 # until the daemon listens again — with snapshots (the default interval) and without (an
 # interval no run reaches, so the whole log is replayed).
+# Also prints the time one snapshot took (the daemon's allot_snapshot_seconds).
 # Usage: scripts/bench-restart.sh [N]   (needs a release build: cargo build --release -p allot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,8 @@ for every in 10000 1000000000; do
     -d '{"project": "research", "gpus": 8, "members": 64, "same_node": true, "command": ["true"]}' \
     $URL/api/v1/workloads
   sleep 2
+  curl -s -H "Authorization: Bearer $TOKEN" $URL/metrics | grep -E "^allot_snapshot_seconds_(sum|count)" | tr '\n' ' ' || true
+  echo
   stop_daemon
   records=$(python3 -c "import sqlite3; c=sqlite3.connect('$WORK/data/allot.db'); print(c.execute('select count(*) from log').fetchone()[0], c.execute('select coalesce(max(seq),0) from snapshots').fetchone()[0], c.execute('select max(seq) from log').fetchone()[0])")
   secs=$(start_daemon $every)

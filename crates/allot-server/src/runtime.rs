@@ -181,6 +181,9 @@ pub(crate) struct Loop {
     pub snapshot_every: u64,
     /// The seq of the latest snapshot (0: none).
     snapshot_seq: u64,
+    /// Cycles logged since the latest snapshot: a replay re-runs each over the queue of its
+    /// time, so they, not records, dominate a restart with a deep queue.
+    cycles_since_snapshot: u64,
 }
 
 /// Log records between snapshots by default: a restart replays at most about this many.
@@ -220,6 +223,7 @@ impl Loop {
             awaiting_admission: BTreeMap::new(),
             snapshot_every: SNAPSHOT_EVERY,
             snapshot_seq: 0,
+            cycles_since_snapshot: 0,
         }
     }
 
@@ -663,12 +667,16 @@ impl Loop {
         }
     }
 
-    /// Right after a cycle, once `snapshot_every` entries have followed the last snapshot:
-    /// saves the state and drops the log before the previous snapshot (one snapshot's worth
-    /// of log stays, for inspection). A failure is logged, not fatal: the log is still whole.
+    /// Right after a cycle, once `snapshot_every` records or a hundredth as many cycles have
+    /// followed the last snapshot: saves the state and drops the log before the previous
+    /// snapshot (one snapshot's worth of log stays, for inspection). A failure is logged, not
+    /// fatal: the log is still whole.
     fn maybe_snapshot(&mut self, now: u64) -> anyhow::Result<()> {
+        self.cycles_since_snapshot += 1;
         let last = self.store.last_seq()?;
-        if last.saturating_sub(self.snapshot_seq) < self.snapshot_every {
+        if last.saturating_sub(self.snapshot_seq) < self.snapshot_every
+            && self.cycles_since_snapshot < (self.snapshot_every / 100).max(1)
+        {
             return Ok(());
         }
         let mut taken = Ok(None);
@@ -686,6 +694,7 @@ impl Loop {
         match self.store.put_snapshot(&allot_store::Snapshot { seq: last, at_ms: now, body }) {
             Ok(()) => {
                 self.snapshot_seq = last;
+                self.cycles_since_snapshot = 0;
                 if previous > 0
                     && let Err(e) = self.store.compact_through(previous)
                 {

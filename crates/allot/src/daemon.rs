@@ -40,9 +40,9 @@ pub(crate) struct ServeArgs {
     /// The signal sent to a checkpointable workload before it is stopped.
     #[arg(long, default_value = "SIGUSR1", value_name = "SIGNAL")]
     pub(crate) checkpoint_signal: String,
-    /// Log records between two snapshots of the state (taken right after a decision cycle);
-    /// a restart replays at most about this many, and the log before the previous snapshot
-    /// is dropped.
+    /// Log records between two snapshots of the state (taken right after a decision cycle,
+    /// or after a hundredth as many cycles, which cost a replay most); a restart replays at
+    /// most about this many, and the log before the previous snapshot is dropped.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) snapshot_every: u64,
 }

@@ -56,6 +56,7 @@
 
 pub mod amd;
 pub mod attribution;
+pub mod collect;
 pub mod dcgm;
 pub mod nvml;
 pub mod probe;

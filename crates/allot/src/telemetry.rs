@@ -5,10 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use allot_telemetry::collect::{Source, local_hostname};
 use allot_telemetry::nvml::NvmlCollector;
 use allot_telemetry::prometheus::{Exporter, PrometheusSource};
 use allot_telemetry::schedule::CollectorSchedule;
-use allot_telemetry::{Activity, Format, Sample, amd, process_activity, signal_name};
+use allot_telemetry::{Activity, Format, Sample, process_activity, signal_name};
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
@@ -222,42 +223,6 @@ fn sample_json(s: &Sample, threshold: u16) -> Value {
 // ---------------------------------------------------------------------------------------------
 // watch
 
-enum Source {
-    Nvml(Box<NvmlCollector>),
-    Sysfs(PathBuf),
-    Prometheus(PrometheusSource, Exporter),
-}
-
-impl Source {
-    fn collect(&mut self, now_ms: u64) -> anyhow::Result<Vec<Sample>> {
-        match self {
-            Source::Nvml(collector) => Ok(collector.collect(now_ms)?),
-            Source::Sysfs(root) => {
-                let files = amd::read_sysfs(root)
-                    .map_err(|e| anyhow::anyhow!("{}/class/drm: {e}", root.display()))?;
-                let mut samples = Vec::new();
-                for f in &files {
-                    // One unreadable card must not hide the others: say so and go on.
-                    match amd::parse_sysfs(f) {
-                        Ok(mut sample) => {
-                            sample.at_ms = Some(now_ms);
-                            sample.identity.hostname = local_hostname();
-                            samples.push(sample);
-                        }
-                        Err(e) => crate::print_err(&format!(
-                            "warning: {}/class/drm, AMD card {}: {e}\n",
-                            root.display(),
-                            f.gpu_index
-                        )),
-                    }
-                }
-                Ok(samples)
-            }
-            Source::Prometheus(source, exporter) => Ok(source.instant(*exporter, None)?),
-        }
-    }
-}
-
 /// What the window saw of one device.
 #[derive(Default)]
 struct DeviceWindow {
@@ -291,7 +256,9 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
                 )
             })?))
         }
-        SourceArg::Sysfs => Source::Sysfs(args.sys_root.clone()),
+        SourceArg::Sysfs => {
+            Source::Sysfs { root: args.sys_root.clone(), hostname: local_hostname() }
+        }
         SourceArg::Prometheus => {
             let url = args.url.as_deref().unwrap_or_default();
             let source = PrometheusSource::new(url, Duration::from_secs(10))
@@ -300,7 +267,7 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
                 ExporterArg::Dcgm => Exporter::Dcgm,
                 ExporterArg::Amd => Exporter::Amd,
             };
-            Source::Prometheus(source, exporter)
+            Source::Prometheus { source, exporter, url: url.to_string() }
         }
     };
     let threshold = args.threshold_permille;
@@ -323,8 +290,11 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
             continue;
         }
         let samples = match source.collect(at) {
-            Ok(samples) => {
+            Ok((samples, warnings)) => {
                 schedule.record_success(at);
+                for w in warnings {
+                    crate::print_err(&format!("warning: {w}\n"));
+                }
                 samples
             }
             Err(e) => {
@@ -430,8 +400,4 @@ fn watch(args: &WatchArgs) -> anyhow::Result<String> {
             )?
         )),
     }
-}
-
-fn local_hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string())
 }

@@ -536,7 +536,8 @@ impl SlurmBackend {
             if job.restarts < t.min_restarts {
                 continue;
             }
-            if job.is_running() && !t.started {
+            // Confirmed only by RUNNING: COMPLETING right after a requeue is the previous run.
+            if job.state == "RUNNING" && !t.started {
                 t.started = true;
                 out.push(Observation::Started { run, pids: Vec::new() });
             } else if job.is_terminal() {
@@ -793,7 +794,7 @@ impl Backend for SlurmBackend {
                 min_restarts: 0,
                 requeued_at: None,
             };
-            if job.is_running() {
+            if job.state == "RUNNING" {
                 t.started = true;
                 out.push(Observation::Started { run, pids: Vec::new() });
             } else if job.is_terminal() {

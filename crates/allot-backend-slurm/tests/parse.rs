@@ -12,10 +12,7 @@ fn data(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn job<'a>(
-    jobs: &'a [allot_backend_slurm::SqueueJob],
-    id: u64,
-) -> &'a allot_backend_slurm::SqueueJob {
+fn job(jobs: &[allot_backend_slurm::SqueueJob], id: u64) -> &allot_backend_slurm::SqueueJob {
     jobs.iter().find(|j| j.job_id == id).unwrap_or_else(|| panic!("job {id} in the payload"))
 }
 
@@ -233,6 +230,8 @@ proptest! {
         }
         let text = String::from_utf8_lossy(&text);
         let _ = parse_squeue(&text);
-        let _ = parse_squeue(&text[..cut.min(text.len())].to_string());
+        if let Some(prefix) = text.get(..cut) {
+            let _ = parse_squeue(prefix);
+        }
     }
 }

@@ -155,7 +155,8 @@ up() {
   write_configs
   start_munge
   export SLURM_CONF=$CONF
-  slurmctld -f "$CONF"
+  # -c: a fresh controller, without the jobs of an earlier run.
+  slurmctld -c -f "$CONF"
   for n in $(seq 1 "$NODES"); do slurmd -f "$CONF" -N "node$n"; done
   for _ in $(seq 1 240); do
     [ "$(sinfo -h -N -p batch -t idle -o %N 2>/dev/null | sort -u | wc -l)" = "$NODES" ] && break

@@ -2,7 +2,11 @@
 //!
 //! allot's queue is the gate: a run becomes one Slurm batch job, submitted held
 //! (`sbatch --hold`) onto exactly the nodes allot chose (`--nodelist`, `--gres=gpu:TYPE:N` per
-//! node) and then released, so Slurm's scheduler only starts what allot admitted. The job is
+//! node) and then released, so Slurm's scheduler only starts what allot admitted. Releases are
+//! batched: `launch` submits, and the next `poll` (or a signal of the run) releases every job
+//! submitted since in one `scontrol release` — one command per admission round instead of one
+//! per job. A job left held by a daemon that died in between is released when a restarted
+//! daemon adopts it (`launch` or `recover`). The job is
 //! named `<prefix>-<workload>.<attempt>` and its comment is `allot:<workload>.<attempt>`: that
 //! is how launches stay idempotent and how a restarted daemon finds its runs (Slurm is the
 //! state; this backend keeps no files).
@@ -73,6 +77,9 @@ pub struct SlurmConfig {
     /// nothing changes and starts again from the shortest after a launch or signal).
     pub poll_min: Duration,
     pub poll_max: Duration,
+    /// How `poll` (and `recover`, `launch`'s look-up) reads the queue; foreign jobs and
+    /// allocated GPUs always use `squeue --json`.
+    pub poll_query: PollQuery,
     /// GPU memory by GRES type (`h100` → 81559), for the inventory's devices; unknown: 0.
     pub gpu_memory_mib: BTreeMap<String, u64>,
     /// More `sbatch` arguments for every job (a QOS, a time limit, `--exclusive`…).
@@ -92,6 +99,7 @@ impl SlurmConfig {
             verify_program: true,
             poll_min: Duration::from_millis(250),
             poll_max: Duration::from_secs(5),
+            poll_query: PollQuery::Format,
             gpu_memory_mib: BTreeMap::new(),
             extra_sbatch_args: Vec::new(),
         }
@@ -102,6 +110,17 @@ impl Default for SlurmConfig {
     fn default() -> Self {
         SlurmConfig::new()
     }
+}
+
+/// How the queue is read for observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollQuery {
+    /// `squeue --noheader --states=all --Format=…` with only the fields observation needs:
+    /// about 10× cheaper than JSON (29 ms against 356 ms for 520 jobs on the test cluster),
+    /// since `squeue --json` ignores filters and prints every field of every job in memory.
+    Format,
+    /// `squeue --json` (data_parser v0.0.38).
+    Json,
 }
 
 /// A job on the cluster that allot did not submit, for the daemon to import as running work.
@@ -158,6 +177,8 @@ pub struct SlurmBackend {
     gpu_types: BTreeMap<String, Option<String>>,
     next_poll: Option<Instant>,
     interval: Duration,
+    /// Jobs submitted held and not yet released, with their runs.
+    to_release: BTreeMap<u64, RunId>,
 }
 
 fn io(e: CommandError) -> BackendError {
@@ -175,6 +196,7 @@ impl SlurmBackend {
             gpu_types: BTreeMap::new(),
             next_poll: None,
             interval,
+            to_release: BTreeMap::new(),
         }
     }
 
@@ -192,12 +214,44 @@ impl SlurmBackend {
         self.runs.get(&run).map(|t| t.job_id).filter(|id| *id != 0)
     }
 
+    /// The GPUs Slurm gave a running run, per node with Slurm's device indices (one
+    /// `squeue --json`). Slurm picks the indices on each node itself: they may differ from the
+    /// launch's `DeviceAssignment::index`, and telemetry attribution should use these. `None`
+    /// when the run is unknown or not running.
+    pub fn allocated_gpus(
+        &mut self,
+        run: RunId,
+    ) -> Result<Option<Vec<(String, Gres)>>, BackendError> {
+        let Some(id) = self.job_id(run) else { return Ok(None) };
+        self.refresh_json()?;
+        let job = self.jobs.as_ref().and_then(|j| j.get(&id));
+        Ok(job.filter(|j| j.is_running()).map(SqueueJob::gpus_per_node))
+    }
+
     fn run(&self, tool: Tool, args: &[String]) -> Result<runner::Output, BackendError> {
         self.config.runner.run(tool, args, &BTreeMap::new()).map_err(io)
     }
 
-    /// Reads `squeue --json` into the cache.
+    /// Reads the queue into the cache, the way `poll_query` says.
     fn refresh(&mut self) -> Result<(), BackendError> {
+        match self.config.poll_query {
+            PollQuery::Json => self.refresh_json(),
+            PollQuery::Format => {
+                let args = [
+                    "--noheader".to_string(),
+                    "--states=all".to_string(),
+                    format!("--Format={}", parse::SQUEUE_FORMAT),
+                ];
+                let out = self.run(Tool::Squeue, &args)?;
+                let jobs = parse::parse_squeue_format(&out.stdout);
+                self.jobs = Some(jobs.into_iter().map(|j| (j.job_id, j)).collect());
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads `squeue --json` (every field) into the cache.
+    fn refresh_json(&mut self) -> Result<(), BackendError> {
         let out = self.run(Tool::Squeue, &["--json".to_string()])?;
         let jobs = parse::parse_squeue(&out.stdout).map_err(|e| BackendError::Io(e.0))?;
         self.jobs = Some(jobs.into_iter().map(|j| (j.job_id, j)).collect());
@@ -257,7 +311,7 @@ impl SlurmBackend {
     /// Jobs on the cluster that allot did not submit and that are not over (pending or
     /// running), outside the unmanaged partitions, for the daemon to import.
     pub fn foreign_jobs(&mut self) -> Result<Vec<ForeignJob>, BackendError> {
-        self.refresh()?;
+        self.refresh_json()?;
         let jobs = self.jobs.as_ref().map(|j| j.values().collect::<Vec<_>>()).unwrap_or_default();
         let unmanaged = &self.config.unmanaged_partitions;
         Ok(jobs
@@ -477,14 +531,51 @@ impl SlurmBackend {
         let id = parse::parse_sbatch_job_id(&out.stdout).ok_or_else(|| {
             format!("sbatch printed no job id: {:?} {:?}", out.stdout, out.stderr)
         })?;
-        if self.config.submit_held
-            && let Err(e) = self.run(Tool::Scontrol, &["release".into(), id.to_string()])
-        {
-            // Never leave a held job behind that a later launch would adopt.
-            let _ = self.run(Tool::Scancel, &[id.to_string()]);
-            return Err(format!("job {id} submitted held but not released: {e}"));
+        if self.config.submit_held {
+            self.to_release.insert(id, launch.run);
         }
         Ok(id)
+    }
+
+    /// Releases every job submitted held since the last call: in one `scontrol release` per
+    /// 500 jobs; if that fails, one by one, and a job that cannot be released is cancelled and
+    /// its run reported `LaunchFailed` (a held job must not linger for a later launch to adopt).
+    fn release_submitted(&mut self) -> Result<(), BackendError> {
+        let batch: Vec<(u64, RunId)> = std::mem::take(&mut self.to_release).into_iter().collect();
+        for chunk in batch.chunks(500) {
+            let ids: Vec<String> = chunk.iter().map(|(id, _)| id.to_string()).collect();
+            if self.run(Tool::Scontrol, &["release".into(), ids.join(",")]).is_ok() {
+                continue;
+            }
+            for (id, run) in chunk {
+                if let Err(e) = self.run(Tool::Scontrol, &["release".into(), id.to_string()]) {
+                    self.scancel(*id, &[])?;
+                    if let Some(t) = self.runs.get_mut(run) {
+                        t.ended = true;
+                    }
+                    self.pending.push(Observation::LaunchFailed {
+                        run: *run,
+                        error: format!("Slurm job {id} was submitted held but not released: {e}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adopts the job of `run` found in squeue: tracked from now on, released if it was left
+    /// held by a daemon that died between submitting and releasing it.
+    fn adopt(&mut self, run: RunId, job: &SqueueJob) -> Tracked {
+        if job.is_pending() && job.reason == "JobHeldUser" {
+            self.to_release.insert(job.job_id, run);
+        }
+        Tracked {
+            job_id: job.job_id,
+            started: false,
+            ended: false,
+            min_restarts: 0,
+            requeued_at: None,
+        }
     }
 
     fn scancel(&self, job_id: u64, extra: &[&str]) -> Result<(), BackendError> {
@@ -675,15 +766,9 @@ impl Backend for SlurmBackend {
             return Ok(());
         }
         self.ensure_loaded()?;
-        if let Some(job) = self.find(run) {
+        if let Some(job) = self.find(run).cloned() {
             // Submitted before (by an earlier daemon): adopt it; poll reports what it does.
-            let tracked = Tracked {
-                job_id: job.job_id,
-                started: false,
-                ended: false,
-                min_restarts: 0,
-                requeued_at: None,
-            };
+            let tracked = self.adopt(run, &job);
             self.runs.insert(run, tracked);
             self.poll_soon();
             return Ok(());
@@ -721,6 +806,15 @@ impl Backend for SlurmBackend {
         if t.ended || t.job_id == 0 || t.requeued_at.is_some() {
             return Ok(());
         }
+        if self.to_release.contains_key(&t.job_id) {
+            // Submitted and not yet released: nothing runs to checkpoint; a stop cancels it.
+            if signal != StopSignal::Checkpoint {
+                self.to_release.remove(&t.job_id);
+                self.scancel(t.job_id, &[])?;
+                self.poll_soon();
+            }
+            return Ok(());
+        }
         if !t.started {
             // The cache may be older than the job's start: look again.
             self.refresh()?;
@@ -744,6 +838,7 @@ impl Backend for SlurmBackend {
     }
 
     fn poll(&mut self) -> Result<Vec<Observation>, BackendError> {
+        self.release_submitted()?;
         let mut out = std::mem::take(&mut self.pending);
         let watching = self.runs.values().any(|t| !t.ended);
         let now = clock::now();
@@ -787,13 +882,7 @@ impl Backend for SlurmBackend {
                 });
                 continue;
             };
-            let mut t = Tracked {
-                job_id: job.job_id,
-                started: false,
-                ended: false,
-                min_restarts: 0,
-                requeued_at: None,
-            };
+            let mut t = self.adopt(run, &job);
             if job.state == "RUNNING" {
                 t.started = true;
                 out.push(Observation::Started { run, pids: Vec::new() });

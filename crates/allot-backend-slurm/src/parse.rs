@@ -243,6 +243,53 @@ fn job_of(j: &Value) -> Option<SqueueJob> {
     })
 }
 
+/// The `squeue --Format` fields [`parse_squeue_format`] reads, in order: the job name last, so
+/// a `|` in a name cannot shift the other fields.
+pub const SQUEUE_FORMAT: &str =
+    "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,BatchHost:|,NodeList:|,Name:";
+
+/// Parses `squeue --noheader --states=all --Format=SQUEUE_FORMAT`: the fields observation needs
+/// (id, name, state, reason, wait status, restarts, nodes), at a tenth of the cost of
+/// `squeue --json` (which always lists every field of every job). Other fields stay empty.
+/// Lines that do not parse are skipped.
+pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.splitn(8, '|').collect();
+            let [id, state, reason, status, restarts, batch_host, nodes, name] = f.as_slice()
+            else {
+                return None;
+            };
+            let unset = |v: &str| {
+                if v == "(null)" || v.eq_ignore_ascii_case("n/a") {
+                    String::new()
+                } else {
+                    v.to_string()
+                }
+            };
+            Some(SqueueJob {
+                job_id: id.trim().parse().ok()?,
+                name: name.to_string(),
+                comment: String::new(),
+                account: String::new(),
+                partition: String::new(),
+                user: String::new(),
+                state: state.trim().to_string(),
+                reason: reason.trim().to_string(),
+                exit_status: status.trim().parse().unwrap_or_default(),
+                restarts: restarts.trim().parse().unwrap_or_default(),
+                nodes: expand_hostlist(&unset(nodes.trim())).unwrap_or_default(),
+                required_nodes: Vec::new(),
+                gres_detail: Vec::new(),
+                tres_per_node: String::new(),
+                batch_host: unset(batch_host.trim()),
+                start_time: 0,
+                submit_time: 0,
+            })
+        })
+        .collect()
+}
+
 /// Parses `sinfo --json`. Nodes without a name are skipped.
 pub fn parse_sinfo(text: &str) -> Result<Vec<SinfoNode>, ParseError> {
     let v = document(text, "sinfo --json")?;

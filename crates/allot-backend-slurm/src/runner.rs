@@ -1,13 +1,13 @@
 //! The one way this crate runs Slurm's commands: an argument vector (never a shell string), a
 //! timeout, stdout and stderr captured, and errors that name the command and the fix.
 
-#![allow(clippy::disallowed_methods)] // command timeouts are real time
-
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use wait_timeout::ChildExt;
 
 /// The Slurm client commands the backend uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -127,15 +127,9 @@ impl Runner {
         // Readers drain the pipes while we wait, so a large `squeue --json` cannot block.
         let out_reader = child.stdout.take().map(reader_thread);
         let err_reader = child.stderr.take().map(reader_thread);
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(200);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) => {}
-                Err(e) => return Err(fail(format!("cannot wait for it: {e}"), String::new())),
-            }
-            if start.elapsed() > self.timeout {
+        let status = match child.wait_timeout(self.timeout) {
+            Ok(Some(status)) => status,
+            Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(fail(
@@ -146,8 +140,7 @@ impl Runner {
                     String::new(),
                 ));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(10));
+            Err(e) => return Err(fail(format!("cannot wait for it: {e}"), String::new())),
         };
         let stdout = out_reader.and_then(|h| h.join().ok()).unwrap_or_default();
         let stderr = err_reader.and_then(|h| h.join().ok()).unwrap_or_default();

@@ -271,6 +271,11 @@ fn requeue_runs_the_same_job_again_as_the_next_attempt() {
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, first));
     let job = backend.job_id(first).expect("job id of a launched run");
+    let gpus = backend.allocated_gpus(first).expect("squeue").expect("a running run has GPUs");
+    assert!(
+        matches!(gpus.as_slice(), [(node, g)] if node == "node2" && g.indices.len() == 2),
+        "{gpus:?}"
+    );
     let requeued_at = Instant::now();
     backend.requeue(first, next).expect("requeue");
     assert_eq!(backend.job_id(next), Some(job), "the next attempt is the same Slurm job");

@@ -3,7 +3,7 @@
 
 use allot_backend_slurm::parse::{
     Gres, exit_code_of, expand_hostlist, parse_gres_list, parse_partitions, parse_sbatch_job_id,
-    parse_sinfo, parse_squeue,
+    parse_sinfo, parse_squeue, parse_squeue_format,
 };
 use proptest::prelude::*;
 
@@ -70,6 +70,30 @@ fn squeue_jobs_of_every_state() {
     );
     assert_eq!(foreign.user, "root");
     assert!(foreign.start_time > 0);
+}
+
+#[test]
+fn squeue_format_lines_of_every_state() {
+    let jobs = parse_squeue_format(&data("squeue-format.txt"));
+    assert_eq!(jobs.len(), 21);
+    let running = job(&jobs, 4712);
+    assert_eq!(running.name, "allot-77.1");
+    assert!(running.is_running() && running.ran());
+    assert_eq!(running.nodes, ["node1", "node2"]);
+    assert_eq!(running.batch_host, "node1");
+    // A `|` in a name stays in the name (the last field).
+    let held = job(&jobs, 4713);
+    assert_eq!(held.name, "odd|name");
+    assert!(held.is_held() && !held.ran());
+    let failed = job(&jobs, 4690);
+    assert_eq!((failed.state.as_str(), failed.exit_code()), ("FAILED", Some(3)));
+    let killed = job(&jobs, 4693);
+    assert_eq!((killed.exit_code(), killed.exit_signal()), (None, Some(9)));
+    let requeued_then_cancelled = job(&jobs, 4710);
+    assert_eq!(requeued_then_cancelled.restarts, 1);
+    let trapped_term = job(&jobs, 4704);
+    assert_eq!(trapped_term.exit_code(), Some(143));
+    assert_eq!(parse_squeue_format("garbage\n1|2|3\n"), Vec::new());
 }
 
 #[test]
@@ -205,6 +229,7 @@ proptest! {
         let _ = expand_hostlist(&text);
         let _ = parse_gres_list(&text);
         let _ = parse_sbatch_job_id(&text);
+        let _ = parse_squeue_format(&text);
     }
 
     #[test]
@@ -214,6 +239,7 @@ proptest! {
         let _ = expand_hostlist(&text);
         let _ = parse_gres_list(&text);
         let _ = parse_partitions(&text);
+        let _ = parse_squeue_format(&text);
         let doc = format!(
             r#"{{"jobs":[{{"job_id":1,"nodes":{n:?},"gres_detail":[{n:?}],"tres_per_node":{n:?}}}],"nodes":[{{"name":"a","gres":{n:?},"gres_used":{n:?}}}]}}"#,
             n = text

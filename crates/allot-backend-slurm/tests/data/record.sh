@@ -25,6 +25,9 @@ scancel "$cancelled"
 scontrol requeue "$requeued"; waitstate "$requeued" PENDING
 sleep 1
 squeue --json > squeue-states.json
+squeue --noheader --states=all \
+  --Format='JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,BatchHost:|,NodeList:|,Name:' \
+  > squeue-format.txt
 sinfo --json > sinfo-idle-mixed.json
 scontrol show partition -o > scontrol-partitions.txt
 

@@ -147,6 +147,10 @@ EOF
 up() {
   local t0; t0=$(date +%s.%N)
   install_packages
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "slurm-cluster: the daemons need root (slurmd runs jobs as their users); run it as root" >&2
+    exit 1
+  fi
   install -d -m 0755 "$STATE/run"
   if [ -s "$STATE/run/slurmctld.pid" ] && kill -0 "$(cat "$STATE/run/slurmctld.pid")" 2>/dev/null; then
     echo "slurm-cluster: already running (run '$0 down' first)" >&2

@@ -6,7 +6,9 @@
 //!   SLURM_CONF=/tmp/allot-slurm/etc/slurm.conf \
 //!     cargo run --release -p allot-backend-slurm --example throughput -- backend 1000
 //!   … -- direct 1000
+//!   … -- backend-tick 1000 20   # a poll (which releases) after every 20 launches
 //!
+//! `ALLOT_SLURM_POLL=json` polls with `squeue --json` instead of `squeue --Format`.
 //! Start each mode on a fresh cluster (`scripts/slurm-cluster.sh down; … up`): finished jobs
 //! stay in squeue for MinJobAge and would slow the next run's polls.
 
@@ -36,16 +38,23 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn backend_mode(n: u64, held: bool) -> Result<(), String> {
+/// `tick`: poll after every `tick` launches, as a daemon interleaves admissions and polls (the
+/// poll releases the jobs submitted since the last one); 0: launch all, then poll.
+fn backend_mode(n: u64, held: bool, tick: u64) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut config = SlurmConfig::new();
     config.runner.slurm_conf = Some(slurm_conf());
     config.job_prefix = format!("bench{}", std::process::id());
     config.submit_held = held;
+    if std::env::var("ALLOT_SLURM_POLL").is_ok_and(|v| v == "json") {
+        config.poll_query = allot_backend_slurm::PollQuery::Json;
+    }
     config.poll_min = Duration::from_millis(200);
     config.poll_max = Duration::from_millis(1000);
     let mut backend = SlurmBackend::new(config);
     backend.inventory().map_err(|e| e.to_string())?;
+    let (mut exited, mut failed, mut polls) = (0u64, 0u64, 0u64);
+    let mut poll_time = Duration::ZERO;
     let start = Instant::now();
     for i in 0..n {
         let run = RunId { workload: i + 1, attempt: 1 };
@@ -65,10 +74,20 @@ fn backend_mode(n: u64, held: bool) -> Result<(), String> {
             log_dir: dir.path().join(run.to_string()),
         };
         backend.launch(&launch).map_err(|e| e.to_string())?;
+        if tick > 0 && (i + 1) % tick == 0 {
+            let t = Instant::now();
+            for o in backend.poll().map_err(|e| e.to_string())? {
+                match o {
+                    Observation::Exited { code: Some(0), .. } => exited += 1,
+                    Observation::Exited { .. } | Observation::LaunchFailed { .. } => failed += 1,
+                    Observation::Started { .. } => {}
+                }
+            }
+            poll_time += t.elapsed();
+            polls += 1;
+        }
     }
     let submitted = start.elapsed();
-    let (mut exited, mut failed, mut polls) = (0u64, 0u64, 0u64);
-    let mut poll_time = Duration::ZERO;
     while exited + failed < n {
         let t = Instant::now();
         let seen = backend.poll().map_err(|e| e.to_string())?;
@@ -87,11 +106,20 @@ fn backend_mode(n: u64, held: bool) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let total = start.elapsed();
-    let mode = if held { "backend (held + released)" } else { "backend (not held)" };
+    let mode = format!(
+        "backend ({}, poll {:?}, {})",
+        if held { "held + released" } else { "not held" },
+        backend.config().poll_query,
+        if tick > 0 {
+            format!("a poll every {tick} launches")
+        } else {
+            "polls after all launches".to_string()
+        }
+    );
     println!(
         "{mode}: {n} jobs; launch path {:.1} s ({:.1} jobs/s, {:.1} ms/job); all exited after \
          {:.1} s = {:.1} jobs/s end to end; {exited} exit 0, {failed} other; {polls} polls, \
-         {:.1} ms per poll (squeue --json + parse)",
+         {:.1} ms per poll",
         secs(submitted),
         n as f64 / secs(submitted),
         secs(submitted) * 1000.0 / n as f64,
@@ -152,12 +180,18 @@ fn direct_mode(n: u64) -> Result<(), String> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
-    let result = match args.get(1).map(String::as_str) {
-        Some("backend") => backend_mode(n, true),
-        Some("backend-unheld") => backend_mode(n, false),
-        Some("direct") => direct_mode(n),
-        _ => Err("usage: throughput backend|backend-unheld|direct [N]".to_string()),
-    };
+    let result =
+        match args.get(1).map(String::as_str) {
+            Some("backend") => backend_mode(n, true, 0),
+            Some("backend-unheld") => backend_mode(n, false, 0),
+            Some("backend-tick") => {
+                let tick = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(20);
+                backend_mode(n, true, tick)
+            }
+            Some("direct") => direct_mode(n),
+            _ => Err("usage: throughput backend|backend-unheld|direct [N] | backend-tick N TICK"
+                .to_string()),
+        };
     if let Err(e) = result {
         println!("error: {e}");
         std::process::exit(1);

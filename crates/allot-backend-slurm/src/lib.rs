@@ -540,7 +540,7 @@ impl SlurmBackend {
     /// Releases every job submitted held since the last call: in one `scontrol release` per
     /// 500 jobs; if that fails, one by one, and a job that cannot be released is cancelled and
     /// its run reported `LaunchFailed` (a held job must not linger for a later launch to adopt).
-    fn release_submitted(&mut self) -> Result<(), BackendError> {
+    fn release_submitted(&mut self) {
         let batch: Vec<(u64, RunId)> = std::mem::take(&mut self.to_release).into_iter().collect();
         for chunk in batch.chunks(500) {
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.to_string()).collect();
@@ -549,18 +549,22 @@ impl SlurmBackend {
             }
             for (id, run) in chunk {
                 if let Err(e) = self.run(Tool::Scontrol, &["release".into(), id.to_string()]) {
-                    self.scancel(*id, &[])?;
+                    let cancel = match self.scancel(*id, &[]) {
+                        Ok(()) => String::new(),
+                        Err(c) => format!("; cancelling it failed too ({c}): scancel {id}"),
+                    };
                     if let Some(t) = self.runs.get_mut(run) {
                         t.ended = true;
                     }
                     self.pending.push(Observation::LaunchFailed {
                         run: *run,
-                        error: format!("Slurm job {id} was submitted held but not released: {e}"),
+                        error: format!(
+                            "Slurm job {id} was submitted held but not released: {e}{cancel}"
+                        ),
                     });
                 }
             }
         }
-        Ok(())
     }
 
     /// Adopts the job of `run` found in squeue: tracked from now on, released if it was left
@@ -838,11 +842,11 @@ impl Backend for SlurmBackend {
     }
 
     fn poll(&mut self) -> Result<Vec<Observation>, BackendError> {
-        self.release_submitted()?;
-        let mut out = std::mem::take(&mut self.pending);
+        self.release_submitted();
         let watching = self.runs.values().any(|t| !t.ended);
         let now = clock::now();
         if watching && self.next_poll.is_none_or(|at| now >= at) {
+            // A failed squeue keeps what `pending` holds for the next poll.
             self.refresh()?;
             let seen = self.reconcile();
             self.interval = if seen.is_empty() {
@@ -851,9 +855,9 @@ impl Backend for SlurmBackend {
                 self.config.poll_min
             };
             self.next_poll = Some(now + self.interval);
-            out.extend(seen);
+            self.pending.extend(seen);
         }
-        Ok(out)
+        Ok(std::mem::take(&mut self.pending))
     }
 
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {

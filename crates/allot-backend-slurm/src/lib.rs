@@ -769,16 +769,17 @@ impl Backend for SlurmBackend {
         if self.runs.contains_key(&run) {
             return Ok(());
         }
+        // A launch Slurm cannot express was never submitted: refuse it before asking Slurm.
+        if let Some(why) = self.refusal(launch) {
+            self.fail_launch(run, why);
+            return Ok(());
+        }
         self.ensure_loaded()?;
         if let Some(job) = self.find(run).cloned() {
             // Submitted before (by an earlier daemon): adopt it; poll reports what it does.
             let tracked = self.adopt(run, &job);
             self.runs.insert(run, tracked);
             self.poll_soon();
-            return Ok(());
-        }
-        if let Some(why) = self.refusal(launch) {
-            self.fail_launch(run, why);
             return Ok(());
         }
         if self.gpu_types.is_empty() && launch.members.iter().any(|m| !m.devices.is_empty()) {

@@ -472,3 +472,69 @@ fn uneven_members_and_fractional_gpus_fail_the_launch() {
         "{seen:#?}"
     );
 }
+
+#[test]
+fn a_job_left_held_by_a_dead_daemon_is_released_on_adoption() {
+    if !enabled("a_job_left_held_by_a_dead_daemon_is_released_on_adoption") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let by_launch = RunId { workload: 10, attempt: 1 };
+    let by_recover = RunId { workload: 11, attempt: 1 };
+    let launch_of = |run: RunId| Launch {
+        run,
+        command: h.program_sleep(30),
+        env: BTreeMap::new(),
+        members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
+        log_dir: h.tmp_dir().join(format!("logs-{run}")),
+    };
+    {
+        // Submitted held; the daemon dies before the poll that would release them.
+        let mut backend = SlurmBackend::new(config(&h.prefix));
+        backend.launch(&launch_of(by_launch)).expect("launch");
+        backend.launch(&launch_of(by_recover)).expect("launch");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let mut seen = backend.recover(&[launch_of(by_recover)]).expect("recover");
+    assert!(seen.is_empty(), "a held job is neither started nor ended: {seen:#?}");
+    backend.launch(&launch_of(by_launch)).expect("launch adopts");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "both released and started", |s| {
+        started(s, by_launch) && started(s, by_recover)
+    });
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    for run in [by_launch, by_recover] {
+        backend.signal(run, StopSignal::Kill).expect("kill");
+    }
+    until(&mut backend, &mut seen, Duration::from_secs(15), "both ended", |s| {
+        ended(s, by_launch) && ended(s, by_recover)
+    });
+}
+
+#[test]
+fn stopping_a_run_not_yet_released_cancels_it() {
+    if !enabled("stopping_a_run_not_yet_released_cancels_it") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let run = RunId { workload: 12, attempt: 1 };
+    backend
+        .launch(&Launch {
+            run,
+            command: h.program_sleep(30),
+            env: BTreeMap::new(),
+            members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
+            log_dir: h.tmp_dir().join("logs"),
+        })
+        .expect("launch");
+    // A checkpoint of a run that never ran does nothing; a terminate cancels the held job.
+    backend.signal(run, StopSignal::Checkpoint).expect("checkpoint");
+    backend.signal(run, StopSignal::Terminate).expect("terminate");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
+    assert!(
+        matches!(seen.as_slice(), [Observation::LaunchFailed { error, .. }] if error.contains("CANCELLED")),
+        "{seen:#?}"
+    );
+}

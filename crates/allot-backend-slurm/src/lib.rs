@@ -171,7 +171,7 @@ pub struct SlurmBackend {
     runs: BTreeMap<RunId, Tracked>,
     /// Observations decided outside `poll`, reported by the next `poll` first.
     pending: Vec<Observation>,
-    /// The last `squeue --json`, by job id; `None` before the first.
+    /// The last read of the queue, by job id; `None` before the first.
     jobs: Option<BTreeMap<u64, SqueueJob>>,
     /// GRES type of each node's GPUs, from the last inventory.
     gpu_types: BTreeMap<String, Option<String>>,

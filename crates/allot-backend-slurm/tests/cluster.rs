@@ -1,0 +1,540 @@
+//! The backend contract suite and the Slurm-only behaviour (requeue, foreign jobs, inventory)
+//! against a real cluster: `scripts/slurm-cluster.sh up`, then `ALLOT_SLURM=1 cargo test -p
+//! allot-backend-slurm --test cluster`. Without `ALLOT_SLURM=1` every test prints a note and
+//! passes without touching Slurm. `SLURM_CONF` (or `ALLOT_SLURM_DIR`) names the cluster.
+
+#![allow(clippy::disallowed_methods)] // deadlines for a real cluster
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use allot_backend::contract::{self, Harness};
+use allot_backend::{
+    Backend, DeviceAssignment, Launch, MemberLaunch, Observation, RunId, StopSignal, Vendor,
+};
+use allot_backend_slurm::{SlurmBackend, SlurmConfig};
+
+static HARNESSES: AtomicU32 = AtomicU32::new(0);
+
+/// Whether the cluster tests run; prints why not otherwise.
+#[allow(clippy::print_stderr)]
+fn enabled(test: &str) -> bool {
+    let on = std::env::var("ALLOT_SLURM").is_ok_and(|v| v == "1");
+    if !on {
+        eprintln!(
+            "{test}: skipped, no Slurm cluster: run `scripts/slurm-cluster.sh up` and set \
+             ALLOT_SLURM=1"
+        );
+    }
+    on
+}
+
+fn slurm_conf() -> PathBuf {
+    std::env::var_os("SLURM_CONF").map(PathBuf::from).unwrap_or_else(|| {
+        let dir = std::env::var("ALLOT_SLURM_DIR").unwrap_or_else(|_| "/tmp/allot-slurm".into());
+        Path::new(&dir).join("etc/slurm.conf")
+    })
+}
+
+/// A config on the test cluster with a job prefix of its own (`allott<pid>x<n>`), so jobs of
+/// earlier test runs still in squeue are never taken for this run's.
+fn config(prefix: &str) -> SlurmConfig {
+    let mut config = SlurmConfig::new();
+    config.runner.slurm_conf = Some(slurm_conf());
+    config.job_prefix = prefix.to_string();
+    config.poll_min = Duration::from_millis(100);
+    config.poll_max = Duration::from_millis(400);
+    config.default_account = Some("research".to_string());
+    config.unmanaged_partitions.insert("unmanaged".to_string());
+    config
+}
+
+struct SlurmHarness {
+    dir: tempfile::TempDir,
+    prefix: String,
+    node: String,
+}
+
+impl SlurmHarness {
+    fn new() -> Self {
+        let n = HARNESSES.fetch_add(1, Ordering::SeqCst);
+        SlurmHarness {
+            dir: tempfile::tempdir().expect("temp dir for the slurm harness"),
+            prefix: format!("allott{}x{n}", std::process::id()),
+            // Rules run in parallel: spread them over the four nodes (8 CPUs each).
+            node: format!("node{}", n % 4 + 1),
+        }
+    }
+}
+
+fn sh(script: &str, args: &[&Path]) -> Vec<String> {
+    let mut argv = vec!["sh".to_string(), "-c".to_string(), script.to_string()];
+    argv.extend(args.iter().map(|p| p.to_string_lossy().into_owned()));
+    argv
+}
+
+impl Harness for SlurmHarness {
+    type B = SlurmBackend;
+
+    fn backend(&mut self) -> SlurmBackend {
+        SlurmBackend::new(config(&self.prefix))
+    }
+    fn node(&self) -> String {
+        self.node.clone()
+    }
+    fn program_sleep(&self, seconds: u32) -> Vec<String> {
+        vec!["sleep".to_string(), seconds.to_string()]
+    }
+    fn program_exit(&self, code: i32) -> Vec<String> {
+        sh(&format!("exit {code}"), &[])
+    }
+    fn program_trap_checkpoint(&self, ready: &Path, marker: &Path) -> Vec<String> {
+        sh(
+            "trap 'touch \"$1\"; exit 0' USR1; touch \"$0\"; while :; do sleep 0.1; done",
+            &[ready, marker],
+        )
+    }
+    fn program_ignore_terminate(&self, ready: &Path) -> Vec<String> {
+        sh("trap '' TERM; touch \"$0\"; while :; do sleep 0.1; done", &[ready])
+    }
+    fn program_missing(&self) -> Vec<String> {
+        vec!["allot-test-no-such-program".to_string()]
+    }
+    fn settle(&mut self) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    fn pass_time(&mut self, seconds: u32) {
+        std::thread::sleep(Duration::from_secs(u64::from(seconds)));
+    }
+    fn tmp_dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+macro_rules! contract_tests {
+    ($($rule:ident),* $(,)?) => {
+        mod contract_rules {
+            $(
+                #[test]
+                fn $rule() {
+                    if super::enabled(stringify!($rule)) {
+                        allot_backend::contract::$rule(&mut super::SlurmHarness::new());
+                    }
+                }
+            )*
+        }
+    };
+}
+
+contract_tests!(
+    launch_reports_started_once,
+    launch_twice_is_idempotent,
+    exit_code_is_reported,
+    missing_program_fails_launch,
+    terminate_ends_sleeping_run,
+    kill_ends_run_that_ignores_terminate,
+    checkpoint_reaches_program,
+    signal_after_exit_is_ok,
+    signal_unknown_run_is_an_error,
+    poll_reports_each_observation_once,
+    // recover_after_restart: replaced by `recover_after_restart_with_slurms_exit_codes` below.
+    recover_reports_learned_exit_code,
+    launch_after_restart_adopts,
+);
+
+#[test]
+fn every_contract_rule_has_a_test() {
+    // 12 rules above plus `recover_after_restart`'s Slurm variant; fails when a rule is added.
+    let rules = contract::rules::<SlurmHarness>();
+    assert_eq!(rules.len(), 13);
+    assert!(rules.iter().any(|(name, _)| *name == "recover_after_restart"));
+}
+
+/// The contract's `recover_after_restart`, except for one run: a run that ended while the
+/// daemon was down is reported with the exit code Slurm kept (squeue holds finished jobs for
+/// MinJobAge), not with `None` and "unknown" as a backend that cannot learn it must. Everything
+/// else is the rule: the running run re-adopted (same pids: none), the never-launched run
+/// LaunchFailed, the run the daemon does not name never reported, each observation once.
+#[test]
+fn recover_after_restart_with_slurms_exit_codes() {
+    if !enabled("recover_after_restart_with_slurms_exit_codes") {
+        return;
+    }
+    let mut h = SlurmHarness::new();
+    let run = |w| RunId { workload: w, attempt: 1 };
+    let (still_running, ends_while_down, never_launched, not_named) =
+        (run(1100), run(1101), run(1102), run(1103));
+    let launch_of = |h: &SlurmHarness, run: RunId, command: Vec<String>| Launch {
+        run,
+        command,
+        env: BTreeMap::new(),
+        members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
+        log_dir: h.tmp_dir().join(format!("logs-{run}")),
+    };
+    let running = launch_of(&h, still_running, h.program_sleep(30));
+    let ending = launch_of(&h, ends_while_down, h.program_sleep(1));
+    let never = launch_of(&h, never_launched, h.program_sleep(30));
+    let unnamed = launch_of(&h, not_named, h.program_sleep(3));
+    {
+        let mut backend = h.backend();
+        for l in [&running, &ending, &unnamed] {
+            backend.launch(l).expect("launch");
+        }
+        let mut seen = Vec::new();
+        until(&mut backend, &mut seen, Duration::from_secs(10), "three Started", |s| {
+            started(s, still_running) && started(s, ends_while_down) && started(s, not_named)
+        });
+        assert!(!ended(&seen, ends_while_down), "{seen:#?}");
+    }
+    h.pass_time(2);
+    let mut backend = h.backend();
+    let mut seen = backend.recover(&[running, ending, never]).expect("recover");
+    assert!(
+        matches!(seen.as_slice(), [
+            Observation::Started { run: a, pids },
+            Observation::Exited { run: b, code: Some(0), detail },
+            Observation::LaunchFailed { run: c, .. },
+        ] if *a == still_running && pids.is_empty() && *b == ends_while_down
+            && detail.contains("COMPLETED") && *c == never_launched),
+        "{seen:#?}"
+    );
+    for _ in 0..10 {
+        h.settle();
+        seen.extend(backend.poll().expect("poll"));
+    }
+    assert_eq!(seen.len(), 3, "nothing new before a signal: {seen:#?}");
+    backend.signal(still_running, StopSignal::Terminate).expect("terminate");
+    until(&mut backend, &mut seen, Duration::from_secs(10), "the re-adopted run to end", |s| {
+        s.len() == 4
+    });
+    assert!(
+        matches!(&seen[3], Observation::Exited { run, code: None, .. } if *run == still_running),
+        "{seen:#?}"
+    );
+    for _ in 0..10 {
+        h.settle();
+        seen.extend(backend.poll().expect("poll"));
+    }
+    assert_eq!(seen.len(), 4, "each observation once, none for {not_named}: {seen:#?}");
+}
+
+/// Polls until `done` holds for what was observed; panics after `limit`.
+fn until(
+    backend: &mut SlurmBackend,
+    seen: &mut Vec<Observation>,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&[Observation]) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        seen.extend(backend.poll().expect("poll"));
+        if done(seen) {
+            return;
+        }
+        assert!(start.elapsed() < limit, "waited {limit:?} for {what}; observed {seen:#?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn started(seen: &[Observation], run: RunId) -> bool {
+    seen.iter().any(|o| matches!(o, Observation::Started { run: r, .. } if *r == run))
+}
+
+fn ended(seen: &[Observation], run: RunId) -> bool {
+    seen.iter().any(|o| o.run() == run && !matches!(o, Observation::Started { .. }))
+}
+
+fn gpu(index: u32) -> DeviceAssignment {
+    DeviceAssignment { index, uuid: None, vendor: Vendor::Nvidia, shares: 1000 }
+}
+
+#[test]
+fn requeue_runs_the_same_job_again_as_the_next_attempt() {
+    if !enabled("requeue_runs_the_same_job_again_as_the_next_attempt") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let first = RunId { workload: 1, attempt: 1 };
+    let next = RunId { workload: 1, attempt: 2 };
+    let launch = Launch {
+        run: first,
+        command: h.program_sleep(120),
+        env: BTreeMap::new(),
+        members: vec![MemberLaunch { node: "node2".into(), devices: vec![gpu(0), gpu(1)] }],
+        log_dir: h.tmp_dir().join("logs"),
+    };
+    backend.launch(&launch).expect("launch");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, first));
+    let job = backend.job_id(first).expect("job id of a launched run");
+    let gpus = backend.allocated_gpus(first).expect("squeue").expect("a running run has GPUs");
+    assert!(
+        matches!(gpus.as_slice(), [(node, g)] if node == "node2" && g.indices.len() == 2),
+        "{gpus:?}"
+    );
+    let requeued_at = Instant::now();
+    backend.requeue(first, next).expect("requeue");
+    assert_eq!(backend.job_id(next), Some(job), "the next attempt is the same Slurm job");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the first attempt to end", |s| {
+        ended(s, first)
+    });
+    // Back to pending (BeginTime: cred_expire), then running again as the same job.
+    until(&mut backend, &mut seen, Duration::from_secs(60), "the next attempt to start", |s| {
+        started(s, next)
+    });
+    let restart = requeued_at.elapsed();
+    assert!(
+        matches!(seen.as_slice(), [
+            Observation::Started { run: a, .. },
+            Observation::Exited { run: b, code: None, .. },
+            Observation::Started { run: c, .. },
+        ] if *a == first && *b == first && *c == next),
+        "observed {seen:#?}"
+    );
+    // Launching the next attempt now (as the daemon would on admission) starts nothing more.
+    backend.launch(&Launch { run: next, ..launch.clone() }).expect("idempotent launch");
+    assert_eq!(backend.job_id(next), Some(job));
+    backend.signal(next, StopSignal::Kill).expect("kill");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, next));
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("requeue: job {job} ran again {restart:.1?} after scontrol requeue");
+    }
+}
+
+#[test]
+fn inventory_has_typed_gpus_and_leaves_out_unmanaged_partitions() {
+    if !enabled("inventory_has_typed_gpus_and_leaves_out_unmanaged_partitions") {
+        return;
+    }
+    let mut config = config("allotinv");
+    let mut backend = SlurmBackend::new(config.clone());
+    let nodes = backend.inventory().expect("inventory");
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node1", "node2", "node3", "node4"], "node4 is also in batch");
+    for n in &nodes {
+        assert_eq!(n.devices.len(), 8);
+        assert!(n.devices.iter().all(|d| d.model == "h100"));
+        assert_eq!(n.cpu_millis, 8000);
+    }
+    // Nodes only in unmanaged partitions are not allot's.
+    let mut batch_unmanaged = config.clone();
+    batch_unmanaged.unmanaged_partitions = ["batch".to_string()].into();
+    let names = |c: SlurmConfig| -> Vec<String> {
+        SlurmBackend::new(c).inventory().expect("inventory").into_iter().map(|n| n.name).collect()
+    };
+    assert_eq!(names(batch_unmanaged), ["node4"]);
+    // A configured partition limits the inventory to its nodes.
+    config.partition = Some("unmanaged".to_string());
+    config.unmanaged_partitions.clear();
+    assert_eq!(names(config), ["node4"]);
+    assert!(backend.nodes().expect("nodes").iter().all(|n| n.usable()));
+    let parts = backend.partitions().expect("partitions");
+    assert!(parts.iter().any(|p| p.name == "batch" && p.default));
+}
+
+#[test]
+fn foreign_jobs_are_listed_with_account_and_gpus() {
+    if !enabled("foreign_jobs_are_listed_with_account_and_gpus") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let name = format!("foreign{}", std::process::id());
+    let submit = |partition: &str| {
+        let out = std::process::Command::new("sbatch")
+            .env("SLURM_CONF", slurm_conf())
+            .args(["--parsable", "-J", &name, "-A", "nlp", "-p", partition])
+            .args(["--gres=gpu:h100:2", "-o", "/dev/null", "--wrap", "sleep 60"])
+            .output()
+            .expect("sbatch runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let managed = submit("batch");
+    let unmanaged = submit("unmanaged");
+    let start = Instant::now();
+    let job = loop {
+        let jobs = backend.foreign_jobs().expect("foreign jobs");
+        assert!(
+            jobs.iter().all(|j| j.partition != "unmanaged"),
+            "unmanaged partition excluded: {jobs:#?}"
+        );
+        if let Some(j) = jobs.into_iter().find(|j| j.job_id.to_string() == managed)
+            && j.state == "RUNNING"
+        {
+            break j;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "foreign job never ran");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!((job.account.as_str(), job.name.as_str()), ("nlp", name.as_str()));
+    assert_eq!(job.gpus.len(), 1);
+    assert_eq!((job.gpus[0].gpu_type.as_deref(), job.gpus[0].count), (Some("h100"), 2));
+    assert_eq!(job.gpus[0].indices.len(), 2);
+    assert!(job.start_time.is_some());
+    let _ = std::process::Command::new("scancel")
+        .env("SLURM_CONF", slurm_conf())
+        .args([&managed, &unmanaged])
+        .status();
+}
+
+#[test]
+fn launch_places_members_on_the_chosen_nodes_with_gres_and_env() {
+    if !enabled("launch_places_members_on_the_chosen_nodes_with_gres_and_env") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let run = RunId { workload: 7, attempt: 1 };
+    let log_dir = h.tmp_dir().join("logs");
+    let member = |node: &str| MemberLaunch { node: node.into(), devices: vec![gpu(0), gpu(1)] };
+    let launch = Launch {
+        run,
+        command: sh("echo \"$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $EXTRA\"", &[]),
+        env: BTreeMap::from([
+            ("EXTRA".to_string(), "from the daemon; with $no expansion".to_string()),
+            ("ALLOT_PROJECT".to_string(), "vision".to_string()),
+        ]),
+        members: vec![member("node3"), member("node4")],
+        log_dir: log_dir.clone(),
+    };
+    backend.inventory().expect("inventory for the GRES type");
+    let args = backend.sbatch_args(&launch);
+    assert!(args.contains(&"--gres=gpu:h100:2".to_string()), "{args:?}");
+    assert!(args.contains(&"--nodelist=node3,node4".to_string()), "{args:?}");
+    assert!(args.contains(&"--account=vision".to_string()), "{args:?}");
+    backend.launch(&launch).expect("launch");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
+    assert!(
+        matches!(
+            seen.as_slice(),
+            [Observation::Started { .. }, Observation::Exited { code: Some(0), .. }]
+        ),
+        "{seen:#?}"
+    );
+    // Slurm picks the device indices on each node (two of them); allot's are not pinned.
+    let mut lines: Vec<(String, usize, String)> = (0..2)
+        .map(|m| {
+            let text = std::fs::read_to_string(log_dir.join(format!("member-{m}.log")))
+                .unwrap_or_else(|e| panic!("member-{m}.log: {e}"));
+            let (node, rest) = text.trim().split_once(' ').expect("node, devices, env");
+            let (devices, extra) = rest.split_once(' ').expect("devices, env");
+            (node.to_string(), devices.split(',').count(), extra.to_string())
+        })
+        .collect();
+    lines.sort();
+    let extra = "from the daemon; with $no expansion".to_string();
+    assert_eq!(lines, [("node3".into(), 2, extra.clone()), ("node4".into(), 2, extra)]);
+}
+
+#[test]
+fn uneven_members_and_fractional_gpus_fail_the_launch() {
+    if !enabled("uneven_members_and_fractional_gpus_fail_the_launch") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let uneven = RunId { workload: 8, attempt: 1 };
+    let fractional = RunId { workload: 9, attempt: 1 };
+    let base = Launch {
+        run: uneven,
+        command: h.program_sleep(1),
+        env: BTreeMap::new(),
+        members: vec![
+            MemberLaunch { node: "node1".into(), devices: vec![gpu(0)] },
+            MemberLaunch { node: "node2".into(), devices: vec![gpu(0), gpu(1)] },
+        ],
+        log_dir: h.tmp_dir().join("logs"),
+    };
+    backend.launch(&base).expect("launch");
+    let mut half = gpu(0);
+    half.shares = 500;
+    backend
+        .launch(&Launch {
+            run: fractional,
+            members: vec![MemberLaunch { node: "node1".into(), devices: vec![half] }],
+            ..base.clone()
+        })
+        .expect("launch");
+    let seen = backend.poll().expect("poll");
+    assert!(
+        matches!(seen.as_slice(), [
+            Observation::LaunchFailed { run: a, error: e1 },
+            Observation::LaunchFailed { run: b, error: e2 },
+        ] if *a == uneven && *b == fractional && e1.contains("same tasks and GPUs")
+            && e2.contains("whole GPUs")),
+        "{seen:#?}"
+    );
+}
+
+#[test]
+fn a_job_left_held_by_a_dead_daemon_is_released_on_adoption() {
+    if !enabled("a_job_left_held_by_a_dead_daemon_is_released_on_adoption") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let by_launch = RunId { workload: 10, attempt: 1 };
+    let by_recover = RunId { workload: 11, attempt: 1 };
+    let launch_of = |run: RunId| Launch {
+        run,
+        command: h.program_sleep(30),
+        env: BTreeMap::new(),
+        members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
+        log_dir: h.tmp_dir().join(format!("logs-{run}")),
+    };
+    {
+        // Submitted held; the daemon dies before the poll that would release them.
+        let mut backend = SlurmBackend::new(config(&h.prefix));
+        backend.launch(&launch_of(by_launch)).expect("launch");
+        backend.launch(&launch_of(by_recover)).expect("launch");
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let mut seen = backend.recover(&[launch_of(by_recover)]).expect("recover");
+    assert!(seen.is_empty(), "a held job is neither started nor ended: {seen:#?}");
+    backend.launch(&launch_of(by_launch)).expect("launch adopts");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "both released and started", |s| {
+        started(s, by_launch) && started(s, by_recover)
+    });
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    for run in [by_launch, by_recover] {
+        backend.signal(run, StopSignal::Kill).expect("kill");
+    }
+    until(&mut backend, &mut seen, Duration::from_secs(15), "both ended", |s| {
+        ended(s, by_launch) && ended(s, by_recover)
+    });
+}
+
+#[test]
+fn stopping_a_run_not_yet_released_cancels_it() {
+    if !enabled("stopping_a_run_not_yet_released_cancels_it") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let run = RunId { workload: 12, attempt: 1 };
+    backend
+        .launch(&Launch {
+            run,
+            command: h.program_sleep(30),
+            env: BTreeMap::new(),
+            members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
+            log_dir: h.tmp_dir().join("logs"),
+        })
+        .expect("launch");
+    // A checkpoint of a run that never ran does nothing; a terminate cancels the held job.
+    backend.signal(run, StopSignal::Checkpoint).expect("checkpoint");
+    backend.signal(run, StopSignal::Terminate).expect("terminate");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
+    assert!(
+        matches!(seen.as_slice(), [Observation::LaunchFailed { error, .. }] if error.contains("CANCELLED")),
+        "{seen:#?}"
+    );
+}

@@ -1,0 +1,263 @@
+//! The parsers on payloads recorded from the test cluster (`tests/data/record.sh`), and on
+//! arbitrary input (no panic).
+
+use allot_backend_slurm::parse::{
+    Gres, exit_code_of, expand_hostlist, parse_gres_list, parse_partitions, parse_sbatch_job_id,
+    parse_sinfo, parse_squeue, parse_squeue_format,
+};
+use proptest::prelude::*;
+
+fn data(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn job(jobs: &[allot_backend_slurm::SqueueJob], id: u64) -> &allot_backend_slurm::SqueueJob {
+    jobs.iter().find(|j| j.job_id == id).unwrap_or_else(|| panic!("job {id} in the payload"))
+}
+
+#[test]
+fn squeue_jobs_of_every_state() {
+    let jobs = parse_squeue(&data("squeue-states.json")).expect("recorded squeue parses");
+    assert_eq!(jobs.len(), 17);
+
+    let completed = job(&jobs, 10);
+    assert_eq!((completed.name.as_str(), completed.state.as_str()), ("allot-1.1", "COMPLETED"));
+    assert!(completed.is_terminal() && completed.ran());
+    assert_eq!(completed.exit_code(), Some(0));
+    assert_eq!(completed.comment, "allot:1.1");
+    assert_eq!(completed.account, "research");
+
+    let failed = job(&jobs, 11);
+    assert_eq!(failed.state, "FAILED");
+    assert_eq!(failed.exit_status, 768);
+    assert_eq!(failed.exit_code(), Some(3));
+    assert_eq!(failed.exit_signal(), None);
+
+    let running = job(&jobs, 12);
+    assert!(running.is_running());
+    assert_eq!(running.nodes, ["node1", "node2"]);
+    let gpus = running.gpus_per_node();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(gpus[0].0, "node1");
+    assert_eq!(gpus[0].1.gres_type.as_deref(), Some("h100"));
+    assert_eq!(gpus[0].1.count, 4);
+    assert_eq!(gpus[0].1.indices, [3, 4, 5, 6]);
+    assert_eq!(gpus[1].1.indices, [0, 1, 2, 3]);
+    assert_eq!(running.tres_per_node, "gres:gpu:h100:4");
+
+    let held = job(&jobs, 13);
+    assert!(held.is_pending() && held.is_held() && !held.ran());
+    assert_eq!(held.required_nodes, ["node3"]);
+
+    let requeued = job(&jobs, 14);
+    assert!(requeued.is_pending() && !requeued.is_held());
+    assert_eq!((requeued.reason.as_str(), requeued.restarts), ("BeginTime", 1));
+
+    let cancelled = job(&jobs, 15);
+    assert_eq!(cancelled.state, "CANCELLED");
+    assert_eq!(cancelled.exit_code(), None);
+    assert_eq!(cancelled.exit_signal(), Some(15));
+
+    // A job cancelled while pending never ran.
+    let cancelled_pending = job(&jobs, 5);
+    assert!(cancelled_pending.is_terminal() && !cancelled_pending.ran());
+
+    let foreign = job(&jobs, 16);
+    assert_eq!(
+        (foreign.name.as_str(), foreign.account.as_str(), foreign.partition.as_str()),
+        ("train-llm", "nlp", "unmanaged")
+    );
+    assert_eq!(foreign.user, "root");
+    assert!(foreign.start_time > 0);
+}
+
+#[test]
+fn squeue_format_lines_of_every_state() {
+    let jobs = parse_squeue_format(&data("squeue-format.txt"));
+    assert_eq!(jobs.len(), 21);
+    let running = job(&jobs, 4712);
+    assert_eq!(running.name, "allot-77.1");
+    assert!(running.is_running() && running.ran());
+    assert_eq!(running.nodes, ["node1", "node2"]);
+    assert_eq!(running.batch_host, "node1");
+    // A `|` in a name stays in the name (the last field).
+    let held = job(&jobs, 4713);
+    assert_eq!(held.name, "odd|name");
+    assert!(held.is_held() && !held.ran());
+    let failed = job(&jobs, 4690);
+    assert_eq!((failed.state.as_str(), failed.exit_code()), ("FAILED", Some(3)));
+    let killed = job(&jobs, 4693);
+    assert_eq!((killed.exit_code(), killed.exit_signal()), (None, Some(9)));
+    let requeued_then_cancelled = job(&jobs, 4710);
+    assert_eq!(requeued_then_cancelled.restarts, 1);
+    let trapped_term = job(&jobs, 4704);
+    assert_eq!(trapped_term.exit_code(), Some(143));
+    assert_eq!(parse_squeue_format("garbage\n1|2|3\n"), Vec::new());
+}
+
+#[test]
+fn squeue_after_a_node_went_down_shows_the_requeued_job() {
+    let jobs = parse_squeue(&data("squeue-after-down.json")).expect("recorded squeue parses");
+    let foreign = job(&jobs, 16);
+    assert_eq!((foreign.state.as_str(), foreign.restarts), ("PENDING", 1));
+    assert!(foreign.nodes.is_empty());
+}
+
+#[test]
+fn sinfo_nodes_with_typed_gpus() {
+    let nodes = parse_sinfo(&data("sinfo-idle-mixed.json")).expect("recorded sinfo parses");
+    assert_eq!(nodes.len(), 4);
+    for n in &nodes {
+        assert!(n.usable(), "{n:?}");
+        assert_eq!(n.cpus, 8);
+        assert_eq!(n.real_memory_mib, 4000);
+        let gpus = n.gpus();
+        assert_eq!(gpus.len(), 1);
+        assert_eq!((gpus[0].gres_type.as_deref(), gpus[0].count), (Some("h100"), 8));
+    }
+    let node1 = &nodes[0];
+    assert_eq!(node1.state, "mixed");
+    assert_eq!(node1.gres_used[0].count, 4);
+    assert_eq!(node1.gres_used[0].indices, [3, 4, 5, 6]);
+    let node4 = &nodes[3];
+    assert_eq!(node4.partitions, ["batch", "unmanaged"]);
+}
+
+#[test]
+fn sinfo_drained_and_down_nodes_are_not_usable() {
+    let nodes = parse_sinfo(&data("sinfo-drained-down.json")).expect("recorded sinfo parses");
+    let by = |name: &str| nodes.iter().find(|n| n.name == name).expect("node in payload");
+    assert!(by("node1").usable() && by("node2").usable());
+    let drained = by("node3");
+    assert_eq!(
+        (drained.state.as_str(), drained.state_flags.as_slice()),
+        ("mixed", &["DRAIN".to_string()][..])
+    );
+    assert_eq!(drained.reason, "allot test: drained");
+    assert!(!drained.usable());
+    let down = by("node4");
+    assert_eq!(down.state, "down");
+    assert_eq!(down.reason, "allot test: down");
+    assert!(!down.usable());
+}
+
+#[test]
+fn scontrol_partitions() {
+    let parts = parse_partitions(&data("scontrol-partitions.txt"));
+    assert_eq!(parts.len(), 2);
+    assert_eq!(parts[0].name, "batch");
+    assert!(parts[0].default);
+    assert_eq!(parts[0].state, "UP");
+    assert_eq!(parts[0].nodes, ["node1", "node2", "node3", "node4"]);
+    assert_eq!(
+        (parts[1].name.as_str(), parts[1].nodes.as_slice()),
+        ("unmanaged", &["node4".to_string()][..])
+    );
+}
+
+#[test]
+fn host_lists() {
+    assert_eq!(
+        expand_hostlist("node[1-3,7]").expect("valid"),
+        ["node1", "node2", "node3", "node7"]
+    );
+    assert_eq!(
+        expand_hostlist("gpu-a[01-02],login").expect("valid"),
+        ["gpu-a01", "gpu-a02", "login"]
+    );
+    assert_eq!(expand_hostlist("").expect("empty is valid"), Vec::<String>::new());
+    assert!(expand_hostlist("node[3-1]").is_err());
+    assert!(expand_hostlist("node[1-999999999]").is_err(), "huge lists are refused");
+    assert!(expand_hostlist("node[1-").is_err());
+}
+
+#[test]
+fn gres_strings() {
+    assert_eq!(
+        parse_gres_list("gpu:h100:2(IDX:0,3),shard:4"),
+        [
+            Gres {
+                name: "gpu".into(),
+                gres_type: Some("h100".into()),
+                count: 2,
+                indices: vec![0, 3]
+            },
+            Gres { name: "shard".into(), gres_type: None, count: 4, indices: vec![] },
+        ]
+    );
+    assert_eq!(parse_gres_list("gpu:8")[0].count, 8);
+    assert_eq!(parse_gres_list("gres:gpu:a100:1")[0].gres_type.as_deref(), Some("a100"));
+    assert!(parse_gres_list("gpu:h100:0(IDX:N/A)")[0].indices.is_empty());
+    assert!(parse_gres_list("(null)").is_empty());
+    assert!(parse_gres_list("N/A").is_empty());
+}
+
+#[test]
+fn wait_statuses_and_sbatch_output() {
+    assert_eq!(exit_code_of(0), Some(0));
+    assert_eq!(exit_code_of(768), Some(3));
+    assert_eq!(exit_code_of(15), None);
+    assert_eq!(exit_code_of(9 | 0x80), None);
+    assert_eq!(parse_sbatch_job_id("123\n"), Some(123));
+    assert_eq!(parse_sbatch_job_id("45;cluster\n"), Some(45));
+    assert_eq!(parse_sbatch_job_id("sbatch: error"), None);
+}
+
+#[test]
+fn errors_and_wrong_documents_are_reported() {
+    assert!(parse_squeue("not json").is_err());
+    assert!(parse_squeue("{}").is_err());
+    let e =
+        parse_squeue(r#"{"errors":[{"error":"Unable to contact slurm controller"}],"jobs":[]}"#)
+            .expect_err("errors[] is an error");
+    assert!(e.0.contains("Unable to contact"), "{e}");
+    assert!(parse_sinfo(r#"{"jobs":[]}"#).is_err());
+    // Jobs with odd fields still parse; a job without an id is skipped.
+    let jobs = parse_squeue(r#"{"jobs":[{"job_id":7,"nodes":42,"gres_detail":"x"},{"name":"x"}]}"#)
+        .expect("lenient");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].job_id, 7);
+}
+
+proptest! {
+    #[test]
+    fn no_parser_panics_on_any_text(text in ".{0,200}") {
+        let _ = parse_squeue(&text);
+        let _ = parse_sinfo(&text);
+        let _ = parse_partitions(&text);
+        let _ = expand_hostlist(&text);
+        let _ = parse_gres_list(&text);
+        let _ = parse_sbatch_job_id(&text);
+        let _ = parse_squeue_format(&text);
+    }
+
+    #[test]
+    fn no_parser_panics_on_slurm_like_text(
+        text in "[a-z0-9:,()\\[\\]\\-=/ A-Z_]{0,80}"
+    ) {
+        let _ = expand_hostlist(&text);
+        let _ = parse_gres_list(&text);
+        let _ = parse_partitions(&text);
+        let _ = parse_squeue_format(&text);
+        let doc = format!(
+            r#"{{"jobs":[{{"job_id":1,"nodes":{n:?},"gres_detail":[{n:?}],"tres_per_node":{n:?}}}],"nodes":[{{"name":"a","gres":{n:?},"gres_used":{n:?}}}]}}"#,
+            n = text
+        );
+        let _ = parse_squeue(&doc);
+        let _ = parse_sinfo(&doc);
+    }
+
+    #[test]
+    fn mutated_recorded_payloads_never_panic(cut in 0usize..33_000, byte in any::<u8>()) {
+        let mut text = data("squeue-states.json").into_bytes();
+        if cut < text.len() {
+            text[cut] = byte;
+        }
+        let text = String::from_utf8_lossy(&text);
+        let _ = parse_squeue(&text);
+        if let Some(prefix) = text.get(..cut) {
+            let _ = parse_squeue(prefix);
+        }
+    }
+}

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# A real Slurm 22.05 (Debian 12) cluster on loopback for allot's Slurm backend tests:
+# munged + slurmctld + NODES x `slurmd -N nodeN`, each node with NODE_GPUS fake GPUs of type
+# GPU_TYPE. No slurmdbd/MariaDB: accounts are free-form strings (no enforcement), finished jobs'
+# exit codes come from `squeue --json` while Slurm keeps them (MinJobAge), and jobcomp/filetxt
+# writes one line per finished job to $STATE/jobcomp.log for people.
+#
+#   scripts/slurm-cluster.sh up     # install packages, write configs, start, wait until idle
+#   scripts/slurm-cluster.sh down   # stop every daemon it started, by pidfile
+#   scripts/slurm-cluster.sh env    # print the SLURM_CONF export for a shell
+#
+# Everything lives under $ALLOT_SLURM_DIR (default /tmp/allot-slurm); the client commands find
+# the cluster through SLURM_CONF=$ALLOT_SLURM_DIR/etc/slurm.conf. Run as root (slurmd runs jobs
+# as the submitting user). Based on ../shared/docs/reference/slurm-and-prometheus.md.
+set -euo pipefail
+
+STATE=${ALLOT_SLURM_DIR:-/tmp/allot-slurm}
+NODES=${NODES:-4}
+NODE_CPUS=${NODE_CPUS:-8}
+NODE_GPUS=${NODE_GPUS:-8}
+GPU_TYPE=${GPU_TYPE:-h100}
+CTLD_PORT=${CTLD_PORT:-6817}
+# slurmd of nodeN listens on NODE_PORT_BASE+N.
+NODE_PORT_BASE=${NODE_PORT_BASE:-17000}
+CONF=$STATE/etc/slurm.conf
+
+stop_pidfile() {
+  local f=$1 p
+  [ -s "$f" ] || return 0
+  p=$(cat "$f")
+  if kill "$p" 2>/dev/null; then
+    for _ in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$p" 2>/dev/null && kill -9 "$p" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+down() {
+  for f in "$STATE"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
+  stop_pidfile "$STATE/run/slurmctld.pid"
+  # munged only if this script started it (another cluster on the host may share it).
+  stop_pidfile "$STATE/run/munged.pid"
+  echo "slurm-cluster: stopped (state kept in $STATE)"
+}
+
+install_packages() {
+  local need=""
+  for b in munged slurmctld slurmd sbatch; do command -v "$b" >/dev/null || need=yes; done
+  [ -z "$need" ] && return 0
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  # policy-rc.d (exit 101) keeps the postinsts from starting the packaged services.
+  [ -e /usr/sbin/policy-rc.d ] || {
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+  }
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    --no-install-recommends munge slurm-wlm slurmctld slurmd slurm-client >/dev/null
+}
+
+start_munge() {
+  if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return 0; fi   # one is running
+  [ -s /etc/munge/munge.key ] || {
+    mungekey --create --keyfile=/etc/munge/munge.key
+    chown munge:munge /etc/munge/munge.key; chmod 0400 /etc/munge/munge.key
+  }
+  install -d -o munge -g munge -m 0755 /run/munge
+  runuser -u munge -- /usr/sbin/munged --num-threads=4
+  for _ in $(seq 1 40); do [ -s /run/munge/munged.pid ] && break; sleep 0.1; done
+  cp /run/munge/munged.pid "$STATE/run/munged.pid"
+  munge -n | unmunge >/dev/null
+}
+
+write_configs() {
+  install -d -m 0755 "$STATE/etc" "$STATE/run" "$STATE/log" "$STATE/ctld" "$STATE/fakegpu"
+  for n in $(seq 1 "$NODES"); do install -d -m 0755 "$STATE/spool/node$n"; done
+  # gres/gpu drops GPUs without File=, and File= must stat() as a device: /dev/null links do.
+  for g in $(seq 0 $((NODE_GPUS - 1))); do ln -sfn /dev/null "$STATE/fakegpu/nvidia$g"; done
+  local bind="CommunicationParameters=NoCtldInAddrAny,NoInAddrAny"
+  # NoInAddrAny binds what `hostname` resolves to; if that is not loopback, bind 0.0.0.0.
+  if [ "$(getent ahostsv4 "$(hostname)" | awk 'NR==1{print $1}')" != 127.0.0.1 ]; then
+    echo "slurm-cluster: WARN $(hostname) does not resolve to 127.0.0.1; daemons bind 0.0.0.0" >&2
+    bind="# $bind (hostname is not loopback)"
+  fi
+  cat > "$CONF" <<EOF
+ClusterName=allot
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+$bind
+AuthType=auth/munge
+CredType=cred/munge
+# A requeued job may start again cred_expire seconds after it ended (default 120).
+AuthInfo=cred_expire=10
+# A test cluster: the controller runs as root, so the state dir needs no chown.
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/spool/%n
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd-%n.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups or systemd in CI containers.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+SwitchType=switch/none
+MailProg=/bin/true
+SchedulerType=sched/backfill
+# Re-evaluate pending (e.g. requeued) jobs every 5 s instead of 60/30 s.
+SchedulerParameters=sched_interval=5,bf_interval=5
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+# Node CPUs and memory are declared, not detected (the host has fewer).
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobRequeue=1
+KillWait=5
+# Finished jobs stay in squeue this long: the backend reads their exit codes there.
+MinJobAge=300
+SlurmdTimeout=30
+InactiveLimit=0
+MaxJobCount=20000
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$STATE/log/jobcomp.log
+EOF
+  for n in $(seq 1 "$NODES"); do
+    echo "NodeName=node$n NodeHostname=node$n NodeAddr=127.0.0.1 Port=$((NODE_PORT_BASE + n)) CPUs=$NODE_CPUS RealMemory=4000 Gres=gpu:$GPU_TYPE:$NODE_GPUS State=UNKNOWN" >> "$CONF"
+  done
+  cat >> "$CONF" <<EOF
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# For tests of a partition allot leaves unmanaged.
+PartitionName=unmanaged Nodes=node$NODES Default=NO MaxTime=INFINITE State=UP
+EOF
+  cat > "$STATE/etc/gres.conf" <<EOF
+NodeName=node[1-$NODES] Name=gpu Type=$GPU_TYPE File=$STATE/fakegpu/nvidia[0-$((NODE_GPUS - 1))]
+EOF
+  # slurmd loads a cgroup plugin at start even with proctrack/linuxproc and task/none.
+  printf 'CgroupPlugin=autodetect\nIgnoreSystemd=yes\n' > "$STATE/etc/cgroup.conf"
+}
+
+up() {
+  local t0; t0=$(date +%s.%N)
+  install_packages
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "slurm-cluster: the daemons need root (slurmd runs jobs as their users); run it as root" >&2
+    exit 1
+  fi
+  install -d -m 0755 "$STATE/run"
+  if [ -s "$STATE/run/slurmctld.pid" ] && kill -0 "$(cat "$STATE/run/slurmctld.pid")" 2>/dev/null; then
+    echo "slurm-cluster: already running (run '$0 down' first)" >&2
+    exit 1
+  fi
+  write_configs
+  start_munge
+  export SLURM_CONF=$CONF
+  # -c: a fresh controller, without the jobs of an earlier run.
+  slurmctld -c -f "$CONF"
+  for n in $(seq 1 "$NODES"); do slurmd -f "$CONF" -N "node$n"; done
+  for _ in $(seq 1 240); do
+    [ "$(sinfo -h -N -p batch -t idle -o %N 2>/dev/null | sort -u | wc -l)" = "$NODES" ] && break
+    sleep 0.25
+  done
+  if [ "$(sinfo -h -N -p batch -t idle -o %N 2>/dev/null | sort -u | wc -l)" != "$NODES" ]; then
+    echo "slurm-cluster: nodes not idle after 60 s; see $STATE/log/" >&2
+    sinfo -N -o '%N %P %T %G %E' >&2 || true
+    exit 1
+  fi
+  echo "slurm-cluster: up in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s; export SLURM_CONF=$CONF"
+  sinfo -N -o '%N %P %T %G'
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  env) echo "export SLURM_CONF=$CONF" ;;
+  *) echo "usage: $0 up|down|env  (state in \$ALLOT_SLURM_DIR, default /tmp/allot-slurm)" >&2; exit 2 ;;
+esac

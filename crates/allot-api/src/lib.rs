@@ -25,6 +25,42 @@ pub mod limits {
     pub const DURATION_S_MAX: u64 = 10 * 365 * 24 * 3600;
     pub const CPU_MILLIS_MAX: u64 = 100_000_000;
     pub const MEMORY_MIB_MAX: u64 = 1 << 40;
+    /// Device readings in one `POST /api/v1/telemetry`.
+    pub const TELEMETRY_SAMPLES_MAX: usize = 1024;
+}
+
+/// Device readings a node agent (`allot agent`) forwards (`POST /api/v1/telemetry`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryPost {
+    pub samples: Vec<TelemetrySample>,
+}
+
+/// One device (or MIG instance, or AMD partition) at one time. Activity values are permille
+/// (0..=1000) of the device; an absent value is not 0.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySample {
+    /// The node, as the inventory names it.
+    pub hostname: String,
+    /// The device's index on its node.
+    pub gpu_index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amd_partition: Option<u32>,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilisation: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_active: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_used_mib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_total_mib: Option<u64>,
 }
 
 /// A workload to run (`POST /api/v1/workloads`).

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use allot_api::{
     API_PREFIX, ApiError, NodeList, PolicyValidation, PolicyView, ProjectList, Report,
-    SubmitRequest, SubmitResponse, TokenCreated, TokenRequest, Why, Workload, WorkloadList, limits,
+    SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated, TokenRequest, Why, Workload,
+    WorkloadList, limits,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -449,6 +450,51 @@ async fn apply_policy(
     state.handle.ask(|reply| Request::ApplyPolicy { source, text, reply }).await.map(axum::Json)
 }
 
+/// Device readings from a node agent (`allot agent`); admins only (give agents an admin
+/// token of their own). Attributed to running workloads at the next telemetry round.
+#[utoipa::path(post, path = "/api/v1/telemetry", request_body = TelemetryPost,
+    responses((status = 202), (status = 400, body = ApiError), (status = 403, body = ApiError)),
+    security(("bearer" = [])))]
+async fn post_telemetry(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<StatusCode> {
+    let body = bytes_of(body)?;
+    let principal = principal(&state, &headers)?;
+    if !principal.is_admin() {
+        return Err(HttpError::plain(
+            403,
+            format!("{} is not an admin: only admin tokens post telemetry", principal.name),
+            Some("give the node agent an admin token (`allot token create --role admin`)"),
+        ));
+    }
+    let post: TelemetryPost = json_body(&body)?;
+    if post.samples.len() > limits::TELEMETRY_SAMPLES_MAX {
+        return Err(HttpError::new(
+            400,
+            ApiError {
+                error: format!(
+                    "{} samples in one post, at most {}",
+                    post.samples.len(),
+                    limits::TELEMETRY_SAMPLES_MAX
+                ),
+                field: Some("samples".into()),
+                fix: Some("post them in several requests".into()),
+            },
+        ));
+    }
+    let mut samples = Vec::with_capacity(post.samples.len());
+    for (i, s) in post.samples.iter().enumerate() {
+        samples.push(crate::telemetry::from_wire(s).map_err(|mut e| {
+            e.field = e.field.map(|f| format!("samples[{i}].{f}"));
+            HttpError::new(400, e)
+        })?);
+    }
+    state.handle.send(Request::Telemetry(samples))?;
+    Ok(StatusCode::ACCEPTED)
+}
+
 #[utoipa::path(post, path = "/api/v1/tokens", request_body = TokenRequest,
     responses((status = 201, body = TokenCreated), (status = 403, body = ApiError)), security(("bearer" = [])))]
 async fn create_token(
@@ -526,7 +572,7 @@ impl utoipa::Modify for BearerScheme {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
-    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, create_token),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, post_telemetry, create_token),
     modifiers(&BearerScheme)
 )]
 pub(crate) struct ApiDoc;
@@ -547,6 +593,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/policy", get(policy).put(apply_policy))
         .route("/policy/validate", post(validate_policy))
         .route("/tokens", post(create_token))
+        .route("/telemetry", post(post_telemetry))
         .route("/openapi.json", get(openapi));
     Router::new()
         .nest(API_PREFIX, api)

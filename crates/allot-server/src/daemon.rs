@@ -435,6 +435,17 @@ impl Daemon {
                     self.event(now, Event::CheckpointSaved { workload: WorkloadId(*id) });
                 }
             }
+            Entry::Sampled { workloads } => {
+                for (id, readings) in workloads {
+                    if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
+                        let readings = readings.iter().map(|r| (*r).into()).collect();
+                        self.event(
+                            now,
+                            Event::ActivitySampled { workload: WorkloadId(*id), readings },
+                        );
+                    }
+                }
+            }
             Entry::TelemetryMissing { ids } => {
                 for id in ids {
                     if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
@@ -753,6 +764,28 @@ impl Daemon {
             })
             .filter_map(|r| r.launch.clone())
             .collect()
+    }
+
+    /// The devices running workloads hold, for attributing telemetry.
+    pub(crate) fn allocations(&self) -> Vec<allot_telemetry::attribution::Allocation> {
+        let mut out = Vec::new();
+        for (id, r) in &self.workloads {
+            let (WorkloadState::Running, Some(launch)) = (r.state, &r.launch) else { continue };
+            for (member, m) in launch.members.iter().enumerate() {
+                for d in &m.devices {
+                    out.push(allot_telemetry::attribution::Allocation {
+                        node: m.node.clone(),
+                        device_index: d.index,
+                        mig_instance: None,
+                        amd_partition: None,
+                        workload: WorkloadId(*id),
+                        member: member as u32,
+                        shares: u32::try_from(d.shares).unwrap_or(1000),
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// Running workloads with a heartbeat file to watch.

@@ -55,6 +55,11 @@ pub(crate) enum Entry {
         id: u64,
         at_ms: u64,
     },
+    /// A telemetry round's readings of running workloads' devices (only workloads with at
+    /// least one reading carrying a signal; the others are in `TelemetryMissing`).
+    Sampled {
+        workloads: std::collections::BTreeMap<u64, Vec<crate::telemetry::Reading>>,
+    },
     /// A telemetry round found no reading for these running workloads (no collector covers
     /// their devices yet): each idle rule's `missing_telemetry` says what that means.
     TelemetryMissing {
@@ -84,6 +89,7 @@ impl Entry {
             Entry::Probed { .. } => "probed",
             Entry::CheckpointReported { .. } => "checkpoint_reported",
             Entry::TelemetryMissing { .. } => "telemetry_missing",
+            Entry::Sampled { .. } => "sampled",
             Entry::Decided => "decided",
             Entry::PolicyApplied { .. } => "policy_applied",
         }

@@ -14,6 +14,7 @@ mod metrics;
 mod runtime;
 mod snapshot;
 mod submit;
+pub mod telemetry;
 mod tls;
 pub mod views;
 
@@ -53,6 +54,9 @@ pub struct ServeConfig {
     pub checkpoint_signal: String,
     /// Log records between snapshots.
     pub snapshot_every: u64,
+    /// Telemetry source specs (`nvml`, `sysfs`, `dcgm-exporter=URL`, …); empty: this host's
+    /// GPUs when NVML or amdgpu sysfs can read them; `none`: no source (agents may post).
+    pub telemetry: Vec<String>,
 }
 
 /// The default data directory (`$XDG_DATA_HOME/allot`, else `~/.local/share/allot`).
@@ -148,6 +152,8 @@ pub struct Parts {
     pub telemetry_round_ms: Option<u64>,
     /// Log records between snapshots (`None`: 10,000).
     pub snapshot_every: Option<u64>,
+    /// Where GPU activity is read (node agents may post more through the API).
+    pub telemetry_sources: Vec<allot_telemetry::collect::Source>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -199,6 +205,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         decide_interval_ms,
         telemetry_round_ms,
         snapshot_every,
+        telemetry_sources,
     } = parts;
     let nodes = backend.inventory()?;
     let inventory_source = if nodes == declared {
@@ -259,6 +266,12 @@ pub fn start(parts: Parts) -> Result<Started> {
     let handle = runtime::Handle { sender: sender.clone(), view };
     let tokens = Arc::new(auth::Tokens::new(token_store));
     let state = api::AppState { handle, tokens, metrics, data_dir, nodes: Arc::new(nodes) };
+    if !telemetry_sources.is_empty() {
+        let tx = sender.clone();
+        std::thread::Builder::new()
+            .name("allot-telemetry".into())
+            .spawn(move || telemetry::run_collectors(telemetry_sources, &tx))?;
+    }
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
         let sender = sender.clone();
@@ -324,6 +337,24 @@ fn log_policy(
     Ok((given_source.to_string(), given_text.to_string()))
 }
 
+/// The sources `--telemetry` names, each checked before anything starts.
+fn telemetry_sources(specs: &[String]) -> Result<Vec<allot_telemetry::collect::Source>> {
+    use allot_telemetry::collect::{Source, local_hostname};
+    if specs.iter().any(|s| s == "none") {
+        return Ok(Vec::new());
+    }
+    if specs.is_empty() {
+        return Ok(Source::local(local_hostname()).into_iter().collect());
+    }
+    specs
+        .iter()
+        .map(|spec| {
+            Source::from_spec(spec, local_hostname())
+                .map_err(|e| anyhow!("--telemetry {spec}: {e}"))
+        })
+        .collect()
+}
+
 /// Starts the daemon and blocks until SIGINT or SIGTERM.
 pub fn run(config: ServeConfig) -> Result<()> {
     if config.tls_cert.is_some() != config.tls_key.is_some() {
@@ -373,6 +404,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         decide_interval_ms: config.decide_interval_ms,
         telemetry_round_ms: None,
         snapshot_every: Some(config.snapshot_every),
+        telemetry_sources: telemetry_sources(&config.telemetry)?,
     })?;
     let Started { router, admin_token: first_token, replayed, loop_done, sender, loop_thread } =
         started;

@@ -42,6 +42,12 @@ pub struct Metrics {
     /// GPUs of running workloads an idle rule currently warns about.
     pub idle_gpus: Family<ProjectLabel, Gauge<f64, AtomicU64>>,
     pub device_allocated: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
+    /// GPUs whose last reading shows at least 10 % of their share busy, per project.
+    pub active_gpus: Family<ProjectLabel, Gauge<f64, AtomicU64>>,
+    /// GPUs with a reading this round (the rest have no telemetry), per project.
+    pub measured_gpus: Family<ProjectLabel, Gauge<f64, AtomicU64>>,
+    /// Each device's activity by the best signal its source has (0 to 1).
+    pub device_activity: Family<DeviceLabels, Gauge<f64, AtomicU64>>,
     pub queue_length: Family<ProjectLabel, Gauge>,
     pub pending_by_reason: Family<ReasonLabel, Gauge>,
     pub workloads_by_state: Family<StateLabel, Gauge>,
@@ -62,6 +68,9 @@ impl Metrics {
         let idle_gpus = Family::<ProjectLabel, Gauge<f64, AtomicU64>>::default();
         let device_allocated = Family::<DeviceLabels, Gauge<f64, AtomicU64>>::default();
         let queue_length = Family::<ProjectLabel, Gauge>::default();
+        let active_gpus = Family::<ProjectLabel, Gauge<f64, AtomicU64>>::default();
+        let measured_gpus = Family::<ProjectLabel, Gauge<f64, AtomicU64>>::default();
+        let device_activity = Family::<DeviceLabels, Gauge<f64, AtomicU64>>::default();
         let pending_by_reason = Family::<ReasonLabel, Gauge>::default();
         let workloads_by_state = Family::<StateLabel, Gauge>::default();
         let preemptions = Family::<ReasonLabel, Gauge>::default();
@@ -80,6 +89,21 @@ impl Metrics {
             "device_allocated_gpus",
             "Part of each device allocated (0 to 1)",
             device_allocated.clone(),
+        );
+        registry.register(
+            "active_gpus",
+            "Allocated GPUs at least 10 % busy by their last reading, per project",
+            active_gpus.clone(),
+        );
+        registry.register(
+            "measured_gpus",
+            "Allocated GPUs with a telemetry reading this round, per project",
+            measured_gpus.clone(),
+        );
+        registry.register(
+            "device_activity",
+            "Each device's activity by the best signal its source has (0 to 1)",
+            device_activity.clone(),
         );
         registry.register("queue_length", "Pending workloads, per project", queue_length.clone());
         registry.register(
@@ -124,6 +148,9 @@ impl Metrics {
             allocated_gpus,
             idle_gpus,
             device_allocated,
+            active_gpus,
+            measured_gpus,
+            device_activity,
             queue_length,
             pending_by_reason,
             workloads_by_state,

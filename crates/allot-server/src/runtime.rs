@@ -93,6 +93,8 @@ pub(crate) enum Request {
     },
     /// What the backend saw (from the executor thread).
     Observed(Vec<Observation>),
+    /// Device samples from the collector thread or a node agent.
+    Telemetry(Vec<allot_telemetry::Sample>),
     Shutdown,
 }
 
@@ -114,6 +116,23 @@ pub(crate) struct Handle {
 }
 
 impl Handle {
+    /// Sends to the loop without waiting for an answer; a full queue is a 503.
+    pub(crate) fn send(&self, request: Request) -> Result<(), HttpError> {
+        match self.sender.try_send(request) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(HttpError::plain(
+                503,
+                "allot is busy: too many requests queued",
+                Some("retry in a moment"),
+            )),
+            Err(TrySendError::Disconnected(_)) => Err(HttpError::plain(
+                500,
+                "allot's main loop has stopped",
+                Some("see the daemon's log; restart it"),
+            )),
+        }
+    }
+
     /// Sends to the loop; a full queue is a 503, a stopped loop a 500.
     pub(crate) async fn ask<T>(
         &self,
@@ -181,10 +200,16 @@ pub(crate) struct Loop {
     pub snapshot_every: u64,
     /// The seq of the latest snapshot (0: none).
     snapshot_seq: u64,
+    /// The newest sample per device, and the last round's attribution.
+    pub telemetry: crate::telemetry::Latest,
     /// Cycles logged since the latest snapshot: a replay re-runs each over the queue of its
     /// time, so they, not records, dominate a restart with a deep queue.
     cycles_since_snapshot: u64,
 }
+
+/// Part of its share a device must have busy to count as active in `allot_active_gpus` (the
+/// idle rules judge with their own thresholds).
+const ACTIVE_PERMILLE: u16 = 100;
 
 /// Log records between snapshots by default: a restart replays at most about this many.
 pub(crate) const SNAPSHOT_EVERY: u64 = 10_000;
@@ -224,6 +249,7 @@ impl Loop {
             snapshot_every: SNAPSHOT_EVERY,
             snapshot_seq: 0,
             cycles_since_snapshot: 0,
+            telemetry: crate::telemetry::Latest::default(),
         }
     }
 
@@ -386,6 +412,29 @@ impl Loop {
         out
     }
 
+    /// This round's readings of the running workloads' devices, and the workloads without any.
+    fn telemetry_round(&mut self, now: u64) -> Vec<Entry> {
+        let ids = self.daemon.running_ids();
+        if ids.is_empty() {
+            self.telemetry.readings.clear();
+            return Vec::new();
+        }
+        let sampled = self.telemetry.attribute(now, &self.daemon.allocations());
+        let missing: Vec<u64> = ids.into_iter().filter(|id| !sampled.contains_key(id)).collect();
+        let mut out = Vec::new();
+        if !sampled.is_empty() {
+            let workloads = sampled
+                .into_iter()
+                .map(|(id, readings)| (id, readings.into_iter().map(Into::into).collect()))
+                .collect();
+            out.push(Entry::Sampled { workloads });
+        }
+        if !missing.is_empty() {
+            out.push(Entry::TelemetryMissing { ids: missing });
+        }
+        out
+    }
+
     /// Runs until `Shutdown` or until every sender is gone.
     pub(crate) fn run(
         mut self,
@@ -487,6 +536,7 @@ impl Loop {
                             }
                         }
                     }
+                    Request::Telemetry(samples) => self.telemetry.take(samples),
                     Request::Observed(observations) => {
                         for o in observations {
                             let e = observation_entry(o);
@@ -505,9 +555,7 @@ impl Loop {
                 }
                 if now.saturating_sub(last_telemetry) >= self.telemetry_round_ms {
                     last_telemetry = now;
-                    let ids = self.daemon.running_ids();
-                    if !ids.is_empty() {
-                        let e = Entry::TelemetryMissing { ids };
+                    for e in self.telemetry_round(now) {
                         commands.extend(self.daemon.apply(now, &e));
                         entries.push(e);
                     }
@@ -798,6 +846,42 @@ impl Loop {
         }
         for (reason, n) in &self.daemon.counters.preemptions {
             m.preemptions.get_or_create(&ReasonLabel { reason: reason.clone() }).set(*n as i64);
+        }
+        // Active: allocated GPUs whose last reading shows at least ACTIVE_PERMILLE of the share
+        // busy; only workloads with telemetry count (the rest is neither active nor idle).
+        let mut active: BTreeMap<String, f64> = BTreeMap::new();
+        let mut measured: BTreeMap<String, f64> = BTreeMap::new();
+        for (id, readings) in &self.telemetry.readings {
+            let Some(r) = self.daemon.workloads.get(id) else { continue };
+            for reading in readings {
+                let gpus = f64::from(reading.shares) / 1000.0;
+                *measured.entry(r.spec.project.clone()).or_default() += gpus;
+                let busy = reading.best_signal().is_some_and(|(_, v)| {
+                    u64::from(v) * 1000 >= u64::from(ACTIVE_PERMILLE) * u64::from(reading.shares)
+                });
+                if busy {
+                    *active.entry(r.spec.project.clone()).or_default() += gpus;
+                }
+            }
+        }
+        for p in &view.projects {
+            let label = ProjectLabel { project: p.name.clone() };
+            m.active_gpus.get_or_create(&label).set(*active.get(&p.name).unwrap_or(&0.0));
+            m.measured_gpus.get_or_create(&label).set(*measured.get(&p.name).unwrap_or(&0.0));
+        }
+        m.device_activity.clear();
+        for s in self.telemetry.samples.values() {
+            if let (Some(host), Some(index), Some(v)) =
+                (&s.identity.hostname, s.identity.gpu_index, s.signal_value())
+            {
+                m.device_activity
+                    .get_or_create(&DeviceLabels {
+                        node: host.clone(),
+                        device: index.to_string(),
+                        model: s.identity.model.clone().unwrap_or_default(),
+                    })
+                    .set(f64::from(v) / 1000.0);
+            }
         }
     }
 }

@@ -377,3 +377,53 @@ async fn a_running_workload_reports_checkpoints_by_api_or_file() {
     let (status, v) = d.call("POST", &path, Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_agents_post_telemetry_that_reaches_running_workloads() {
+    let d = TestDaemon::new();
+    let id = submit(&d, &d.admin, "vision").await;
+    d.wait_state(id, "running").await;
+    // The nodes view is refreshed a few times a second.
+    let mut found = None;
+    for _ in 0..200 {
+        let (_, nodes) = d.call("GET", "/api/v1/nodes", Some(&d.admin), None).await;
+        found = nodes["nodes"].as_array().into_iter().flatten().find_map(|n| {
+            n["devices"].as_array()?.iter().find(|dev| dev["used_shares"] == 1000).map(|dev| {
+                (n["name"].as_str().unwrap_or("").to_string(), dev["index"].as_u64().unwrap_or(0))
+            })
+        });
+        if found.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (node, index) = found.expect("the workload's device");
+    let at = std::time::SystemTime::UNIX_EPOCH.elapsed().expect("clock").as_millis() as u64;
+    let post = |sm: u32| {
+        serde_json::json!({"samples": [{"hostname": node, "gpu_index": index, "at_ms": at, "sm_active": sm}]})
+            .to_string()
+    };
+    let member = d.token("member", &["vision"]).await;
+    let (status, v) = d.call("POST", "/api/v1/telemetry", Some(&member), Some(&post(800))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{v}");
+    let (status, v) = d.call("POST", "/api/v1/telemetry", Some(&d.admin), Some(&post(2000))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["field"], "samples[0].sm_active", "{v}");
+    let (status, v) = d.call("POST", "/api/v1/telemetry", Some(&d.admin), Some(&post(800))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let mut text = String::new();
+    for _ in 0..200 {
+        let (_, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+        text = metrics.as_str().unwrap_or("").to_string();
+        if text.contains("allot_active_gpus{project=\"vision\"} 1.0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(text.contains("allot_active_gpus{project=\"vision\"} 1.0"), "{text}");
+    assert!(text.contains("allot_measured_gpus{project=\"vision\"} 1.0"), "{text}");
+    assert!(
+        text.contains(&format!("allot_device_activity{{node=\"{node}\",device=\"{index}\"")),
+        "{text}"
+    );
+}

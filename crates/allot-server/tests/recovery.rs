@@ -27,6 +27,7 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
         decide_interval_ms: 0,
         telemetry_round_ms: Some(100),
         snapshot_every: None,
+        telemetry_sources: Vec::new(),
     }
 }
 

@@ -170,6 +170,12 @@ impl Client {
         decode(path, &self.request("POST", path, &Body::Text(text))?)
     }
 
+    /// POST with a JSON body whose answer has no body (202 Accepted).
+    pub(crate) fn post_accepted(&self, path: &str, body: &impl Serialize) -> Result<()> {
+        let bytes = serde_json::to_vec(body).context("encoding the request")?;
+        self.request("POST", path, &Body::Json(&bytes)).map(|_| ())
+    }
+
     /// PUT with a plain-text body (the policy to apply).
     pub(crate) fn put_text<T: DeserializeOwned>(&self, path: &str, text: &str) -> Result<Json<T>> {
         decode(path, &self.request("PUT", path, &Body::Text(text))?)

@@ -45,6 +45,12 @@ pub(crate) struct ServeArgs {
     /// most about this many, and the log before the previous snapshot is dropped.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) snapshot_every: u64,
+    /// Where GPU activity is read: `nvml`, `sysfs[=ROOT]`, `dcgm-exporter=URL`,
+    /// `amd-exporter=URL`, `prometheus-dcgm=URL`, `prometheus-amd=URL`, or `none`; repeat for
+    /// several. Default: this host's GPUs (NVML, else amdgpu sysfs) when it has any. Node
+    /// agents (`allot agent`) may post more.
+    #[arg(long = "telemetry", value_name = "SPEC")]
+    pub(crate) telemetry: Vec<String>,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<String> {
@@ -62,6 +68,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
         decide_interval_ms: args.decide_interval_ms,
         checkpoint_signal: args.checkpoint_signal,
         snapshot_every: args.snapshot_every,
+        telemetry: args.telemetry,
     })?;
     Ok(String::new())
 }

@@ -3,6 +3,7 @@
 //! Exit codes are listed in [`EXIT_CODES`] (shown by `allot --help`); every failure path maps to
 //! one of them through [`Failure`] or [`InvalidInput`].
 
+mod agent;
 mod client;
 mod daemon;
 mod diff;
@@ -125,6 +126,9 @@ enum Command {
         #[command(subcommand)]
         command: sim::SimCommand,
     },
+    /// Node agent: collect GPU activity on this host and forward it to the daemon
+    /// (`ALLOT_URL`, with an admin `ALLOT_TOKEN`), e.g. on every node of a Slurm cluster.
+    Agent(agent::AgentArgs),
     /// GPU telemetry as allot reads it: parse captured exporter/smi output, or watch a live
     /// source (NVML, amdgpu sysfs, Prometheus) and classify devices and processes.
     Telemetry {
@@ -265,6 +269,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan::plan(&args),
         Command::Sim { command } => sim::run(command),
         Command::Telemetry { command } => telemetry::run(command),
+        Command::Agent(args) => agent::run(&remote, args),
         Command::Completions { shell } => Ok(completions(shell)),
         Command::Man => man_page(),
     };

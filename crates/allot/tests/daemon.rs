@@ -328,3 +328,45 @@ fn kill_9_during_submission_bursts_loses_and_duplicates_nothing() {
     kill_all(&marker);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_node_agent_forwards_its_hosts_readings_to_the_daemon() {
+    let dir = temp_dir("agent");
+    let (daemon, token) = Daemon::start(&dir);
+    let token = token.expect("admin token");
+    // amdgpu sysfs as recorded (card0: 63 % busy), read as node h100-0's device 0.
+    let sysfs = repo_file("crates/allot-telemetry/tests/data/sysfs");
+    let out = Command::new(BIN)
+        .args(["agent", "--url", &daemon.url, "--token", &token, "--hostname", "h100-0"])
+        .arg("--source")
+        .arg(format!("sysfs={}", sysfs.display()))
+        .args(["--interval-ms", "200", "--seconds", "2"])
+        .output()
+        .expect("allot agent runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.starts_with("0 samples"), "{stdout}");
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics =
+            http(&daemon.addr, "GET", "/metrics", &token, None).map(|r| r.1).unwrap_or_default();
+        if metrics.contains("allot_device_activity{node=\"h100-0\",device=\"0\"") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("allot_device_activity{node=\"h100-0\",device=\"0\""))
+        .unwrap_or_else(|| panic!("no device activity for h100-0/0:\n{metrics}"));
+    assert!(line.ends_with(" 0.63"), "{line}");
+    // A bad source is refused by name, before anything is posted.
+    let out = Command::new(BIN)
+        .args(["agent", "--url", &daemon.url, "--token", &token, "--source", "gpu-magic"])
+        .output()
+        .expect("allot agent runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--source gpu-magic"));
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -49,6 +49,7 @@ impl TestDaemon {
             decide_interval_ms: 0,
             telemetry_round_ms: Some(100),
             snapshot_every: None,
+            telemetry_sources: Vec::new(),
         })
         .expect("daemon starts");
         let admin = started.admin_token.clone().expect("first start makes an admin token").token;

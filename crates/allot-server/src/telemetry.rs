@@ -1,0 +1,206 @@
+//! GPU activity into the daemon: a collector thread reads this host's sources (NVML, amdgpu
+//! sysfs, exporter pages, Prometheus) and node agents post theirs (`POST /api/v1/telemetry`);
+//! the main loop keeps the newest sample per device and, every telemetry round, attributes
+//! them to the running workloads' devices (`allot_telemetry::attribution`). What it attributes
+//! is logged (`Entry::Sampled`) before the engine sees it, so a replay judges idleness on the
+//! same readings.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Duration;
+
+use allot_api::{ApiError, TelemetrySample, limits};
+use allot_core::idle::DeviceReading;
+use allot_telemetry::attribution::{Allocation, attribute};
+use allot_telemetry::collect::Source;
+use allot_telemetry::schedule::CollectorSchedule;
+use allot_telemetry::{DeviceIdentity, Sample, Vendor};
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::{Request, tracing_log, wall_ms};
+
+/// Time between two reads of one source (a failing one backs off to a minute).
+pub(crate) const COLLECT_INTERVAL_MS: u64 = 2_000;
+/// A device's sample older than this is not attributed (its source stopped answering).
+pub(crate) const SAMPLE_FRESH_MS: u64 = 30_000;
+
+/// One allocated device's reading as the log keeps it (the engine's `DeviceReading`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Reading {
+    pub member: u32,
+    pub shares: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_active: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_active: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilisation: Option<u16>,
+}
+
+impl From<DeviceReading> for Reading {
+    fn from(r: DeviceReading) -> Reading {
+        Reading {
+            member: r.member,
+            shares: r.shares,
+            sm_active: r.sm_active,
+            engine_active: r.engine_active,
+            utilisation: r.utilisation,
+        }
+    }
+}
+
+impl From<Reading> for DeviceReading {
+    fn from(r: Reading) -> DeviceReading {
+        DeviceReading {
+            member: r.member,
+            shares: r.shares,
+            sm_active: r.sm_active,
+            engine_active: r.engine_active,
+            utilisation: r.utilisation,
+        }
+    }
+}
+
+/// A device's key among the newest samples.
+pub(crate) type DeviceKey = (String, u32, Option<u32>, Option<u32>);
+
+/// The newest sample of every device heard from, and what the last round attributed.
+#[derive(Debug, Default)]
+pub(crate) struct Latest {
+    pub samples: BTreeMap<DeviceKey, Sample>,
+    /// Per running workload, the readings of the last round (for `/metrics`).
+    pub readings: BTreeMap<u64, Vec<DeviceReading>>,
+}
+
+impl Latest {
+    /// Keeps each device's newest sample; samples without a hostname or index cannot be
+    /// attributed and are dropped.
+    pub(crate) fn take(&mut self, samples: Vec<Sample>) {
+        for s in samples {
+            let id = &s.identity;
+            let (Some(host), Some(index)) = (id.hostname.clone(), id.gpu_index) else { continue };
+            let key = (host, index, id.mig_instance, id.amd_partition);
+            let newer = self.samples.get(&key).is_none_or(|old| old.at_ms <= s.at_ms);
+            if newer {
+                self.samples.insert(key, s);
+            }
+        }
+    }
+
+    /// Readings per workload for `allocations`, from samples at most `SAMPLE_FRESH_MS` old;
+    /// a workload with no reading carrying a signal is left out (its telemetry is missing).
+    pub(crate) fn attribute(
+        &mut self,
+        now_ms: u64,
+        allocations: &[Allocation],
+    ) -> BTreeMap<u64, Vec<DeviceReading>> {
+        self.samples.retain(|_, s| s.at_ms.is_some_and(|t| t + SAMPLE_FRESH_MS >= now_ms));
+        let samples: Vec<Sample> = self.samples.values().cloned().collect();
+        let by_workload: BTreeMap<u64, Vec<DeviceReading>> = attribute(&samples, allocations)
+            .into_iter()
+            .filter(|(_, readings)| readings.iter().any(|r| r.best_signal().is_some()))
+            .map(|(w, readings)| (w.0, readings))
+            .collect();
+        self.readings.clone_from(&by_workload);
+        by_workload
+    }
+}
+
+/// A posted sample, checked: values in range, names bounded.
+pub(crate) fn from_wire(w: &TelemetrySample) -> Result<Sample, ApiError> {
+    let bad = |field: &str, error: String| ApiError {
+        error,
+        field: Some(field.to_string()),
+        fix: Some("activity values are permille of the device, 0 to 1000".into()),
+    };
+    for (field, v) in [
+        ("utilisation", w.utilisation),
+        ("sm_active", w.sm_active),
+        ("engine_active", w.engine_active),
+    ] {
+        if v.is_some_and(|v| v > 1000) {
+            return Err(bad(field, format!("{field} {} is above 1000", v.unwrap_or(0))));
+        }
+    }
+    if w.hostname.is_empty() || w.hostname.len() > limits::NAME_CHARS_MAX {
+        return Err(ApiError {
+            error: "hostname must be 1 to 200 characters".into(),
+            field: Some("hostname".into()),
+            fix: Some("send the node's name as the inventory has it".into()),
+        });
+    }
+    let mut identity = DeviceIdentity::new(Vendor::Nvidia);
+    identity.hostname = Some(w.hostname.clone());
+    identity.gpu_index = Some(w.gpu_index);
+    identity.mig_instance = w.mig_instance;
+    identity.amd_partition = w.amd_partition;
+    let mut s = Sample::new(identity);
+    s.at_ms = Some(w.at_ms);
+    s.utilisation = w.utilisation;
+    s.sm_active = w.sm_active;
+    s.engine_active = w.engine_active;
+    s.memory_used_mib = w.memory_used_mib;
+    s.memory_total_mib = w.memory_total_mib;
+    s.classify();
+    Ok(s)
+}
+
+/// What a node agent posts of a sample (only what attribution and idleness use); `None` for a
+/// sample without the device's node or index.
+pub fn to_wire(s: &Sample) -> Option<TelemetrySample> {
+    Some(TelemetrySample {
+        hostname: s.identity.hostname.clone()?,
+        gpu_index: s.identity.gpu_index?,
+        mig_instance: s.identity.mig_instance,
+        amd_partition: s.identity.amd_partition,
+        at_ms: s.at_ms.unwrap_or(0),
+        utilisation: s.utilisation,
+        sm_active: s.sm_active,
+        engine_active: s.engine_active,
+        memory_used_mib: s.memory_used_mib,
+        memory_total_mib: s.memory_total_mib,
+    })
+}
+
+/// Reads `sources` on their schedules and sends what they read to the main loop until it is
+/// gone. A full queue drops the batch (the next one replaces it); a failing source backs off.
+pub(crate) fn run_collectors(mut sources: Vec<Source>, loop_tx: &SyncSender<Request>) {
+    let start = wall_ms();
+    let mut schedules: Vec<CollectorSchedule> = sources
+        .iter()
+        .map(|_| CollectorSchedule::new(COLLECT_INTERVAL_MS, 10_000, 60_000, start))
+        .collect();
+    loop {
+        let now = wall_ms();
+        for (source, schedule) in sources.iter_mut().zip(schedules.iter_mut()) {
+            if !schedule.is_due(now) {
+                continue;
+            }
+            match source.collect(now) {
+                Ok((samples, warnings)) => {
+                    schedule.record_success(now);
+                    for w in warnings {
+                        tracing_log(&format!("telemetry {}: {w}", source.name()));
+                    }
+                    match loop_tx.try_send(Request::Telemetry(samples)) {
+                        Ok(()) | Err(TrySendError::Full(_)) => {}
+                        Err(TrySendError::Disconnected(_)) => return,
+                    }
+                }
+                Err(e) => {
+                    schedule.record_failure(now);
+                    // Said once per failure streak, not at every retry.
+                    if schedule.consecutive_failures() == 1 {
+                        tracing_log(&format!(
+                            "telemetry {}: {e} (retrying with backoff)",
+                            source.name()
+                        ));
+                    }
+                }
+            }
+        }
+        let next = schedules.iter().map(CollectorSchedule::next_due_ms).min().unwrap_or(now + 1000);
+        std::thread::sleep(Duration::from_millis(next.saturating_sub(wall_ms()).clamp(10, 1000)));
+    }
+}

@@ -680,6 +680,8 @@ impl Daemon {
         let mut env = record.request.env.clone();
         env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());
         env.insert("ALLOT_CHECKPOINT_FILE".into(), checkpoint.display().to_string());
+        // The Slurm backend charges the job to this account.
+        env.insert("ALLOT_PROJECT".into(), record.spec.project.clone());
         let launch = Launch {
             run: RunId { workload: id, attempt: record.attempt },
             command: record.request.command.clone(),

@@ -36,6 +36,22 @@ const EMBEDDED_POLICY: (&str, &str) =
 const EMBEDDED_CLUSTER: (&str, &str) =
     ("examples/cluster.yaml (embedded)", include_str!("../../../examples/cluster.yaml"));
 
+/// What runs the workloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// This host: each member a process group (`allot-backend-local`).
+    Local,
+    /// A Slurm cluster: each run a held job released onto the nodes allot chose.
+    Slurm {
+        /// `--partition` of every job (`None`: Slurm's default).
+        partition: Option<String>,
+        /// Partitions allot leaves alone (their nodes are not in the inventory).
+        unmanaged_partitions: Vec<String>,
+        /// The cluster's `slurm.conf` (`None`: `$SLURM_CONF`, else Slurm's default).
+        slurm_conf: Option<PathBuf>,
+    },
+}
+
 /// How `allot serve` runs.
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
@@ -54,6 +70,7 @@ pub struct ServeConfig {
     pub checkpoint_signal: String,
     /// Log records between snapshots.
     pub snapshot_every: u64,
+    pub backend: BackendChoice,
     /// Telemetry source specs (`nvml`, `sysfs`, `dcgm-exporter=URL`, …); empty: this host's
     /// GPUs when NVML or amdgpu sysfs can read them; `none`: no source (agents may post).
     pub telemetry: Vec<String>,
@@ -337,6 +354,19 @@ fn log_policy(
     Ok((given_source.to_string(), given_text.to_string()))
 }
 
+/// This data directory's short random id, made on its first start.
+fn instance_id(store: &mut dyn Store) -> Result<String> {
+    const KEY: &str = "instance_id";
+    if let Some(id) = store.meta(KEY)? {
+        return Ok(id);
+    }
+    let mut bytes = [0u8; 3];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow!("no randomness for the instance id: {e}"))?;
+    let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    store.set_meta(KEY, &id)?;
+    Ok(id)
+}
+
 /// The sources `--telemetry` names, each checked before anything starts.
 fn telemetry_sources(specs: &[String]) -> Result<Vec<allot_telemetry::collect::Source>> {
     use allot_telemetry::collect::{Source, local_hostname};
@@ -382,19 +412,36 @@ pub fn run(config: ServeConfig) -> Result<()> {
                 .map_err(|d| diagnostics_error(&d))?,
         ),
     };
-    let store = SqliteStore::open(&config.data_dir)?;
-    let mut local = allot_backend_local::LocalConfig::new(
-        config.data_dir.join("runs"),
-        allot_backend_local::discover::hostname(),
-    );
-    local.checkpoint_signal = checkpoint_signal(&config.checkpoint_signal)?;
-    local.declared_inventory = Some(declared.clone());
-    let backend = allot_backend_local::LocalBackend::new(local)?;
+    let mut store = SqliteStore::open(&config.data_dir)?;
+    let signal = checkpoint_signal(&config.checkpoint_signal)?;
+    let backend: Box<dyn Backend> = match &config.backend {
+        BackendChoice::Local => {
+            let mut local = allot_backend_local::LocalConfig::new(
+                config.data_dir.join("runs"),
+                allot_backend_local::discover::hostname(),
+            );
+            local.checkpoint_signal = signal;
+            local.declared_inventory = Some(declared.clone());
+            Box::new(allot_backend_local::LocalBackend::new(local)?)
+        }
+        BackendChoice::Slurm { partition, unmanaged_partitions, slurm_conf } => {
+            let mut slurm = allot_backend_slurm::SlurmConfig::new();
+            // Job names carry this data directory's id: a second allot (or this one after a
+            // fresh start) never mistakes another's `allot-1.1` for its own.
+            slurm.job_prefix = format!("allot{}", instance_id(&mut store)?);
+            slurm.partition.clone_from(partition);
+            slurm.unmanaged_partitions = unmanaged_partitions.iter().cloned().collect();
+            slurm.runner.slurm_conf =
+                slurm_conf.clone().or_else(|| std::env::var_os("SLURM_CONF").map(PathBuf::from));
+            slurm.checkpoint_signal = signal.as_str().trim_start_matches("SIG").to_string();
+            Box::new(allot_backend_slurm::SlurmBackend::new(slurm))
+        }
+    };
     let token_store = SqliteStore::open_unlocked(&config.data_dir)?;
     let started = start(Parts {
         store: Box::new(store),
         token_store: Box::new(token_store),
-        backend: Box::new(backend),
+        backend,
         declared,
         inventory_source,
         policy,

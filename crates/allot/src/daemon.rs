@@ -51,6 +51,26 @@ pub(crate) struct ServeArgs {
     /// agents (`allot agent`) may post more.
     #[arg(long = "telemetry", value_name = "SPEC")]
     pub(crate) telemetry: Vec<String>,
+    /// What runs the workloads: `local` (this host, processes) or `slurm` (a Slurm cluster:
+    /// its nodes and GRES GPUs are the inventory; each run is a held job released onto the
+    /// nodes allot chose).
+    #[arg(long, value_enum, default_value_t = BackendArg::Local)]
+    pub(crate) backend: BackendArg,
+    /// With --backend slurm: the partition jobs go to (default: Slurm's default partition).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) slurm_partition: Option<String>,
+    /// With --backend slurm: a partition allot leaves alone; repeat for several.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) slurm_unmanaged_partition: Vec<String>,
+    /// With --backend slurm: the cluster's slurm.conf (default: $SLURM_CONF, else Slurm's own).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) slurm_conf: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BackendArg {
+    Local,
+    Slurm,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<String> {
@@ -69,6 +89,14 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
         checkpoint_signal: args.checkpoint_signal,
         snapshot_every: args.snapshot_every,
         telemetry: args.telemetry,
+        backend: match args.backend {
+            BackendArg::Local => allot_server::BackendChoice::Local,
+            BackendArg::Slurm => allot_server::BackendChoice::Slurm {
+                partition: args.slurm_partition,
+                unmanaged_partitions: args.slurm_unmanaged_partition,
+                slurm_conf: args.slurm_conf,
+            },
+        },
     })?;
     Ok(String::new())
 }

@@ -9,8 +9,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use common::http;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -55,49 +55,6 @@ impl Daemon {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
     }
-}
-
-/// One HTTP/1.1 request on a fresh connection: (status, body).
-fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: Option<&str>,
-) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let body = body.unwrap_or("");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
-    // Chunked bodies: good enough to find JSON inside for these tests.
-    let body = if response.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(&body)
-    } else {
-        body
-    };
-    Ok((status, body))
-}
-
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 fn workloads(addr: &str, token: &str) -> Vec<Value> {

@@ -1,0 +1,218 @@
+//! allot governing a real Slurm cluster (`scripts/slurm-cluster.sh up`: four nodes with eight
+//! `h100` GRES GPUs each), end to end through `allot serve --backend slurm`:
+//!
+//! 1. team-a borrows the whole cluster (4 × 8 GPUs);
+//! 2. team-b submits within its guarantee: allot reclaims from team-a through Slurm, team-b's
+//!    jobs start on the freed nodes (the reclaim latency is printed), team-a's reclaimed jobs
+//!    queue again and run again once team-b's are done;
+//! 3. a team-b notebook whose GPUs a synthetic telemetry feed shows idle is reclaimed
+//!    (`on_pressure`) for team-b's next job;
+//! 4. the ledger shows both projects' GPU-hours and team-a's loss to pre-emption.
+//!
+//! Runs only with `ALLOT_SLURM=1` (and `SLURM_CONF` pointing at the test cluster); `.ci/run`
+//! starts the cluster and sets both.
+
+#![allow(clippy::print_stderr)] // the test reports its figures
+
+mod common;
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::http;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_allot");
+
+struct Serve {
+    child: Child,
+    addr: String,
+    token: String,
+}
+
+impl Drop for Serve {
+    /// Cancels what the test left on the cluster (through allot, which stops the Slurm jobs),
+    /// then stops the daemon.
+    fn drop(&mut self) {
+        if let Ok((_, text)) = http(&self.addr, "GET", "/api/v1/workloads", &self.token, None)
+            && let Ok(list) = serde_json::from_str::<Value>(&text)
+        {
+            for w in list["workloads"].as_array().into_iter().flatten() {
+                let live = matches!(w["state"].as_str(), Some("pending" | "starting" | "running"));
+                if let (true, Some(id)) = (live, w["id"].as_u64()) {
+                    let path = format!("/api/v1/workloads/{id}/cancel");
+                    let _ = http(&self.addr, "POST", &path, &self.token, None);
+                }
+            }
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> Value {
+        let (status, text) =
+            http(&self.addr, method, path, &self.token, body).expect("daemon answers");
+        assert!(status < 400, "{method} {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    fn submit(&self, project: &str, gpus: u32, kind: &str, seconds: u32) -> u64 {
+        let body = json!({"project": project, "gpus": gpus, "kind": kind,
+            "command": ["sleep", seconds.to_string()]})
+        .to_string();
+        self.call("POST", "/api/v1/workloads", Some(&body))["id"].as_u64().expect("id")
+    }
+
+    fn workload(&self, id: u64) -> Value {
+        self.call("GET", &format!("/api/v1/workloads/{id}"), None)
+    }
+
+    /// Waits until `done` holds for the workloads, up to `limit`; panics with their states.
+    fn wait(&self, what: &str, limit: Duration, done: impl Fn(&Serve) -> bool) -> Duration {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if done(self) {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let list = self.call("GET", "/api/v1/workloads", None);
+        panic!("{what}: not within {limit:?}; workloads: {list}");
+    }
+
+    fn state(&self, id: u64) -> String {
+        self.workload(id)["state"].as_str().unwrap_or("").to_string()
+    }
+}
+
+fn enabled() -> bool {
+    if std::env::var("ALLOT_SLURM").is_ok_and(|v| v == "1") {
+        return true;
+    }
+    eprintln!("skipped: set ALLOT_SLURM=1 with the test cluster up (scripts/slurm-cluster.sh up)");
+    false
+}
+
+fn start(data_dir: &std::path::Path) -> Serve {
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--policy")
+        .arg(common::repo().join("examples/slurm-policy.yaml"));
+    let (child, addr, token) = common::spawn_serve(command, "http");
+    Serve { child, addr, token: token.expect("admin token on a first start") }
+}
+
+#[test]
+fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
+    if !enabled() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("allot-slurm-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let serve = start(&dir);
+    let nodes = serve.call("GET", "/api/v1/nodes", None);
+    assert_eq!(nodes["nodes"].as_array().map(Vec::len), Some(4), "{nodes}");
+
+    // 1. team-a borrows the whole cluster.
+    let a: Vec<u64> = (0..4).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
+    serve.wait("team-a's four jobs running on Slurm", Duration::from_secs(60), |s| {
+        a.iter().all(|id| s.state(*id) == "running")
+    });
+
+    // 2. team-b within its guarantee: reclaimed from team-a through Slurm.
+    let b: Vec<u64> = (0..2).map(|_| serve.submit("team-b", 8, "batch", 15)).collect();
+    let latency =
+        serve.wait("team-b's jobs running on reclaimed nodes", Duration::from_secs(60), |s| {
+            b.iter().all(|id| s.state(*id) == "running")
+        });
+    eprintln!("reclaim latency (submission to both jobs running on Slurm): {latency:?}");
+    let requeued: Vec<u64> = a.iter().copied().filter(|id| serve.state(*id) == "pending").collect();
+    assert_eq!(requeued.len(), 2, "two of team-a's jobs gave their nodes back");
+    for id in &requeued {
+        let w = serve.workload(*id);
+        assert_eq!(w["attempt"], 1, "{w}");
+    }
+    // team-a's reclaimed jobs run again (a new attempt, a new Slurm job) after team-b's end.
+    serve.wait("team-a's reclaimed jobs running again", Duration::from_secs(90), |s| {
+        b.iter().all(|id| s.state(*id) == "succeeded")
+            && requeued.iter().all(|id| {
+                let w = s.workload(*id);
+                w["state"] == "running" && w["attempt"] == 2
+            })
+    });
+
+    // 3. Idle reclaim: two of team-a's jobs end; team-b runs a notebook and a job there.
+    for id in &a[..2] {
+        serve.call("POST", &format!("/api/v1/workloads/{id}/cancel"), None);
+    }
+    let notebook = serve.submit("team-b", 8, "notebook", 600);
+    let job = serve.submit("team-b", 8, "batch", 600);
+    serve.wait("team-b's notebook and job running", Duration::from_secs(60), |s| {
+        s.state(notebook) == "running" && s.state(job) == "running"
+    });
+    // The notebook's GPUs report nothing busy (a synthetic feed, as node agents would post).
+    let nodes = serve.call("GET", "/api/v1/nodes", None);
+    let node =
+        nodes["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| {
+                n["devices"].as_array().into_iter().flatten().any(|d| {
+                    d["workloads"].as_array().is_some_and(|w| w.contains(&json!(notebook)))
+                })
+            })
+            .and_then(|n| n["name"].as_str())
+            .expect("the notebook's node")
+            .to_string();
+    let waiting = serve.submit("team-b", 8, "batch", 600);
+    let feed_until = Instant::now() + Duration::from_secs(90);
+    let reclaimed = loop {
+        let at = std::time::SystemTime::UNIX_EPOCH.elapsed().expect("clock").as_millis() as u64;
+        let samples: Vec<Value> = (0..8)
+            .map(|i| json!({"hostname": node, "gpu_index": i, "at_ms": at, "sm_active": 0}))
+            .collect();
+        let post = json!({ "samples": samples }).to_string();
+        let (status, text) =
+            http(&serve.addr, "POST", "/api/v1/telemetry", &serve.token, Some(&post))
+                .expect("post");
+        assert_eq!(status, 202, "{text}");
+        if serve.state(waiting) == "running" {
+            break true;
+        }
+        if Instant::now() > feed_until {
+            break false;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let nb = serve.workload(notebook);
+    assert!(reclaimed, "the idle notebook was not reclaimed for team-b's job: {nb}");
+    assert_eq!(nb["state"], "pending", "{nb}");
+    assert!(nb["reason"].as_str().is_some_and(|r| r.contains("idle")), "{nb}");
+
+    // 4. The ledger.
+    let report = serve.call("GET", "/api/v1/report", None);
+    let row = |scope: &str| {
+        report["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["scope"] == scope)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {scope} row: {report}"))
+    };
+    let (ra, rb) = (row("project:team-a"), row("project:team-b"));
+    eprintln!("ledger: {ra}\n        {rb}");
+    for r in [&ra, &rb] {
+        assert!(r["allocated_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{r}");
+    }
+    assert!(ra["lost_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{ra}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,6 +13,7 @@
 //! starts the cluster and sets both.
 
 #![allow(clippy::print_stderr)] // the test reports its figures
+#![allow(clippy::disallowed_methods)] // waits on a real cluster: real time is the point
 
 mod common;
 

@@ -9,6 +9,7 @@
 mod api;
 mod auth;
 mod daemon;
+mod dashboard;
 mod entry;
 mod metrics;
 mod runtime;
@@ -342,7 +343,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = format!("{scheme}://{addr}");
         runtime::tracing_log(&format!(
-            "listening on {base} (API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics, no dashboard yet); data in {}; {replayed} log entries replayed",
+            "listening on {base} (dashboard {base}/, API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics); data in {}; {replayed} log entries replayed",
             config.data_dir.display()
         ));
         if let Some(t) = &first_token {
@@ -361,6 +362,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         match tls {
             Some(tls) => {
                 let listener = tls::TlsListener::new(listener, tls)?;
+                let router = dashboard::secure_cookies(router);
                 axum::serve(listener, router).with_graceful_shutdown(stop).await?;
             }
             None => axum::serve(listener, router).with_graceful_shutdown(stop).await?,

@@ -31,7 +31,7 @@ fn workload(id: u64, project: &str, state: WorkloadState, code: &str, reason: &s
         user: "alice".into(),
         kind: "batch".into(),
         state,
-        gpus: if id % 2 == 0 { "0.5".into() } else { "2".into() },
+        gpus: if id.is_multiple_of(2) { "0.5".into() } else { "2".into() },
         members: 1,
         command: vec!["python".into(), "train.py".into()],
         submitted_ms: NOW - id * 7 * MIN,

@@ -116,7 +116,7 @@ pub(crate) fn render(data: &FleetData) -> Markup {
             }
             div.figure {
                 a href="/api/v1/report" { span.n { @if let Some(s) = last { (g(s.stranded_shares)) } @else { "–" } } }
-                "free but usable by no pending request"
+                "free, but no pending request fits there (all free when none pends)"
             }
             @if data.show_metrics { div.figure { a href="/metrics" { span.n { "/metrics" } } "all gauges (OpenMetrics)" } }
         }
@@ -182,7 +182,7 @@ fn fleet_chart(data: &FleetData) -> Result<String, allot_sim::charts::ChartError
     let lines = [
         series("allocated", &|s| s.allocated_shares),
         series("free", &|s| s.free_shares),
-        series("free, usable by none", &|s| s.stranded_shares),
+        series("free, fits no pending request", &|s| s.stranded_shares),
         series("warned idle", &|s| s.warned_idle_shares),
     ];
     line_chart_svg(

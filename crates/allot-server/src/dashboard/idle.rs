@@ -66,11 +66,14 @@ pub(crate) fn signal(sentence: &str) -> (&'static str, &'static str) {
     ("not stated", "–")
 }
 
-/// The deadline a warning names (`… at 2026-11-30 13:44:51 UTC …`), in ms since the epoch.
+/// The deadline a warning or backoff names (`… will suspend at 2026-11-30 13:44:51 UTC …`,
+/// `… may resume at … UTC`: the last ` at `), in ms since the epoch.
 pub(crate) fn deadline_ms(sentence: &str) -> Option<u64> {
-    let end = sentence.find(" UTC")?;
-    let start = end.checked_sub(19)?;
-    let text = sentence.get(start..end)?;
+    let start = sentence.rfind(" at ")? + 4;
+    let text = sentence.get(start..start + 19)?;
+    if !sentence.get(start + 19..)?.starts_with(" UTC") {
+        return None;
+    }
     let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
     let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
     let (h, m, s) = (number(11..13)?, number(14..16)?, number(17..19)?);
@@ -138,10 +141,17 @@ mod tests {
             let sentence = format!("idle 10 min; will suspend at {} unless active again", utc(ms));
             assert_eq!(deadline_ms(&sentence), Some(ms), "{sentence}");
         }
+        let gap = format!(
+            "idle 1 min; telemetry missing since {}; will suspend at {} unless active again",
+            utc(1_000_000_000_000),
+            utc(1_796_046_291_000)
+        );
+        assert_eq!(deadline_ms(&gap), Some(1_796_046_291_000), "the deadline, not the gap");
         assert_eq!(deadline_ms("no time here"), None);
-        assert_eq!(deadline_ms("at 2026-13-30 13:44:51 UTC"), None);
-        assert_eq!(deadline_ms(" UTC"), None);
-        assert_eq!(deadline_ms("é UTC"), None);
+        assert_eq!(deadline_ms("x at 2026-13-30 13:44:51 UTC"), None);
+        assert_eq!(deadline_ms("x at 2026-11-30 13:44:51"), None);
+        assert_eq!(deadline_ms(" at  UTC"), None);
+        assert_eq!(deadline_ms(" at éééééééééé UTC"), None);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use allot_store::{SqliteStore, Store};
 use anyhow::{Context, Result, anyhow};
 
 pub use auth::Principal;
+pub use dashboard::secure_cookies;
 
 const EMBEDDED_POLICY: (&str, &str) =
     ("examples/policy.yaml (embedded)", include_str!("../../../examples/policy.yaml"));

@@ -597,7 +597,7 @@ impl Loop {
         });
         view.nodes = views::nodes(engine, &self.daemon.nodes, live);
         let fields = &mut *view;
-        fields.dashboard.sample(now, engine.cluster_snapshot(), &fields.workloads);
+        fields.dashboard.sample(now, || engine.cluster_snapshot(), &fields.workloads);
         drop(view);
         self.update_metrics();
     }

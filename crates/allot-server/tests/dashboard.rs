@@ -35,6 +35,10 @@ async fn send(
     }
     let request = request.body(form.map_or_else(Body::empty, Body::from)).expect("request");
     let router = d.started.as_ref().expect("running").router.clone();
+    answer(router, request).await
+}
+
+async fn answer(router: axum::Router, request: Request<Body>) -> Answer {
     let response = router.oneshot(request).await.expect("router answers");
     let status = response.status();
     let headers = response.headers().clone();
@@ -105,6 +109,17 @@ async fn login_sets_a_strict_http_only_cookie_that_opens_every_page_and_logout_c
     let fleet = send(&d, "GET", "/fleet", cookie(&d.admin), &[], None).await;
     assert!(fleet.body.contains("<svg"), "the fleet chart is inline SVG");
     assert!(fleet.body.contains("no telemetry"), "missing telemetry is said, not shown as 0");
+
+    // Served over TLS, the cookie is Secure.
+    let tls = allot_server::secure_cookies(d.started.as_ref().expect("running").router.clone());
+    let request = Request::builder()
+        .method("POST")
+        .uri("/login")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("token={}", d.admin)))
+        .expect("request");
+    let secure = answer(tls, request).await;
+    assert!(header_text(&secure, header::SET_COOKIE).ends_with("; Secure"));
 
     let out = send(&d, "POST", "/logout", cookie(&d.admin), &[], None).await;
     assert_eq!(out.status, StatusCode::SEE_OTHER);

@@ -122,7 +122,7 @@ pub(crate) fn render(data: &FleetData) -> Markup {
         }
         h2 { "GPUs over time" }
         (chart(fleet_chart(data)))
-        p.note { (data.samples.len()) " samples, one per " (super::track::SAMPLE_MS / 1000) " s (the last "
+        p.note { "Samples: " (data.samples.len()) ", one per " (super::track::SAMPLE_MS / 1000) " s (the last "
             (super::track::SAMPLES_MAX) " are kept in memory). Active GPUs: " (NO_TELEMETRY) "." }
         h2 { "Devices" }
         p.legend {
@@ -158,7 +158,7 @@ pub(crate) fn render(data: &FleetData) -> Markup {
             div.scroll { table {
                 tr { th { "node" } th.num { "device" } th.num { "free GPUs" } }
                 @for (node, index, free) in partial.iter().take(50) {
-                    tr { td { (node) } td.num { (index) } td.num { (g(*free)) } }
+                    tr { td { (node) } td.num { (index) } td.num { a href="/api/v1/nodes" { (g(*free)) } } }
                 }
             } }
             @if partial.len() > 50 { p.note { "first 50 of " (partial.len()) "; all in " a href="/api/v1/nodes" { "/api/v1/nodes" } } }
@@ -166,7 +166,7 @@ pub(crate) fn render(data: &FleetData) -> Markup {
         @if !no_whole.is_empty() {
             p { "No whole free GPU: "
                 @for (i, (node, free)) in no_whole.iter().enumerate().take(50) {
-                    @if i > 0 { ", " } (node) " (" (g(*free)) " free)"
+                    @if i > 0 { ", " } (node) " (" a href="/api/v1/nodes" { (g(*free)) } " free)"
                 }
             }
         }

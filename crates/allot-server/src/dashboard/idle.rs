@@ -119,7 +119,7 @@ pub(crate) fn render(data: &IdleData) -> Markup {
                         td { a href={ "/queue?project=" (super::encode(&w.project)) } { (w.project) } }
                         td.num { a href={ "/api/v1/workloads/" (w.id) } { (w.gpus) } }
                         td { (what(w)) }
-                        td.num { @match left { Some(ms) => (duration(ms)), None => span.nodata { "–" } } }
+                        td.num { @match left { Some(ms) => a href={ "/api/v1/workloads/" (w.id) "/why" } { (duration(ms)) }, None => span.nodata { "–" } } }
                         td { (sig) }
                         td { (confidence) }
                         td { (reason(w.reason_code.as_deref(), w.reason.as_deref())) " " a href={ "/api/v1/workloads/" (w.id) "/why" } { "why" } }

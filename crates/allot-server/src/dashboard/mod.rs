@@ -60,8 +60,9 @@ pub(crate) const NO_TELEMETRY: &str = "no telemetry";
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SecureCookies;
 
-/// Marks the router's session cookies `Secure` (HTTPS only).
-pub(crate) fn secure_cookies(router: Router) -> Router {
+/// Marks the dashboard's session cookies `Secure` (sent over HTTPS only): for a router served
+/// over TLS (`run` does this itself).
+pub fn secure_cookies(router: Router) -> Router {
     router.layer(axum::Extension(SecureCookies))
 }
 

@@ -118,8 +118,8 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
                         td.num { a href="/api/v1/projects" { (q.used_gpus) } }
                         td.num { a href="/api/v1/projects" { (gpus((used - guaranteed).max(0.0))) } }
                         td.num { a href="/api/v1/projects" { (gpus((guaranteed - used).max(0.0))) } }
-                        td.num { (q.borrow_limit_gpus.as_deref().unwrap_or("none")) }
-                        td.num { (q.lend_limit_gpus.as_deref().unwrap_or("none")) }
+                        td.num { a href="/api/v1/projects" { (q.borrow_limit_gpus.as_deref().unwrap_or("none")) } }
+                        td.num { a href="/api/v1/projects" { (q.lend_limit_gpus.as_deref().unwrap_or("none")) } }
                         @if i == 0 {
                             td.num rowspan=(p.quota.len()) { a href={ "/queue?project=" (encode(&p.name)) } { (p.pending) } }
                             td.num rowspan=(p.quota.len()) { a href={ "/api/v1/workloads?project=" (encode(&p.name)) "&state=running" } { (p.running) } }

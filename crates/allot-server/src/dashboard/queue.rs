@@ -137,13 +137,13 @@ pub(crate) fn render(data: &QueueData) -> Markup {
             "Projects: "
             a href="/queue" class=[data.project.is_none().then_some("here")] { "all" }
             @for (name, n) in &data.projects {
-                " · " a href={ "/queue?project=" (encode(name)) } { (name) } " (" (n) " pending)"
+                " · " a href={ "/queue?project=" (encode(name)) } { (name) " (" (n) " pending)" }
             }
         }
         div.figures {
             div.figure { a href=(api) { span.n { (data.total) } } "pending" }
             @for (code, n) in &data.by_reason {
-                div.figure { span.n { (n) } span.code { (code) } }
+                div.figure { a href=(api) { span.n { (n) } } span.code { (code) } }
             }
         }
         @if data.rows.is_empty() {
@@ -161,8 +161,8 @@ pub(crate) fn render(data: &QueueData) -> Markup {
                         td.num { a href={ "/api/v1/workloads/" (w.id) } { (w.gpus) @if w.members > 1 { " × " (w.members) } } }
                         td { (stage(w)) }
                         td { (reason(w.reason_code.as_deref(), w.reason.as_deref())) " " a href={ "/api/v1/workloads/" (w.id) "/why" } { "why" } }
-                        td.num { (row.position) }
-                        td.num { (duration(data.now_ms.saturating_sub(w.submitted_ms))) }
+                        td.num { a href={ "/workload/" (w.id) } { (row.position) } }
+                        td.num { a href={ "/api/v1/workloads/" (w.id) } { (duration(data.now_ms.saturating_sub(w.submitted_ms))) } }
                     }
                 }
             } }

@@ -49,16 +49,18 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    /// Takes a sample if the last is `SAMPLE_MS` old (or there is none).
+    /// Takes a sample if the last is `SAMPLE_MS` old (or there is none); `snapshot` is only
+    /// called then (it walks every device).
     pub(crate) fn sample(
         &mut self,
         now: u64,
-        snapshot: ClusterSnapshot,
+        snapshot: impl FnOnce() -> ClusterSnapshot,
         workloads: &BTreeMap<u64, Workload>,
     ) {
         if self.samples.back().is_some_and(|s| now.saturating_sub(s.at_ms) < SAMPLE_MS) {
             return;
         }
+        let snapshot = snapshot();
         let warned_idle_shares = workloads.values().filter(|w| is_warned(w)).map(shares_of).sum();
         self.samples.push_back(FleetSample {
             at_ms: now,
@@ -139,5 +141,107 @@ pub(crate) fn shares_of(w: &Workload) -> u64 {
         (per_member * 1000.0).round() as u64 * u64::from(w.members.max(1))
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use allot_api::{Workload, WorkloadState};
+    use allot_core::ledger::ClusterSnapshot;
+
+    use super::{SAMPLE_MS, SAMPLES_MAX, TIMELINE_MAX, Tracker};
+
+    fn w(state: WorkloadState, code: Option<&str>) -> Workload {
+        Workload {
+            id: 7,
+            name: "n".into(),
+            project: "p".into(),
+            user: "u".into(),
+            kind: "notebook".into(),
+            state,
+            gpus: "0.5".into(),
+            members: 2,
+            command: vec![],
+            submitted_ms: 1_000,
+            started_ms: None,
+            ended_ms: None,
+            exit_code: None,
+            attempt: 0,
+            reason: None,
+            reason_code: code.map(str::to_string),
+            placement: vec![],
+            pids: vec![],
+        }
+    }
+
+    #[test]
+    fn steps_are_named_by_transition_and_bounded() {
+        let mut t = Tracker::default();
+        let pending = w(WorkloadState::Pending, None);
+        t.observe(1_000, None, &pending);
+        let starting = w(WorkloadState::Starting, Some("within_guarantee"));
+        t.observe(2_000, Some(&pending), &starting);
+        let running = w(WorkloadState::Running, Some("within_guarantee"));
+        t.observe(3_000, Some(&starting), &running);
+        let warned = w(WorkloadState::Running, Some("idle_warning"));
+        t.observe(4_000, Some(&running), &warned);
+        t.observe(4_500, Some(&warned), &warned);
+        let withdrawn = w(WorkloadState::Running, Some("within_guarantee"));
+        t.observe(5_000, Some(&warned), &withdrawn);
+        let suspended = w(WorkloadState::Suspended, Some("idle"));
+        t.observe(6_000, Some(&withdrawn), &suspended);
+        t.observe(7_000, Some(&suspended), &pending);
+        let steps: Vec<&str> = t.timelines[&7].iter().map(|s| s.what.as_str()).collect();
+        assert_eq!(
+            steps,
+            [
+                "submitted",
+                "admitted",
+                "running",
+                "warned",
+                "warning withdrawn",
+                "suspended",
+                "resumed"
+            ]
+        );
+        for k in 0..100u64 {
+            let (a, b) = if k % 2 == 0 { (&pending, &starting) } else { (&starting, &pending) };
+            t.observe(8_000 + k, Some(a), b);
+        }
+        let steps = &t.timelines[&7];
+        assert_eq!(steps.len(), TIMELINE_MAX);
+        assert_eq!(steps[0].what, "submitted", "the first step stays");
+        assert_eq!(steps[TIMELINE_MAX - 1].at_ms, 8_099, "the latest step is kept");
+    }
+
+    #[test]
+    fn samples_come_every_interval_and_are_bounded() {
+        let mut t = Tracker::default();
+        let mut workloads = BTreeMap::new();
+        workloads.insert(7, w(WorkloadState::Running, Some("idle_warning")));
+        let snapshot = || ClusterSnapshot {
+            capacity_shares: 8000,
+            allocated_shares: 1000,
+            free_shares: 7000,
+            fragmented_shares: 0,
+        };
+        let mut asked = 0;
+        for k in 0..(SAMPLES_MAX as u64 + 10) * 5 {
+            t.sample(
+                k * SAMPLE_MS / 5,
+                || {
+                    asked += 1;
+                    snapshot()
+                },
+                &workloads,
+            );
+        }
+        assert_eq!(asked, SAMPLES_MAX + 10, "the snapshot is taken only when a sample is due");
+        assert_eq!(t.samples.len(), SAMPLES_MAX);
+        let last = t.samples.back().copied().unwrap_or_default();
+        assert_eq!(last.warned_idle_shares, 1000, "0.5 GPU × 2 members");
+        assert_eq!(last.active_shares, None, "no telemetry is not 0");
     }
 }

@@ -61,7 +61,11 @@ pub(crate) async fn page(
         }
     };
     let scope = format!("workload:{id}");
-    let ledger = {
+    // The report closes a copy of the whole ledger on the main loop: not asked for work that
+    // never held GPUs (it has no allocation to show).
+    let ledger = if workload.attempt == 0 {
+        None
+    } else {
         let principal = principal.clone();
         match state.handle.ask(|reply| Request::Report { principal, reply }).await {
             Ok(report) => report.rows.into_iter().find(|r| r.scope == scope),
@@ -87,7 +91,7 @@ pub(crate) fn render(data: &WorkloadData) -> Markup {
             div.figure { a href={ "/queue?project=" (super::encode(&w.project)) } { span.n { (w.project) } } "project" }
             div.figure { a href=(api) { span.n { (w.gpus) @if w.members > 1 { " × " (w.members) } } } "GPUs" }
             div.figure { a href=(api) { span.n { (w.attempt) } } "runs so far" }
-            div.figure { span.n { (duration(data.now_ms.saturating_sub(w.submitted_ms))) } "since submitted" }
+            div.figure { a href=(api) { span.n { (duration(data.now_ms.saturating_sub(w.submitted_ms))) } } "since submitted" }
         }
         p { "Last decision: " (reason(w.reason_code.as_deref(), w.reason.as_deref())) }
         @if !w.placement.is_empty() { p { "Placement: " code { (w.placement.join("; ")) } } }

@@ -291,3 +291,56 @@ fn snapshot_login() {
     let text = super::login_markup(Some("unknown or revoked token")).into_string();
     assert!(text.contains("type=\"password\"") && text.contains("unknown or revoked token"));
 }
+
+/// The fleet page at its heaviest: a full sample series and 500 devices. Figures only, behind
+/// `ALLOT_DASHBOARD_BENCH=1` (with `--release`), next to `tests/dashboard_bench.rs`.
+#[test]
+fn fleet_with_a_full_series_on_500_devices() {
+    if std::env::var_os("ALLOT_DASHBOARD_BENCH").is_none() {
+        return;
+    }
+    let samples = (0..super::track::SAMPLES_MAX as u64)
+        .map(|k| FleetSample {
+            at_ms: NOW - k * super::track::SAMPLE_MS,
+            capacity_shares: 500_000,
+            allocated_shares: 300_000 + (k * 7919) % 150_000,
+            free_shares: 200_000 - (k * 7919) % 150_000,
+            stranded_shares: (k * 104_729) % 20_000,
+            warned_idle_shares: (k * 31) % 9000,
+            active_shares: None,
+        })
+        .collect();
+    let nodes = (0..63u64)
+        .map(|n| Node {
+            name: format!("gpu-{n}"),
+            devices: (0..if n == 62 { 4 } else { 8 })
+                .map(|i| Device {
+                    index: i,
+                    model: "H100".into(),
+                    used_shares: (n * 8 + u64::from(i)) * 250 % 1250,
+                    workloads: vec![n * 8 + u64::from(i) + 1],
+                })
+                .collect(),
+        })
+        .collect();
+    let data = fleet::FleetData {
+        now_ms: NOW,
+        inventory_source: "bench".into(),
+        samples,
+        nodes,
+        warned: (1..40).collect(),
+        show_metrics: true,
+    };
+    #[allow(clippy::disallowed_methods)] // a benchmark measures real time
+    let start = std::time::Instant::now();
+    let page = layout("fleet", &frame(Tab::Fleet), &live("/fleet", &fleet::render(&data)));
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "fleet page, {} samples × 4 series, 500 devices: {ms:.1} ms to render, {} bytes",
+            super::track::SAMPLES_MAX,
+            page.0.len()
+        );
+    }
+}

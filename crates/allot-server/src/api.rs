@@ -599,7 +599,9 @@ pub(crate) fn router(state: AppState) -> Router {
         .nest(API_PREFIX, api)
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .merge(crate::dashboard::routes())
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(crate::dashboard::cookie_as_bearer))
         .layer(DefaultBodyLimit::max(limits::BODY_BYTES_MAX))
         .with_state(state)
 }

@@ -9,6 +9,7 @@
 mod api;
 mod auth;
 mod daemon;
+mod dashboard;
 mod entry;
 mod metrics;
 mod runtime;
@@ -30,6 +31,7 @@ use allot_store::{SqliteStore, Store};
 use anyhow::{Context, Result, anyhow};
 
 pub use auth::Principal;
+pub use dashboard::secure_cookies;
 
 const EMBEDDED_POLICY: (&str, &str) =
     ("examples/policy.yaml (embedded)", include_str!("../../../examples/policy.yaml"));
@@ -465,7 +467,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = format!("{scheme}://{addr}");
         runtime::tracing_log(&format!(
-            "listening on {base} (API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics, no dashboard yet); data in {}; {replayed} log entries replayed",
+            "listening on {base} (dashboard {base}/, API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics); data in {}; {replayed} log entries replayed",
             config.data_dir.display()
         ));
         if let Some(t) = &first_token {
@@ -484,6 +486,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         match tls {
             Some(tls) => {
                 let listener = tls::TlsListener::new(listener, tls)?;
+                let router = dashboard::secure_cookies(router);
                 axum::serve(listener, router).with_graceful_shutdown(stop).await?;
             }
             None => axum::serve(listener, router).with_graceful_shutdown(stop).await?,

@@ -107,6 +107,8 @@ pub(crate) struct View {
     pub inventory_source: String,
     pub policy_source: String,
     pub policy_text: String,
+    /// The dashboard's fleet samples and workload timelines.
+    pub dashboard: crate::dashboard::Tracker,
 }
 
 #[derive(Clone, Debug)]
@@ -767,7 +769,10 @@ impl Loop {
         }
         for id in changed {
             if let Some(r) = self.daemon.workloads.get(&id) {
-                view.workloads.insert(id, views::workload(id, r));
+                let new = views::workload(id, r);
+                let fields = &mut *view;
+                fields.dashboard.observe(now, fields.workloads.get(&id), &new);
+                fields.workloads.insert(id, new);
             }
         }
         if !full {
@@ -783,6 +788,8 @@ impl Loop {
             )
         });
         view.nodes = views::nodes(engine, &self.daemon.nodes, live);
+        let fields = &mut *view;
+        fields.dashboard.sample(now, || engine.cluster_snapshot(), &fields.workloads);
         drop(view);
         self.update_metrics();
     }

@@ -10,6 +10,8 @@
 //!   process (its bytes stay in memory for the rest of the process; plotters wants `'static`
 //!   data). Without one, every SVG is still written and the call returns
 //!   [`ChartError::NoFont`], which lists the SVGs written and the paths searched.
+//! - [`line_chart_svg`] and [`bar_chart_svg`] return the same drawings as SVG text, for pages
+//!   that inline them (the daemon's dashboard).
 //! - Colours are the Okabe–Ito palette (safe for the common colour-vision deficiencies), yellow
 //!   last because it is faint on white; after eight series the colours repeat. Charts are
 //!   1000×600 unless they need more room.
@@ -161,6 +163,58 @@ pub fn line_chart(
     y_label: &str,
     series: &[Series],
 ) -> Result<Vec<PathBuf>, ChartError> {
+    let plot = line_plot(title, x_label, y_label, series, false);
+    write_all(dir, &[(stem, Chart::Lines(plot))])
+}
+
+/// The same line chart as [`line_chart`], as SVG text (for a page that inlines it), with the
+/// y axis from 0. `name` only labels a drawing error.
+pub fn line_chart_svg(
+    name: &str,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<String, ChartError> {
+    let plot = line_plot(title, x_label, y_label, series, true);
+    svg_string(Path::new(name), &Chart::Lines(plot))
+}
+
+/// Horizontal grouped bars as SVG text: one row per `rows` entry, one bar per measure
+/// (`measures[m]` names `values[row][m]`), measures coloured in palette order; the same
+/// drawing as the replay's goodput chart with one panel. `name` only labels a drawing error.
+pub fn bar_chart_svg(
+    name: &str,
+    title: &str,
+    x_label: &str,
+    measures: &[&str],
+    rows: &[String],
+    values: &[Vec<f64>],
+) -> Result<String, ChartError> {
+    let bars = BarPlot {
+        title: title.to_owned(),
+        x_label: x_label.to_owned(),
+        measures: measures
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ((*m).to_owned(), PALETTE[i % PALETTE.len()]))
+            .collect(),
+        rows: rows.to_vec(),
+        panels: vec![Panel {
+            title: String::new(),
+            values: values.iter().map(|row| row.iter().map(|&v| bar_value(v)).collect()).collect(),
+        }],
+    };
+    svg_string(Path::new(name), &Chart::Bars(bars))
+}
+
+fn line_plot(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    y_from_zero: bool,
+) -> LinePlot {
     let lines = series
         .iter()
         .enumerate()
@@ -172,16 +226,15 @@ pub fn line_chart(
             points: s.points.clone(),
         })
         .collect();
-    let plot = LinePlot {
+    LinePlot {
         title: title.to_owned(),
         x_label: x_label.to_owned(),
         y_label: y_label.to_owned(),
         x_log_seconds: false,
         y_fixed: None,
-        y_from_zero: false,
+        y_from_zero,
         lines,
-    };
-    write_all(dir, &[(stem, Chart::Lines(plot))])
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,13 +304,19 @@ fn draw_error<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> ChartError + '
 /// Drawn into a string first, so that a drawing error never leaves half a file and the bytes
 /// depend on nothing but the chart.
 fn write_svg(path: &Path, chart: &Chart) -> Result<(), ChartError> {
+    let svg = svg_string(path, chart)?;
+    fs::write(path, svg).map_err(|source| ChartError::Write { path: path.to_path_buf(), source })
+}
+
+/// The chart as SVG text; `path` names it in a drawing error.
+fn svg_string(path: &Path, chart: &Chart) -> Result<String, ChartError> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, chart.size()).into_drawing_area();
         chart.draw(&root).map_err(draw_error(path))?;
         root.present().map_err(draw_error(path))?;
     }
-    fs::write(path, svg).map_err(|source| ChartError::Write { path: path.to_path_buf(), source })
+    Ok(svg)
 }
 
 fn write_png(path: &Path, chart: &Chart) -> Result<(), ChartError> {

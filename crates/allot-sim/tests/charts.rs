@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use allot_sim::charts::{ChartError, FONT_PATHS, Series, line_chart, write_replay_charts};
+use allot_sim::charts::{
+    ChartError, FONT_PATHS, Series, bar_chart_svg, line_chart, line_chart_svg, write_replay_charts,
+};
 use allot_sim::outcome::{ProjectLedger, ReplayReport, TimelinePoint};
 
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
@@ -184,6 +186,33 @@ fn line_chart_draws_every_series_with_a_legend() {
     assert!(text.contains("seed 0") && text.contains("seed 11"));
     assert!(text.contains("stroke-dasharray") || text.matches("<polyline").count() > 12);
     let _ = std::fs::remove_dir_all(scratch("lines"));
+}
+
+#[test]
+fn charts_as_svg_text_are_labelled_deterministic_and_need_no_folder() {
+    let series = vec![
+        Series { label: "allocated".into(), points: vec![(0.0, 1.0), (1.0, 3.0)] },
+        Series { label: "free".into(), points: vec![(0.0, 7.0), (1.0, 5.0)] },
+    ];
+    let line = line_chart_svg("fleet", "GPUs over time", "minutes ago", "GPUs", &series);
+    let again = line_chart_svg("fleet", "GPUs over time", "minutes ago", "GPUs", &series);
+    let line = line.expect("a line chart draws");
+    assert_eq!(Some(&line), again.as_ref().ok());
+    assert!(line.starts_with("<svg") && line.contains("allocated") && line.contains("free"));
+    assert!(line.contains("GPUs over time"));
+    let rows = vec!["research".to_string(), "prod".to_string()];
+    let bars = bar_chart_svg(
+        "projects",
+        "GPU-hours per project",
+        "GPU-hours",
+        &["allocated", "useful"],
+        &rows,
+        &[vec![2.0, 1.0], vec![f64::NAN, -1.0]],
+    )
+    .expect("a bar chart draws");
+    assert!(bars.contains("research") && bars.contains("prod") && bars.contains("useful"));
+    let empty = bar_chart_svg("none", "t", "x", &["a"], &[], &[]).expect("empty bars draw");
+    assert!(empty.contains("no projects"));
 }
 
 #[test]

@@ -1,0 +1,347 @@
+//! HTML snapshots: each page's template rendered inside the layout with fixed data and compared
+//! with `tests/snapshots/dashboard/<page>.html` (one tag per line, so that a diff reads).
+//! `ALLOT_UPDATE_SNAPSHOTS=1 cargo test -p allot-server snapshot` rewrites the files; review the
+//! diff before committing it.
+
+use std::path::PathBuf;
+
+use allot_api::{
+    ApiError, Device, LedgerRow, Node, PolicyValidation, PolicyView, Project, QuotaLine, Role, Why,
+    Workload, WorkloadState,
+};
+use maud::Markup;
+
+use super::track::{FleetSample, Step};
+use super::{Frame, Tab, fleet, idle, layout, live, policy, projects, queue, workload};
+use crate::auth::Principal;
+
+/// 2026-11-30 12:00:00 UTC.
+const NOW: u64 = 1_796_040_000_000;
+const MIN: u64 = 60_000;
+
+fn frame(tab: Tab) -> Frame {
+    Frame { tab, user: "alice".into(), role: Role::Admin }
+}
+
+fn workload(id: u64, project: &str, state: WorkloadState, code: &str, reason: &str) -> Workload {
+    Workload {
+        id,
+        name: format!("job-{id}"),
+        project: project.into(),
+        user: "alice".into(),
+        kind: "batch".into(),
+        state,
+        gpus: if id.is_multiple_of(2) { "0.5".into() } else { "2".into() },
+        members: 1,
+        command: vec!["python".into(), "train.py".into()],
+        submitted_ms: NOW - id * 7 * MIN,
+        started_ms: (state == WorkloadState::Running).then_some(NOW - id * MIN),
+        ended_ms: None,
+        exit_code: None,
+        attempt: u32::from(state == WorkloadState::Running),
+        reason: (!reason.is_empty()).then(|| reason.to_string()),
+        reason_code: (!code.is_empty()).then(|| code.to_string()),
+        placement: if state == WorkloadState::Running {
+            vec!["a100-0: 0,1".into()]
+        } else {
+            vec![]
+        },
+        pids: vec![],
+        last_checkpoint_ms: None,
+    }
+}
+
+fn project(name: &str, used: &str, guaranteed: &str) -> Project {
+    Project {
+        name: name.into(),
+        cohort: Some("research".into()),
+        department: None,
+        quota: vec![QuotaLine {
+            model: "A100".into(),
+            used_gpus: used.into(),
+            guaranteed_gpus: guaranteed.into(),
+            borrow_limit_gpus: Some("4".into()),
+            lend_limit_gpus: None,
+        }],
+        pending: 2,
+        running: 1,
+    }
+}
+
+fn row(scope: &str, allocated: f64, lost: f64) -> LedgerRow {
+    LedgerRow {
+        scope: scope.into(),
+        allocated_gpu_hours: allocated,
+        active_gpu_hours: 0.0,
+        idle_allocated_gpu_hours: allocated,
+        lost_gpu_hours: lost,
+        useful_gpu_hours: 0.0,
+        goodput: Some(0.0),
+    }
+}
+
+fn warned() -> Workload {
+    workload(
+        3,
+        "vision",
+        WorkloadState::Running,
+        "idle_warning",
+        "idle 25 min (timer 30 min, below 5.0 % by SM-active; rule \"notebooks\", on_pressure); \
+         will suspend at 2026-11-30 12:05:00 UTC unless active again",
+    )
+}
+
+/// Compares with the committed file, or rewrites it under `ALLOT_UPDATE_SNAPSHOTS=1`.
+fn check(name: &str, tab: Tab, content: &Markup) {
+    let page = layout(name, &frame(tab), &live(&format!("/{name}"), content));
+    let text = page.into_string().replace("><", ">\n<") + "\n";
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots/dashboard")
+        .join(format!("{name}.html"));
+    if std::env::var_os("ALLOT_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("snapshot folder")).expect("snapshot folder");
+        std::fs::write(&path, &text).expect("snapshot written");
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("{}: {e}; run with ALLOT_UPDATE_SNAPSHOTS=1 to write it", path.display())
+    });
+    if want != text {
+        let line = want.lines().zip(text.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "{} differs from the page rendered now, first at line {}:\n  want: {}\n  got:  {}\n\
+             rerun with ALLOT_UPDATE_SNAPSHOTS=1 if the change is intended",
+            path.display(),
+            line + 1,
+            want.lines().nth(line).unwrap_or("(end)"),
+            text.lines().nth(line).unwrap_or("(end)")
+        );
+    }
+}
+
+#[test]
+fn snapshot_fleet() {
+    let samples = (0..6)
+        .map(|k| FleetSample {
+            at_ms: NOW - (5 - k) * MIN,
+            capacity_shares: 8000,
+            allocated_shares: 2000 + k * 500,
+            free_shares: 6000 - k * 500,
+            stranded_shares: 500,
+            warned_idle_shares: if k > 3 { 2000 } else { 0 },
+            active_shares: None,
+        })
+        .collect();
+    let device = |index, used, workloads: &[u64]| Device {
+        index,
+        model: "A100".into(),
+        used_shares: used,
+        workloads: workloads.to_vec(),
+    };
+    let data = fleet::FleetData {
+        now_ms: NOW,
+        inventory_source: "cluster.yaml".into(),
+        samples,
+        nodes: vec![
+            Node {
+                name: "a100-0".into(),
+                devices: vec![
+                    device(0, 1000, &[3]),
+                    device(1, 1000, &[3]),
+                    device(2, 500, &[2]),
+                    device(3, 0, &[]),
+                ],
+            },
+            Node {
+                name: "a100-1".into(),
+                devices: vec![
+                    device(0, 250, &[4]),
+                    device(1, 1000, &[5]),
+                    device(2, 1000, &[5]),
+                    device(3, 1000, &[5]),
+                ],
+            },
+            Node { name: "cpu-0".into(), devices: vec![] },
+        ],
+        warned: [3].into_iter().collect(),
+        show_metrics: true,
+    };
+    check("fleet", Tab::Fleet, &fleet::render(&data));
+}
+
+#[test]
+fn snapshot_queue() {
+    let pending = [
+        workload(
+            1,
+            "vision",
+            WorkloadState::Pending,
+            "quota_exhausted",
+            "vision uses 8 of 8 A100 guaranteed",
+        ),
+        workload(2, "nlp", WorkloadState::Pending, "no_placement", "no node has 2 free A100"),
+        workload(4, "vision", WorkloadState::Pending, "", ""),
+    ];
+    let principal = Principal {
+        token_id: "t".into(),
+        name: "alice".into(),
+        role: Role::Admin,
+        projects: vec![],
+    };
+    let projects = [project("nlp", "1", "2"), project("vision", "8", "8")];
+    let data = queue::build(NOW, pending.iter(), &projects, &principal, None, None);
+    assert_eq!(data.rows.iter().map(|r| r.position).collect::<Vec<_>>(), [1, 1, 2]);
+    check("queue", Tab::Queue, &queue::render(&data));
+    let filtered =
+        queue::build(NOW, pending.iter(), &projects, &principal, Some("vision".into()), None);
+    assert_eq!(filtered.total, 2);
+    assert!(filtered.rows.iter().all(|r| r.workload.project == "vision"));
+}
+
+#[test]
+fn snapshot_workload() {
+    let w = warned();
+    let data = workload::WorkloadData {
+        now_ms: NOW,
+        why: Why {
+            id: 3,
+            name: w.name.clone(),
+            state: w.state,
+            lines: vec![
+                "job-3 is running on a100-0: 0,1.".into(),
+                w.reason.clone().unwrap_or_default(),
+            ],
+            decision: Some(
+                serde_json::json!({"action": "warn", "reason_code": "idle_warning", "id": 3}),
+            ),
+        },
+        timeline: vec![
+            Step { at_ms: w.submitted_ms, what: "submitted".into(), code: None, detail: None },
+            Step {
+                at_ms: w.submitted_ms + MIN,
+                what: "admitted".into(),
+                code: Some("within_guarantee".into()),
+                detail: Some("within vision's guarantee".into()),
+            },
+            Step {
+                at_ms: NOW - MIN,
+                what: "warned".into(),
+                code: w.reason_code.clone(),
+                detail: w.reason.clone(),
+            },
+        ],
+        ledger: Some(row("workload:3", 0.75, 0.0)),
+        workload: w,
+    };
+    check("workload", Tab::Workload, &workload::render(&data));
+}
+
+#[test]
+fn snapshot_projects() {
+    let data = projects::ProjectsData {
+        since_ms: NOW - 60 * MIN,
+        now_ms: NOW,
+        projects: vec![project("nlp", "1", "2"), project("vision", "10", "8")],
+        rows: vec![
+            row("cluster", 12.5, 1.25),
+            row("project:nlp", 2.0, 0.0),
+            row("project:vision", 10.5, 1.25),
+        ],
+        warned: vec![("nlp".into(), vec![]), ("vision".into(), vec![warned()])],
+    };
+    check("projects", Tab::Projects, &projects::render(&data));
+}
+
+#[test]
+fn snapshot_idle() {
+    let data = idle::IdleData {
+        now_ms: NOW,
+        workloads: vec![
+            warned(),
+            workload(
+                6,
+                "nlp",
+                WorkloadState::Pending,
+                "idle_backoff",
+                "reclaimed for idleness 2 time(s) in a row; may resume at 2026-11-30 12:10:00 UTC",
+            ),
+        ],
+    };
+    check("idle", Tab::Idle, &idle::render(&data));
+}
+
+#[test]
+fn snapshot_policy() {
+    let active =
+        PolicyView { source: "policy.yaml".into(), text: "projects:\n  - name: vision\n".into() };
+    let bad = PolicyValidation {
+        ok: false,
+        summary: "candidate policy: 1 problem(s)".into(),
+        problems: vec![ApiError {
+            error: "candidate policy:3:5: unknown field \"gpu\"".into(),
+            field: Some("projects[0].quota[0].gpu".into()),
+            fix: Some("did you mean \"gpus\"?".into()),
+        }],
+    };
+    let data = policy::PolicyData { active, candidate: Some(("projects: <x>\n".into(), bad)) };
+    check("policy", Tab::Policy, &policy::render(&data));
+}
+
+#[test]
+fn snapshot_login() {
+    let text = super::login_markup(Some("unknown or revoked token")).into_string();
+    assert!(text.contains("type=\"password\"") && text.contains("unknown or revoked token"));
+}
+
+/// The fleet page at its heaviest: a full sample series and 500 devices. Figures only, behind
+/// `ALLOT_DASHBOARD_BENCH=1` (with `--release`), next to `tests/dashboard_bench.rs`.
+#[test]
+fn fleet_with_a_full_series_on_500_devices() {
+    if std::env::var_os("ALLOT_DASHBOARD_BENCH").is_none() {
+        return;
+    }
+    let samples = (0..super::track::SAMPLES_MAX as u64)
+        .map(|k| FleetSample {
+            at_ms: NOW - k * super::track::SAMPLE_MS,
+            capacity_shares: 500_000,
+            allocated_shares: 300_000 + (k * 7919) % 150_000,
+            free_shares: 200_000 - (k * 7919) % 150_000,
+            stranded_shares: (k * 104_729) % 20_000,
+            warned_idle_shares: (k * 31) % 9000,
+            active_shares: None,
+        })
+        .collect();
+    let nodes = (0..63u64)
+        .map(|n| Node {
+            name: format!("gpu-{n}"),
+            devices: (0..if n == 62 { 4 } else { 8 })
+                .map(|i| Device {
+                    index: i,
+                    model: "H100".into(),
+                    used_shares: (n * 8 + u64::from(i)) * 250 % 1250,
+                    workloads: vec![n * 8 + u64::from(i) + 1],
+                })
+                .collect(),
+        })
+        .collect();
+    let data = fleet::FleetData {
+        now_ms: NOW,
+        inventory_source: "bench".into(),
+        samples,
+        nodes,
+        warned: (1..40).collect(),
+        show_metrics: true,
+    };
+    #[allow(clippy::disallowed_methods)] // a benchmark measures real time
+    let start = std::time::Instant::now();
+    let page = layout("fleet", &frame(Tab::Fleet), &live("/fleet", &fleet::render(&data)));
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "fleet page, {} samples × 4 series, 500 devices: {ms:.1} ms to render, {} bytes",
+            super::track::SAMPLES_MAX,
+            page.0.len()
+        );
+    }
+}

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The dashboard in a real browser: headless Chromium driven over WebDriver (chromedriver,
+# spoken to with curl) logs in through the login form, opens every page, and checks that the
+# workloads submitted through the API, their reasons and the chart SVGs are there; it waits for
+# an htmx poll to bring in a workload submitted after the page loaded, and for an idle rule's
+# warning. Screenshots go to target/ci-output/dashboard/.
+#
+# WebDriver rather than `chromium --dump-dom`: the login form is typed into and submitted by the
+# browser, which must keep the HttpOnly cookie itself, and the live DOM can be read after htmx
+# has polled — neither can be seen in one `--dump-dom` of a page.
+#
+# Usage: scripts/dashboard-check.sh PATH/TO/allot   (a debug or release build)
+# Installs Debian's chromium, chromium-driver and jq with apt when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:?usage: scripts/dashboard-check.sh PATH/TO/allot}
+[ -x "$BIN" ] || { echo "$BIN is not an executable: build it first (cargo build -p allot)" >&2; exit 1; }
+PORT=${ALLOT_DASHBOARD_PORT:-7382}
+DRIVER_PORT=${ALLOT_CHROMEDRIVER_PORT:-9515}
+URL=http://127.0.0.1:$PORT
+WD=http://127.0.0.1:$DRIVER_PORT
+OUT=target/ci-output/dashboard
+mkdir -p $OUT
+
+NEED=""
+command -v chromium > /dev/null || NEED="$NEED chromium"
+command -v chromedriver > /dev/null || NEED="$NEED chromium-driver"
+command -v jq > /dev/null || NEED="$NEED jq"
+command -v curl > /dev/null || NEED="$NEED curl"
+if [ -n "$NEED" ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $NEED
+fi
+
+WORK=$(mktemp -d)
+SERVE_PID=""
+DRIVER_PID=""
+SESSION=""
+cleanup() {
+  # The session first (chromedriver then ends its chromium), then the processes we started.
+  [ -n "$SESSION" ] && curl -s -X DELETE $WD/session/$SESSION > /dev/null 2>&1 || true
+  [ -n "$DRIVER_PID" ] && kill $DRIVER_PID 2> /dev/null || true
+  [ -n "$SERVE_PID" ] && kill $SERVE_PID 2> /dev/null || true
+  [ -n "$DRIVER_PID" ] && wait $DRIVER_PID 2> /dev/null || true
+  [ -n "$SERVE_PID" ] && wait $SERVE_PID 2> /dev/null || true
+  rm -rf $WORK
+}
+trap cleanup EXIT
+
+fail() {
+  echo "dashboard-check: FAIL: $*" >&2
+  [ -f $WORK/page.html ] && cp $WORK/page.html $OUT/failed-page.html
+  [ -f $WORK/serve.err ] && tail -20 $WORK/serve.err >&2
+  exit 1
+}
+
+# --- the daemon -------------------------------------------------------------------------------
+$BIN serve --data-dir $WORK/data --listen 127.0.0.1:$PORT --inventory examples/cluster.yaml \
+  --policy examples/policy.yaml > $WORK/serve.out 2> $WORK/serve.err &
+SERVE_PID=$!
+for _ in $(seq 100); do grep -q '^allot_' $WORK/serve.out 2> /dev/null && break; sleep 0.1; done
+TOKEN=$(grep '^allot_' $WORK/serve.out) || fail "no admin token printed"
+grep -q "dashboard $URL/" $WORK/serve.err || fail "the start-up message does not name the dashboard"
+
+submit() { # project gpus kind [name]
+  curl -sf -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d "{\"project\": \"$1\", \"gpus\": $2, \"kind\": \"$3\", \"name\": \"$4\", \"command\": [\"sleep\", \"600\"]}" \
+    $URL/api/v1/workloads | jq -r .id
+}
+NOTEBOOK=$(submit research 1 notebook idle-notebook)   # research-notebooks rule: warned after 1 min
+RUNNING=$(submit vision 2 training vision-train)
+HUGE=$(submit vision 64 training vision-huge)          # more than vision may ever hold
+QUEUED=$(submit nlp 8 batch nlp-batch)
+sleep 1
+curl -sf -H "Authorization: Bearer $TOKEN" "$URL/api/v1/workloads?state=pending" > $WORK/pending.json
+HUGE_CODE=$(jq -r ".workloads[] | select(.id == $HUGE) | .reason_code" $WORK/pending.json)
+[ -n "$HUGE_CODE" ] && [ "$HUGE_CODE" != null ] || fail "workload $HUGE has no reason code: $(cat $WORK/pending.json)"
+
+# --- the browser ------------------------------------------------------------------------------
+chromedriver --port=$DRIVER_PORT > $WORK/driver.log 2>&1 &
+DRIVER_PID=$!
+for _ in $(seq 100); do curl -sf $WD/status > /dev/null 2>&1 && break; sleep 0.1; done
+CAPS='{"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+  "binary": "/usr/bin/chromium",
+  "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-dev-shm-usage", "--window-size=1366,900"]}}}}'
+SESSION=$(curl -sf -d "$CAPS" $WD/session | jq -r .value.sessionId) || fail "no WebDriver session"
+[ -n "$SESSION" ] && [ "$SESSION" != null ] || fail "no WebDriver session: $(cat $WORK/driver.log)"
+S=$WD/session/$SESSION
+
+wd() { # method path [json]
+  if [ -n "${3:-}" ]; then curl -sf -X "$1" -H 'Content-Type: application/json' -d "$3" "$S$2"
+  else curl -sf -X "$1" "$S$2"; fi
+}
+open_page() { wd POST /url "{\"url\": \"$URL$1\"}" > /dev/null || fail "cannot open $1"; }
+source_now() { wd GET /source | jq -r .value > $WORK/page.html; }
+current_url() { wd GET /url | jq -r .value; }
+shot() { wd GET /screenshot | jq -r .value | base64 -d > $OUT/$1.png || fail "no screenshot $1"; }
+has() { grep -qF -- "$1" $WORK/page.html || fail "${2:-page} lacks: $1"; }
+lacks() { ! grep -qF -- "$1" $WORK/page.html || fail "${2:-page} should not show: $1"; }
+element() { # css selector (no double quotes) → element id
+  wd POST /element "{\"using\": \"css selector\", \"value\": \"$1\"}" | jq -r '.value | to_entries[0].value' \
+    || fail "no element $1 on $(current_url)"
+}
+
+# Not logged in: the dashboard sends the browser to the login form.
+open_page /fleet
+[ "$(current_url)" = "$URL/login" ] || fail "an unauthenticated page did not redirect to /login: $(current_url)"
+source_now; has 'name="token"' login
+shot login
+FIELD=$(element '#token')
+wd POST /element/$FIELD/value "{\"text\": \"$TOKEN\"}" > /dev/null || fail "cannot type the token"
+wd POST /element/$(element 'button[type=submit]')/click '{}' > /dev/null || fail "cannot submit the login form"
+sleep 0.5
+[ "$(current_url)" = "$URL/fleet" ] || fail "login did not land on /fleet: $(current_url)"
+# The cookie is the browser's, HttpOnly: page JavaScript cannot read it.
+JS_COOKIE=$(wd POST /execute/sync '{"script": "return document.cookie", "args": []}' | jq -r .value)
+[ -z "$JS_COOKIE" ] || fail "the session cookie is readable by scripts: $JS_COOKIE"
+
+source_now
+has '<svg' fleet; has 'no telemetry' fleet; has "href=\"/workload/$RUNNING\"" fleet
+shot fleet
+
+open_page /queue; source_now
+has "vision-huge" queue; has "$HUGE_CODE" queue; has "nlp-batch" queue
+lacks "vision-train" queue
+shot queue
+open_page "/queue?project=nlp"; source_now
+has "nlp-batch" "queue?project=nlp"; lacks "vision-huge" "queue?project=nlp"
+
+open_page /workload/$HUGE; source_now
+has "vision-huge" workload; has "$HUGE_CODE" workload; has "/api/v1/workloads/$HUGE/why" workload
+has "submitted" workload
+shot workload
+
+open_page /projects; source_now
+has '<svg' projects; has 'project:vision' projects; has 'lost to pre-emption' projects
+shot projects
+
+open_page /policy; source_now
+has 'research-notebooks' policy
+wd POST /element/$(element '#policy')/value '{"text": "projects:\n  - name: x\n    gpu: 3\n"}' > /dev/null \
+  || fail "cannot type a candidate policy"
+wd POST /element/$(element 'main form button')/click '{}' > /dev/null || fail "cannot submit the policy form"
+sleep 0.5; source_now
+has '✗' "policy check"; has 'problem' "policy check"
+shot policy
+
+# Live updates: a workload submitted while the queue is open appears without a reload.
+open_page /queue
+LATE=$(submit translation 64 batch late-arrival)
+for _ in $(seq 30); do source_now; grep -qF "late-arrival" $WORK/page.html && break; sleep 0.5; done
+has "late-arrival" "queue after an htmx poll"
+
+# Idle: the research notebook sends no heartbeat; its rule warns after one minute.
+open_page /idle
+for _ in $(seq 90); do source_now; grep -qF "idle-notebook" $WORK/page.html && break; sleep 1; done
+has "idle-notebook" idle; has "idle_warning" idle
+shot idle
+
+echo "dashboard-check: ok — login, 6 pages, live update, idle warning (workloads $NOTEBOOK $RUNNING $HUGE $QUEUED $LATE); screenshots in $OUT"

@@ -110,6 +110,22 @@ pub struct SubmitRequest {
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// How allot sees the workload in use besides its GPUs (its heartbeat file always counts):
+    /// asked every 15 s while it runs; a use it reports vetoes idleness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
+}
+
+/// An application probe (PRODUCT.md: idle reclaim's vetoes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Probe {
+    /// `GET url`; the JSON pointer names the last-activity time in the answer (RFC 3339 text
+    /// or seconds since the epoch), e.g. a Jupyter server's `/api/status` and
+    /// `/last_activity`.
+    Http { url: String, pointer: String },
+    /// A command run on the daemon's host; exit 0 means "in use now".
+    Exec { command: Vec<String> },
 }
 
 /// Where a workload is, as the API reports it.
@@ -211,6 +227,9 @@ pub struct Workload {
     /// `POST …/checkpoint`): work before it survives a stop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint_ms: Option<u64>,
+    /// The last use an application probe or the heartbeat file reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

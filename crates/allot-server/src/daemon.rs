@@ -52,6 +52,8 @@ pub(crate) struct Record {
     pub pids: Vec<u32>,
     /// The last checkpoint it reported (the engine counts work lost from there).
     pub last_checkpoint_ms: Option<u64>,
+    /// The last use a probe (or the heartbeat file) reported.
+    pub last_activity_ms: Option<u64>,
 }
 
 /// A stop under way: when to escalate.
@@ -302,6 +304,7 @@ impl Daemon {
                         launch: None,
                         pids: Vec::new(),
                         last_checkpoint_ms: None,
+                        last_activity_ms: None,
                     },
                 );
                 self.changed.insert(*id);
@@ -414,7 +417,12 @@ impl Daemon {
                 self.exited(now, *id, *attempt, *code, detail);
             }
             Entry::Probed { id, last_activity_ms } => {
-                if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
+                if let Some(r) = self.workloads.get_mut(id)
+                    && r.state == WorkloadState::Running
+                {
+                    let at = (*last_activity_ms).min(now);
+                    r.last_activity_ms = Some(r.last_activity_ms.map_or(at, |last| last.max(at)));
+                    self.changed.insert(*id);
                     self.event(
                         now,
                         Event::ActivityProbed {

@@ -95,6 +95,11 @@ pub(crate) enum Request {
     Observed(Vec<Observation>),
     /// Device samples from the collector thread or a node agent.
     Telemetry(Vec<allot_telemetry::Sample>),
+    /// An application probe saw the workload in use (from the prober thread).
+    Probed {
+        id: u64,
+        last_activity_ms: u64,
+    },
     Shutdown,
 }
 
@@ -204,6 +209,10 @@ pub(crate) struct Loop {
     snapshot_seq: u64,
     /// The newest sample per device, and the last round's attribution.
     pub telemetry: crate::telemetry::Latest,
+    /// Running workloads' application probes, for the prober thread.
+    probe_table: crate::telemetry::ProbeTable,
+    /// The last activity each probe reported (only news is logged).
+    probed: BTreeMap<u64, u64>,
     /// Cycles logged since the latest snapshot: a replay re-runs each over the queue of its
     /// time, so they, not records, dominate a restart with a deep queue.
     cycles_since_snapshot: u64,
@@ -252,6 +261,8 @@ impl Loop {
             snapshot_seq: 0,
             cycles_since_snapshot: 0,
             telemetry: crate::telemetry::Latest::default(),
+            probe_table: crate::telemetry::ProbeTable::default(),
+            probed: BTreeMap::new(),
         }
     }
 
@@ -414,6 +425,23 @@ impl Loop {
         out
     }
 
+    /// The prober thread asks the probes of the workloads running now.
+    fn update_probe_table(&mut self) {
+        let running: BTreeMap<u64, allot_api::Probe> = self
+            .daemon
+            .running_ids()
+            .into_iter()
+            .filter_map(|id| {
+                let probe = self.daemon.workloads.get(&id)?.request.probe.clone()?;
+                Some((id, probe))
+            })
+            .collect();
+        self.probed.retain(|id, _| running.contains_key(id));
+        if let Ok(mut table) = self.probe_table.lock() {
+            *table = running;
+        }
+    }
+
     /// This round's readings of the running workloads' devices, and the workloads without any.
     fn telemetry_round(&mut self, now: u64) -> Vec<Entry> {
         let ids = self.daemon.running_ids();
@@ -443,6 +471,12 @@ impl Loop {
         requests: Receiver<Request>,
         observations: SyncSender<Request>,
     ) -> anyhow::Result<()> {
+        {
+            let (table, tx) = (self.probe_table.clone(), observations.clone());
+            std::thread::Builder::new()
+                .name("allot-prober".into())
+                .spawn(move || crate::telemetry::run_probes(&table, &tx))?;
+        }
         if let Some(backend) = self.backend.take() {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::Builder::new()
@@ -539,6 +573,14 @@ impl Loop {
                         }
                     }
                     Request::Telemetry(samples) => self.telemetry.take(samples),
+                    Request::Probed { id, last_activity_ms } => {
+                        if self.probed.get(&id).is_none_or(|last| last_activity_ms > *last) {
+                            self.probed.insert(id, last_activity_ms);
+                            let e = Entry::Probed { id, last_activity_ms };
+                            commands.extend(self.daemon.apply(now, &e));
+                            entries.push(e);
+                        }
+                    }
                     Request::Observed(observations) => {
                         for o in observations {
                             let e = observation_entry(o);
@@ -551,6 +593,7 @@ impl Loop {
             }
             if now.saturating_sub(last_probe) >= PROBE_MS {
                 last_probe = now;
+                self.update_probe_table();
                 for e in self.probes() {
                     commands.extend(self.daemon.apply(now, &e));
                     entries.push(e);

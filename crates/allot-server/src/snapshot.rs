@@ -61,6 +61,7 @@ struct SavedRecord {
     launch: Option<Launch>,
     pids: Vec<u32>,
     last_checkpoint_ms: Option<u64>,
+    last_activity_ms: Option<u64>,
 }
 
 impl Daemon {
@@ -86,6 +87,7 @@ impl Daemon {
                 launch: r.launch.clone(),
                 pids: r.pids.clone(),
                 last_checkpoint_ms: r.last_checkpoint_ms,
+                last_activity_ms: r.last_activity_ms,
             })
             .collect();
         let body = Body {
@@ -156,6 +158,7 @@ impl Daemon {
                     launch: saved.launch,
                     pids: saved.pids,
                     last_checkpoint_ms: saved.last_checkpoint_ms,
+                    last_activity_ms: saved.last_activity_ms,
                 },
             );
         }

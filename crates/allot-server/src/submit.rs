@@ -134,6 +134,39 @@ pub(crate) fn to_spec(
     if request.command.iter().any(|a| a.contains('\0')) {
         return Err(bad("command", "an argument contains a NUL byte", "remove it"));
     }
+    match &request.probe {
+        None => {}
+        Some(allot_api::Probe::Http { url, pointer }) => {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || url.len() > limits::NAME_CHARS_MAX * 10
+            {
+                return Err(bad(
+                    "probe.http.url",
+                    format!("{url:?} is not an http:// or https:// address"),
+                    "give the URL of the application's status page",
+                ));
+            }
+            if !(pointer.is_empty() || pointer.starts_with('/')) || pointer.len() > 1000 {
+                return Err(bad(
+                    "probe.http.pointer",
+                    format!("{pointer:?} is not a JSON pointer"),
+                    "a JSON pointer starts with / (e.g. /last_activity)",
+                ));
+            }
+        }
+        Some(allot_api::Probe::Exec { command })
+            if command.first().is_none_or(String::is_empty)
+                || command.len() > 64
+                || command.iter().any(|a| a.contains('\0')) =>
+        {
+            return Err(bad(
+                "probe.exec.command",
+                "the probe command is empty, too long or contains a NUL byte",
+                "give the program and at most 63 arguments",
+            ));
+        }
+        Some(allot_api::Probe::Exec { .. }) => {}
+    }
     if request.env.len() > limits::ENV_VARS_MAX {
         return Err(bad(
             "env",

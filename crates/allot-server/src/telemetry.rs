@@ -204,3 +204,69 @@ pub(crate) fn run_collectors(mut sources: Vec<Source>, loop_tx: &SyncSender<Requ
         std::thread::sleep(Duration::from_millis(next.saturating_sub(wall_ms()).clamp(10, 1000)));
     }
 }
+
+/// How often a running workload's application probe is asked.
+pub(crate) const PROBE_INTERVAL_MS: u64 = 15_000;
+/// Longest one probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Running workloads' application probes, kept up to date by the main loop.
+pub(crate) type ProbeTable = std::sync::Arc<std::sync::Mutex<BTreeMap<u64, allot_api::Probe>>>;
+
+/// Asks every running workload's HTTP or exec probe every `PROBE_INTERVAL_MS` and sends what
+/// they report (`Request::Probed`) to the main loop, until it is gone. Off the loop: a probe
+/// may take seconds.
+pub(crate) fn run_probes(table: &ProbeTable, loop_tx: &SyncSender<Request>) {
+    use allot_telemetry::probe::{ExecProbe, HttpProbe};
+    let mut last: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut failing: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
+    loop {
+        let probes: Vec<(u64, allot_api::Probe)> = match table.lock() {
+            Ok(t) => t.iter().map(|(id, p)| (*id, p.clone())).collect(),
+            Err(_) => return,
+        };
+        last.retain(|id, _| probes.iter().any(|(p, _)| p == id));
+        for (id, probe) in probes {
+            let now = wall_ms();
+            if last.get(&id).is_some_and(|t| now < t + PROBE_INTERVAL_MS) {
+                continue;
+            }
+            last.insert(id, now);
+            let result = match &probe {
+                allot_api::Probe::Http { url, pointer } => HttpProbe {
+                    url: url.clone(),
+                    pointer: pointer.clone(),
+                    timeout: PROBE_TIMEOUT,
+                    token: None,
+                }
+                .probe()
+                .map(Some),
+                allot_api::Probe::Exec { command } => ExecProbe {
+                    program: command.first().cloned().unwrap_or_default(),
+                    args: command.iter().skip(1).cloned().collect(),
+                    timeout: PROBE_TIMEOUT,
+                }
+                .probe(now),
+            };
+            match result {
+                Ok(Some(at)) => {
+                    failing.remove(&id);
+                    let probed = Request::Probed { id, last_activity_ms: at.min(wall_ms()) };
+                    if loop_tx.send(probed).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    failing.remove(&id);
+                }
+                Err(e) => {
+                    // Said once per failure streak.
+                    if failing.insert(id) {
+                        tracing_log(&format!("probe of workload {id}: {e}"));
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

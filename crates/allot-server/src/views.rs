@@ -166,6 +166,7 @@ pub(crate) fn workload(id: u64, r: &Record) -> Workload {
         placement: r.placement.clone(),
         pids: r.pids.clone(),
         last_checkpoint_ms: r.last_checkpoint_ms,
+        last_activity_ms: r.last_activity_ms,
     }
 }
 

@@ -427,3 +427,62 @@ async fn node_agents_post_telemetry_that_reaches_running_workloads() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn application_probes_report_when_a_workload_was_last_used() {
+    // A status page in the shape of Jupyter's /api/status.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let status_url = format!("http://{}/api/status", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf);
+            let body =
+                r#"{"started": "2026-11-29T08:00:00Z", "last_activity": "2026-11-30T10:00:00Z"}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let d = TestDaemon::new();
+    let submit_with = |probe: serde_json::Value| {
+        serde_json::json!({"project": "vision", "gpus": 1, "kind": "notebook",
+            "command": ["sleep", "30"], "probe": probe})
+        .to_string()
+    };
+    let bad = submit_with(serde_json::json!({"http": {"url": "ftp://x", "pointer": "/a"}}));
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(&bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["field"], "probe.http.url", "{v}");
+
+    let http =
+        submit_with(serde_json::json!({"http": {"url": status_url, "pointer": "/last_activity"}}));
+    let exec = submit_with(serde_json::json!({"exec": {"command": ["true"]}}));
+    let mut ids = Vec::new();
+    for body in [http, exec] {
+        let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(&body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        ids.push(v["id"].as_u64().expect("id"));
+    }
+    let mut seen = Vec::new();
+    for id in &ids {
+        let mut last = serde_json::Value::Null;
+        for _ in 0..400 {
+            let (_, w) =
+                d.call("GET", &format!("/api/v1/workloads/{id}"), Some(&d.admin), None).await;
+            last = w["last_activity_ms"].clone();
+            if !last.is_null() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        seen.push(last.as_u64().unwrap_or_else(|| panic!("no probe report for workload {id}")));
+    }
+    assert_eq!(seen[0], 1_796_032_800_000, "the status page's last_activity");
+    let now = std::time::SystemTime::UNIX_EPOCH.elapsed().expect("clock").as_millis() as u64;
+    assert!(now.abs_diff(seen[1]) < 60_000, "exec probe: in use now ({} vs {now})", seen[1]);
+}

@@ -23,7 +23,7 @@ pub(crate) struct SubmitArgs {
         conflicts_with_all = [
             "project", "gpus", "mig", "kind", "name", "members", "gpu_models", "priority_class",
             "cpu_millis", "memory_mib", "same_node", "non_preemptible", "checkpoint_grace",
-            "min_runtime", "max_runtime", "env", "command",
+            "min_runtime", "max_runtime", "env", "command", "probe_http", "probe_exec",
         ]
     )]
     pub(crate) file: Option<PathBuf>,
@@ -75,6 +75,17 @@ pub(crate) struct SubmitArgs {
     /// An environment variable for every member; repeatable.
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_env)]
     pub(crate) env: Vec<(String, String)>,
+    /// An HTTP probe: allot asks this URL every 15 s while the workload runs and reads its
+    /// last activity at --probe-pointer (e.g. a Jupyter server's /api/status).
+    #[arg(long, value_name = "URL", conflicts_with = "probe_exec")]
+    pub(crate) probe_http: Option<String>,
+    /// JSON pointer to the last-activity time in the --probe-http answer.
+    #[arg(long, value_name = "POINTER", default_value = "/last_activity", requires = "probe_http")]
+    pub(crate) probe_pointer: String,
+    /// An exec probe: a command (split at spaces) run every 15 s on the daemon's host; exit 0
+    /// means the workload is in use.
+    #[arg(long, value_name = "COMMAND")]
+    pub(crate) probe_exec: Option<String>,
     /// Print the request that would be sent (JSON) and send nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -146,6 +157,13 @@ pub(crate) fn request(args: SubmitArgs) -> Result<SubmitRequest> {
         max_runtime_s: args.max_runtime,
         command: args.command,
         env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
+        probe: match (args.probe_http, args.probe_exec) {
+            (Some(url), _) => Some(allot_api::Probe::Http { url, pointer: args.probe_pointer }),
+            (None, Some(command)) => Some(allot_api::Probe::Exec {
+                command: command.split_whitespace().map(str::to_string).collect(),
+            }),
+            (None, None) => None,
+        },
     })
 }
 

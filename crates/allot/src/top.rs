@@ -210,6 +210,7 @@ mod tests {
             placement: Vec::new(),
             pids: Vec::new(),
             last_checkpoint_ms: None,
+            last_activity_ms: None,
         }
     }
 

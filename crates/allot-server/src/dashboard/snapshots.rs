@@ -48,6 +48,7 @@ fn workload(id: u64, project: &str, state: WorkloadState, code: &str, reason: &s
         },
         pids: vec![],
         last_checkpoint_ms: None,
+        last_activity_ms: None,
     }
 }
 

@@ -174,6 +174,7 @@ mod tests {
             placement: vec![],
             pids: vec![],
             last_checkpoint_ms: None,
+            last_activity_ms: None,
         }
     }
 

@@ -449,7 +449,16 @@ impl Loop {
             self.telemetry.readings.clear();
             return Vec::new();
         }
-        let sampled = self.telemetry.attribute(now, &self.daemon.allocations());
+        // Members run in their own process groups; their group ids are the pids they report.
+        let groups: BTreeMap<u32, u64> = self
+            .daemon
+            .workloads
+            .iter()
+            .filter(|(_, r)| r.state == WorkloadState::Running)
+            .flat_map(|(id, r)| r.pids.iter().map(move |pid| (*pid, *id)))
+            .collect();
+        let owner_of = |pid: u32| groups.get(&process_group(pid)?).copied();
+        let sampled = self.telemetry.attribute(now, &self.daemon.allocations(), owner_of);
         let missing: Vec<u64> = ids.into_iter().filter(|id| !sampled.contains_key(id)).collect();
         let mut out = Vec::new();
         if !sampled.is_empty() {
@@ -1020,6 +1029,14 @@ fn observation_entry(o: Observation) -> Entry {
 }
 
 /// The daemon's own log lines go to stderr (journald or the terminal).
+/// A process's group id (`/proc/PID/stat`, field 5), if it still runs here.
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: read after the last ')'.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// A file's modification time in ms since the Unix epoch, if it exists.
 fn modified_ms(path: &std::path::Path) -> Option<u64> {
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;

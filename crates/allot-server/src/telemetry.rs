@@ -90,14 +90,51 @@ impl Latest {
 
     /// Readings per workload for `allocations`, from samples at most `SAMPLE_FRESH_MS` old;
     /// a workload with no reading carrying a signal is left out (its telemetry is missing).
+    /// On a device several workloads share, the device's activity says nothing of each: where
+    /// the source lists the device's processes (NVML), each workload is judged on its own
+    /// processes' SM utilisation (`owner_of`: process id → workload), 0 if it has none there.
     pub(crate) fn attribute(
         &mut self,
         now_ms: u64,
         allocations: &[Allocation],
+        owner_of: impl Fn(u32) -> Option<u64>,
     ) -> BTreeMap<u64, Vec<DeviceReading>> {
         self.samples.retain(|_, s| s.at_ms.is_some_and(|t| t + SAMPLE_FRESH_MS >= now_ms));
         let samples: Vec<Sample> = self.samples.values().cloned().collect();
-        let by_workload: BTreeMap<u64, Vec<DeviceReading>> = attribute(&samples, allocations)
+        let mut readings = attribute(&samples, allocations);
+        let device =
+            |a: &Allocation| (a.node.clone(), a.device_index, a.mig_instance, a.amd_partition);
+        let mut sharers: BTreeMap<DeviceKey, usize> = BTreeMap::new();
+        for a in allocations {
+            *sharers.entry(device(a)).or_default() += 1;
+        }
+        // `attribute` keeps each workload's readings in allocation order.
+        let mut nth: BTreeMap<u64, usize> = BTreeMap::new();
+        for a in allocations {
+            let k = nth.entry(a.workload.0).or_default();
+            let index = *k;
+            *k += 1;
+            if sharers.get(&device(a)).is_none_or(|n| *n < 2) {
+                continue;
+            }
+            let Some(sample) = self.samples.get(&device(a)).filter(|s| s.processes_listed) else {
+                continue;
+            };
+            let own = sample
+                .processes
+                .iter()
+                .filter(|p| owner_of(p.pid) == Some(a.workload.0))
+                .filter_map(|p| p.sm_util_permille)
+                .max()
+                .unwrap_or(0);
+            if let Some(r) = readings.get_mut(&a.workload).and_then(|r| r.get_mut(index)) {
+                // Permille of the device, as every reading; the idle rule weighs it by share.
+                r.sm_active = None;
+                r.engine_active = None;
+                r.utilisation = Some(own.min(1000));
+            }
+        }
+        let by_workload: BTreeMap<u64, Vec<DeviceReading>> = readings
             .into_iter()
             .filter(|(_, readings)| readings.iter().any(|r| r.best_signal().is_some()))
             .map(|(w, readings)| (w.0, readings))
@@ -268,5 +305,71 @@ pub(crate) fn run_probes(table: &ProbeTable, loop_tx: &SyncSender<Request>) {
             }
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_core::WorkloadId;
+    use allot_telemetry::ProcessUsage;
+
+    fn allocation(workload: u64, shares: u32) -> Allocation {
+        Allocation {
+            node: "n0".into(),
+            device_index: 0,
+            mig_instance: None,
+            amd_partition: None,
+            workload: WorkloadId(workload),
+            member: 0,
+            shares,
+        }
+    }
+
+    fn sample(processes: Vec<(u32, Option<u16>)>) -> Sample {
+        let mut identity = DeviceIdentity::new(Vendor::Nvidia);
+        identity.hostname = Some("n0".into());
+        identity.gpu_index = Some(0);
+        let mut s = Sample::new(identity);
+        s.at_ms = Some(1_000);
+        s.utilisation = Some(1000);
+        s.processes_listed = true;
+        s.processes = processes
+            .into_iter()
+            .map(|(pid, sm)| ProcessUsage {
+                pid,
+                memory_used_mib: Some(1024),
+                sm_util_permille: sm,
+                last_seen_us: None,
+            })
+            .collect();
+        s.classify();
+        s
+    }
+
+    #[test]
+    fn a_shared_device_is_split_by_each_workloads_own_processes() {
+        let mut latest = Latest::default();
+        latest.take(vec![sample(vec![(100, Some(800)), (200, None)])]);
+        let owner = |pid: u32| match pid {
+            100 => Some(1),
+            200 => Some(2),
+            _ => None,
+        };
+        let shared = [allocation(1, 500), allocation(2, 500)];
+        let r = latest.attribute(2_000, &shared, owner);
+        assert_eq!(r[&1][0].utilisation, Some(800), "its process is busy");
+        assert_eq!(r[&2][0].utilisation, Some(0), "its process holds memory only");
+        // A device of one workload keeps the device's own reading.
+        let alone = latest.attribute(2_000, &[allocation(1, 1000)], owner);
+        assert_eq!(alone[&1][0].utilisation, Some(1000));
+    }
+
+    #[test]
+    fn stale_samples_are_not_attributed() {
+        let mut latest = Latest::default();
+        latest.take(vec![sample(Vec::new())]);
+        let r = latest.attribute(1_000 + SAMPLE_FRESH_MS + 1, &[allocation(1, 1000)], |_| None);
+        assert!(r.is_empty(), "{r:?}");
     }
 }

@@ -80,6 +80,9 @@ pub(crate) struct Counters {
     pub preemptions: BTreeMap<String, u64>,
     pub cycles: u64,
     pub submitted: u64,
+    /// Telemetry rounds that had readings (the ledger's active hours then mean something).
+    #[serde(default)]
+    pub sampled: u64,
 }
 
 #[derive(Debug)]
@@ -444,6 +447,7 @@ impl Daemon {
                 }
             }
             Entry::Sampled { workloads } => {
+                self.counters.sampled += 1;
                 for (id, readings) in workloads {
                     if self.workloads.get(id).is_some_and(|r| r.state == WorkloadState::Running) {
                         let readings = readings.iter().map(|r| (*r).into()).collect();

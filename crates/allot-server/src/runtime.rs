@@ -114,6 +114,8 @@ pub(crate) struct View {
     pub policy_text: String,
     /// The dashboard's fleet samples and workload timelines.
     pub dashboard: crate::dashboard::Tracker,
+    /// Some telemetry round had readings: the ledger's active and idle hours are measured.
+    pub telemetry_seen: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -841,7 +843,9 @@ impl Loop {
         });
         view.nodes = views::nodes(engine, &self.daemon.nodes, live);
         let fields = &mut *view;
-        fields.dashboard.sample(now, || engine.cluster_snapshot(), &fields.workloads);
+        fields.telemetry_seen = self.daemon.counters.sampled > 0;
+        let active = self.telemetry.active_shares(ACTIVE_PERMILLE);
+        fields.dashboard.sample(now, || engine.cluster_snapshot(), &fields.workloads, active);
         drop(view);
         self.update_metrics();
     }

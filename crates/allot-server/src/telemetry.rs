@@ -144,6 +144,24 @@ impl Latest {
     }
 }
 
+impl Latest {
+    /// Shares whose last reading shows at least `threshold` permille of the share busy;
+    /// `None` when no running workload had a reading (no telemetry is not 0).
+    pub(crate) fn active_shares(&self, threshold: u16) -> Option<u64> {
+        if self.readings.is_empty() {
+            return None;
+        }
+        let busy = |r: &DeviceReading| {
+            r.best_signal().is_some_and(|(_, v)| {
+                u64::from(v) * 1000 >= u64::from(threshold) * u64::from(r.shares)
+            })
+        };
+        Some(
+            self.readings.values().flatten().filter(|r| busy(r)).map(|r| u64::from(r.shares)).sum(),
+        )
+    }
+}
+
 /// A posted sample, checked: values in range, names bounded.
 pub(crate) fn from_wire(w: &TelemetrySample) -> Result<Sample, ApiError> {
     let bad = |field: &str, error: String| ApiError {

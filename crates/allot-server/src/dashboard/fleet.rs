@@ -104,12 +104,15 @@ pub(crate) fn render(data: &FleetData) -> Markup {
     let warned_shares = last.map(|s| s.warned_idle_shares);
     html! {
         h1 { "Fleet" }
-        p.note { "Inventory: " (data.inventory_source) ". Active GPUs need GPU telemetry, which this daemon does not collect yet: they show as “" (NO_TELEMETRY) "”, never as 0." }
+        p.note { "Inventory: " (data.inventory_source) ". Active GPUs (at least 10 % of their share busy) come from GPU telemetry (" code { "--telemetry" } " sources, " code { "allot agent" } "); without readings they show as “" (NO_TELEMETRY) "”, never as 0." }
         div.figures {
             div.figure { a href="/api/v1/nodes" { span.n { (g(capacity)) } } "GPUs in the inventory" }
             div.figure { a href="/api/v1/nodes" { span.n { (g(allocated)) } } "allocated" }
             div.figure { a href="/api/v1/nodes" { span.n { (g(free)) } } "free" }
-            div.figure { span.n.nodata { (NO_TELEMETRY) } "active" }
+            @match last.and_then(|s| s.active_shares) {
+                Some(a) => div.figure { a href="/metrics" { span.n { (g(a)) } } "active" },
+                None => div.figure { span.n.nodata { (NO_TELEMETRY) } "active" },
+            }
             div.figure {
                 a href="/idle" { span.n { @if let Some(w) = warned_shares { (g(w)) } @else { "–" } } }
                 "held by work an idle rule warned (by heartbeat probes)"
@@ -123,12 +126,12 @@ pub(crate) fn render(data: &FleetData) -> Markup {
         h2 { "GPUs over time" }
         (chart(fleet_chart(data)))
         p.note { "Samples: " (data.samples.len()) ", one per " (super::track::SAMPLE_MS / 1000) " s (the last "
-            (super::track::SAMPLES_MAX) " are kept in memory). Active GPUs: " (NO_TELEMETRY) "." }
+            (super::track::SAMPLES_MAX) " are kept in memory). Active GPUs: where telemetry had readings, else " (NO_TELEMETRY) "." }
         h2 { "Devices" }
         p.legend {
             span.cell.free { "free" } span.cell.part { "partly allocated (%)" }
             span.cell.full { "fully allocated" } span.cell.idle { "idle? — warned by an idle rule" }
-            " Activity per device: " span.nodata { (NO_TELEMETRY) } "."
+            " Activity per device, where a source reports it: " code { "allot_device_activity" } " in /metrics."
         }
         div.scroll { table.heat {
             tr { th { "node" } th colspan="8" { "devices (index: allocation, workloads)" } }
@@ -179,15 +182,29 @@ fn fleet_chart(data: &FleetData) -> Result<String, allot_sim::charts::ChartError
         label: label.to_string(),
         points: data.samples.iter().map(|s| (minutes(s), value(s) as f64 / 1000.0)).collect(),
     };
-    let lines = [
+    let mut lines = vec![
         series("allocated", &|s| s.allocated_shares),
         series("free", &|s| s.free_shares),
         series("free, fits no pending request", &|s| s.stranded_shares),
         series("warned idle", &|s| s.warned_idle_shares),
     ];
+    // Active only where telemetry gave readings: a gap is no telemetry, not 0.
+    let active: Vec<(f64, f64)> = data
+        .samples
+        .iter()
+        .filter_map(|s| Some((minutes(s), s.active_shares? as f64 / 1000.0)))
+        .collect();
+    let telemetry = !active.is_empty();
+    if telemetry {
+        lines.push(Series { label: "active".to_string(), points: active });
+    }
     line_chart_svg(
         "fleet",
-        "GPUs allocated, free and warned idle (active: no telemetry)",
+        if telemetry {
+            "GPUs allocated, active, free and warned idle"
+        } else {
+            "GPUs allocated, free and warned idle (active: no telemetry)"
+        },
         "minutes before now",
         "GPUs",
         &lines,

@@ -106,7 +106,7 @@ pub(crate) fn render(data: &IdleData) -> Markup {
     html! {
         h1 { "Idle" }
         p.note { "Work under an idle rule: warned (still running), being reclaimed, or waiting after a reclaim. "
-            "This daemon collects no GPU telemetry yet; rules see heartbeat probes (" code { "ALLOT_HEARTBEAT_FILE" } ") and missing readings." }
+            "Rules see GPU telemetry where a source reports the workload's devices (" code { "--telemetry" } ", " code { "allot agent" } "), application probes and the heartbeat file (" code { "ALLOT_HEARTBEAT_FILE" } "); without readings the rule's " code { "missing_telemetry" } " decides." }
         @if data.workloads.is_empty() { p.nodata { "No workload is under an idle timer." } } @else {
             div.scroll { table {
                 tr { th { "workload" } th { "project" } th.num { "GPUs" } th { "status" } th.num { "time left" } th { "signal" } th { "confidence" } th { "decision" } }

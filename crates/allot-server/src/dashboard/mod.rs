@@ -52,8 +52,7 @@ const HTMX: &[u8] = include_bytes!("../../assets/htmx.min.js");
 const CSS: &str = include_str!("../../assets/dashboard.css");
 /// Assets are named by version or content, so they can be cached for a year.
 const ASSET_CACHE: &str = "public, max-age=31536000, immutable";
-/// Ledger columns that need telemetry say so instead of showing 0 (no collector exists yet:
-/// every telemetry round reports the readings missing).
+/// Figures that need telemetry say so instead of showing 0 when no source reported readings.
 pub(crate) const NO_TELEMETRY: &str = "no telemetry";
 
 /// Under TLS the session cookie is `Secure`; `run` adds this to the router when it serves HTTPS.

@@ -27,6 +27,8 @@ pub(crate) struct ProjectsData {
     pub rows: Vec<LedgerRow>,
     /// Per project, running workloads an idle rule warned about.
     pub warned: Vec<(String, Vec<Workload>)>,
+    /// Telemetry has had readings: active, idle and useful hours are shown, not "no telemetry".
+    pub telemetry: bool,
 }
 
 pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -70,6 +72,7 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
                 .into_iter()
                 .filter(|r| r.scope == "cluster" || r.scope.starts_with("project:"))
                 .collect(),
+            telemetry: view.telemetry_seen,
             warned,
         }
     };
@@ -140,13 +143,20 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
                     td { (r.scope) }
                     td.num { a href="/api/v1/report" { (hours(r.allocated_gpu_hours)) } }
                     td.num { a href="/api/v1/report" { (hours(r.lost_gpu_hours)) } }
-                    td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) }
+                    @if data.telemetry {
+                        td.num { a href="/api/v1/report" { (hours(r.active_gpu_hours)) } }
+                        td.num { a href="/api/v1/report" { (hours(r.idle_allocated_gpu_hours)) } }
+                        td.num { a href="/api/v1/report" { (hours(r.useful_gpu_hours)) } }
+                        td.num { (r.goodput.map_or("–".to_string(), |g| format!("{:.0} %", g * 100.0))) }
+                    } @else {
+                        td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) }
+                    }
                 }
             }
         } }
         (chart(bars))
         h2 { "Warned idle workloads" }
-        p.note { "Running work an idle rule has warned about (by heartbeat probes; GPU telemetry would rank all work by idle GPU-hours, and is not collected yet)." }
+        p.note { "Running work an idle rule has warned about (by GPU telemetry, probes or missing readings, as each rule says)." }
         @for (project, list) in &data.warned {
             @if !list.is_empty() {
                 p { strong { (project) } ": "

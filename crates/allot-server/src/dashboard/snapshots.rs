@@ -203,6 +203,7 @@ fn snapshot_queue() {
 fn snapshot_workload() {
     let w = warned();
     let data = workload::WorkloadData {
+        telemetry: false,
         now_ms: NOW,
         why: Why {
             id: 3,
@@ -240,6 +241,7 @@ fn snapshot_workload() {
 #[test]
 fn snapshot_projects() {
     let data = projects::ProjectsData {
+        telemetry: false,
         since_ms: NOW - 60 * MIN,
         now_ms: NOW,
         projects: vec![project("nlp", "1", "2"), project("vision", "10", "8")],

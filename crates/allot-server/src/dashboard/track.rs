@@ -56,6 +56,7 @@ impl Tracker {
         now: u64,
         snapshot: impl FnOnce() -> ClusterSnapshot,
         workloads: &BTreeMap<u64, Workload>,
+        active_shares: Option<u64>,
     ) {
         if self.samples.back().is_some_and(|s| now.saturating_sub(s.at_ms) < SAMPLE_MS) {
             return;
@@ -69,7 +70,7 @@ impl Tracker {
             free_shares: snapshot.free_shares,
             stranded_shares: snapshot.fragmented_shares,
             warned_idle_shares,
-            active_shares: None,
+            active_shares,
         });
         while self.samples.len() > SAMPLES_MAX {
             self.samples.pop_front();
@@ -238,6 +239,7 @@ mod tests {
                     snapshot()
                 },
                 &workloads,
+                None,
             );
         }
         assert_eq!(asked, SAMPLES_MAX + 10, "the snapshot is taken only when a sample is due");

@@ -23,6 +23,8 @@ pub(crate) struct WorkloadData {
     pub why: Why,
     pub timeline: Vec<Step>,
     pub ledger: Option<LedgerRow>,
+    /// Telemetry has had readings: active and useful hours are shown.
+    pub telemetry: bool,
 }
 
 pub(crate) async fn page(
@@ -37,7 +39,7 @@ pub(crate) async fn page(
     let Ok(Path(id)) = id else {
         return super::error_page(400, "workload ids are whole numbers, as `allot ls` shows them");
     };
-    let (workload, timeline) = {
+    let (workload, timeline, telemetry) = {
         let view = match read_view(&state) {
             Ok(v) => v,
             Err(r) => return *r,
@@ -51,7 +53,11 @@ pub(crate) async fn page(
                 &format!("{} may not see project {:?}", principal.name, w.project),
             );
         }
-        (w.clone(), view.dashboard.timelines.get(&id).cloned().unwrap_or_default())
+        (
+            w.clone(),
+            view.dashboard.timelines.get(&id).cloned().unwrap_or_default(),
+            view.telemetry_seen,
+        )
     };
     let why = {
         let principal = principal.clone();
@@ -72,7 +78,7 @@ pub(crate) async fn page(
             Err(e) => return http_error_page(&e),
         }
     };
-    let data = WorkloadData { now_ms: super::now_ms(), workload, why, timeline, ledger };
+    let data = WorkloadData { now_ms: super::now_ms(), workload, why, timeline, ledger, telemetry };
     let url = format!("/workload/{id}");
     respond(&headers, &format!("#{id}"), &Frame::of(Tab::Workload, &principal), &url, render(&data))
 }
@@ -122,9 +128,15 @@ pub(crate) fn render(data: &WorkloadData) -> Markup {
                 tr {
                     td.num { a href="/api/v1/report" { (hours(row.allocated_gpu_hours)) } }
                     td.num { a href="/api/v1/report" { (hours(row.lost_gpu_hours)) } }
-                    td.num.nodata { (NO_TELEMETRY) }
-                    td.num.nodata { (NO_TELEMETRY) }
-                    td.num.nodata { (NO_TELEMETRY) }
+                    @if data.telemetry {
+                        td.num { a href="/api/v1/report" { (hours(row.active_gpu_hours)) } }
+                        td.num { a href="/api/v1/report" { (hours(row.useful_gpu_hours)) } }
+                        td.num { (row.goodput.map_or("–".to_string(), |g| format!("{:.0} %", g * 100.0))) }
+                    } @else {
+                        td.num.nodata { (NO_TELEMETRY) }
+                        td.num.nodata { (NO_TELEMETRY) }
+                        td.num.nodata { (NO_TELEMETRY) }
+                    }
                 }
             }
         } @else { p.nodata { "no ledger row yet (it has held no GPUs)" } }

@@ -276,6 +276,10 @@ pub(crate) fn run_probes(table: &ProbeTable, loop_tx: &SyncSender<Request>) {
     let mut last: BTreeMap<u64, u64> = BTreeMap::new();
     let mut failing: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
     loop {
+        // The main loop holds the other handle: once it is gone, so is the prober.
+        if std::sync::Arc::strong_count(table) < 2 {
+            return;
+        }
         let probes: Vec<(u64, allot_api::Probe)> = match table.lock() {
             Ok(t) => t.iter().map(|(id, p)| (*id, p.clone())).collect(),
             Err(_) => return,

@@ -210,29 +210,6 @@ fn signal_group(pgid: u32, signal: Signal) -> Result<(), BackendError> {
     }
 }
 
-/// Finds `program` the way the member's shell will: a path as given, else on `PATH`.
-fn resolve_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return if executable(&p) {
-            Ok(p)
-        } else {
-            Err(format!("program {program:?} does not exist or is not executable"))
-        };
-    }
-    let path_var = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
-    path_var
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(program))
-        .find(|p| executable(p))
-        .ok_or_else(|| format!("program {program:?} not found on PATH ({path_var})"))
-}
-
 /// The device variables for one member. NVIDIA: UUIDs when every device has one, else indices
 /// (with `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so indices mean what NVML means); a MIG instance is
 /// only addressable by its `MIG-` UUID. AMD: indices in `HIP_VISIBLE_DEVICES` and
@@ -395,7 +372,7 @@ impl LocalBackend {
             }
         }
         let path_var = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok());
-        resolve_program(program, path_var.as_deref()).err()
+        allot_backend::resolve_program(program, path_var.as_deref()).err()
     }
 
     fn member_env(&self, member: &MemberLaunch) -> Result<BTreeMap<String, String>, String> {

@@ -31,7 +31,6 @@ mod clock {
 }
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use allot_backend::{Backend, BackendError, Launch, Observation, RunId, StopSignal};
@@ -452,7 +451,7 @@ impl SlurmBackend {
         }
         if self.config.verify_program {
             let path_var = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok());
-            return resolve_program(program, path_var.as_deref()).err();
+            return allot_backend::resolve_program(program, path_var.as_deref()).err();
         }
         None
     }
@@ -694,29 +693,6 @@ fn node_shape(launch: &Launch) -> BTreeMap<String, (usize, usize)> {
         e.1 += m.devices.len();
     }
     shape
-}
-
-/// Finds `program` as a shell would: a path as given, else on `PATH`.
-fn resolve_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return if executable(&p) {
-            Ok(p)
-        } else {
-            Err(format!("program {program:?} does not exist or is not executable"))
-        };
-    }
-    let path_var = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
-    path_var
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(program))
-        .find(|p| executable(p))
-        .ok_or_else(|| format!("program {program:?} not found on PATH ({path_var})"))
 }
 
 impl Backend for SlurmBackend {

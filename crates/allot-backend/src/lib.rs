@@ -136,3 +136,28 @@ pub trait Backend: Send {
     /// a detail saying the status is unknown, or `LaunchFailed` if it never started).
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError>;
 }
+
+/// Finds `program` as a shell would: a path as given, else on `PATH` (`path_var`; `None`:
+/// `/usr/local/bin:/usr/bin:/bin`). Backends check it before they start anything, so a missing
+/// program is a failed launch with its reason, not a member that exits 127.
+pub fn resolve_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return if executable(&p) {
+            Ok(p)
+        } else {
+            Err(format!("program {program:?} does not exist or is not executable"))
+        };
+    }
+    let path_var = path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| std::path::Path::new(d).join(program))
+        .find(|p| executable(p))
+        .ok_or_else(|| format!("program {program:?} not found on PATH ({path_var})"))
+}

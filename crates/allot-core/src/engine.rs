@@ -172,6 +172,33 @@ pub(crate) struct WorkloadState {
 }
 
 impl WorkloadState {
+    /// A workload just submitted (pending, queued from `now`), as `Engine::resolve` placed it.
+    fn new(
+        spec: WorkloadSpec,
+        (project, priority, preemptible, models): (ProjectId, i32, bool, Vec<ModelId>),
+        now: Timestamp,
+    ) -> WorkloadState {
+        WorkloadState {
+            project,
+            priority,
+            preemptible,
+            models,
+            stage: Stage::Pending,
+            stop_kind: None,
+            queued_at: now,
+            pending_since: now,
+            allocation: None,
+            last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
+            waiting_for: BTreeSet::new(),
+            preemptions: 0,
+            idle_reclaims: 0,
+            resume_at: None,
+            idle_suspended_at: None,
+            probed: false,
+            spec,
+        }
+    }
+
     fn queue_key(&self) -> QueueKey {
         (Reverse(self.priority), self.queued_at, self.spec.id)
     }
@@ -835,25 +862,7 @@ impl Engine {
             }
         };
         self.note_demand(&spec);
-        let state = WorkloadState {
-            project,
-            priority,
-            preemptible,
-            models,
-            stage: Stage::Pending,
-            stop_kind: None,
-            queued_at: now,
-            pending_since: now,
-            allocation: None,
-            last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
-            waiting_for: BTreeSet::new(),
-            preemptions: 0,
-            idle_reclaims: 0,
-            resume_at: None,
-            idle_suspended_at: None,
-            probed: false,
-            spec,
-        };
+        let state = WorkloadState::new(spec, (project, priority, preemptible, models), now);
         self.queues[project.0 as usize].insert(state.queue_key());
         self.workloads.insert(id, state);
     }
@@ -880,25 +889,9 @@ impl Engine {
             }
         };
         let shares = spec.total_shares();
-        let state = WorkloadState {
-            project,
-            priority,
-            preemptible,
-            models,
-            stage: Stage::Running,
-            stop_kind: None,
-            queued_at: now,
-            pending_since: now,
-            allocation: Some(Allocation { key, placement, shares, started_at: Some(now) }),
-            last_checkpoint_at: spec.checkpointing.and_then(|c| c.last_checkpoint_at),
-            waiting_for: BTreeSet::new(),
-            preemptions: 0,
-            idle_reclaims: 0,
-            resume_at: None,
-            idle_suspended_at: None,
-            probed: false,
-            spec,
-        };
+        let mut state = WorkloadState::new(spec, (project, priority, preemptible, models), now);
+        state.stage = Stage::Running;
+        state.allocation = Some(Allocation { key, placement, shares, started_at: Some(now) });
         if let Some(max) = state.spec.max_runtime_ms {
             self.deadlines.insert((Timestamp(now.0.saturating_add(max)), id));
         }

@@ -4,10 +4,10 @@
 #![allow(clippy::disallowed_methods)] // deadlines for real processes
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use allot_backend::contract::{self, Harness};
+use allot_backend::contract::{self, Harness, sh};
 
 use super::*;
 
@@ -34,12 +34,6 @@ impl LocalHarness {
     }
 }
 
-fn sh(script: &str, args: &[&Path]) -> Vec<String> {
-    let mut argv = vec!["sh".to_string(), "-c".to_string(), script.to_string()];
-    argv.extend(args.iter().map(|p| p.to_string_lossy().into_owned()));
-    argv
-}
-
 impl Harness for LocalHarness {
     type B = LocalBackend;
 
@@ -48,24 +42,6 @@ impl Harness for LocalHarness {
     }
     fn node(&self) -> String {
         NODE.to_string()
-    }
-    fn program_sleep(&self, seconds: u32) -> Vec<String> {
-        vec!["sleep".to_string(), seconds.to_string()]
-    }
-    fn program_exit(&self, code: i32) -> Vec<String> {
-        sh(&format!("exit {code}"), &[])
-    }
-    fn program_trap_checkpoint(&self, ready: &Path, marker: &Path) -> Vec<String> {
-        sh(
-            "trap 'touch \"$1\"; exit 0' USR1; touch \"$0\"; while :; do sleep 0.1; done",
-            &[ready, marker],
-        )
-    }
-    fn program_ignore_terminate(&self, ready: &Path) -> Vec<String> {
-        sh("trap '' TERM; touch \"$0\"; while :; do sleep 0.1; done", &[ready])
-    }
-    fn program_missing(&self) -> Vec<String> {
-        vec!["allot-test-no-such-program".to_string()]
     }
     fn settle(&mut self) {
         std::thread::sleep(Duration::from_millis(20));

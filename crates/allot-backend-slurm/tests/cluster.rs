@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use allot_backend::contract::{self, Harness};
+use allot_backend::contract::{self, Harness, sh};
 use allot_backend::{
     Backend, DeviceAssignment, Launch, MemberLaunch, Observation, RunId, StopSignal, Vendor,
 };
@@ -69,12 +69,6 @@ impl SlurmHarness {
     }
 }
 
-fn sh(script: &str, args: &[&Path]) -> Vec<String> {
-    let mut argv = vec!["sh".to_string(), "-c".to_string(), script.to_string()];
-    argv.extend(args.iter().map(|p| p.to_string_lossy().into_owned()));
-    argv
-}
-
 impl Harness for SlurmHarness {
     type B = SlurmBackend;
 
@@ -83,24 +77,6 @@ impl Harness for SlurmHarness {
     }
     fn node(&self) -> String {
         self.node.clone()
-    }
-    fn program_sleep(&self, seconds: u32) -> Vec<String> {
-        vec!["sleep".to_string(), seconds.to_string()]
-    }
-    fn program_exit(&self, code: i32) -> Vec<String> {
-        sh(&format!("exit {code}"), &[])
-    }
-    fn program_trap_checkpoint(&self, ready: &Path, marker: &Path) -> Vec<String> {
-        sh(
-            "trap 'touch \"$1\"; exit 0' USR1; touch \"$0\"; while :; do sleep 0.1; done",
-            &[ready, marker],
-        )
-    }
-    fn program_ignore_terminate(&self, ready: &Path) -> Vec<String> {
-        sh("trap '' TERM; touch \"$0\"; while :; do sleep 0.1; done", &[ready])
-    }
-    fn program_missing(&self) -> Vec<String> {
-        vec!["allot-test-no-such-program".to_string()]
     }
     fn settle(&mut self) {
         std::thread::sleep(Duration::from_millis(200));

@@ -32,22 +32,38 @@ pub trait Harness {
     /// The node name members are launched on.
     fn node(&self) -> String;
 
+    // The programs default to POSIX `sh` scripts, for backends that run real processes; a
+    // simulated host overrides them.
+
     /// A program that runs `seconds` and exits 0.
-    fn program_sleep(&self, seconds: u32) -> Vec<String>;
+    fn program_sleep(&self, seconds: u32) -> Vec<String> {
+        vec!["sleep".to_string(), seconds.to_string()]
+    }
 
     /// A program that exits at once with `code`.
-    fn program_exit(&self, code: i32) -> Vec<String>;
+    fn program_exit(&self, code: i32) -> Vec<String> {
+        sh(&format!("exit {code}"), &[])
+    }
 
     /// A program that creates `ready` once it handles the checkpoint signal, and on that signal
     /// creates `marker` and exits 0.
-    fn program_trap_checkpoint(&self, ready: &Path, marker: &Path) -> Vec<String>;
+    fn program_trap_checkpoint(&self, ready: &Path, marker: &Path) -> Vec<String> {
+        sh(
+            "trap 'touch \"$1\"; exit 0' USR1; touch \"$0\"; while :; do sleep 0.1; done",
+            &[ready, marker],
+        )
+    }
 
     /// A program that creates `ready` once it ignores the terminate signal, then runs until
     /// killed.
-    fn program_ignore_terminate(&self, ready: &Path) -> Vec<String>;
+    fn program_ignore_terminate(&self, ready: &Path) -> Vec<String> {
+        sh("trap '' TERM; touch \"$0\"; while :; do sleep 0.1; done", &[ready])
+    }
 
     /// A program that does not exist.
-    fn program_missing(&self) -> Vec<String>;
+    fn program_missing(&self) -> Vec<String> {
+        vec!["allot-test-no-such-program".to_string()]
+    }
 
     /// Let a little time pass (a few milliseconds, or one step of a simulated host).
     fn settle(&mut self);
@@ -57,6 +73,13 @@ pub trait Harness {
 
     /// A directory for logs and marker files, alive as long as the harness.
     fn tmp_dir(&self) -> PathBuf;
+}
+
+/// `sh -c SCRIPT ARGS…`: the paths become `$0`, `$1`, ….
+pub fn sh(script: &str, args: &[&Path]) -> Vec<String> {
+    let mut argv = vec!["sh".to_string(), "-c".to_string(), script.to_string()];
+    argv.extend(args.iter().map(|p| p.to_string_lossy().into_owned()));
+    argv
 }
 
 /// Every rule with its name, in the order `run_all` runs them.

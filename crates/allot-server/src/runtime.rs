@@ -919,10 +919,7 @@ impl Loop {
             for reading in readings {
                 let gpus = f64::from(reading.shares) / 1000.0;
                 *measured.entry(r.spec.project.clone()).or_default() += gpus;
-                let busy = reading.best_signal().is_some_and(|(_, v)| {
-                    u64::from(v) * 1000 >= u64::from(ACTIVE_PERMILLE) * u64::from(reading.shares)
-                });
-                if busy {
+                if crate::telemetry::busy(reading, ACTIVE_PERMILLE) {
                     *active.entry(r.spec.project.clone()).or_default() += gpus;
                 }
             }

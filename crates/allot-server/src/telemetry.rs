@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use allot_api::{ApiError, TelemetrySample, limits};
 use allot_core::idle::DeviceReading;
-use allot_telemetry::attribution::{Allocation, attribute};
+use allot_telemetry::attribution::Allocation;
 use allot_telemetry::collect::Source;
 use allot_telemetry::schedule::CollectorSchedule;
 use allot_telemetry::{DeviceIdentity, Sample, Vendor};
@@ -80,7 +80,7 @@ impl Latest {
         for s in samples {
             let id = &s.identity;
             let (Some(host), Some(index)) = (id.hostname.clone(), id.gpu_index) else { continue };
-            let key = (host, index, id.mig_instance, id.amd_partition);
+            let key = device_key(host, index, id.mig_instance, id.amd_partition);
             let newer = self.samples.get(&key).is_none_or(|old| old.at_ms <= s.at_ms);
             if newer {
                 self.samples.insert(key, s);
@@ -100,48 +100,53 @@ impl Latest {
         owner_of: impl Fn(u32) -> Option<u64>,
     ) -> BTreeMap<u64, Vec<DeviceReading>> {
         self.samples.retain(|_, s| s.at_ms.is_some_and(|t| t + SAMPLE_FRESH_MS >= now_ms));
-        let samples: Vec<Sample> = self.samples.values().cloned().collect();
-        let mut readings = attribute(&samples, allocations);
-        let device =
-            |a: &Allocation| (a.node.clone(), a.device_index, a.mig_instance, a.amd_partition);
+        let device = |a: &Allocation| {
+            device_key(a.node.clone(), a.device_index, a.mig_instance, a.amd_partition)
+        };
         let mut sharers: BTreeMap<DeviceKey, usize> = BTreeMap::new();
         for a in allocations {
             *sharers.entry(device(a)).or_default() += 1;
         }
-        // `attribute` keeps each workload's readings in allocation order.
-        let mut nth: BTreeMap<u64, usize> = BTreeMap::new();
+        // One lookup per allocation in the newest-sample index (no scan of every sample).
+        let mut readings: BTreeMap<u64, Vec<DeviceReading>> = BTreeMap::new();
         for a in allocations {
-            let k = nth.entry(a.workload.0).or_default();
-            let index = *k;
-            *k += 1;
-            if sharers.get(&device(a)).is_none_or(|n| *n < 2) {
-                continue;
-            }
-            let Some(sample) = self.samples.get(&device(a)).filter(|s| s.processes_listed) else {
-                continue;
-            };
-            let own = sample
-                .processes
-                .iter()
-                .filter(|p| owner_of(p.pid) == Some(a.workload.0))
-                .filter_map(|p| p.sm_util_permille)
-                .max()
-                .unwrap_or(0);
-            if let Some(r) = readings.get_mut(&a.workload).and_then(|r| r.get_mut(index)) {
+            let key = device(a);
+            let sample = self.samples.get(&key);
+            let mut reading = sample.map_or(
+                DeviceReading { member: a.member, shares: a.shares, ..DeviceReading::default() },
+                |s| s.device_reading(a.member, a.shares),
+            );
+            let shared = sharers.get(&key).is_some_and(|n| *n > 1);
+            if let Some(s) = sample.filter(|s| shared && s.processes_listed) {
+                let own = s
+                    .processes
+                    .iter()
+                    .filter(|p| owner_of(p.pid) == Some(a.workload.0))
+                    .filter_map(|p| p.sm_util_permille)
+                    .max()
+                    .unwrap_or(0);
                 // Permille of the device, as every reading; the idle rule weighs it by share.
-                r.sm_active = None;
-                r.engine_active = None;
-                r.utilisation = Some(own.min(1000));
+                reading.sm_active = None;
+                reading.engine_active = None;
+                reading.utilisation = Some(own.min(1000));
             }
+            readings.entry(a.workload.0).or_default().push(reading);
         }
-        let by_workload: BTreeMap<u64, Vec<DeviceReading>> = readings
-            .into_iter()
-            .filter(|(_, readings)| readings.iter().any(|r| r.best_signal().is_some()))
-            .map(|(w, readings)| (w.0, readings))
-            .collect();
-        self.readings.clone_from(&by_workload);
-        by_workload
+        readings.retain(|_, r| r.iter().any(|r| r.best_signal().is_some()));
+        self.readings.clone_from(&readings);
+        readings
     }
+}
+
+/// Whether a reading shows at least `threshold` permille of its share busy.
+pub(crate) fn busy(r: &DeviceReading, threshold: u16) -> bool {
+    r.best_signal()
+        .is_some_and(|(_, v)| u64::from(v) * 1000 >= u64::from(threshold) * u64::from(r.shares))
+}
+
+/// A device's key; an unpartitioned AMD GPU is reported as partition 0 or not at all.
+fn device_key(host: String, index: u32, mig: Option<u32>, partition: Option<u32>) -> DeviceKey {
+    (host, index, mig, partition.filter(|p| *p != 0))
 }
 
 impl Latest {
@@ -151,13 +156,13 @@ impl Latest {
         if self.readings.is_empty() {
             return None;
         }
-        let busy = |r: &DeviceReading| {
-            r.best_signal().is_some_and(|(_, v)| {
-                u64::from(v) * 1000 >= u64::from(threshold) * u64::from(r.shares)
-            })
-        };
         Some(
-            self.readings.values().flatten().filter(|r| busy(r)).map(|r| u64::from(r.shares)).sum(),
+            self.readings
+                .values()
+                .flatten()
+                .filter(|r| busy(r, threshold))
+                .map(|r| u64::from(r.shares))
+                .sum(),
         )
     }
 }

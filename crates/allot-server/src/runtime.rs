@@ -209,6 +209,8 @@ pub(crate) struct Loop {
     pub snapshot_every: u64,
     /// The seq of the latest snapshot (0: none).
     snapshot_seq: u64,
+    /// The log's last seq (kept by `append`, so a cycle asks the store nothing).
+    last_seq: u64,
     /// The newest sample per device, and the last round's attribution.
     pub telemetry: crate::telemetry::Latest,
     /// Running workloads' application probes, for the prober thread.
@@ -261,6 +263,7 @@ impl Loop {
             awaiting_admission: BTreeMap::new(),
             snapshot_every: SNAPSHOT_EVERY,
             snapshot_seq: 0,
+            last_seq: 0,
             cycles_since_snapshot: 0,
             telemetry: crate::telemetry::Latest::default(),
             probe_table: crate::telemetry::ProbeTable::default(),
@@ -271,6 +274,7 @@ impl Loop {
     /// Replays the log into the daemon state (nothing is executed), then asks the backend
     /// what became of the runs the log says were live, and logs what it says.
     pub(crate) fn recover(&mut self) -> anyhow::Result<u64> {
+        self.last_seq = self.store.last_seq()?;
         let mut after = 0;
         let mut replayed = 0u64;
         if let Some(snapshot) = self.store.latest_snapshot()? {
@@ -384,7 +388,7 @@ impl Loop {
         let mut result = Ok(0);
         let seconds = elapsed_s(|| result = self.store.append(&records));
         self.metrics.log_append_seconds.observe(seconds);
-        result?;
+        self.last_seq = result?;
         Ok(())
     }
 
@@ -777,7 +781,7 @@ impl Loop {
     /// fatal: the log is still whole.
     fn maybe_snapshot(&mut self, now: u64) -> anyhow::Result<()> {
         self.cycles_since_snapshot += 1;
-        let last = self.store.last_seq()?;
+        let last = self.last_seq;
         if last.saturating_sub(self.snapshot_seq) < self.snapshot_every
             && self.cycles_since_snapshot < (self.snapshot_every / 100).max(1)
         {

@@ -19,7 +19,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::{Counters, Daemon, Intent, Record, StopPlan, known};
+use crate::daemon::{Counters, Daemon, Intent, Record, StopPlan};
 use crate::submit;
 
 /// Bumped when the body's meaning changes; another version's snapshot is not read.
@@ -137,7 +137,6 @@ impl Daemon {
         let ledger_bytes = BASE64.decode(&body.ledger).context("the snapshot's ledger state")?;
         daemon.ledger = Ledger::from_state(&ledger_bytes)
             .map_err(|e| anyhow!("the snapshot's ledger state: {e}"))?;
-        daemon.known = known(&daemon.nodes, &policy);
         for saved in body.workloads {
             let spec = submit::to_spec(saved.id, &saved.user, &saved.request, &daemon.known)
                 .unwrap_or_else(|_| rejected_spec(saved.id, &saved.user, &saved.request));

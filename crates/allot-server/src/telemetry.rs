@@ -1,7 +1,7 @@
 //! GPU activity into the daemon: a collector thread reads this host's sources (NVML, amdgpu
 //! sysfs, exporter pages, Prometheus) and node agents post theirs (`POST /api/v1/telemetry`);
 //! the main loop keeps the newest sample per device and, every telemetry round, attributes
-//! them to the running workloads' devices (`allot_telemetry::attribution`). What it attributes
+//! them to the running workloads' devices by node and device index. What it attributes
 //! is logged (`Entry::Sampled`) before the engine sees it, so a replay judges idleness on the
 //! same readings.
 

@@ -105,6 +105,7 @@ fn launch_in(
         env: BTreeMap::from([("EXTRA".to_string(), "from-the-daemon".to_string())]),
         members,
         log_dir: run_log_dir(&h.state_dir(), run),
+        adopt: None,
     }
 }
 

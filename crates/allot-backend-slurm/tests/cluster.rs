@@ -148,6 +148,7 @@ fn recover_after_restart_with_slurms_exit_codes() {
         env: BTreeMap::new(),
         members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
+        adopt: None,
     };
     let running = launch_of(&h, still_running, h.program_sleep(30));
     let ending = launch_of(&h, ends_while_down, h.program_sleep(1));
@@ -242,6 +243,7 @@ fn requeue_runs_the_same_job_again_as_the_next_attempt() {
         env: BTreeMap::new(),
         members: vec![MemberLaunch { node: "node2".into(), devices: vec![gpu(0), gpu(1)] }],
         log_dir: h.tmp_dir().join("logs"),
+        adopt: None,
     };
     backend.launch(&launch).expect("launch");
     let mut seen = Vec::new();
@@ -378,6 +380,7 @@ fn launch_places_members_on_the_chosen_nodes_with_gres_and_env() {
         ]),
         members: vec![member("node3"), member("node4")],
         log_dir: log_dir.clone(),
+        adopt: None,
     };
     backend.inventory().expect("inventory for the GRES type");
     let args = backend.sbatch_args(&launch);
@@ -427,6 +430,7 @@ fn uneven_members_and_fractional_gpus_fail_the_launch() {
             MemberLaunch { node: "node2".into(), devices: vec![gpu(0), gpu(1)] },
         ],
         log_dir: h.tmp_dir().join("logs"),
+        adopt: None,
     };
     backend.launch(&base).expect("launch");
     let mut half = gpu(0);
@@ -463,6 +467,7 @@ fn a_job_left_held_by_a_dead_daemon_is_released_on_adoption() {
         env: BTreeMap::new(),
         members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
+        adopt: None,
     };
     {
         // Submitted held; the daemon dies before the poll that would release them.
@@ -502,6 +507,7 @@ fn stopping_a_run_not_yet_released_cancels_it() {
             env: BTreeMap::new(),
             members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
             log_dir: h.tmp_dir().join("logs"),
+            adopt: None,
         })
         .expect("launch");
     // A checkpoint of a run that never ran does nothing; a terminate cancels the held job.

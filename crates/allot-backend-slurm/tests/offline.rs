@@ -31,6 +31,7 @@ fn launch(members: Vec<MemberLaunch>) -> Launch {
         env: BTreeMap::from([("ALLOT_PROJECT".to_string(), "vision".to_string())]),
         members,
         log_dir: PathBuf::from("/shared/allot/logs/42.3"),
+        adopt: None,
     }
 }
 

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use allot_core::NodeSpec;
 
-use crate::{Backend, BackendError, Launch, Observation, RunId, StopSignal};
+use crate::{
+    Backend, BackendError, ClusterNews, ForeignWork, Launch, NodeStatus, Observation, RunId,
+    StopSignal,
+};
 
 /// Detail of a run ended by Terminate or Kill.
 pub const DETAIL_SIGNALLED: &str = "terminated by signal";
@@ -48,6 +51,14 @@ struct World {
     fail_next_launch: Option<String>,
     missing_programs: BTreeSet<String>,
     next_pid: u32,
+    /// Nodes made unusable by a test, with the reason.
+    unusable: std::collections::BTreeMap<String, String>,
+    /// Work on the cluster that allot did not start and no launch took over, by handle.
+    foreign: std::collections::BTreeMap<String, ForeignWork>,
+    /// Whether `requeue` keeps the work (as Slurm does) or is refused (as on a host).
+    requeue_supported: bool,
+    /// (run, next) of every requeue, in order.
+    requeues: Vec<(RunId, RunId)>,
 }
 
 #[derive(Debug)]
@@ -150,6 +161,41 @@ impl FakeControl {
 
     pub fn run(&self, run: RunId) -> Option<FakeRun> {
         lock(&self.world).find(run).map(|r| r.run.clone())
+    }
+
+    /// Work appears on the cluster that allot did not start (as a job submitted to Slurm
+    /// directly). Pending work (`running` empty) is held, as the Slurm backend holds it.
+    pub fn add_foreign(&self, work: ForeignWork) {
+        lock(&self.world).foreign.insert(work.handle.clone(), work);
+    }
+
+    /// Foreign work ends (or is cancelled) before a launch took it over. False if unknown.
+    pub fn end_foreign(&self, handle: &str) -> bool {
+        lock(&self.world).foreign.remove(handle).is_some()
+    }
+
+    /// Foreign work no launch has taken over yet, by handle.
+    pub fn foreign(&self) -> Vec<ForeignWork> {
+        lock(&self.world).foreign.values().cloned().collect()
+    }
+
+    /// The node becomes unusable for new work (`Some(reason)`: drained, down) or usable again.
+    pub fn set_node_unusable(&self, node: &str, reason: Option<&str>) {
+        let mut world = lock(&self.world);
+        match reason {
+            Some(r) => world.unusable.insert(node.to_string(), r.to_string()),
+            None => world.unusable.remove(node),
+        };
+    }
+
+    /// From now on `requeue` keeps the work for its next attempt, as the Slurm backend does.
+    pub fn support_requeue(&self) {
+        lock(&self.world).requeue_supported = true;
+    }
+
+    /// Every (run, next) requeued, in order.
+    pub fn requeues(&self) -> Vec<(RunId, RunId)> {
+        lock(&self.world).requeues.clone()
     }
 
     /// The signals the run received, in order (empty for an unknown run).
@@ -265,7 +311,15 @@ impl Backend for FakeBackend {
             self.pending.push(observation);
             return Ok(());
         }
-        let (state, pids) = match Self::refusal(&mut world, launch) {
+        let adopted = launch.adopt.as_ref().map(|h| world.foreign.remove(h).ok_or(h));
+        let refusal = match adopted {
+            Some(Err(handle)) => Some(format!(
+                "no foreign work {handle:?} to take over: it ended or was taken over before"
+            )),
+            Some(Ok(_)) => None,
+            None => Self::refusal(&mut world, launch),
+        };
+        let (state, pids) = match refusal {
             Some(error) => (FakeRunState::LaunchFailed { error }, Vec::new()),
             None => {
                 let first = world.next_pid;
@@ -342,6 +396,51 @@ impl Backend for FakeBackend {
             }
         }
         Ok(observations)
+    }
+
+    fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
+        let world = lock(&self.world);
+        let nodes = world
+            .nodes
+            .iter()
+            .map(|n| NodeStatus {
+                node: n.name.clone(),
+                usable: !world.unusable.contains_key(&n.name),
+                reason: world.unusable.get(&n.name).cloned().unwrap_or_else(|| "idle".into()),
+            })
+            .collect();
+        Ok(ClusterNews { nodes, foreign: world.foreign.values().cloned().collect() })
+    }
+
+    /// Like Slurm: the run stops (reported `Exited` with code `None`) and `next` is launched
+    /// later as usual. Refused unless the test called [`FakeControl::support_requeue`].
+    fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
+        if !self.watching(run) {
+            return Err(BackendError::UnknownRun { run });
+        }
+        let mut world = lock(&self.world);
+        if !world.requeue_supported {
+            return Ok(false);
+        }
+        world.requeues.push((run, next));
+        if let Some(r) = world.find_mut(run).filter(|r| r.run.state == FakeRunState::Running) {
+            r.run.state =
+                FakeRunState::Exited { code: None, detail: format!("requeued as {next}") };
+        }
+        Ok(true)
+    }
+
+    /// Running foreign work goes back to the queue, held: pending foreign work again.
+    fn return_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        let mut world = lock(&self.world);
+        match world.foreign.get_mut(handle) {
+            Some(work) => {
+                work.running.clear();
+                work.started_ms = None;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {
@@ -522,6 +621,7 @@ mod tests {
                 MemberLaunch { node: "n1".to_string(), devices: Vec::new() },
             ],
             log_dir: PathBuf::from("/nonexistent"),
+            adopt: None,
         }
     }
 

@@ -43,6 +43,12 @@ pub struct Launch {
     pub members: Vec<MemberLaunch>,
     /// Where the members' stdout/stderr go (`member-N.log` inside).
     pub log_dir: PathBuf,
+    /// Take over existing work instead of starting new: the handle of work the backend
+    /// reported through [`Backend::watch_cluster`] (a Slurm job id). Running work is watched
+    /// from now on as this run (`Started` is reported); pending work the backend held is moved
+    /// onto `members`' nodes and released. `command` is then informational.
+    #[serde(default)]
+    pub adopt: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -99,6 +105,46 @@ impl Observation {
     }
 }
 
+/// What a backend sees of its cluster beyond allot's own runs (see [`Backend::watch_cluster`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterNews {
+    /// Every node the backend governs, with its state now (not only changes).
+    pub nodes: Vec<NodeStatus>,
+    /// Every piece of work now on the cluster that allot did not start and no launch has taken
+    /// over yet.
+    pub foreign: Vec<ForeignWork>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub node: String,
+    /// Whether new work may be placed there (Slurm: not down, drained, draining or failing).
+    pub usable: bool,
+    /// The backend's words for the state (`DRAIN: bad GPU 3`), for the operator.
+    pub reason: String,
+}
+
+/// Work found on the cluster that allot did not start (a job submitted to Slurm directly).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignWork {
+    /// The backend's stable id for it (a Slurm job id): what [`Launch::adopt`] names.
+    pub handle: String,
+    pub name: String,
+    /// The project it is charged to (the Slurm account).
+    pub project: String,
+    pub user: String,
+    /// Running: its members where they run, with the devices they hold. Empty: pending — the
+    /// backend holds it (it must not start on its own) until a launch adopts it.
+    pub running: Vec<MemberLaunch>,
+    /// What it asks for, for pending work: `nodes` members of `gpus_per_node` whole GPUs.
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    /// The GPU model (Slurm GRES type) it asks for, if it names one.
+    pub model: Option<String>,
+    /// When it started running (ms since the Unix epoch), if it runs.
+    pub started_ms: Option<u64>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("{run}: no such run on this backend")]
@@ -135,6 +181,31 @@ pub trait Backend: Send {
     /// reported for each) and reports every other one honestly (`Exited` with `code: None` and
     /// a detail saying the status is unknown, or `LaunchFailed` if it never started).
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError>;
+
+    /// Node states and foreign work now, for a daemon that governs a shared cluster. Called
+    /// every few seconds; it may be slower than `poll`. Backends that own their host see
+    /// nothing (the default).
+    fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
+        Ok(ClusterNews::default())
+    }
+
+    /// Stops `run` so that the same work continues later as `next` (pre-emption with requeue):
+    /// the backend keeps it (Slurm: the same job, requeued and held) and `launch` of `next`
+    /// restarts it on the launch's nodes. `run` is reported `Exited` once it stopped. Send the
+    /// checkpoint signal and wait its grace first. `Ok(false)`: the backend cannot; the daemon
+    /// terminates `run` and launches `next` afresh (the default).
+    fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
+        let _ = (run, next);
+        Ok(false)
+    }
+
+    /// Puts running foreign work that allot refused to adopt (its devices are taken or its
+    /// project is over quota) back in the queue, held, so that it comes back through
+    /// `watch_cluster` as pending work to admit. `Ok(false)`: the backend cannot.
+    fn return_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        let _ = handle;
+        Ok(false)
+    }
 }
 
 /// Finds `program` as a shell would: a path as given, else on `PATH` (`path_var`; `None`:

@@ -700,6 +700,7 @@ impl Daemon {
             env,
             members,
             log_dir,
+            adopt: None,
         };
         record.launch = Some(launch.clone());
         record.started_ms = None;

@@ -523,6 +523,9 @@ impl Engine {
     pub fn project_name(&self, id: ProjectId) -> &str {
         self.projects.get(id.0 as usize).map_or("?", |p| p.name.as_str())
     }
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.model_index.get(name).copied()
+    }
     pub fn project_id(&self, name: &str) -> Option<ProjectId> {
         self.project_index.get(name).copied()
     }

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use allot_api::{ApiError, SubmitRequest, WorkloadState};
 use allot_backend::{DeviceAssignment, Launch, MemberLaunch, RunId, StopSignal, Vendor};
 use allot_core::ledger::Ledger;
-use allot_core::{Decision, Engine, Event, Placement, Stage, Timestamp, WorkloadId};
+use allot_core::{
+    Decision, Engine, Event, Placement, PreemptionMode, Stage, Timestamp, WorkloadId,
+};
 use allot_core::{NodeSpec, PolicySpec, WorkloadSpec};
 
 use serde::{Deserialize, Serialize};
@@ -54,6 +56,9 @@ pub(crate) struct Record {
     pub last_checkpoint_ms: Option<u64>,
     /// The last use a probe (or the heartbeat file) reported.
     pub last_activity_ms: Option<u64>,
+    /// Imported from the cluster (`Entry::Imported`): the backend's handle of it (a Slurm job
+    /// id). Every run of it takes that work over instead of starting a program.
+    pub foreign: Option<String>,
 }
 
 /// A stop under way: when to escalate.
@@ -64,6 +69,21 @@ pub(crate) struct StopPlan {
     pub kill_at: u64,
     pub term_sent: bool,
     pub kill_sent: bool,
+    /// The work runs again later (pre-empted, reclaimed or suspended, not cancelled or
+    /// deleted): instead of SIGTERM the backend is asked to requeue `run` as this next run,
+    /// which keeps the work where the backend can (a Slurm job requeued and held).
+    #[serde(default)]
+    pub requeue_as: Option<RunId>,
+}
+
+impl StopPlan {
+    /// The step that ends the run: a requeue when the work resumes later, else SIGTERM.
+    pub(crate) fn terminate(&self) -> Command {
+        match self.requeue_as {
+            Some(next) => Command::Requeue { run: self.run, next },
+            None => Command::Signal(self.run, StopSignal::Terminate),
+        }
+    }
 }
 
 /// What the caller must do outside, after the entries that caused it are durable.
@@ -71,6 +91,15 @@ pub(crate) struct StopPlan {
 pub(crate) enum Command {
     Launch(Launch),
     Signal(RunId, StopSignal),
+    /// Stop `run` keeping the work for `next` (`Backend::requeue`); a backend that cannot
+    /// gets SIGTERM instead.
+    Requeue {
+        run: RunId,
+        next: RunId,
+    },
+    /// Running foreign work the engine refused to adopt goes back to the queue, held
+    /// (`Backend::return_foreign`), to be imported again as pending work.
+    ReturnForeign(String),
 }
 
 /// Counters for `/metrics`, all derived from the log (so they survive a restart).
@@ -107,6 +136,10 @@ pub(crate) struct Daemon {
     /// The policy in effect: the one the log started with, or the last one applied.
     pub policy_source: String,
     pub policy_text: String,
+    /// Nodes the backend reports unusable for new work, with its reason (`Entry::NodeState`).
+    pub unusable_nodes: BTreeMap<String, String>,
+    /// The newest workload imported for each foreign handle.
+    pub foreign_ids: BTreeMap<String, u64>,
 }
 
 /// The names a submission may use under `policy` on `nodes`.
@@ -157,6 +190,8 @@ impl Daemon {
             data_dir,
             policy_source,
             policy_text,
+            unusable_nodes: BTreeMap::new(),
+            foreign_ids: BTreeMap::new(),
         })
     }
 
@@ -247,7 +282,7 @@ impl Daemon {
         }
     }
 
-    fn event(&mut self, now: u64, event: Event) {
+    pub(crate) fn event(&mut self, now: u64, event: Event) {
         self.ledger.event(Timestamp(now), &event);
         self.engine.apply(Timestamp(now), event);
     }
@@ -308,6 +343,7 @@ impl Daemon {
                         pids: Vec::new(),
                         last_checkpoint_ms: None,
                         last_activity_ms: None,
+                        foreign: None,
                     },
                 );
                 self.changed.insert(*id);
@@ -364,7 +400,8 @@ impl Daemon {
                 }
                 record.pids.clone_from(pids);
                 if record.state == WorkloadState::Starting {
-                    record.started_ms = Some(now);
+                    // Adopted work keeps the start time the cluster reported.
+                    record.started_ms.get_or_insert(now);
                     self.set_state(*id, WorkloadState::Running, now);
                 }
                 self.changed.insert(*id);
@@ -418,6 +455,37 @@ impl Daemon {
             }
             Entry::Exited { id, attempt, code, detail } => {
                 self.exited(now, *id, *attempt, *code, detail);
+            }
+            Entry::Imported { id, user, request, handle, running, started_ms } => {
+                out.extend(self.import(now, *id, user, request, handle, running, *started_ms));
+            }
+            Entry::ForeignGone { id } => {
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                if record.state != WorkloadState::Pending {
+                    return out;
+                }
+                record.reason = Some((
+                    "foreign_gone".into(),
+                    "left the cluster before allot admitted it (cancelled outside allot)".into(),
+                ));
+                self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
+                self.set_state(*id, WorkloadState::Cancelled, now);
+                self.dirty = true;
+            }
+            Entry::NodeState { node, usable, reason } => {
+                let Some(index) = self.nodes.iter().position(|n| &n.name == node) else {
+                    return out;
+                };
+                let node_id = allot_core::NodeId(index as u32);
+                if *usable {
+                    if self.unusable_nodes.remove(node).is_some() {
+                        let _ = node_id; // NODE-EVENTS: Event::NodeAvailable once the core has it
+                    }
+                } else {
+                    self.unusable_nodes.insert(node.clone(), reason.clone());
+                    let _ = node_id; // NODE-EVENTS: Event::NodeUnavailable
+                }
+                self.dirty = true;
             }
             Entry::Probed { id, last_activity_ms } => {
                 if let Some(r) = self.workloads.get_mut(id)
@@ -624,10 +692,11 @@ impl Daemon {
                         r.reason = Some(reason);
                     }
                 }
-                Decision::Preempt { checkpoint_grace_ms, .. }
-                | Decision::Reclaim { checkpoint_grace_ms, .. } => {
+                Decision::Preempt { checkpoint_grace_ms, mode, .. }
+                | Decision::Reclaim { checkpoint_grace_ms, mode, .. } => {
                     *self.counters.preemptions.entry(reason.0.clone()).or_default() += 1;
-                    out.extend(self.stop(now, id, *checkpoint_grace_ms, reason));
+                    let resumes = *mode != PreemptionMode::Delete;
+                    out.extend(self.stop(now, id, *checkpoint_grace_ms, reason, resumes));
                 }
                 Decision::Stop { .. } => {
                     let grace = self.workloads.get(&id).and_then(|r| {
@@ -635,7 +704,10 @@ impl Daemon {
                             .then(|| r.spec.checkpointing.map(|c| c.grace_ms))
                             .flatten()
                     });
-                    out.extend(self.stop(now, id, grace, reason));
+                    // A suspension resumes later; a cancel or a max-runtime stop does not.
+                    let resumes =
+                        self.workloads.get(&id).is_some_and(|r| r.intent == Some(Intent::Suspend));
+                    out.extend(self.stop(now, id, grace, reason, resumes));
                 }
                 Decision::Defer { .. } | Decision::Warn { .. } => {
                     if let Some(r) = self.workloads.get_mut(&id)
@@ -700,7 +772,7 @@ impl Daemon {
             env,
             members,
             log_dir,
-            adopt: None,
+            adopt: record.foreign.clone(),
         };
         record.launch = Some(launch.clone());
         record.started_ms = None;
@@ -709,32 +781,37 @@ impl Daemon {
         Some(launch)
     }
 
+    /// Starts a stop: the checkpoint signal and its grace when given, then the terminating
+    /// step (`StopPlan::terminate`), then SIGKILL. `resumes`: the work runs again later.
     fn stop(
         &mut self,
         now: u64,
         id: u64,
         grace_ms: Option<u64>,
         reason: (String, String),
+        resumes: bool,
     ) -> Vec<Command> {
         let Some(record) = self.workloads.get_mut(&id) else { return Vec::new() };
         record.reason = Some(reason);
         let run = RunId { workload: id, attempt: record.attempt };
+        let requeue_as = resumes.then_some(RunId { workload: id, attempt: run.attempt + 1 });
         self.set_state(id, WorkloadState::Stopping, now);
-        let (first, term_at) = match grace_ms {
-            Some(g) => (StopSignal::Checkpoint, now.saturating_add(g)),
-            None => (StopSignal::Terminate, now),
+        let term_at = grace_ms.map_or(now, |g| now.saturating_add(g));
+        let mut plan = StopPlan {
+            run,
+            term_at,
+            kill_at: term_at.saturating_add(KILL_AFTER_MS),
+            term_sent: grace_ms.is_none(),
+            kill_sent: false,
+            requeue_as,
         };
-        self.stops.insert(
-            id,
-            StopPlan {
-                run,
-                term_at,
-                kill_at: term_at.saturating_add(KILL_AFTER_MS),
-                term_sent: first == StopSignal::Terminate,
-                kill_sent: false,
-            },
-        );
-        vec![Command::Signal(run, first)]
+        let first = match grace_ms {
+            Some(_) => Command::Signal(run, StopSignal::Checkpoint),
+            None => plan.terminate(),
+        };
+        plan.term_sent = grace_ms.is_none();
+        self.stops.insert(id, plan);
+        vec![first]
     }
 
     /// Escalations whose time has come (SIGTERM after the grace, SIGKILL after that). Not
@@ -744,7 +821,7 @@ impl Daemon {
         for plan in self.stops.values_mut() {
             if !plan.term_sent && now >= plan.term_at {
                 plan.term_sent = true;
-                out.push(Command::Signal(plan.run, StopSignal::Terminate));
+                out.push(plan.terminate());
             }
             if !plan.kill_sent && now >= plan.kill_at {
                 plan.kill_sent = true;
@@ -760,9 +837,11 @@ impl Daemon {
         self.stops
             .values()
             .map(|plan| {
-                let signal =
-                    if now < plan.term_at { StopSignal::Checkpoint } else { StopSignal::Terminate };
-                Command::Signal(plan.run, signal)
+                if now < plan.term_at {
+                    Command::Signal(plan.run, StopSignal::Checkpoint)
+                } else {
+                    plan.terminate()
+                }
             })
             .collect()
     }

@@ -67,6 +67,30 @@ pub(crate) enum Entry {
     },
     /// A decision cycle ran at the entry's time.
     Decided,
+    /// Work found on the cluster that allot did not start (a job submitted to Slurm directly),
+    /// imported under its account as project. Running (`running` not empty): adopted where it
+    /// runs. Pending: it queues like a submission, held by the backend until allot admits it.
+    Imported {
+        id: u64,
+        user: String,
+        request: SubmitRequest,
+        /// The backend's handle (the Slurm job id).
+        handle: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        running: Vec<allot_backend::MemberLaunch>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started_ms: Option<u64>,
+    },
+    /// Imported pending work left the cluster before allot admitted it (cancelled in Slurm).
+    ForeignGone {
+        id: u64,
+    },
+    /// A node became unusable for new work (down, drained) or usable again.
+    NodeState {
+        node: String,
+        usable: bool,
+        reason: String,
+    },
     /// `allot policy apply` (or a restart with another policy file): live work moves to this
     /// policy (`Engine::with_policy`); checked before it is logged.
     PolicyApplied {
@@ -92,6 +116,9 @@ impl Entry {
             Entry::Sampled { .. } => "sampled",
             Entry::Decided => "decided",
             Entry::PolicyApplied { .. } => "policy_applied",
+            Entry::Imported { .. } => "imported",
+            Entry::ForeignGone { .. } => "foreign_gone",
+            Entry::NodeState { .. } => "node_state",
         }
     }
 }

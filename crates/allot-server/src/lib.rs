@@ -11,6 +11,7 @@ mod auth;
 mod daemon;
 mod dashboard;
 mod entry;
+mod foreign;
 mod metrics;
 mod runtime;
 mod snapshot;
@@ -171,6 +172,8 @@ pub struct Parts {
     pub telemetry_round_ms: Option<u64>,
     /// Log records between snapshots (`None`: 10,000).
     pub snapshot_every: Option<u64>,
+    /// How often node states and foreign work are read from the backend (`None`: every 5 s).
+    pub cluster_watch_ms: Option<u64>,
     /// Where GPU activity is read (node agents may post more through the API).
     pub telemetry_sources: Vec<allot_telemetry::collect::Source>,
 }
@@ -224,6 +227,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         decide_interval_ms,
         telemetry_round_ms,
         snapshot_every,
+        cluster_watch_ms,
         telemetry_sources,
     } = parts;
     let nodes = backend.inventory()?;
@@ -277,6 +281,9 @@ pub fn start(parts: Parts) -> Result<Started> {
     }
     if let Some(every) = snapshot_every {
         main_loop.snapshot_every = every.max(1);
+    }
+    if let Some(ms) = cluster_watch_ms {
+        main_loop.cluster_watch_ms = ms.max(1);
     }
     let replayed = main_loop.recover()?;
     // A policy file edited since the last start applies like `allot policy apply`.
@@ -453,6 +460,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         decide_interval_ms: config.decide_interval_ms,
         telemetry_round_ms: None,
         snapshot_every: Some(config.snapshot_every),
+        cluster_watch_ms: None,
         telemetry_sources: telemetry_sources(&config.telemetry)?,
     })?;
     let Started { router, admin_token: first_token, replayed, loop_done, sender, loop_thread } =

@@ -33,6 +33,9 @@ const TICK_MS: u64 = 50;
 const POLL_MS: u64 = 50;
 /// How often heartbeat files are looked at.
 const PROBE_MS: u64 = 1_000;
+/// Node states and foreign work are read this often (a `squeue --json` and a `sinfo --json`
+/// on Slurm).
+pub(crate) const CLUSTER_WATCH_MS: u64 = 5_000;
 /// How often running workloads get a telemetry round by default. No collector exists yet, so
 /// every round reports telemetry missing (the idle rules' `missing_telemetry` decides what that
 /// means).
@@ -93,6 +96,8 @@ pub(crate) enum Request {
     },
     /// What the backend saw (from the executor thread).
     Observed(Vec<Observation>),
+    /// Node states and foreign work on the cluster (from the executor thread).
+    Cluster(allot_backend::ClusterNews),
     /// Device samples from the collector thread or a node agent.
     Telemetry(Vec<allot_telemetry::Sample>),
     /// An application probe saw the workload in use (from the prober thread).
@@ -202,6 +207,8 @@ pub(crate) struct Loop {
     pub view: Arc<RwLock<View>>,
     pub decide_interval_ms: u64,
     pub telemetry_round_ms: u64,
+    /// How often the executor asks the backend for node states and foreign work.
+    pub cluster_watch_ms: u64,
     pub heartbeats: BTreeMap<u64, u64>,
     last_view_ms: u64,
     awaiting_admission: BTreeMap<u64, std::time::Instant>,
@@ -258,6 +265,7 @@ impl Loop {
             view,
             decide_interval_ms,
             telemetry_round_ms: TELEMETRY_ROUND_MS,
+            cluster_watch_ms: CLUSTER_WATCH_MS,
             heartbeats: BTreeMap::new(),
             last_view_ms: 0,
             awaiting_admission: BTreeMap::new(),
@@ -493,10 +501,11 @@ impl Loop {
                 .spawn(move || crate::telemetry::run_probes(&table, &tx))?;
         }
         if let Some(backend) = self.backend.take() {
+            let watch_every = Duration::from_millis(self.cluster_watch_ms);
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::Builder::new()
                 .name("allot-executor".into())
-                .spawn(move || execute_commands(backend, &rx, &observations))?;
+                .spawn(move || execute_commands(backend, &rx, &observations, watch_every))?;
             self.executor = Some(tx);
             let pending = std::mem::take(&mut self.pending_commands);
             self.execute(pending);
@@ -592,6 +601,12 @@ impl Loop {
                         if self.probed.get(&id).is_none_or(|last| last_activity_ms > *last) {
                             self.probed.insert(id, last_activity_ms);
                             let e = Entry::Probed { id, last_activity_ms };
+                            commands.extend(self.daemon.apply(now, &e));
+                            entries.push(e);
+                        }
+                    }
+                    Request::Cluster(news) => {
+                        for e in self.daemon.cluster_entries(&news) {
                             commands.extend(self.daemon.apply(now, &e));
                             entries.push(e);
                         }
@@ -956,7 +971,9 @@ fn execute_commands(
     mut backend: Box<dyn Backend>,
     commands: &Receiver<Command>,
     loop_tx: &SyncSender<Request>,
+    watch_every: Duration,
 ) {
+    let mut last_watch: Option<std::time::Instant> = None;
     loop {
         match commands.recv_timeout(Duration::from_millis(POLL_MS)) {
             Ok(command) => {
@@ -982,7 +999,24 @@ fn execute_commands(
             Ok(_) => {}
             Err(e) => tracing_log(&format!("backend poll: {e}")),
         }
+        if last_watch.is_none_or(|at| at.elapsed() >= watch_every) {
+            last_watch = Some(monotonic_now());
+            match backend.watch_cluster() {
+                Ok(news) if news.nodes.is_empty() && news.foreign.is_empty() => {}
+                Ok(news) => {
+                    if loop_tx.send(Request::Cluster(news)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing_log(&format!("backend cluster watch: {e}")),
+            }
+        }
     }
+}
+
+#[allow(clippy::disallowed_methods)] // the executor's watch cadence is real time
+fn monotonic_now() -> std::time::Instant {
+    std::time::Instant::now()
 }
 
 /// Runs one command; a launch the backend refused with an error (not a `LaunchFailed` it
@@ -995,6 +1029,22 @@ fn run_command(backend: &mut dyn Backend, command: &Command) -> Option<Observati
             backend.launch(launch)
         }
         Command::Signal(run, signal) => backend.signal(*run, *signal),
+        Command::Requeue { run, next } => match backend.requeue(*run, *next) {
+            Ok(true) => Ok(()),
+            Ok(false) => backend.signal(*run, allot_backend::StopSignal::Terminate),
+            Err(e) => {
+                tracing_log(&format!("backend: requeue {run} as {next}: {e}; terminating it"));
+                backend.signal(*run, allot_backend::StopSignal::Terminate)
+            }
+        },
+        Command::ReturnForeign(handle) => match backend.return_foreign(handle) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(allot_backend::BackendError::Invalid(format!(
+                "{handle}: this backend cannot send refused foreign work back to the queue; it \
+                 keeps running outside allot's books"
+            ))),
+            Err(e) => Err(e),
+        },
     };
     let error = result.err()?;
     tracing_log(&format!("backend: {command:?}: {error}"));
@@ -1003,7 +1053,7 @@ fn run_command(backend: &mut dyn Backend, command: &Command) -> Option<Observati
             Some(Observation::LaunchFailed { run: launch.run, error: error.to_string() })
         }
         // A signal to a run that ended is not an error; another failure is the operator's to see.
-        Command::Signal(..) => None,
+        Command::Signal(..) | Command::Requeue { .. } | Command::ReturnForeign(_) => None,
     }
 }
 

@@ -41,6 +41,8 @@ struct Body {
     first_ms: Option<u64>,
     dirty: bool,
     last_cycle_ms: u64,
+    #[serde(default)]
+    unusable_nodes: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -62,6 +64,8 @@ struct SavedRecord {
     pids: Vec<u32>,
     last_checkpoint_ms: Option<u64>,
     last_activity_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    foreign: Option<String>,
 }
 
 impl Daemon {
@@ -88,6 +92,7 @@ impl Daemon {
                 pids: r.pids.clone(),
                 last_checkpoint_ms: r.last_checkpoint_ms,
                 last_activity_ms: r.last_activity_ms,
+                foreign: r.foreign.clone(),
             })
             .collect();
         let body = Body {
@@ -104,6 +109,7 @@ impl Daemon {
             first_ms: self.first_ms,
             dirty: self.dirty,
             last_cycle_ms: self.last_cycle_ms,
+            unusable_nodes: self.unusable_nodes.clone(),
         };
         Ok(Some(serde_json::to_string(&body)?))
     }
@@ -138,6 +144,9 @@ impl Daemon {
         daemon.ledger = Ledger::from_state(&ledger_bytes)
             .map_err(|e| anyhow!("the snapshot's ledger state: {e}"))?;
         for saved in body.workloads {
+            if let Some(handle) = &saved.foreign {
+                daemon.foreign_ids.insert(handle.clone(), saved.id);
+            }
             let spec = submit::to_spec(saved.id, &saved.user, &saved.request, &daemon.known)
                 .unwrap_or_else(|_| rejected_spec(saved.id, &saved.user, &saved.request));
             daemon.workloads.insert(
@@ -158,6 +167,7 @@ impl Daemon {
                     pids: saved.pids,
                     last_checkpoint_ms: saved.last_checkpoint_ms,
                     last_activity_ms: saved.last_activity_ms,
+                    foreign: saved.foreign,
                 },
             );
         }
@@ -168,6 +178,7 @@ impl Daemon {
         daemon.first_ms = body.first_ms;
         daemon.dirty = body.dirty;
         daemon.last_cycle_ms = body.last_cycle_ms;
+        daemon.unusable_nodes = body.unusable_nodes;
         Ok(daemon)
     }
 }

@@ -60,6 +60,7 @@ async fn pages_with_ten_thousand_workloads_on_500_devices() {
         data_dir: dir.clone(),
         decide_interval_ms: 50,
         telemetry_round_ms: Some(5_000),
+        cluster_watch_ms: None,
         snapshot_every: None,
         telemetry_sources: Vec::new(),
     })

@@ -26,6 +26,7 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
         data_dir: dir.to_path_buf(),
         decide_interval_ms: 0,
         telemetry_round_ms: Some(100),
+        cluster_watch_ms: Some(50),
         snapshot_every: None,
         telemetry_sources: Vec::new(),
     }

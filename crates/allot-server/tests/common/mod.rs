@@ -48,6 +48,7 @@ impl TestDaemon {
             data_dir: dir.clone(),
             decide_interval_ms: 0,
             telemetry_round_ms: Some(100),
+            cluster_watch_ms: Some(50),
             snapshot_every: None,
             telemetry_sources: Vec::new(),
         })

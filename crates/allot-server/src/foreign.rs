@@ -1,0 +1,265 @@
+//! The cluster beyond allot's own runs (`Backend::watch_cluster`): node states become engine
+//! events, and work submitted to the cluster directly (a plain `sbatch`) is imported under the
+//! same policy. Running foreign work is adopted where it runs, charged to its account's
+//! project; pending foreign work (held by the backend) queues like a submission and starts
+//! only when allot admits it, on the nodes allot chose.
+
+use allot_api::{SubmitRequest, WorkloadState};
+use allot_backend::{ClusterNews, ForeignWork, Launch, MemberLaunch, RunId};
+use allot_core::{
+    DeviceShare, Event, MemberPlacement, NodeId, Placement, SHARES_PER_GPU, Stage, WorkloadId,
+};
+
+use crate::daemon::{Command, Daemon, Record};
+use crate::entry::Entry;
+use crate::submit;
+
+/// Reason code of an adoption the engine refused (the work went back to the queue, held).
+const REFUSED_ADOPTION: &str = "cannot_adopt";
+
+impl Daemon {
+    /// What a watch of the cluster changes, as entries to log and apply in order: node state
+    /// changes, foreign work not imported yet, and imported pending work that left.
+    pub(crate) fn cluster_entries(&self, news: &ClusterNews) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for status in &news.nodes {
+            if !self.nodes.iter().any(|n| n.name == status.node) {
+                continue;
+            }
+            let unusable = self.unusable_nodes.get(&status.node);
+            let changed = match (status.usable, unusable) {
+                (true, Some(_)) => true,
+                (false, None) => true,
+                (false, Some(reason)) => *reason != status.reason,
+                (true, None) => false,
+            };
+            if changed {
+                out.push(Entry::NodeState {
+                    node: status.node.clone(),
+                    usable: status.usable,
+                    reason: status.reason.clone(),
+                });
+            }
+        }
+        let mut next_id = self.next_id;
+        for work in &news.foreign {
+            if !self.should_import(work) {
+                continue;
+            }
+            out.push(Entry::Imported {
+                id: next_id,
+                user: if work.user.is_empty() { "slurm".into() } else { work.user.clone() },
+                request: foreign_request(work, &self.known.models),
+                handle: work.handle.clone(),
+                running: work.running.clone(),
+                started_ms: work.started_ms,
+            });
+            next_id += 1;
+        }
+        // Pending imports never admitted whose work is no longer listed: cancelled outside.
+        // (Work allot launched is the backend's own run and is not listed as foreign.)
+        let listed: std::collections::BTreeSet<&str> =
+            news.foreign.iter().map(|w| w.handle.as_str()).collect();
+        for (handle, id) in &self.foreign_ids {
+            let Some(r) = self.workloads.get(id) else { continue };
+            if r.state == WorkloadState::Pending && r.attempt == 0 && !listed.contains(&**handle) {
+                out.push(Entry::ForeignGone { id: *id });
+            }
+        }
+        out
+    }
+
+    /// Foreign work is imported once while it lives: again only when an adoption the engine
+    /// refused sent it back to the queue and it is listed pending now.
+    fn should_import(&self, work: &ForeignWork) -> bool {
+        let Some(r) = self.foreign_ids.get(&work.handle).and_then(|id| self.workloads.get(id))
+        else {
+            return true;
+        };
+        r.state.is_final()
+            && work.running.is_empty()
+            && r.reason.as_ref().is_some_and(|(code, _)| code == REFUSED_ADOPTION)
+    }
+
+    /// Applies `Entry::Imported`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn import(
+        &mut self,
+        now: u64,
+        id: u64,
+        user: &str,
+        request: &SubmitRequest,
+        handle: &str,
+        running: &[MemberLaunch],
+        started_ms: Option<u64>,
+    ) -> Vec<Command> {
+        self.next_id = self.next_id.max(id.saturating_add(1));
+        self.counters.submitted += 1;
+        self.foreign_ids.insert(handle.to_string(), id);
+        let checked = submit::to_spec(id, user, request, &self.known);
+        let placement = match (&checked, running.is_empty()) {
+            (Ok(_), false) => self.placement_of(running).map(Some),
+            _ => Ok(None),
+        };
+        let adopt_at = placement.as_ref().ok().cloned().flatten();
+        let (spec, state, reason) = match (checked, placement) {
+            (Ok(spec), Ok(placement)) => {
+                let (state, text) = match placement {
+                    Some(_) => {
+                        (WorkloadState::Starting, format!("adopted from the cluster ({handle})"))
+                    }
+                    None => (
+                        WorkloadState::Pending,
+                        format!("imported from the cluster ({handle}); held there until admitted"),
+                    ),
+                };
+                (spec, state, ("imported".to_string(), text))
+            }
+            (Err(e), _) => (
+                crate::snapshot::rejected_spec(id, user, request),
+                WorkloadState::Rejected,
+                (
+                    "invalid_import".to_string(),
+                    format!(
+                        "{handle} cannot be governed: {}: {}; it is left as it is on the cluster \
+                         (add its account as a project, or run it in an unmanaged partition)",
+                        e.field.unwrap_or_default(),
+                        e.error
+                    ),
+                ),
+            ),
+            (Ok(_), Err(why)) => (
+                crate::snapshot::rejected_spec(id, user, request),
+                WorkloadState::Rejected,
+                ("invalid_import".to_string(), format!("{handle} cannot be governed: {why}")),
+            ),
+        };
+        let launch = (state == WorkloadState::Starting).then(|| Launch {
+            run: RunId { workload: id, attempt: 1 },
+            command: request.command.clone(),
+            env: request.env.clone(),
+            members: running.to_vec(),
+            log_dir: self.log_dir(id, 1),
+            adopt: Some(handle.to_string()),
+        });
+        self.workloads.insert(
+            id,
+            Record {
+                request: request.clone(),
+                spec: spec.clone(),
+                state,
+                submitted_ms: now,
+                started_ms: launch.as_ref().map(|_| started_ms.unwrap_or(now).min(now)),
+                ended_ms: (state == WorkloadState::Rejected).then_some(now),
+                exit_code: None,
+                attempt: u32::from(launch.is_some()),
+                reason: Some(reason),
+                intent: None,
+                placement: Vec::new(),
+                launch: launch.clone(),
+                pids: Vec::new(),
+                last_checkpoint_ms: None,
+                last_activity_ms: None,
+                foreign: Some(handle.to_string()),
+            },
+        );
+        self.changed.insert(id);
+        match state {
+            WorkloadState::Pending => {
+                self.event(now, Event::WorkloadSubmitted(spec));
+                self.dirty = true;
+                Vec::new()
+            }
+            WorkloadState::Starting => {
+                let Some(placement) = adopt_at else { return Vec::new() };
+                if let Some(r) = self.workloads.get_mut(&id) {
+                    r.placement = crate::views::placement_lines(&self.engine, &placement);
+                }
+                self.event(now, Event::WorkloadAdopted { spec, placement });
+                // The engine says at the next cycle why it refused (its Reject decision).
+                self.dirty = true;
+                if self.engine.stage(WorkloadId(id)) == Some(Stage::Running) {
+                    launch.map(Command::Launch).into_iter().collect()
+                } else {
+                    if let Some(r) = self.workloads.get_mut(&id) {
+                        r.state = WorkloadState::Rejected;
+                        r.ended_ms = Some(now);
+                        r.launch = None;
+                        r.attempt = 0;
+                        r.reason = Some((
+                            REFUSED_ADOPTION.to_string(),
+                            format!("{handle} was not adopted; it goes back to the queue, held"),
+                        ));
+                    }
+                    vec![Command::ReturnForeign(handle.to_string())]
+                }
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The engine's placement of foreign members (node by name, device by index, whole GPUs).
+    fn placement_of(&self, members: &[MemberLaunch]) -> Result<Placement, String> {
+        let mut model = None;
+        let mut placed = Vec::new();
+        for m in members {
+            let Some(index) = self.nodes.iter().position(|n| n.name == m.node) else {
+                return Err(format!("it runs on node {:?}, which allot does not govern", m.node));
+            };
+            let node = &self.nodes[index];
+            let mut devices = Vec::new();
+            for d in &m.devices {
+                let Some(dev) = node.devices.get(d.index as usize) else {
+                    return Err(format!("{} has no GPU {} in allot's inventory", m.node, d.index));
+                };
+                let Some(id) = self.engine.model_id(&dev.model) else {
+                    return Err(format!("GPU model {:?} is not in allot's inventory", dev.model));
+                };
+                model = Some(id);
+                devices.push(DeviceShare {
+                    device: u16::try_from(d.index).unwrap_or(u16::MAX),
+                    shares: SHARES_PER_GPU as u32,
+                    mig: None,
+                });
+            }
+            placed.push(MemberPlacement { node: NodeId(index as u32), devices });
+        }
+        Ok(Placement { model, members: placed })
+    }
+}
+
+/// The submission foreign work amounts to: its nodes as members of `gpus_per_node` whole
+/// GPUs each, its GRES type as the model when allot knows it, its name as the command (it is
+/// never run: the backend takes the work over).
+fn foreign_request(work: &ForeignWork, models: &[String]) -> SubmitRequest {
+    let (members, gpus) = if work.running.is_empty() {
+        (work.nodes.max(1), work.gpus_per_node)
+    } else {
+        let most = work.running.iter().map(|m| m.devices.len()).max().unwrap_or(0);
+        (u32::try_from(work.running.len()).unwrap_or(u32::MAX), most as u32)
+    };
+    SubmitRequest {
+        name: Some(if work.name.is_empty() {
+            format!("job-{}", work.handle)
+        } else {
+            work.name.clone()
+        }),
+        project: work.project.clone(),
+        kind: None,
+        gpus: Some(f64::from(gpus)),
+        mig: None,
+        members: Some(members),
+        gpu_models: work.model.iter().filter(|m| models.contains(m)).cloned().collect(),
+        priority_class: None,
+        cpu_millis: None,
+        memory_mib: None,
+        same_node: false,
+        preemptible: None,
+        checkpoint_grace_s: None,
+        min_runtime_s: None,
+        max_runtime_s: None,
+        command: vec!["foreign".into(), work.handle.clone()],
+        env: Default::default(),
+        probe: None,
+    }
+}

@@ -1,0 +1,208 @@
+//! Work found on the cluster that allot did not start (a plain `sbatch` on Slurm), node states,
+//! and pre-emption by requeue, through the daemon over the fake backend (the same fake the
+//! simulator uses; the Slurm backend's side runs against a real cluster in its own tests).
+
+mod common;
+
+use allot_backend::{DeviceAssignment, ForeignWork, MemberLaunch, RunId, Vendor};
+use axum::http::StatusCode;
+use common::{TestDaemon, submit_body};
+
+fn gpus(node: &str, indices: &[u32]) -> MemberLaunch {
+    MemberLaunch {
+        node: node.to_string(),
+        devices: indices
+            .iter()
+            .map(|&index| DeviceAssignment {
+                index,
+                uuid: None,
+                vendor: Vendor::Nvidia,
+                shares: 1000,
+            })
+            .collect(),
+    }
+}
+
+fn foreign(
+    handle: &str,
+    project: &str,
+    running: Vec<MemberLaunch>,
+    gpus_per_node: u32,
+) -> ForeignWork {
+    ForeignWork {
+        handle: handle.to_string(),
+        name: format!("sbatch-{handle}"),
+        project: project.to_string(),
+        user: "bob".to_string(),
+        nodes: running.len().max(1) as u32,
+        gpus_per_node,
+        model: Some("H100".to_string()),
+        started_ms: (!running.is_empty()).then_some(1_000),
+        running,
+    }
+}
+
+fn run(workload: u64, attempt: u32) -> RunId {
+    RunId { workload, attempt }
+}
+
+/// Waits (up to 5 s) until the project's H100 line shows `used` GPUs (the view catches up).
+async fn wait_used_h100(d: &TestDaemon, project: &str, used: &str) {
+    let mut last = String::new();
+    for _ in 0..500 {
+        let (status, v) = d.call("GET", "/api/v1/projects", Some(&d.admin), None).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let p = v["projects"].as_array().expect("projects").iter().find(|p| p["name"] == project);
+        let line =
+            p.and_then(|p| p["quota"].as_array()?.iter().find(|l| l["model"] == "H100").cloned());
+        last = line.map(|l| l["used_gpus"].to_string()).unwrap_or_default();
+        if last.trim_matches('"') == used {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{project} never used {used} H100: {last}");
+}
+
+async fn submit(d: &TestDaemon, body: &str) -> u64 {
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v["id"].as_u64().expect("id")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_foreign_work_is_adopted_where_it_runs_charged_and_followed_to_its_end() {
+    let d = TestDaemon::new();
+    d.control.add_foreign(foreign("101", "vision", vec![gpus("h100-0", &[2, 3])], 2));
+    let v = d.wait_state(1, "running").await;
+    assert_eq!(v["project"], "vision", "{v}");
+    assert_eq!(v["user"], "bob", "{v}");
+    assert_eq!(v["started_ms"], 1_000, "the cluster's start time is kept: {v}");
+    let placement = v["placement"].to_string();
+    assert!(
+        placement.contains("h100-0") && placement.contains('2') && placement.contains('3'),
+        "{v}"
+    );
+    wait_used_h100(&d, "vision", "2").await;
+    // The backend took it over as run 1.1: no longer foreign, watched like allot's own.
+    assert!(d.control.foreign().is_empty());
+    let taken = d.control.run(run(1, 1)).expect("adopted as run 1.1");
+    assert_eq!(taken.launch.adopt.as_deref(), Some("101"));
+    // allot does not place other work on the devices it holds.
+    let id = submit(&d, &submit_body("vision", 8)).await;
+    d.wait_state(id, "running").await;
+    let other = d.control.run(run(id, 1)).expect("launched");
+    assert_ne!(other.launch.members[0].node, "h100-0", "h100-0 has only 6 GPUs free");
+    assert!(d.control.finish(run(1, 1), 3));
+    let v = d.wait_state(1, "failed").await;
+    assert_eq!(v["exit_code"], 3, "{v}");
+    // Imported once: the next watches do not import it again.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (_, list) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
+    assert_eq!(list["workloads"].as_array().map(Vec::len), Some(2), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_foreign_work_starts_only_when_admitted_on_the_nodes_allot_chose() {
+    let d = TestDaemon::new();
+    // vision holds its whole H100 reach (8 guaranteed + 4 its cohort lends): new vision work
+    // waits.
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    let b = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(a, "running").await;
+    d.wait_state(b, "running").await;
+    d.control.add_foreign(foreign("202", "vision", Vec::new(), 4));
+    let v = d.wait_state(3, "pending").await;
+    assert_eq!(v["gpus"], "4", "{v}");
+    assert_eq!(v["command"], serde_json::json!(["foreign", "202"]), "{v}");
+    assert!(d.control.run(run(3, 1)).is_none(), "held: nothing started");
+    // Room frees up: allot admits it and the backend takes the held job over there.
+    assert!(d.control.finish(run(a, 1), 0));
+    d.wait_state(3, "running").await;
+    let taken = d.control.run(run(3, 1)).expect("run 3.1");
+    assert_eq!(taken.launch.adopt.as_deref(), Some("202"));
+    assert_eq!(taken.launch.members.len(), 1);
+    assert_eq!(taken.launch.members[0].devices.len(), 4);
+    assert!(d.control.foreign().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_foreign_work_cancelled_outside_is_cancelled_here() {
+    let d = TestDaemon::new();
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    let b = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(a, "running").await;
+    d.wait_state(b, "running").await;
+    d.control.add_foreign(foreign("303", "vision", Vec::new(), 2));
+    d.wait_state(3, "pending").await;
+    assert!(d.control.end_foreign("303"));
+    let v = d.wait_state(3, "cancelled").await;
+    assert_eq!(v["reason_code"], "foreign_gone", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_work_on_devices_allot_holds_is_refused_and_sent_back_to_the_queue_held() {
+    let d = TestDaemon::new();
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    d.wait_state(a, "running").await;
+    let node = d.control.run(run(a, 1)).expect("run").launch.members[0].node.clone();
+    d.control.add_foreign(foreign("404", "speech", vec![gpus(&node, &[0])], 1));
+    let v = d.wait_state(2, "rejected").await;
+    assert_eq!(v["reason_code"], "cannot_adopt", "{v}");
+    // Back in the queue, held: imported again as pending work, to be admitted like any other.
+    d.wait_state(3, "running").await;
+    let taken = d.control.run(run(3, 1)).expect("run 3.1");
+    assert_eq!(taken.launch.adopt.as_deref(), Some("404"));
+    assert_ne!(taken.launch.members[0].node, node, "placed where allot has room");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_work_of_an_unknown_account_is_left_alone_with_the_reason() {
+    let d = TestDaemon::new();
+    d.control.add_foreign(foreign("505", "physics", vec![gpus("a100-0", &[0])], 1));
+    let v = d.wait_state(1, "rejected").await;
+    assert_eq!(v["reason_code"], "invalid_import", "{v}");
+    assert!(v["reason"].as_str().unwrap_or_default().contains("physics"), "{v}");
+    assert!(d.control.run(run(1, 1)).is_none(), "not taken over");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (_, list) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
+    assert_eq!(list["workloads"].as_array().map(Vec::len), Some(1), "imported once: {list}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_suspension_requeues_the_run_on_a_backend_that_keeps_work() {
+    let d = TestDaemon::new();
+    d.control.support_requeue();
+    let id = submit(&d, &submit_body("vision", 2)).await;
+    d.wait_state(id, "running").await;
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    d.wait_state(id, "suspended").await;
+    assert_eq!(d.control.requeues(), vec![(run(id, 1), run(id, 2))]);
+    assert!(d.control.signals(run(id, 1)).is_empty(), "requeued, not terminated");
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let v = d.wait_state(id, "running").await;
+    assert_eq!(v["attempt"], 2, "{v}");
+    // A cancel does not requeue: the work is not coming back.
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/cancel"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    d.wait_state(id, "cancelled").await;
+    assert_eq!(d.control.requeues().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_requeue_support_a_suspension_terminates_the_run() {
+    let d = TestDaemon::new();
+    let id = submit(&d, &submit_body("vision", 2)).await;
+    d.wait_state(id, "running").await;
+    let (status, v) =
+        d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    d.wait_state(id, "suspended").await;
+    assert!(d.control.requeues().is_empty());
+    assert_eq!(d.control.signals(run(id, 1)), vec![allot_backend::StopSignal::Terminate]);
+}

@@ -59,6 +59,8 @@ struct World {
     requeue_supported: bool,
     /// (run, next) of every requeue, in order.
     requeues: Vec<(RunId, RunId)>,
+    /// Devices runs hold where the cluster's scheduler bound others than launched.
+    bound: std::collections::BTreeMap<RunId, Vec<crate::MemberLaunch>>,
 }
 
 #[derive(Debug)]
@@ -191,6 +193,12 @@ impl FakeControl {
     /// From now on `requeue` keeps the work for its next attempt, as the Slurm backend does.
     pub fn support_requeue(&self) {
         lock(&self.world).requeue_supported = true;
+    }
+
+    /// The run holds these devices instead of the launched ones (as Slurm binds GRES indices
+    /// itself); `allocated_devices` reports them.
+    pub fn bind_devices(&self, run: RunId, members: Vec<crate::MemberLaunch>) {
+        lock(&self.world).bound.insert(run, members);
     }
 
     /// Every (run, next) requeued, in order.
@@ -428,6 +436,14 @@ impl Backend for FakeBackend {
                 FakeRunState::Exited { code: None, detail: format!("requeued as {next}") };
         }
         Ok(true)
+    }
+
+    fn allocated_devices(
+        &mut self,
+        runs: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<crate::MemberLaunch>)>, BackendError> {
+        let world = lock(&self.world);
+        Ok(runs.iter().filter_map(|r| Some((*r, world.bound.get(r)?.clone()))).collect())
     }
 
     /// Running foreign work goes back to the queue, held: pending foreign work again.

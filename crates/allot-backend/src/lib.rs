@@ -199,6 +199,18 @@ pub trait Backend: Send {
         Ok(false)
     }
 
+    /// The devices these started runs actually hold, where the backend's own scheduler picked
+    /// them (Slurm binds GRES indices itself: they may differ from the launch's), so that
+    /// telemetry is attributed to the right devices. Runs the backend placed exactly as
+    /// launched are left out (the default: none).
+    fn allocated_devices(
+        &mut self,
+        runs: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<MemberLaunch>)>, BackendError> {
+        let _ = runs;
+        Ok(Vec::new())
+    }
+
     /// Puts running foreign work that allot refused to adopt (its devices are taken or its
     /// project is over quota) back in the queue, held, so that it comes back through
     /// `watch_cluster` as pending work to admit. `Ok(false)`: the backend cannot.

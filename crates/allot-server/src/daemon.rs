@@ -59,6 +59,9 @@ pub(crate) struct Record {
     /// Imported from the cluster (`Entry::Imported`): the backend's handle of it (a Slurm job
     /// id). Every run of it takes that work over instead of starting a program.
     pub foreign: Option<String>,
+    /// The devices the current run actually holds when the backend picked them itself
+    /// (`Entry::DevicesReported`); `None`: as launched.
+    pub devices: Option<Vec<MemberLaunch>>,
 }
 
 /// A stop under way: when to escalate.
@@ -344,6 +347,7 @@ impl Daemon {
                         last_checkpoint_ms: None,
                         last_activity_ms: None,
                         foreign: None,
+                        devices: None,
                     },
                 );
                 self.changed.insert(*id);
@@ -471,6 +475,14 @@ impl Daemon {
                 self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
                 self.set_state(*id, WorkloadState::Cancelled, now);
                 self.dirty = true;
+            }
+            Entry::DevicesReported { id, attempt, members } => {
+                if let Some(r) = self.workloads.get_mut(id)
+                    && r.attempt == *attempt
+                    && !r.state.is_final()
+                {
+                    r.devices = Some(members.clone());
+                }
             }
             Entry::NodeState { node, usable, reason } => {
                 let Some(index) = self.nodes.iter().position(|n| &n.name == node) else {
@@ -775,6 +787,7 @@ impl Daemon {
             adopt: record.foreign.clone(),
         };
         record.launch = Some(launch.clone());
+        record.devices = None;
         record.started_ms = None;
         record.exit_code = None;
         self.set_state(id, WorkloadState::Starting, now);
@@ -865,7 +878,8 @@ impl Daemon {
         let mut out = Vec::new();
         for (id, r) in &self.workloads {
             let (WorkloadState::Running, Some(launch)) = (r.state, &r.launch) else { continue };
-            for (member, m) in launch.members.iter().enumerate() {
+            let members = r.devices.as_ref().unwrap_or(&launch.members);
+            for (member, m) in members.iter().enumerate() {
                 for d in &m.devices {
                     out.push(allot_telemetry::attribution::Allocation {
                         node: m.node.clone(),

@@ -85,6 +85,13 @@ pub(crate) enum Entry {
     ForeignGone {
         id: u64,
     },
+    /// The devices a started run actually holds, where the backend picked them itself (Slurm's
+    /// GRES binding): telemetry is attributed by these.
+    DevicesReported {
+        id: u64,
+        attempt: u32,
+        members: Vec<allot_backend::MemberLaunch>,
+    },
     /// A node became unusable for new work (down, drained) or usable again.
     NodeState {
         node: String,
@@ -119,6 +126,7 @@ impl Entry {
             Entry::Imported { .. } => "imported",
             Entry::ForeignGone { .. } => "foreign_gone",
             Entry::NodeState { .. } => "node_state",
+            Entry::DevicesReported { .. } => "devices_reported",
         }
     }
 }

@@ -161,6 +161,7 @@ impl Daemon {
                 last_checkpoint_ms: None,
                 last_activity_ms: None,
                 foreign: Some(handle.to_string()),
+                devices: None,
             },
         );
         self.changed.insert(id);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use allot_api::{
     ApiError, Node, Project, Report, SubmitRequest, SubmitResponse, Why, Workload, WorkloadState,
 };
-use allot_backend::{Backend, Observation};
+use allot_backend::{Backend, Observation, RunId};
 use allot_core::{Timestamp, WorkloadId};
 use allot_store::{NewRecord, Store};
 use tokio::sync::oneshot;
@@ -98,6 +98,8 @@ pub(crate) enum Request {
     Observed(Vec<Observation>),
     /// Node states and foreign work on the cluster (from the executor thread).
     Cluster(allot_backend::ClusterNews),
+    /// The devices started runs actually hold (from the executor thread).
+    Placed(Vec<(RunId, Vec<allot_backend::MemberLaunch>)>),
     /// Device samples from the collector thread or a node agent.
     Telemetry(Vec<allot_telemetry::Sample>),
     /// An application probe saw the workload in use (from the prober thread).
@@ -605,6 +607,17 @@ impl Loop {
                             entries.push(e);
                         }
                     }
+                    Request::Placed(placed) => {
+                        for (run, members) in placed {
+                            let e = Entry::DevicesReported {
+                                id: run.workload,
+                                attempt: run.attempt,
+                                members,
+                            };
+                            commands.extend(self.daemon.apply(now, &e));
+                            entries.push(e);
+                        }
+                    }
                     Request::Cluster(news) => {
                         for e in self.daemon.cluster_entries(&news) {
                             commands.extend(self.daemon.apply(now, &e));
@@ -991,9 +1004,25 @@ fn execute_commands(
         }
         match backend.poll() {
             Ok(observations) if !observations.is_empty() => {
+                let started: Vec<RunId> = observations
+                    .iter()
+                    .filter(|o| matches!(o, Observation::Started { .. }))
+                    .map(Observation::run)
+                    .collect();
                 // Blocking send: a full loop queue slows the executor, nothing is dropped.
                 if loop_tx.send(Request::Observed(observations)).is_err() {
                     return;
+                }
+                if !started.is_empty() {
+                    match backend.allocated_devices(&started) {
+                        Ok(placed) if !placed.is_empty() => {
+                            if loop_tx.send(Request::Placed(placed)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing_log(&format!("backend allocated devices: {e}")),
+                    }
                 }
             }
             Ok(_) => {}

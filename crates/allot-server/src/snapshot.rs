@@ -66,6 +66,8 @@ struct SavedRecord {
     last_activity_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     foreign: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    devices: Option<Vec<allot_backend::MemberLaunch>>,
 }
 
 impl Daemon {
@@ -93,6 +95,7 @@ impl Daemon {
                 last_checkpoint_ms: r.last_checkpoint_ms,
                 last_activity_ms: r.last_activity_ms,
                 foreign: r.foreign.clone(),
+                devices: r.devices.clone(),
             })
             .collect();
         let body = Body {
@@ -168,6 +171,7 @@ impl Daemon {
                     last_checkpoint_ms: saved.last_checkpoint_ms,
                     last_activity_ms: saved.last_activity_ms,
                     foreign: saved.foreign,
+                    devices: saved.devices,
                 },
             );
         }

@@ -206,3 +206,46 @@ async fn without_requeue_support_a_suspension_terminates_the_run() {
     assert!(d.control.requeues().is_empty());
     assert_eq!(d.control.signals(run(id, 1)), vec![allot_backend::StopSignal::Terminate]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn telemetry_follows_the_devices_the_backend_bound_not_the_launched_ones() {
+    let d = TestDaemon::new();
+    // The cluster binds GPUs 6 and 7 of h100-0 to the first run, whatever allot launched.
+    d.control.bind_devices(run(1, 1), vec![gpus("h100-0", &[6, 7])]);
+    let id = submit(&d, &submit_body("vision", 2)).await;
+    assert_eq!(id, 1);
+    for _ in 0..500 {
+        if d.control.run(run(id, 1)).is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let launched = d.control.run(run(id, 1)).expect("launched").launch;
+    let launched_node = launched.members[0].node.clone();
+    let indices: Vec<u32> = launched.members[0].devices.iter().map(|g| g.index).collect();
+    assert!(
+        launched_node != "h100-0" || (!indices.contains(&6) && !indices.contains(&7)),
+        "{launched_node} {indices:?}"
+    );
+    d.wait_state(id, "running").await;
+    let at = std::time::SystemTime::UNIX_EPOCH.elapsed().expect("clock").as_millis() as u64;
+    let sample = |node: &str, index: u32, sm: u32| serde_json::json!({"hostname": node, "gpu_index": index, "at_ms": at, "sm_active": sm});
+    // The launched devices look idle, the bound ones busy: the workload is busy.
+    let body = serde_json::json!({"samples": [
+        sample(&launched_node, indices[0], 0), sample(&launched_node, indices[1], 0),
+        sample("h100-0", 6, 900), sample("h100-0", 7, 900)
+    ]});
+    let mut text = String::new();
+    for _ in 0..300 {
+        let (status, v) =
+            d.call("POST", "/api/v1/telemetry", Some(&d.admin), Some(&body.to_string())).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        let (_, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+        text = metrics.as_str().unwrap_or("").to_string();
+        if text.contains("allot_active_gpus{project=\"vision\"} 2.0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(text.contains("allot_active_gpus{project=\"vision\"} 2.0"), "{text}");
+}

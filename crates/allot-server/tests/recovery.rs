@@ -201,3 +201,64 @@ async fn a_restart_from_a_snapshot_rebuilds_the_same_state_and_the_log_is_compac
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
+    use allot_backend::{DeviceAssignment, ForeignWork, MemberLaunch, RunId, Vendor};
+    let dir = std::env::temp_dir().join(format!("allot-recovery-foreign-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+    let (backend, control) = FakeBackend::new(nodes);
+    let started = start(parts(&dir, backend)).expect("first start");
+    let admin = started.admin_token.clone().expect("admin token").token;
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let work = |handle: &str, running: Vec<MemberLaunch>| ForeignWork {
+        handle: handle.into(),
+        name: format!("sbatch-{handle}"),
+        project: "nlp".into(),
+        user: "carla".into(),
+        nodes: 1,
+        gpus_per_node: 8,
+        model: Some("H100".into()),
+        started_ms: None,
+        running,
+    };
+    let gpu = |index| DeviceAssignment { index, uuid: None, vendor: Vendor::Nvidia, shares: 1000 };
+    // Running on an A100: adopted. Pending, 8 H100 beyond nlp's H100 reach: waits, held.
+    control.add_foreign(ForeignWork {
+        running: vec![MemberLaunch { node: "a100-0".into(), devices: vec![gpu(1)] }],
+        gpus_per_node: 1,
+        model: Some("A100".into()),
+        ..work("7", Vec::new())
+    });
+    control.add_foreign(work("8", Vec::new()));
+    d.wait_state(1, "running").await;
+    d.wait_state(2, "pending").await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (_, before) = d.call("GET", "/api/v1/workloads", Some(&admin), None).await;
+    d.stop();
+
+    let started = start(parts(&dir, control.backend())).expect("second start");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    d.wait_state(1, "running").await;
+    // Several watches later: still the same two workloads, the running one re-adopted, not
+    // launched again, and the pending one still waiting (imported once).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (_, after) = d.call("GET", "/api/v1/workloads", Some(&admin), None).await;
+    let states = |v: &Value| -> Vec<(u64, String)> {
+        v["workloads"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|w| (w["id"].as_u64().unwrap_or(0), w["state"].as_str().unwrap_or("").into()))
+            .collect()
+    };
+    assert_eq!(states(&before), states(&after));
+    assert_eq!(states(&after), vec![(1, "running".into()), (2, "pending".into())]);
+    assert_eq!(control.runs().len(), 1, "the adopted run was not launched again");
+    // Watched to its end (a re-adopted run's exit code is unknown, as on the local backend).
+    assert!(control.finish(RunId { workload: 1, attempt: 1 }, 0));
+    d.wait_state(1, "failed").await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

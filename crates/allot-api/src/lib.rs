@@ -299,6 +299,10 @@ pub struct Device {
 pub struct Node {
     pub name: String,
     pub devices: Vec<Device>,
+    /// Why the node takes no new work (the backend reports it down or drained); absent when
+    /// it is usable. Work running there keeps running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unusable: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

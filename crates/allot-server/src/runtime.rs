@@ -873,7 +873,7 @@ impl Loop {
                 WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
             )
         });
-        view.nodes = views::nodes(engine, &self.daemon.nodes, live);
+        view.nodes = views::nodes(engine, &self.daemon.nodes, &self.daemon.unusable_nodes, live);
         let fields = &mut *view;
         fields.telemetry_seen = self.daemon.counters.sampled > 0;
         let active = self.telemetry.active_shares(ACTIVE_PERMILLE);

@@ -216,11 +216,13 @@ pub(crate) fn projects<'a>(
 pub(crate) fn nodes<'a>(
     engine: &Engine,
     nodes: &[allot_core::NodeSpec],
+    unusable: &std::collections::BTreeMap<String, String>,
     records: impl Iterator<Item = (&'a u64, &'a Record)>,
 ) -> Vec<Node> {
     let mut out: Vec<Node> = nodes
         .iter()
         .map(|n| Node {
+            unusable: unusable.get(&n.name).cloned(),
             name: n.name.clone(),
             devices: n
                 .devices

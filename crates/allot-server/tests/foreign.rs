@@ -249,3 +249,37 @@ async fn telemetry_follows_the_devices_the_backend_bound_not_the_launched_ones()
     }
     assert!(text.contains("allot_active_gpus{project=\"vision\"} 2.0"), "{text}");
 }
+
+/// Waits (up to 5 s) until `/api/v1/nodes` says `node` is unusable for `reason` (`None`: usable).
+async fn wait_node(d: &TestDaemon, node: &str, reason: Option<&str>) {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..500 {
+        let (_, v) = d.call("GET", "/api/v1/nodes", Some(&d.admin), None).await;
+        let n = v["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == node).cloned();
+        if let Some(n) = n {
+            if n["unusable"].as_str() == reason {
+                return;
+            }
+            last = n;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{node} never became {reason:?}: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_states_from_the_backend_are_shown_and_new_work_avoids_an_unusable_node() {
+    let d = TestDaemon::new();
+    d.control.set_node_unusable("h100-0", Some("DRAIN: fan failure"));
+    wait_node(&d, "h100-0", Some("DRAIN: fan failure")).await;
+    // Two 8-GPU H100 jobs: one fits on h100-1; the other waits while h100-0 is drained.
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    let b = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(a, "running").await;
+    let v = d.wait_state(b, "pending").await;
+    assert_eq!(d.control.run(run(a, 1)).expect("run").launch.members[0].node, "h100-1", "{v}");
+    d.control.set_node_unusable("h100-0", None);
+    wait_node(&d, "h100-0", None).await;
+    d.wait_state(b, "running").await;
+    assert_eq!(d.control.run(run(b, 1)).expect("run").launch.members[0].node, "h100-0");
+}

@@ -221,6 +221,7 @@ mod tests {
             nodes: NodeList {
                 source: "inventory.yaml".to_string(),
                 nodes: vec![Node {
+                    unusable: None,
                     name: "gpu-a".to_string(),
                     devices: vec![
                         Device {

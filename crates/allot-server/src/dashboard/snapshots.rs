@@ -145,6 +145,7 @@ fn snapshot_fleet() {
         samples,
         nodes: vec![
             Node {
+                unusable: None,
                 name: "a100-0".into(),
                 devices: vec![
                     device(0, 1000, &[3]),
@@ -154,6 +155,7 @@ fn snapshot_fleet() {
                 ],
             },
             Node {
+                unusable: None,
                 name: "a100-1".into(),
                 devices: vec![
                     device(0, 250, &[4]),
@@ -162,7 +164,7 @@ fn snapshot_fleet() {
                     device(3, 1000, &[5]),
                 ],
             },
-            Node { name: "cpu-0".into(), devices: vec![] },
+            Node { name: "cpu-0".into(), devices: vec![], unusable: None },
         ],
         warned: [3].into_iter().collect(),
         show_metrics: true,
@@ -316,6 +318,7 @@ fn fleet_with_a_full_series_on_500_devices() {
         .collect();
     let nodes = (0..63u64)
         .map(|n| Node {
+            unusable: None,
             name: format!("gpu-{n}"),
             devices: (0..if n == 62 { 4 } else { 8 })
                 .map(|i| Device {

@@ -114,6 +114,7 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
     if !enabled() {
         return;
     }
+    let _one = CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("allot-slurm-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let serve = start(&dir);
@@ -214,6 +215,124 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
         assert!(r["allocated_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{r}");
     }
     assert!(ra["lost_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{ra}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The two tests share the cluster: one at a time.
+static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn slurm(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect("Slurm command runs");
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `squeue` lines `id name state reason` of every job.
+fn squeue() -> Vec<(u64, String, String, String)> {
+    slurm("squeue", &["--noheader", "--states=all", "--format=%i %j %T %r"])
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let id = f.next()?.parse().ok()?;
+            Some((id, f.next()?.into(), f.next()?.into(), f.collect::<Vec<_>>().join(" ")))
+        })
+        .collect()
+}
+
+/// The Slurm job id of an allot run (jobs are named `<prefix>-<workload>.<attempt>`).
+fn job_of(workload: u64, attempt: u32) -> Option<u64> {
+    let suffix = format!("-{workload}.{attempt}");
+    squeue().into_iter().find(|(_, name, ..)| name.ends_with(&suffix)).map(|(id, ..)| id)
+}
+
+#[test]
+fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
+    if !enabled() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = std::env::temp_dir().join(format!("allot-slurm-foreign-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let serve = start(&dir);
+    let node_reason = |s: &Serve, node: &str| -> Option<String> {
+        let nodes = s.call("GET", "/api/v1/nodes", None);
+        let n = nodes["nodes"].as_array()?.iter().find(|n| n["name"] == node)?.clone();
+        Some(n["unusable"].as_str().unwrap_or("").to_string())
+    };
+
+    // 1. A drained node takes no new work.
+    slurm("scontrol", &["update", "nodename=node4", "state=drain", "reason=allot-e2e"]);
+    struct Resume;
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = Command::new("scontrol")
+                .args(["update", "nodename=node4", "state=resume"])
+                .status();
+        }
+    }
+    let _resume = Resume;
+    serve.wait("node4 shown unusable", Duration::from_secs(30), |s| {
+        node_reason(s, "node4").is_some_and(|r| r.contains("allot-e2e"))
+    });
+    let a: Vec<u64> = (0..4).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
+    serve.wait("three of team-a's jobs running", Duration::from_secs(60), |s| {
+        a.iter().filter(|id| s.state(**id) == "running").count() == 3
+    });
+    let waiting = *a.iter().find(|id| serve.state(**id) == "pending").expect("one waits");
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(serve.state(waiting), "pending", "nothing placed on the drained node");
+
+    // 2. A job submitted to Slurm directly is held and imported under its account.
+    let script = dir.join("foreign.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 20\n").expect("script");
+    let out = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            "--account=team-b",
+            "--nodes=1",
+            "--gres=gpu:h100:8",
+            "--job-name=direct-sbatch",
+            &format!("--chdir={}", dir.display()),
+            &script.display().to_string(),
+        ],
+    );
+    let job: u64 = out.trim().split(';').next().and_then(|j| j.parse().ok()).expect("job id");
+    let imported = || -> Option<u64> {
+        let list = serve.call("GET", "/api/v1/workloads", None);
+        list["workloads"].as_array()?.iter().find_map(|w| {
+            (w["command"] == json!(["foreign", job.to_string()])).then(|| w["id"].as_u64())?
+        })
+    };
+    serve.wait("the direct sbatch job imported", Duration::from_secs(30), |_| imported().is_some());
+    let foreign = imported().expect("imported");
+    let w = serve.workload(foreign);
+    assert_eq!(w["project"], "team-b", "{w}");
+
+    // 3. The node comes back; team-b's guarantee reclaims from team-a by requeue: the
+    //    reclaimed job stays the same Slurm job and comes back as attempt 2.
+    let before: Vec<(u64, Option<u64>)> = a.iter().map(|id| (*id, job_of(*id, 1))).collect();
+    slurm("scontrol", &["update", "nodename=node4", "state=resume"]);
+    serve.wait("node4 usable again", Duration::from_secs(30), |s| {
+        node_reason(s, "node4").is_some_and(|r| r.is_empty())
+    });
+    serve.wait("the imported job running", Duration::from_secs(90), |s| {
+        s.state(foreign) == "running"
+    });
+    // A requeued run's job is renamed for the next attempt and keeps its id.
+    let requeued: Vec<(u64, u64, Option<u64>)> = before
+        .iter()
+        .filter_map(|(id, first)| Some((*id, (*first)?, job_of(*id, 2))))
+        .filter(|(.., again)| again.is_some())
+        .collect();
+    assert!(!requeued.is_empty(), "team-a gave GPUs back by requeue: {:?}", squeue());
+    for (id, first, again) in &requeued {
+        assert_eq!(again, &Some(*first), "workload {id}: its job was requeued, not replaced");
+    }
+    serve.wait("the imported job done", Duration::from_secs(60), |s| {
+        s.state(foreign) == "succeeded"
+    });
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -312,13 +312,16 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
 
     // 3. The node comes back; team-b's guarantee reclaims from team-a by requeue: the
     //    reclaimed job stays the same Slurm job and comes back as attempt 2.
+    // team-b also submits through allot: with the imported job it asks 16 GPUs, its
+    // guarantee, while team-a holds 24 and only node4 is coming back.
+    let b = serve.submit("team-b", 8, "batch", 15);
     let before: Vec<(u64, Option<u64>)> = a.iter().map(|id| (*id, job_of(*id, 1))).collect();
     slurm("scontrol", &["update", "nodename=node4", "state=resume"]);
     serve.wait("node4 usable again", Duration::from_secs(30), |s| {
         node_reason(s, "node4").is_some_and(|r| r.is_empty())
     });
-    serve.wait("the imported job running", Duration::from_secs(90), |s| {
-        s.state(foreign) == "running"
+    serve.wait("the imported job and team-b's running", Duration::from_secs(90), |s| {
+        s.state(foreign) == "running" && s.state(b) == "running"
     });
     // A requeued run's job is renamed for the next attempt and keeps its id.
     let requeued: Vec<(u64, u64, Option<u64>)> = before

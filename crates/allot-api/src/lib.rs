@@ -319,6 +319,10 @@ pub struct LedgerRow {
     pub scope: String,
     pub allocated_gpu_hours: f64,
     pub active_gpu_hours: f64,
+    /// The part of allocated that telemetry covered; allocated − measured went unmeasured
+    /// (no collector or agent read those devices), which is not evidence of idleness.
+    #[serde(default)]
+    pub measured_gpu_hours: f64,
     pub idle_allocated_gpu_hours: f64,
     pub lost_gpu_hours: f64,
     pub useful_gpu_hours: f64,

@@ -11,7 +11,9 @@
 //! - **active**: allocated × the activity of the latest sample (`ActivitySampled`, the busiest
 //!   member, permille of the share held; piecewise constant until the next sample); time
 //!   without a sample (start-up, telemetry gaps) counts as not active;
-//! - **idle-allocated** = allocated − active;
+//! - **measured**: the part of allocated that telemetry covered (a sample with a signal);
+//!   allocated − measured is time nobody measured, which is not evidence of idleness;
+//! - **idle-allocated** = allocated − active (of which measured − active was seen idle);
 //! - **lost to pre-emption**: at a stop after `Preempt`/`Reclaim`, the allocated time since the
 //!   last checkpoint of this run (the whole run when there is none, or for `requeue`/`delete`),
 //!   and the active part of it, which is no longer useful;
@@ -51,6 +53,8 @@ pub enum Scope {
 pub struct Books {
     pub allocated: u128,
     pub active: u128,
+    /// The part of `allocated` telemetry covered.
+    pub measured: u128,
     pub lost_to_preemption: u128,
     /// The active part of `lost_to_preemption`.
     pub lost_active: u128,
@@ -71,6 +75,10 @@ impl Books {
     pub fn idle_allocated(&self) -> u128 {
         self.allocated.saturating_sub(self.active)
     }
+    /// Allocated time telemetry saw idle (measured, not active).
+    pub fn measured_idle(&self) -> u128 {
+        self.measured.saturating_sub(self.active)
+    }
     pub fn useful(&self) -> u128 {
         self.active.saturating_sub(self.lost_active)
     }
@@ -85,6 +93,7 @@ impl Books {
     fn add(&mut self, other: &Books) {
         self.allocated += other.allocated;
         self.active += other.active;
+        self.measured += other.measured;
         self.lost_to_preemption += other.lost_to_preemption;
         self.lost_active += other.lost_active;
         self.checkpoint_overhead += other.checkpoint_overhead;
@@ -245,6 +254,7 @@ impl Ledger {
         let Some(t) = self.workloads.get(&id) else { return };
         let Some(since) = t.held_since.filter(|&s| s < now) else { return };
         let (shares, activity) = (u128::from(t.shares), t.activity.map_or(0, u128::from));
+        let measured = u128::from(t.activity.is_some());
         let grace_from = t.preempted.and_then(|(_, g)| g);
         self.book_span(id, since, now, |b, v| b.allocated += v, |len| shares * u128::from(len));
         self.book_span(
@@ -254,6 +264,9 @@ impl Ledger {
             |b, v| b.active += v,
             |len| shares * u128::from(len) * activity / 1000,
         );
+        if measured > 0 {
+            self.book_span(id, since, now, |b, v| b.measured += v, |len| shares * u128::from(len));
+        }
         if let Some(g) = grace_from {
             let from = g.max(since);
             self.book_span(
@@ -499,6 +512,7 @@ fn busiest_member(readings: &[DeviceReading]) -> Option<u16> {
 crate::codec::codec_struct!(Books {
     allocated,
     active,
+    measured,
     lost_to_preemption,
     lost_active,
     checkpoint_overhead,

@@ -80,6 +80,12 @@ fn one_history_by_hand() {
         assert_eq!(b.allocated, 200 * GPU_S, "{scope:?}");
         assert_eq!(b.active, 20 * GPU_S + 100 * GPU_S);
         assert_eq!(b.idle_allocated(), 80 * GPU_S);
+        assert_eq!(b.measured, 190 * GPU_S, "the 10 s before the first sample went unmeasured");
+        assert_eq!(
+            b.measured_idle(),
+            70 * GPU_S,
+            "seen idle: half of 40 s at 50 % and 50 s at 0 %"
+        );
         assert_eq!(b.lost_to_preemption, 30 * GPU_S, "since the checkpoint at 80 s");
         assert_eq!(b.lost_active, 0);
         assert_eq!(b.checkpoint_overhead, 10 * GPU_S);
@@ -343,6 +349,13 @@ fn run_history(steps: &[Step], period_ms: u64) -> Result<(), String> {
     }
     if cluster.fragmented > cluster.free || cluster.active > cluster.allocated {
         return Err("fragmented > free or active > allocated".into());
+    }
+    // Activity is only ever known from telemetry: what was active was measured.
+    if cluster.active > cluster.measured || cluster.measured > cluster.allocated {
+        return Err(format!(
+            "active {} ≤ measured {} ≤ allocated {} broken",
+            cluster.active, cluster.measured, cluster.allocated
+        ));
     }
     if cluster.lost_active > cluster.lost_to_preemption || cluster.useful() > cluster.active {
         return Err("lost/useful out of bounds".into());

@@ -23,7 +23,7 @@ use crate::daemon::{Counters, Daemon, Intent, Record, StopPlan};
 use crate::submit;
 
 /// Bumped when the body's meaning changes; another version's snapshot is not read.
-const SNAPSHOT_VERSION: u32 = 1;
+const SNAPSHOT_VERSION: u32 = 2;
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -260,6 +260,7 @@ fn ledger_row(scope: String, b: &Books) -> LedgerRow {
         scope,
         allocated_gpu_hours: hours(b.allocated),
         active_gpu_hours: hours(b.active),
+        measured_gpu_hours: hours(b.measured),
         idle_allocated_gpu_hours: hours(b.idle_allocated()),
         lost_gpu_hours: hours(b.lost_to_preemption),
         useful_gpu_hours: hours(b.useful()),

@@ -158,6 +158,7 @@ pub(crate) fn report(report: &Report) -> String {
                 r.scope.clone(),
                 hours(r.allocated_gpu_hours),
                 hours(r.active_gpu_hours),
+                hours(r.measured_gpu_hours),
                 hours(r.idle_allocated_gpu_hours),
                 hours(r.lost_gpu_hours),
                 hours(r.useful_gpu_hours),
@@ -166,11 +167,12 @@ pub(crate) fn report(report: &Report) -> String {
         })
         .collect();
     let mut out = format!(
-        "goodput ledger over the last {} (GPU-hours)\n",
+        "goodput ledger over the last {} (GPU-hours; MEASURED: covered by telemetry, the rest \
+         unmeasured)\n",
         duration(report.now_ms.saturating_sub(report.since_ms))
     );
     out.push_str(&table(
-        &["SCOPE", "ALLOCATED", "ACTIVE", "IDLE", "LOST", "USEFUL", "GOODPUT"],
+        &["SCOPE", "ALLOCATED", "ACTIVE", "MEASURED", "IDLE", "LOST", "USEFUL", "GOODPUT"],
         &rows,
     ));
     out

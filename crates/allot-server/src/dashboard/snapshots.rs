@@ -74,6 +74,7 @@ fn row(scope: &str, allocated: f64, lost: f64) -> LedgerRow {
         scope: scope.into(),
         allocated_gpu_hours: allocated,
         active_gpu_hours: 0.0,
+        measured_gpu_hours: 0.0,
         idle_allocated_gpu_hours: allocated,
         lost_gpu_hours: lost,
         useful_gpu_hours: 0.0,

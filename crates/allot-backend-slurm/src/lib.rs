@@ -11,14 +11,27 @@
 //! is how launches stay idempotent and how a restarted daemon finds its runs (Slurm is the
 //! state; this backend keeps no files).
 //!
-//! Observation polls `squeue --json` with backoff into a cache of jobs and turns state changes
-//! into observations: `Started` only once Slurm reports the job RUNNING (Slurm gives no pids
-//! to the daemon's host, so `pids` is empty), `Exited` with the program's code from the job's
-//! wait status (`exit_code`), which Slurm keeps for `MinJobAge` after the end.
+//! Observation polls `squeue` (`--Format` by default) with backoff into a cache of jobs and
+//! turns state changes into observations: `Started` only once Slurm reports the job RUNNING
+//! (Slurm gives no pids to the daemon's host, so `pids` is empty), `Exited` with the program's
+//! code from the job's wait status (`exit_code`), which Slurm keeps for `MinJobAge` after the
+//! end.
 //!
 //! Signals go through `scancel --full`, which reaches the batch shell (without `--full` only
 //! job steps get them). One member runs as the batch shell itself (`exec`); several run as one
 //! `srun` task each.
+//!
+//! Jobs submitted to Slurm directly are foreign work ([`Backend::watch_cluster`]): the gate
+//! holds every pending one as soon as it is seen (`scontrol hold`: an administrator's hold
+//! when allot runs as root or SlurmUser, which the job's user cannot undo), so Slurm never
+//! starts it; a launch that adopts it (`Launch::adopt` = the job id) moves it onto allot's
+//! nodes (`scontrol update NumNodes=N-N ReqNodeList=… TresPerNode=gres:gpu:TYPE:G`) and
+//! releases it, or, if it already runs, watches it as the run. A job taken over keeps its
+//! name and comment and is found by its id. Pre-emption with requeue is `scontrol
+//! requeuehold`: the job stops and waits, held, for the launch of the next attempt, which
+//! moves and releases it as above (same job id, Slurm's restart count + 1); an adopted job
+//! requeued so gets the comment `allot:<next's job name>`, the only trace a restarted daemon
+//! can find it by. [`jobcomp`] reads Slurm's job completion log for accounting cross-checks.
 
 pub mod jobcomp;
 pub mod parse;
@@ -81,8 +94,9 @@ pub struct SlurmConfig {
     /// nothing changes and starts again from the shortest after a launch or signal).
     pub poll_min: Duration,
     pub poll_max: Duration,
-    /// How `poll` (and `recover`, `launch`'s look-up) reads the queue; foreign jobs and
-    /// allocated GPUs always use `squeue --json`.
+    /// How `poll` (and `recover`, `launch`'s look-up) reads the queue. The foreign listing of
+    /// `watch_cluster` always uses `squeue --Format`, GPU indices (`allocated_gpus`, running
+    /// foreign jobs, `foreign_jobs`) `squeue --json`.
     pub poll_query: PollQuery,
     /// GPU memory by GRES type (`h100` → 81559), for the inventory's devices; unknown: 0.
     pub gpu_memory_mib: BTreeMap<String, u64>,
@@ -359,7 +373,8 @@ impl SlurmBackend {
     }
 
     /// Jobs on the cluster that allot did not submit and that are not over (pending or
-    /// running), outside the unmanaged partitions, for the daemon to import.
+    /// running), outside the unmanaged partitions, from `squeue --json`: a look only (nothing
+    /// is held; [`SlurmBackend::foreign_work`] is the gate).
     pub fn foreign_jobs(&mut self) -> Result<Vec<ForeignJob>, BackendError> {
         self.refresh_json()?;
         let jobs = self.jobs.as_ref().map(|j| j.values().collect::<Vec<_>>()).unwrap_or_default();

@@ -326,6 +326,21 @@ impl SlurmBackend {
         self.jobs.as_ref()?.values().rev().find(|j| j.name == name || j.comment == comment)
     }
 
+    /// The later attempt of `run`'s workload that a job in the cache was requeued for (its
+    /// name, or an adopted job's comment, says so), with the job id.
+    fn requeued_as(&self, run: RunId) -> Option<(RunId, u64)> {
+        let prefix = format!("{}-", self.config.job_prefix);
+        let attempt_of = |text: &str| {
+            let (w, a) = text.strip_prefix(&prefix)?.split_once('.')?;
+            let next = RunId { workload: w.parse().ok()?, attempt: a.parse().ok()? };
+            (next.workload == run.workload && next.attempt > run.attempt).then_some(next)
+        };
+        self.jobs.as_ref()?.values().rev().find_map(|j| {
+            let by_comment = j.comment.strip_prefix("allot:").and_then(attempt_of);
+            attempt_of(&j.name).or(by_comment).map(|next| (next, j.job_id))
+        })
+    }
+
     /// The job of a launch: the one it took over (`adopt`), else the one named for its run.
     fn find_for(&self, launch: &Launch) -> Option<&SqueueJob> {
         let adopted = launch.adopt.as_ref().and_then(|h| h.trim().parse::<u64>().ok());
@@ -1229,7 +1244,20 @@ impl Backend for SlurmBackend {
         let mut out = Vec::new();
         for launch in runs {
             let run = launch.run;
-            let Some(job) = self.find_for(launch).cloned() else {
+            let job = self.find_for(launch).cloned();
+            if let Some((next, job_id)) = self.requeued_as(run)
+                && job.as_ref().is_none_or(|j| j.job_id == job_id)
+            {
+                // Requeued for a later attempt before the daemon saw this run end.
+                self.runs.insert(run, Tracked { ended: true, ..Tracked::new(job_id) });
+                out.push(Observation::Exited {
+                    run,
+                    code: None,
+                    detail: format!("requeued by allot as {next} (Slurm job {job_id})"),
+                });
+                continue;
+            }
+            let Some(job) = job else {
                 self.runs.insert(run, Tracked::failed());
                 let what = match &launch.adopt {
                     Some(handle) => format!("Slurm job {handle} (taken over)"),

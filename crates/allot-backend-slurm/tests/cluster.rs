@@ -331,6 +331,14 @@ fn requeue_runs_the_same_job_again_on_the_next_launchs_nodes() {
     );
     assert!(Backend::requeue(&mut backend, first, next).expect("requeue"), "Slurm requeues");
     assert_eq!(backend.job_id(next), Some(job), "the next attempt is the same Slurm job");
+    // A daemon restarted now learns that the first attempt was requeued (the job is renamed).
+    let recovered =
+        SlurmBackend::new(config(&h.prefix)).recover(&[launch.clone()]).expect("recover");
+    assert!(
+        matches!(recovered.as_slice(), [Observation::Exited { run, code: None, detail }]
+            if *run == first && detail.contains("requeued by allot as 1.2")),
+        "{recovered:#?}"
+    );
     until(&mut backend, &mut seen, Duration::from_secs(15), "the first attempt to end", |s| {
         ended(s, first)
     });
@@ -487,11 +495,17 @@ fn requeue_of_an_adopted_job_runs_it_elsewhere_after_a_daemon_restart() {
         backend.launch(&adopt_launch(&h, run, &job, vec![member("node4", 1)])).expect("adopt");
         until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, run));
         assert!(Backend::requeue(&mut backend, run, next).expect("requeue"));
-        until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
-        // The daemon restarts before it launches the next attempt.
+        // The daemon restarts before it saw the run end or launched the next attempt.
     }
-    assert_eq!(squeue_of(&job, "%T %j"), "PENDING adopted", "a foreign job keeps its name");
     let mut backend = SlurmBackend::new(config(&h.prefix));
+    let recovered =
+        backend.recover(&[adopt_launch(&h, run, &job, vec![member("node4", 1)])]).expect("recover");
+    assert!(
+        matches!(recovered.as_slice(), [Observation::Exited { run: r, code: None, detail }]
+            if *r == run && detail.contains("requeued by allot as 23.2")),
+        "{recovered:#?}"
+    );
+    wait_squeue(&job, "%T %j", "PENDING adopted", Duration::from_secs(10));
     assert!(foreign_of(&mut backend, &job).is_none(), "requeued for allot: not foreign");
     let launch = Launch { adopt: None, ..adopt_launch(&h, next, &job, vec![member("node2", 2)]) };
     backend.launch(&launch).expect("launch of the next attempt, found by the job's comment");

@@ -332,8 +332,9 @@ fn requeue_runs_the_same_job_again_on_the_next_launchs_nodes() {
     assert!(Backend::requeue(&mut backend, first, next).expect("requeue"), "Slurm requeues");
     assert_eq!(backend.job_id(next), Some(job), "the next attempt is the same Slurm job");
     // A daemon restarted now learns that the first attempt was requeued (the job is renamed).
-    let recovered =
-        SlurmBackend::new(config(&h.prefix)).recover(&[launch.clone()]).expect("recover");
+    let recovered = SlurmBackend::new(config(&h.prefix))
+        .recover(std::slice::from_ref(&launch))
+        .expect("recover");
     assert!(
         matches!(recovered.as_slice(), [Observation::Exited { run, code: None, detail }]
             if *run == first && detail.contains("requeued by allot as 1.2")),

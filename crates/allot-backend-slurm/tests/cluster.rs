@@ -412,8 +412,8 @@ fn plain_sbatch_job_is_foreign_and_held() {
 }
 
 #[test]
-fn adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_node() {
-    if !enabled("adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_node") {
+fn adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_nodes() {
+    if !enabled("adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_nodes") {
         return;
     }
     let _cluster = cluster_wide();
@@ -424,10 +424,12 @@ fn adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_node() {
     let work = foreign_of(&mut backend, &job).expect("foreign work");
     assert!(work.running.is_empty());
     let run = RunId { workload: 20, attempt: 1 };
-    backend.launch(&adopt_launch(&h, run, &job, vec![member("node3", 2)])).expect("adopt");
+    // It asked for one node and one GPU; allot gives it two nodes with two GPUs each.
+    let members = vec![member("node2", 2), member("node3", 2)];
+    backend.launch(&adopt_launch(&h, run, &job, members)).expect("adopt");
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, run));
-    assert_eq!(squeue_of(&job, "%T %N %b"), "RUNNING node3 gres:gpu:h100:2");
+    assert_eq!(squeue_of(&job, "%T %N %b"), "RUNNING node[2-3] gres:gpu:h100:2");
     assert!(foreign_of(&mut backend, &job).is_none(), "taken over: allot's now");
     backend.signal(run, StopSignal::Kill).expect("kill");
     until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));

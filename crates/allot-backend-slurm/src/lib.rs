@@ -11,15 +11,29 @@
 //! is how launches stay idempotent and how a restarted daemon finds its runs (Slurm is the
 //! state; this backend keeps no files).
 //!
-//! Observation polls `squeue --json` with backoff into a cache of jobs and turns state changes
-//! into observations: `Started` only once Slurm reports the job RUNNING (Slurm gives no pids
-//! to the daemon's host, so `pids` is empty), `Exited` with the program's code from the job's
-//! wait status (`exit_code`), which Slurm keeps for `MinJobAge` after the end.
+//! Observation polls `squeue` (`--Format` by default) with backoff into a cache of jobs and
+//! turns state changes into observations: `Started` only once Slurm reports the job RUNNING
+//! (Slurm gives no pids to the daemon's host, so `pids` is empty), `Exited` with the program's
+//! code from the job's wait status (`exit_code`), which Slurm keeps for `MinJobAge` after the
+//! end.
 //!
 //! Signals go through `scancel --full`, which reaches the batch shell (without `--full` only
 //! job steps get them). One member runs as the batch shell itself (`exec`); several run as one
 //! `srun` task each.
+//!
+//! Jobs submitted to Slurm directly are foreign work ([`Backend::watch_cluster`]): the gate
+//! holds every pending one as soon as it is seen (`scontrol hold`: an administrator's hold
+//! when allot runs as root or SlurmUser, which the job's user cannot undo), so Slurm never
+//! starts it; a launch that adopts it (`Launch::adopt` = the job id) moves it onto allot's
+//! nodes (`scontrol update NumNodes=N-N ReqNodeList=… TresPerNode=gres:gpu:TYPE:G`) and
+//! releases it, or, if it already runs, watches it as the run. A job taken over keeps its
+//! name and comment and is found by its id. Pre-emption with requeue is `scontrol
+//! requeuehold`: the job stops and waits, held, for the launch of the next attempt, which
+//! moves and releases it as above (same job id, Slurm's restart count + 1); an adopted job
+//! requeued so gets the comment `allot:<next's job name>`, the only trace a restarted daemon
+//! can find it by. [`jobcomp`] reads Slurm's job completion log for accounting cross-checks.
 
+pub mod jobcomp;
 pub mod parse;
 pub mod runner;
 
@@ -33,9 +47,13 @@ mod clock {
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use allot_backend::{Backend, BackendError, Launch, Observation, RunId, StopSignal};
+use allot_backend::{
+    Backend, BackendError, ClusterNews, DeviceAssignment, ForeignWork, Launch, MemberLaunch,
+    NodeStatus, Observation, RunId, StopSignal, Vendor,
+};
 use allot_core::{DeviceSpec, NodeSpec};
 
+pub use jobcomp::{JobcompError, JobcompGpuHours, JobcompRecord, jobcomp_gpu_hours, parse_jobcomp};
 pub use parse::{Gres, Partition, SinfoNode, SqueueJob};
 pub use runner::{CommandError, Runner, Tool};
 
@@ -76,8 +94,9 @@ pub struct SlurmConfig {
     /// nothing changes and starts again from the shortest after a launch or signal).
     pub poll_min: Duration,
     pub poll_max: Duration,
-    /// How `poll` (and `recover`, `launch`'s look-up) reads the queue; foreign jobs and
-    /// allocated GPUs always use `squeue --json`.
+    /// How `poll` (and `recover`, `launch`'s look-up) reads the queue. The foreign listing of
+    /// `watch_cluster` always uses `squeue --Format`, GPU indices (`allocated_gpus`, running
+    /// foreign jobs, `foreign_jobs`) `squeue --json`.
     pub poll_query: PollQuery,
     /// GPU memory by GRES type (`h100` → 81559), for the inventory's devices; unknown: 0.
     pub gpu_memory_mib: BTreeMap<String, u64>,
@@ -162,6 +181,30 @@ struct Tracked {
     /// This run was requeued as another run of the same job: it ends when the job stops
     /// running or restarts.
     requeued_at: Option<u64>,
+    /// The job was a foreign job that a launch took over (`Launch::adopt`): never cancelled
+    /// for a failed release, found by id.
+    adopted: bool,
+    /// Requeued held for this run: `launch` of this run moves it onto the launch's nodes and
+    /// releases it.
+    awaiting_launch: bool,
+}
+
+impl Tracked {
+    fn new(job_id: u64) -> Tracked {
+        Tracked {
+            job_id,
+            started: false,
+            ended: false,
+            min_restarts: 0,
+            requeued_at: None,
+            adopted: false,
+            awaiting_launch: false,
+        }
+    }
+
+    fn failed() -> Tracked {
+        Tracked { ended: true, ..Tracked::new(0) }
+    }
 }
 
 #[derive(Debug)]
@@ -178,6 +221,12 @@ pub struct SlurmBackend {
     interval: Duration,
     /// Jobs submitted held and not yet released, with their runs.
     to_release: BTreeMap<u64, RunId>,
+    /// Launches of runs whose held job is to be moved onto the launch's nodes and released
+    /// once Slurm reports it pending (a requeued job, one found held after a restart).
+    to_place: BTreeMap<RunId, Launch>,
+    /// GPUs of running foreign jobs by (job id, restarts), from `squeue --json` (the only
+    /// listing with device indices): read once per job start, not on every look.
+    foreign_gpus: BTreeMap<(u64, u64), (Vec<MemberLaunch>, u64)>,
 }
 
 fn io(e: CommandError) -> BackendError {
@@ -196,6 +245,8 @@ impl SlurmBackend {
             next_poll: None,
             interval,
             to_release: BTreeMap::new(),
+            to_place: BTreeMap::new(),
+            foreign_gpus: BTreeMap::new(),
         }
     }
 
@@ -235,18 +286,21 @@ impl SlurmBackend {
     fn refresh(&mut self) -> Result<(), BackendError> {
         match self.config.poll_query {
             PollQuery::Json => self.refresh_json(),
-            PollQuery::Format => {
-                let args = [
-                    "--noheader".to_string(),
-                    "--states=all".to_string(),
-                    format!("--Format={}", parse::SQUEUE_FORMAT),
-                ];
-                let out = self.run(Tool::Squeue, &args)?;
-                let jobs = parse::parse_squeue_format(&out.stdout);
-                self.jobs = Some(jobs.into_iter().map(|j| (j.job_id, j)).collect());
-                Ok(())
-            }
+            PollQuery::Format => self.refresh_format(),
         }
+    }
+
+    /// Reads `squeue --Format` (the fields observation and the foreign listing need).
+    fn refresh_format(&mut self) -> Result<(), BackendError> {
+        let args = [
+            "--noheader".to_string(),
+            "--states=all".to_string(),
+            format!("--Format={}", parse::SQUEUE_FORMAT),
+        ];
+        let out = self.run(Tool::Squeue, &args)?;
+        let jobs = parse::parse_squeue_format(&out.stdout);
+        self.jobs = Some(jobs.into_iter().map(|j| (j.job_id, j)).collect());
+        Ok(())
     }
 
     /// Reads `squeue --json` (every field) into the cache.
@@ -264,10 +318,36 @@ impl SlurmBackend {
         Ok(())
     }
 
-    /// The newest job in the cache named for `run`.
+    /// The newest job in the cache named for `run`: allot's own by name, an adopted foreign job
+    /// requeued for `run` by its comment (`allot:<job name>`).
     fn find(&self, run: RunId) -> Option<&SqueueJob> {
         let name = self.job_name(run);
-        self.jobs.as_ref()?.values().rev().find(|j| j.name == name)
+        let comment = format!("allot:{name}");
+        self.jobs.as_ref()?.values().rev().find(|j| j.name == name || j.comment == comment)
+    }
+
+    /// The later attempt of `run`'s workload that a job in the cache was requeued for (its
+    /// name, or an adopted job's comment, says so), with the job id.
+    fn requeued_as(&self, run: RunId) -> Option<(RunId, u64)> {
+        let prefix = format!("{}-", self.config.job_prefix);
+        let attempt_of = |text: &str| {
+            let (w, a) = text.strip_prefix(&prefix)?.split_once('.')?;
+            let next = RunId { workload: w.parse().ok()?, attempt: a.parse().ok()? };
+            (next.workload == run.workload && next.attempt > run.attempt).then_some(next)
+        };
+        self.jobs.as_ref()?.values().rev().find_map(|j| {
+            let by_comment = j.comment.strip_prefix("allot:").and_then(attempt_of);
+            attempt_of(&j.name).or(by_comment).map(|next| (next, j.job_id))
+        })
+    }
+
+    /// The job of a launch: the one it took over (`adopt`), else the one named for its run.
+    fn find_for(&self, launch: &Launch) -> Option<&SqueueJob> {
+        let adopted = launch.adopt.as_ref().and_then(|h| h.trim().parse::<u64>().ok());
+        match adopted.and_then(|id| self.jobs.as_ref()?.get(&id)) {
+            Some(job) => Some(job),
+            None => self.find(launch.run),
+        }
     }
 
     fn is_ours(&self, job: &SqueueJob) -> bool {
@@ -308,7 +388,8 @@ impl SlurmBackend {
     }
 
     /// Jobs on the cluster that allot did not submit and that are not over (pending or
-    /// running), outside the unmanaged partitions, for the daemon to import.
+    /// running), outside the unmanaged partitions, from `squeue --json`: a look only (nothing
+    /// is held; [`SlurmBackend::foreign_work`] is the gate).
     pub fn foreign_jobs(&mut self) -> Result<Vec<ForeignJob>, BackendError> {
         self.refresh_json()?;
         let jobs = self.jobs.as_ref().map(|j| j.values().collect::<Vec<_>>()).unwrap_or_default();
@@ -355,11 +436,86 @@ impl SlurmBackend {
             .collect())
     }
 
-    /// Requeues a running run as `next` (pre-emption with requeue): Slurm stops the job
-    /// (`scontrol requeue`), keeps it as the same job id and starts it again when its
-    /// resources are free. The job is renamed to `next`, so `run` is reported `Exited`
-    /// (code `None`) once the job stopped running and `next` is reported `Started` when it
-    /// runs again. Send the checkpoint signal and wait the grace before calling this.
+    /// Foreign work now, for [`Backend::watch_cluster`]: every job that allot did not submit,
+    /// no launch took over and that is pending or running outside the unmanaged partitions.
+    /// The gate: every pending one not yet held is held at once (`scontrol hold`, one call),
+    /// so that Slurm never starts it; a launch that adopts it releases it. A job its user held
+    /// is reported too (held either way). Cost: one `squeue --Format` (the cheap listing),
+    /// plus one `squeue --json` only when a running foreign job appeared whose GPU indices
+    /// are not known yet.
+    pub fn foreign_work(&mut self) -> Result<Vec<ForeignWork>, BackendError> {
+        self.refresh_format()?;
+        let tracked = self.tracked_jobs();
+        let unmanaged = &self.config.unmanaged_partitions;
+        let foreign: Vec<SqueueJob> = self
+            .jobs
+            .iter()
+            .flat_map(|j| j.values())
+            .filter(|j| !self.is_ours(j) && !tracked.contains(&j.job_id))
+            .filter(|j| j.is_pending() || j.is_running())
+            // A pending job may list several partitions: unmanaged only if all are.
+            .filter(|j| !j.partition.split(',').all(|p| unmanaged.contains(p)))
+            .cloned()
+            .collect();
+        let to_hold: Vec<u64> = foreign
+            .iter()
+            .filter(|j| j.state == "PENDING" && !j.is_held())
+            .map(|j| j.job_id)
+            .collect();
+        if !to_hold.is_empty() {
+            self.hold(&to_hold)?;
+        }
+        let running: BTreeSet<(u64, u64)> =
+            foreign.iter().filter(|j| j.is_running()).map(|j| (j.job_id, j.restarts)).collect();
+        self.foreign_gpus.retain(|k, _| running.contains(k));
+        if running.iter().any(|k| !self.foreign_gpus.contains_key(k)) {
+            self.refresh_json()?;
+            for j in self.jobs.iter().flat_map(|j| j.values()) {
+                let key = (j.job_id, j.restarts);
+                if running.contains(&key) && j.is_running() {
+                    self.foreign_gpus.insert(key, (members_of(j), j.start_time));
+                }
+            }
+        }
+        Ok(foreign
+            .iter()
+            .map(|j| {
+                let asked =
+                    parse::parse_gres_list(&j.tres_per_node).into_iter().find(|g| g.name == "gpu");
+                let (running, started) = match self.foreign_gpus.get(&(j.job_id, j.restarts)) {
+                    Some((members, start)) if j.is_running() => {
+                        (members.clone(), Some(start.saturating_mul(1000)))
+                    }
+                    // Started between the two listings: its nodes without device indices.
+                    _ if j.is_running() => (members_of(j), None),
+                    _ => (Vec::new(), None),
+                };
+                let nodes = if running.is_empty() { j.node_count } else { running.len() as u64 };
+                ForeignWork {
+                    handle: j.job_id.to_string(),
+                    name: j.name.clone(),
+                    project: j.account.clone(),
+                    user: j.user.clone(),
+                    running,
+                    nodes: u32::try_from(nodes.max(1)).unwrap_or(u32::MAX),
+                    gpus_per_node: asked
+                        .as_ref()
+                        .map_or(0, |g| u32::try_from(g.count).unwrap_or(u32::MAX)),
+                    model: asked.and_then(|g| g.gres_type),
+                    started_ms: started,
+                }
+            })
+            .collect())
+    }
+
+    /// Requeues a running run as `next` (pre-emption with requeue): Slurm stops the job and
+    /// puts it back in the queue held (`scontrol requeuehold`), as the same job id, so it does
+    /// not start again on its own (on the old nodes); `launch` of `next` moves it onto the
+    /// launch's nodes and releases it. `run` is reported `Exited` (code `None`) once the job
+    /// stopped running, `next` `Started` when it runs again. allot's own jobs are renamed to
+    /// `next` (name and comment); an adopted foreign job keeps its name and gets the comment
+    /// `allot:<next's job name>`, the only way a restarted daemon (whose launch of `next` names
+    /// no job) can find it. Send the checkpoint signal and wait the grace before calling this.
     pub fn requeue(&mut self, run: RunId, next: RunId) -> Result<(), BackendError> {
         self.ensure_known(run)?;
         if self.runs.contains_key(&next) {
@@ -370,41 +526,168 @@ impl SlurmBackend {
         let Some(t) = self.runs.get(&run).cloned() else {
             return Err(BackendError::UnknownRun { run });
         };
-        if t.ended || t.job_id == 0 {
+        if t.ended || t.job_id == 0 || t.requeued_at.is_some() {
             return Err(BackendError::Invalid(format!(
                 "{run}: already ended; launch {next} instead of requeueing"
             )));
         }
-        let id = t.job_id.to_string();
+        self.refresh()?;
         let restarts = self.jobs.as_ref().and_then(|j| j.get(&t.job_id)).map_or(0, |j| j.restarts);
-        // Jobs are submitted --no-requeue (Slurm must not rerun them on its own).
-        self.run(Tool::Scontrol, &["update".into(), format!("jobid={id}"), "requeue=1".into()])?;
-        self.run(Tool::Scontrol, &["requeue".into(), id.clone()])?;
-        self.run(
-            Tool::Scontrol,
-            &[
-                "update".into(),
-                format!("jobid={id}"),
-                format!("name={}", self.job_name(next)),
-                format!("comment=allot:{next}"),
-                "requeue=0".into(),
-            ],
-        )?;
+        self.requeue_held(t.job_id)?;
+        let id = t.job_id.to_string();
+        let mut rename = vec!["update".to_string(), format!("jobid={id}")];
+        if t.adopted {
+            rename.push(format!("comment=allot:{}", self.job_name(next)));
+        } else {
+            rename.push(format!("name={}", self.job_name(next)));
+            rename.push(format!("comment=allot:{next}"));
+        }
+        self.run(Tool::Scontrol, &rename)?;
         if let Some(old) = self.runs.get_mut(&run) {
             old.requeued_at = Some(restarts);
         }
         self.runs.insert(
             next,
             Tracked {
-                job_id: t.job_id,
-                started: false,
-                ended: false,
                 min_restarts: restarts + 1,
-                requeued_at: None,
+                adopted: t.adopted,
+                awaiting_launch: true,
+                ..Tracked::new(t.job_id)
             },
         );
         self.poll_soon();
         Ok(())
+    }
+
+    /// `scontrol requeuehold` of a running job. Slurm refuses it for a job submitted
+    /// `--no-requeue` (allot's own, and foreign ones that chose so): the flag is set for the
+    /// requeue and put back after.
+    fn requeue_held(&self, job_id: u64) -> Result<(), BackendError> {
+        let id = job_id.to_string();
+        let requeue = ["requeuehold".to_string(), id.clone()];
+        match self.config.runner.run(Tool::Scontrol, &requeue, &BTreeMap::new()) {
+            Ok(_) => Ok(()),
+            Err(e) if e.stderr.contains("presently disabled") => {
+                let flag = |on: &str| {
+                    ["update".to_string(), format!("jobid={id}"), format!("requeue={on}")]
+                };
+                self.run(Tool::Scontrol, &flag("1"))?;
+                let requeued = self.run(Tool::Scontrol, &requeue);
+                self.run(Tool::Scontrol, &flag("0"))?;
+                requeued.map(|_| ())
+            }
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    /// Moves a pending (held) job onto a launch's nodes — `NumNodes=N-N`, `ReqNodeList`, and
+    /// `TresPerNode=gres:gpu[:TYPE]:G` when the members have GPUs — and queues its release
+    /// with the next batch.
+    fn place_and_release(&mut self, job_id: u64, launch: &Launch) -> Result<(), String> {
+        let shape = node_shape(launch);
+        let nodes: Vec<&str> = shape.keys().map(String::as_str).collect();
+        let gpus_per_node = shape.values().next().map_or(0, |s| s.1);
+        let mut args = vec![
+            "update".to_string(),
+            format!("jobid={job_id}"),
+            format!("NumNodes={0}-{0}", nodes.len()),
+            format!("ReqNodeList={}", nodes.join(",")),
+        ];
+        if gpus_per_node > 0 {
+            let gpu_type = nodes.first().and_then(|n| self.gpu_types.get(*n).cloned().flatten());
+            args.push(match gpu_type {
+                Some(t) => format!("TresPerNode=gres:gpu:{t}:{gpus_per_node}"),
+                None => format!("TresPerNode=gres:gpu:{gpus_per_node}"),
+            });
+        }
+        self.run(Tool::Scontrol, &args)
+            .map_err(|e| format!("cannot move Slurm job {job_id} onto {}: {e}", nodes.join(",")))?;
+        self.to_release.insert(job_id, launch.run);
+        Ok(())
+    }
+
+    /// Takes over foreign job `handle` as `launch.run` (`Launch::adopt`): a running job is
+    /// watched (`Started` once Slurm says RUNNING), a pending one moved onto the launch's nodes
+    /// and released; a job that is gone or not a job id fails the launch.
+    fn take_over(&mut self, launch: &Launch, handle: &str) -> Result<(), BackendError> {
+        let run = launch.run;
+        let Ok(job_id) = handle.trim().parse::<u64>() else {
+            self.fail_launch(run, format!("cannot take over {handle:?}: not a Slurm job id"));
+            return Ok(());
+        };
+        self.refresh()?;
+        let job = self.jobs.as_ref().and_then(|j| j.get(&job_id)).cloned();
+        let job = match job {
+            Some(job) if !job.is_terminal() => job,
+            other => {
+                let why = other.map_or("no longer in squeue".to_string(), |j| {
+                    format!("ended {} ({})", j.state, j.reason)
+                });
+                self.fail_launch(run, format!("cannot take over Slurm job {job_id}: it {why}"));
+                return Ok(());
+            }
+        };
+        let mut tracked =
+            Tracked { adopted: true, min_restarts: job.restarts, ..Tracked::new(job_id) };
+        if job.is_pending() {
+            if self.gpu_types.is_empty() && launch.members.iter().any(|m| !m.devices.is_empty()) {
+                self.inventory()?;
+            }
+            if let Err(e) = self.place_and_release(job_id, launch) {
+                self.fail_launch(run, e);
+                return Ok(());
+            }
+        } else if !job.is_running() {
+            tracked.ended = true;
+            self.pending.push(Observation::LaunchFailed {
+                run,
+                error: format!("cannot take over Slurm job {job_id}: it is {}", job.state),
+            });
+        }
+        self.runs.insert(run, tracked);
+        self.poll_soon();
+        Ok(())
+    }
+
+    /// Job ids that allot watches (its own and adopted ones): not foreign work.
+    fn tracked_jobs(&self) -> BTreeSet<u64> {
+        self.runs.values().filter(|t| !t.ended && t.job_id != 0).map(|t| t.job_id).collect()
+    }
+
+    /// Holds every pending job in `ids` (`scontrol hold`, 500 ids a call; one by one if a
+    /// call fails). A job that started meanwhile cannot be held and is left alone (the next
+    /// look shows it running); any other failure is an error naming the jobs.
+    fn hold(&mut self, ids: &[u64]) -> Result<(), BackendError> {
+        let mut failed = Vec::new();
+        for chunk in ids.chunks(500) {
+            let list: Vec<String> = chunk.iter().map(u64::to_string).collect();
+            if self.run(Tool::Scontrol, &["hold".into(), list.join(",")]).is_ok() {
+                continue;
+            }
+            for id in chunk {
+                if let Err(e) = self.run(Tool::Scontrol, &["hold".into(), id.to_string()]) {
+                    failed.push((*id, e));
+                }
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        self.refresh()?;
+        let jobs = self.jobs.as_ref();
+        let still_pending: Vec<String> = failed
+            .iter()
+            .filter(|(id, _)| jobs.and_then(|j| j.get(id)).is_some_and(|j| j.state == "PENDING"))
+            .map(|(id, e)| format!("job {id}: {e}"))
+            .collect();
+        if still_pending.is_empty() {
+            return Ok(());
+        }
+        Err(BackendError::Io(format!(
+            "cannot hold foreign Slurm jobs, so Slurm may start them behind allot's back (does \
+             allot run as root, SlurmUser or an operator?): {}",
+            still_pending.join("; ")
+        )))
     }
 
     /// Makes `run` tracked if Slurm has a job for it (after a restart); `UnknownRun` otherwise.
@@ -414,41 +697,16 @@ impl SlurmBackend {
         }
         self.refresh()?;
         let Some(job) = self.find(run) else { return Err(BackendError::UnknownRun { run }) };
-        let tracked = Tracked {
-            job_id: job.job_id,
-            started: false,
-            ended: false,
-            min_restarts: 0,
-            requeued_at: None,
-        };
-        self.runs.insert(run, tracked);
+        self.runs.insert(run, Tracked::new(job.job_id));
         Ok(())
     }
 
-    /// Why a launch cannot be submitted, checked before anything reaches Slurm.
-    fn refusal(&self, launch: &Launch) -> Option<String> {
+    /// Why a launch's program cannot run, checked before anything reaches Slurm (when
+    /// `verify_program`).
+    fn program_refusal(&self, launch: &Launch) -> Option<String> {
         let Some(program) = launch.command.first() else {
             return Some("empty command: nothing to run".to_string());
         };
-        if launch.members.is_empty() {
-            return Some("no members to launch".to_string());
-        }
-        if launch.members.iter().flat_map(|m| &m.devices).any(|d| d.shares != 1000) {
-            return Some(
-                "a device share below a whole GPU: Slurm GRES allocate whole GPUs; give the \
-                 workload whole GPUs or run it on the local backend"
-                    .to_string(),
-            );
-        }
-        let shape = node_shape(launch);
-        let first = shape.values().next().copied().unwrap_or_default();
-        if shape.values().any(|s| *s != first) {
-            return Some(format!(
-                "members need the same tasks and GPUs on every node (Slurm gives every node of \
-                 a job the same --ntasks-per-node and --gres); got {shape:?} as (members, GPUs) \
-                 per node"
-            ));
-        }
         if self.config.verify_program {
             let path_var = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok());
             return allot_backend::resolve_program(program, path_var.as_deref()).err();
@@ -456,11 +714,31 @@ impl SlurmBackend {
         None
     }
 
+    /// Reads the nodes' GRES types (from the inventory) if a launch needs GPUs and they are
+    /// not known yet.
+    fn load_gpu_types(&mut self, launch: &Launch) -> Result<(), BackendError> {
+        if self.gpu_types.is_empty() && launch.members.iter().any(|m| !m.devices.is_empty()) {
+            self.inventory()?;
+        }
+        Ok(())
+    }
+
+    /// A launch of a requeued run that cannot be placed: the run fails; allot's own job is
+    /// cancelled (it must not linger held), an adopted one stays held as foreign work.
+    fn fail_requeued(&mut self, run: RunId, why: String) -> Result<(), BackendError> {
+        let Some(t) = self.runs.get_mut(&run) else { return Ok(()) };
+        t.ended = true;
+        t.awaiting_launch = false;
+        let (job_id, adopted) = (t.job_id, t.adopted);
+        self.pending.push(Observation::LaunchFailed { run, error: why });
+        if !adopted {
+            self.scancel(job_id, &[])?;
+        }
+        Ok(())
+    }
+
     fn fail_launch(&mut self, run: RunId, error: String) {
-        self.runs.insert(
-            run,
-            Tracked { job_id: 0, started: false, ended: true, min_restarts: 0, requeued_at: None },
-        );
+        self.runs.insert(run, Tracked::failed());
         self.pending.push(Observation::LaunchFailed { run, error });
     }
 
@@ -548,36 +826,78 @@ impl SlurmBackend {
             }
             for (id, run) in chunk {
                 if let Err(e) = self.run(Tool::Scontrol, &["release".into(), id.to_string()]) {
-                    let cancel = match self.scancel(*id, &[]) {
-                        Ok(()) => String::new(),
-                        Err(c) => format!("; cancelling it failed too ({c}): scancel {id}"),
+                    // A foreign job stays (held): it is the user's, and shows up as foreign
+                    // work again. allot's own is cancelled.
+                    let adopted = self.runs.get(run).is_some_and(|t| t.adopted);
+                    let cancel = match adopted {
+                        true => "; it stays held".to_string(),
+                        false => match self.scancel(*id, &[]) {
+                            Ok(()) => String::new(),
+                            Err(c) => format!("; cancelling it failed too ({c}): scancel {id}"),
+                        },
                     };
                     if let Some(t) = self.runs.get_mut(run) {
                         t.ended = true;
                     }
                     self.pending.push(Observation::LaunchFailed {
                         run: *run,
-                        error: format!(
-                            "Slurm job {id} was submitted held but not released: {e}{cancel}"
-                        ),
+                        error: format!("Slurm job {id} was held but not released: {e}{cancel}"),
                     });
                 }
             }
         }
     }
 
-    /// Adopts the job of `run` found in squeue: tracked from now on, released if it was left
-    /// held by a daemon that died between submitting and releasing it.
-    fn adopt(&mut self, run: RunId, job: &SqueueJob) -> Tracked {
-        if job.is_pending() && job.reason == "JobHeldUser" {
-            self.to_release.insert(job.job_id, run);
+    /// Adopts the job of `run` found in squeue (after a daemon restart): tracked from now on.
+    /// A job left held by allot — submitted held by a daemon that died before releasing it, or
+    /// requeued held for this run — is moved onto the launch's nodes and released.
+    fn adopt(&mut self, launch: &Launch, job: &SqueueJob) -> Tracked {
+        // The gate's hold (`scontrol hold`) of a foreign job is an administrator's when allot
+        // runs as root or SlurmUser; allot's own holds are the user's.
+        let held_by_allot = job.is_pending()
+            && (matches!(job.reason.as_str(), "JobHeldUser" | "job requeued in held state")
+                || (launch.adopt.is_some() && job.is_held()));
+        if held_by_allot {
+            self.to_place.insert(launch.run, launch.clone());
         }
         Tracked {
-            job_id: job.job_id,
-            started: false,
-            ended: false,
-            min_restarts: 0,
-            requeued_at: None,
+            adopted: !self.is_ours(job),
+            min_restarts: job.restarts,
+            ..Tracked::new(job.job_id)
+        }
+    }
+
+    /// Places and releases the runs whose launch waits for their job to be pending (a job
+    /// requeued moments ago may still be completing on its old nodes); a job that is gone
+    /// or cannot be moved fails the launch.
+    fn place_waiting(&mut self) {
+        let Some(jobs) = &self.jobs else { return };
+        let mut ready = Vec::new();
+        for run in self.to_place.keys() {
+            let Some(t) = self.runs.get(run) else { continue };
+            match jobs.get(&t.job_id) {
+                Some(job) if job.is_running() => {}
+                Some(job) if job.is_pending() => ready.push((*run, t.job_id, None)),
+                other => {
+                    let why = other.map_or("is no longer in squeue".to_string(), |j| {
+                        format!("ended {}", j.state)
+                    });
+                    ready.push((*run, t.job_id, Some(why)));
+                }
+            }
+        }
+        for (run, job_id, gone) in ready {
+            let Some(launch) = self.to_place.remove(&run) else { continue };
+            let result = match gone {
+                Some(why) => Err(format!("Slurm job {job_id} {why} before {run} could start")),
+                None => self.place_and_release(job_id, &launch),
+            };
+            if let Err(error) = result {
+                if let Some(t) = self.runs.get_mut(&run) {
+                    t.ended = true;
+                }
+                self.pending.push(Observation::LaunchFailed { run, error });
+            }
         }
     }
 
@@ -684,6 +1004,74 @@ fn exited(run: RunId, job: &SqueueJob) -> Observation {
     }
 }
 
+/// Why Slurm cannot run a launch's members as one job (checked before anything reaches Slurm).
+fn shape_refusal(launch: &Launch) -> Option<String> {
+    if launch.members.is_empty() {
+        return Some("no members to launch".to_string());
+    }
+    if launch.members.iter().flat_map(|m| &m.devices).any(|d| d.shares != 1000) {
+        return Some(
+            "a device share below a whole GPU: Slurm GRES allocate whole GPUs; give the \
+             workload whole GPUs or run it on the local backend"
+                .to_string(),
+        );
+    }
+    let shape = node_shape(launch);
+    let first = shape.values().next().copied().unwrap_or_default();
+    if shape.values().any(|s| *s != first) {
+        return Some(format!(
+            "members need the same tasks and GPUs on every node (Slurm gives every node of \
+             a job the same --ntasks-per-node and --gres); got {shape:?} as (members, GPUs) \
+             per node"
+        ));
+    }
+    None
+}
+
+/// The operator's words for a node's state: Slurm's state (DRAINED/DRAINING for a drained
+/// node), its other flags, and the reason an administrator gave (`DRAINED: bad GPU 3`).
+pub fn node_state_words(node: &SinfoNode) -> String {
+    let drain = node.state_flags.iter().any(|f| f.starts_with("DRAIN"));
+    let mut words = match (drain, node.state.as_str()) {
+        (true, "allocated" | "mixed" | "completing") => "DRAINING".to_string(),
+        (true, _) => "DRAINED".to_string(),
+        (false, state) => state.to_ascii_uppercase(),
+    };
+    for flag in node.state_flags.iter().filter(|f| !f.starts_with("DRAIN")) {
+        words.push('+');
+        words.push_str(flag);
+    }
+    if !node.reason.is_empty() {
+        words.push_str(": ");
+        words.push_str(&node.reason);
+    }
+    words
+}
+
+/// One member per node a job holds, with the GPU indices Slurm gave it there.
+fn members_of(job: &SqueueJob) -> Vec<MemberLaunch> {
+    job.nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| MemberLaunch {
+            node: node.clone(),
+            devices: job
+                .gres_detail
+                .get(i)
+                .map(|g| g.indices.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|index| DeviceAssignment {
+                    index,
+                    uuid: None,
+                    vendor: Vendor::Nvidia,
+                    shares: 1000,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Members and GPUs per node of a launch, by node.
 fn node_shape(launch: &Launch) -> BTreeMap<String, (usize, usize)> {
     let mut shape: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -742,36 +1130,47 @@ impl Backend for SlurmBackend {
 
     fn launch(&mut self, launch: &Launch) -> Result<(), BackendError> {
         let run = launch.run;
-        if self.runs.contains_key(&run) {
+        if let Some(t) = self.runs.get(&run) {
+            if t.awaiting_launch && !t.ended {
+                // Requeued held as this run: onto this launch's nodes, then released.
+                if let Some(why) = shape_refusal(launch) {
+                    return self.fail_requeued(run, why);
+                }
+                self.load_gpu_types(launch)?;
+                if let Some(t) = self.runs.get_mut(&run) {
+                    t.awaiting_launch = false;
+                }
+                self.to_place.insert(run, launch.clone());
+                self.poll_soon();
+            }
             return Ok(());
         }
         // A launch Slurm cannot express was never submitted: refuse it before asking Slurm.
-        if let Some(why) = self.refusal(launch) {
+        if let Some(why) = shape_refusal(launch) {
             self.fail_launch(run, why);
             return Ok(());
         }
+        if let Some(handle) = &launch.adopt {
+            return self.take_over(launch, handle);
+        }
         self.ensure_loaded()?;
         if let Some(job) = self.find(run).cloned() {
-            // Submitted before (by an earlier daemon): adopt it; poll reports what it does.
-            let tracked = self.adopt(run, &job);
+            // Submitted (or requeued for this run) by an earlier daemon: adopt it; poll
+            // reports what it does.
+            self.load_gpu_types(launch)?;
+            let tracked = self.adopt(launch, &job);
             self.runs.insert(run, tracked);
             self.poll_soon();
             return Ok(());
         }
-        if self.gpu_types.is_empty() && launch.members.iter().any(|m| !m.devices.is_empty()) {
-            // The GRES type comes from the inventory.
-            self.inventory()?;
+        if let Some(why) = self.program_refusal(launch) {
+            self.fail_launch(run, why);
+            return Ok(());
         }
+        self.load_gpu_types(launch)?;
         match self.submit(launch) {
             Ok(job_id) => {
-                let tracked = Tracked {
-                    job_id,
-                    started: false,
-                    ended: false,
-                    min_restarts: 0,
-                    requeued_at: None,
-                };
-                self.runs.insert(run, tracked);
+                self.runs.insert(run, Tracked::new(job_id));
             }
             Err(e) => self.fail_launch(run, e),
         }
@@ -825,8 +1224,11 @@ impl Backend for SlurmBackend {
         if watching && self.next_poll.is_none_or(|at| now >= at) {
             // A failed squeue keeps what `pending` holds for the next poll.
             self.refresh()?;
+            self.place_waiting();
+            self.release_submitted();
             let seen = self.reconcile();
-            self.interval = if seen.is_empty() {
+            // A run waiting to be placed is looked at again soon (its job is completing).
+            self.interval = if seen.is_empty() && self.to_place.is_empty() {
                 (self.interval * 2).min(self.config.poll_max)
             } else {
                 self.config.poll_min
@@ -842,28 +1244,35 @@ impl Backend for SlurmBackend {
         let mut out = Vec::new();
         for launch in runs {
             let run = launch.run;
-            let Some(job) = self.find(run).cloned() else {
-                self.runs.insert(
+            let job = self.find_for(launch).cloned();
+            if let Some((next, job_id)) = self.requeued_as(run)
+                && job.as_ref().is_none_or(|j| j.job_id == job_id)
+            {
+                // Requeued for a later attempt before the daemon saw this run end.
+                self.runs.insert(run, Tracked { ended: true, ..Tracked::new(job_id) });
+                out.push(Observation::Exited {
                     run,
-                    Tracked {
-                        job_id: 0,
-                        started: false,
-                        ended: true,
-                        min_restarts: 0,
-                        requeued_at: None,
-                    },
-                );
+                    code: None,
+                    detail: format!("requeued by allot as {next} (Slurm job {job_id})"),
+                });
+                continue;
+            }
+            let Some(job) = job else {
+                self.runs.insert(run, Tracked::failed());
+                let what = match &launch.adopt {
+                    Some(handle) => format!("Slurm job {handle} (taken over)"),
+                    None => format!("Slurm job named {}", self.job_name(run)),
+                };
                 out.push(Observation::LaunchFailed {
                     run,
                     error: format!(
-                        "no Slurm job named {} (never submitted, or it ended more than \
-                         MinJobAge ago)",
-                        self.job_name(run)
+                        "no {what} (never submitted, or it ended more than MinJobAge ago)"
                     ),
                 });
                 continue;
             };
-            let mut t = self.adopt(run, &job);
+            self.load_gpu_types(launch)?;
+            let mut t = self.adopt(launch, &job);
             if job.state == "RUNNING" {
                 t.started = true;
                 out.push(Observation::Started { run, pids: Vec::new() });
@@ -886,5 +1295,51 @@ impl Backend for SlurmBackend {
         }
         self.poll_soon();
         Ok(out)
+    }
+
+    /// Node states from `sinfo --json` (managed nodes) and foreign work from
+    /// [`SlurmBackend::foreign_work`], which holds every pending foreign job it sees.
+    fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
+        let nodes = self
+            .nodes()?
+            .iter()
+            .filter(|n| self.managed_node(n))
+            .map(|n| NodeStatus {
+                node: n.name.clone(),
+                usable: n.usable(),
+                reason: node_state_words(n),
+            })
+            .collect();
+        let foreign = self.foreign_work()?;
+        Ok(ClusterNews { nodes, foreign })
+    }
+
+    fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
+        SlurmBackend::requeue(self, run, next).map(|()| true)
+    }
+
+    /// `scontrol requeuehold` of a running foreign job: pending (held) foreign work again.
+    /// `Ok(false)` for a handle that is not a foreign job on the cluster (gone, allot's own,
+    /// taken over); `Ok(true)` for one already pending (the gate holds it).
+    fn return_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        let Ok(job_id) = handle.trim().parse::<u64>() else { return Ok(false) };
+        if self.tracked_jobs().contains(&job_id) {
+            return Ok(false);
+        }
+        self.refresh()?;
+        let Some(job) = self.jobs.as_ref().and_then(|j| j.get(&job_id)).cloned() else {
+            return Ok(false);
+        };
+        if self.is_ours(&job) || job.is_terminal() {
+            return Ok(false);
+        }
+        if job.is_pending() {
+            if !job.is_held() {
+                self.hold(&[job_id])?;
+            }
+            return Ok(true);
+        }
+        self.requeue_held(job_id)?;
+        Ok(true)
     }
 }

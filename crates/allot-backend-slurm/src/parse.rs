@@ -28,6 +28,8 @@ pub struct SqueueJob {
     pub restarts: u64,
     /// Nodes the job holds (expanded `nodes`); empty while pending.
     pub nodes: Vec<String>,
+    /// Nodes it holds while running, nodes it asks for while pending (`node_count`).
+    pub node_count: u64,
     /// Nodes the job asked for (`required_nodes`, expanded).
     pub required_nodes: Vec<String>,
     /// Per allocated node, in the order of `nodes`: the GPUs it holds there (`gres_detail`).
@@ -74,9 +76,14 @@ impl SqueueJob {
         !self.batch_host.is_empty() || !self.nodes.is_empty()
     }
 
-    /// Held by a user or an administrator (`sbatch --hold`, `scontrol hold`).
+    /// Held by a user or an administrator (`sbatch --hold`, `scontrol hold`, `scontrol
+    /// requeuehold`: squeue's JSON says JobHeldUser for that, its `--Format` the description).
     pub fn is_held(&self) -> bool {
-        self.is_pending() && matches!(self.reason.as_str(), "JobHeldUser" | "JobHeldAdmin")
+        self.is_pending()
+            && matches!(
+                self.reason.as_str(),
+                "JobHeldUser" | "JobHeldAdmin" | "job requeued in held state"
+            )
     }
 
     /// The program's exit code, or `None` when it ended by a signal.
@@ -234,6 +241,7 @@ fn job_of(j: &Value) -> Option<SqueueJob> {
         exit_status: i64_of(j, "exit_code"),
         restarts: u64_of(j, "restart_cnt"),
         nodes,
+        node_count: u64_of(j, "node_count"),
         required_nodes,
         gres_detail,
         tres_per_node: str_of(j, "tres_per_node"),
@@ -245,18 +253,36 @@ fn job_of(j: &Value) -> Option<SqueueJob> {
 
 /// The `squeue --Format` fields [`parse_squeue_format`] reads, in order: the job name last, so
 /// a `|` in a name cannot shift the other fields.
-pub const SQUEUE_FORMAT: &str =
-    "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,BatchHost:|,NodeList:|,Name:";
+pub const SQUEUE_FORMAT: &str = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,BatchHost:|,\
+     NodeList:|,NumNodes:|,tres-per-node:|,Account:|,UserName:|,Partition:|,Comment:|,Name:";
 
-/// Parses `squeue --noheader --states=all --Format=SQUEUE_FORMAT`: the fields observation needs
-/// (id, name, state, reason, wait status, restarts, nodes), at a tenth of the cost of
-/// `squeue --json` (which always lists every field of every job). Other fields stay empty.
-/// Lines that do not parse are skipped.
+/// Parses `squeue --noheader --states=all --Format=SQUEUE_FORMAT`: the fields observation and
+/// the foreign-work listing need (id, name, comment, state, reason, wait status, restarts,
+/// nodes, node count, GRES request, account, user, partition), at a tenth of the cost of
+/// `squeue --json` (which always lists every field of every job). GPU indices, times and the
+/// required nodes stay empty. A `|` in a comment shifts it into the name: [`SqueueJob::comment`]
+/// is then cut short and the name starts with the rest of it. Lines that do not parse are
+/// skipped.
 pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
     text.lines()
         .filter_map(|line| {
-            let f: Vec<&str> = line.splitn(8, '|').collect();
-            let [id, state, reason, status, restarts, batch_host, nodes, name] = f.as_slice()
+            let f: Vec<&str> = line.splitn(14, '|').collect();
+            let [
+                id,
+                state,
+                reason,
+                status,
+                restarts,
+                batch_host,
+                nodes,
+                node_count,
+                tres_per_node,
+                account,
+                user,
+                partition,
+                comment,
+                name,
+            ] = f.as_slice()
             else {
                 return None;
             };
@@ -270,18 +296,19 @@ pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
             Some(SqueueJob {
                 job_id: id.trim().parse().ok()?,
                 name: name.to_string(),
-                comment: String::new(),
-                account: String::new(),
-                partition: String::new(),
-                user: String::new(),
+                comment: unset(comment),
+                account: unset(account.trim()),
+                partition: unset(partition.trim()),
+                user: unset(user.trim()),
                 state: state.trim().to_string(),
                 reason: reason.trim().to_string(),
                 exit_status: status.trim().parse().unwrap_or_default(),
                 restarts: restarts.trim().parse().unwrap_or_default(),
                 nodes: expand_hostlist(&unset(nodes.trim())).unwrap_or_default(),
+                node_count: node_count.trim().parse().unwrap_or_default(),
                 required_nodes: Vec::new(),
                 gres_detail: Vec::new(),
-                tres_per_node: String::new(),
+                tres_per_node: unset(tres_per_node.trim()),
                 batch_host: unset(batch_host.trim()),
                 start_time: 0,
                 submit_time: 0,

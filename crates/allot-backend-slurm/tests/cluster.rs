@@ -7,12 +7,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use allot_backend::contract::{self, Harness, sh};
 use allot_backend::{
-    Backend, DeviceAssignment, Launch, MemberLaunch, Observation, RunId, StopSignal, Vendor,
+    Backend, DeviceAssignment, ForeignWork, Launch, MemberLaunch, Observation, RunId, StopSignal,
+    Vendor,
 };
 use allot_backend_slurm::{SlurmBackend, SlurmConfig};
 
@@ -228,9 +230,82 @@ fn gpu(index: u32) -> DeviceAssignment {
     DeviceAssignment { index, uuid: None, vendor: Vendor::Nvidia, shares: 1000 }
 }
 
+/// Serializes the tests that submit foreign jobs or call `watch_cluster` (which holds every
+/// pending foreign job it sees, another test's too) or drain a node.
+static CLUSTER_WIDE: Mutex<()> = Mutex::new(());
+
+fn cluster_wide() -> std::sync::MutexGuard<'static, ()> {
+    CLUSTER_WIDE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A Slurm client command on the test cluster; panics with its stderr if it fails.
+fn slurm(program: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(program)
+        .env("SLURM_CONF", slurm_conf())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `sbatch` as a user would (no allot name): the job id.
+fn sbatch_foreign(args: &[&str]) -> String {
+    let mut all = vec!["--parsable", "-A", "nlp", "-o", "/dev/null"];
+    all.extend_from_slice(args);
+    slurm("sbatch", &all)
+}
+
+/// `squeue -j <id> -o <format>` of one job (`%T` state, `%r` reason, `%N` nodes).
+fn squeue_of(job: &str, format: &str) -> String {
+    slurm("squeue", &["-h", "-j", job, "-o", format])
+}
+
+fn restarts_of(job: &str) -> String {
+    let show = slurm("scontrol", &["show", "job", job]);
+    show.split_whitespace()
+        .find_map(|f| f.strip_prefix("Restarts="))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Waits until `squeue -j job -o format` prints `want`.
+fn wait_squeue(job: &str, format: &str, want: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let got = squeue_of(job, format);
+        if got == want {
+            return;
+        }
+        assert!(start.elapsed() < limit, "job {job}: {format} is {got:?}, waited for {want:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn foreign_of(backend: &mut SlurmBackend, job: &str) -> Option<ForeignWork> {
+    let news = backend.watch_cluster().expect("watch_cluster");
+    news.foreign.into_iter().find(|w| w.handle == job)
+}
+
+/// One member on `node` with `gpus` GPUs.
+fn member(node: &str, gpus: u32) -> MemberLaunch {
+    MemberLaunch { node: node.into(), devices: (0..gpus).map(gpu).collect() }
+}
+
+fn adopt_launch(h: &SlurmHarness, run: RunId, job: &str, members: Vec<MemberLaunch>) -> Launch {
+    Launch {
+        run,
+        command: vec!["(foreign job)".to_string()],
+        env: BTreeMap::new(),
+        members,
+        log_dir: h.tmp_dir().join(format!("logs-{run}")),
+        adopt: Some(job.to_string()),
+    }
+}
+
 #[test]
-fn requeue_runs_the_same_job_again_as_the_next_attempt() {
-    if !enabled("requeue_runs_the_same_job_again_as_the_next_attempt") {
+fn requeue_runs_the_same_job_again_on_the_next_launchs_nodes() {
+    if !enabled("requeue_runs_the_same_job_again_on_the_next_launchs_nodes") {
         return;
     }
     let h = SlurmHarness::new();
@@ -241,7 +316,7 @@ fn requeue_runs_the_same_job_again_as_the_next_attempt() {
         run: first,
         command: h.program_sleep(120),
         env: BTreeMap::new(),
-        members: vec![MemberLaunch { node: "node2".into(), devices: vec![gpu(0), gpu(1)] }],
+        members: vec![member("node2", 2)],
         log_dir: h.tmp_dir().join("logs"),
         adopt: None,
     };
@@ -254,34 +329,288 @@ fn requeue_runs_the_same_job_again_as_the_next_attempt() {
         matches!(gpus.as_slice(), [(node, g)] if node == "node2" && g.indices.len() == 2),
         "{gpus:?}"
     );
-    let requeued_at = Instant::now();
-    backend.requeue(first, next).expect("requeue");
+    assert!(Backend::requeue(&mut backend, first, next).expect("requeue"), "Slurm requeues");
     assert_eq!(backend.job_id(next), Some(job), "the next attempt is the same Slurm job");
+    // A daemon restarted now learns that the first attempt was requeued (the job is renamed).
+    let recovered = SlurmBackend::new(config(&h.prefix))
+        .recover(std::slice::from_ref(&launch))
+        .expect("recover");
+    assert!(
+        matches!(recovered.as_slice(), [Observation::Exited { run, code: None, detail }]
+            if *run == first && detail.contains("requeued by allot as 1.2")),
+        "{recovered:#?}"
+    );
     until(&mut backend, &mut seen, Duration::from_secs(15), "the first attempt to end", |s| {
         ended(s, first)
     });
-    // Back to pending (BeginTime: cred_expire), then running again as the same job.
-    until(&mut backend, &mut seen, Duration::from_secs(60), "the next attempt to start", |s| {
+    let id = job.to_string();
+    // Requeued held: Slurm does not start it again by itself (sched_interval is 5 s).
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(squeue_of(&id, "%T"), "PENDING");
+    assert!(!started(&seen[1..], next), "{seen:#?}");
+    let requeued_at = Instant::now();
+    backend
+        .launch(&Launch { run: next, members: vec![member("node1", 3)], ..launch.clone() })
+        .expect("launch of the next attempt");
+    // Running again as the same job once cred_expire (10 s) has passed.
+    until(&mut backend, &mut seen, Duration::from_secs(40), "the next attempt to start", |s| {
         started(s, next)
     });
     let restart = requeued_at.elapsed();
     assert!(
         matches!(seen.as_slice(), [
             Observation::Started { run: a, .. },
-            Observation::Exited { run: b, code: None, .. },
+            Observation::Exited { run: b, code: None, detail },
             Observation::Started { run: c, .. },
-        ] if *a == first && *b == first && *c == next),
+        ] if *a == first && *b == first && detail.contains("requeued") && *c == next),
         "observed {seen:#?}"
     );
-    // Launching the next attempt now (as the daemon would on admission) starts nothing more.
+    assert_eq!(squeue_of(&id, "%N %b"), "node1 gres:gpu:h100:3");
+    assert_eq!(restarts_of(&id), "1");
+    // Launching the next attempt again starts nothing more.
     backend.launch(&Launch { run: next, ..launch.clone() }).expect("idempotent launch");
     assert_eq!(backend.job_id(next), Some(job));
     backend.signal(next, StopSignal::Kill).expect("kill");
     until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, next));
     #[allow(clippy::print_stderr)]
     {
-        eprintln!("requeue: job {job} ran again {restart:.1?} after scontrol requeue");
+        eprintln!("requeue: job {job} ran again {restart:.1?} after launch of the next attempt");
     }
+}
+
+#[test]
+fn plain_sbatch_job_is_foreign_and_held() {
+    if !enabled("plain_sbatch_job_is_foreign_and_held") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    // Eligible in 2 s: pending until then, so the gate holds it before Slurm could start it.
+    let name = format!("plain{}", std::process::id());
+    let job =
+        sbatch_foreign(&["-J", &name, "--begin=now+2", "--gres=gpu:h100:2", "--wrap", "sleep 60"]);
+    let work = foreign_of(&mut backend, &job).expect("the job is foreign work");
+    assert_eq!(
+        (work.name.as_str(), work.project.as_str(), work.user.as_str()),
+        (name.as_str(), "nlp", "root")
+    );
+    assert_eq!((work.nodes, work.gpus_per_node, work.model.as_deref()), (1, 2, Some("h100")));
+    assert!(work.running.is_empty() && work.started_ms.is_none(), "{work:?}");
+    let reason = squeue_of(&job, "%r");
+    assert!(reason.starts_with("JobHeld"), "held by the gate: {reason}");
+    // Past its begin time and a scheduling cycle: still pending, still reported.
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(squeue_of(&job, "%T"), "PENDING");
+    assert!(foreign_of(&mut backend, &job).is_some_and(|w| w.running.is_empty()));
+    // A job its user held stays held and is reported too.
+    let user_held = sbatch_foreign(&["-J", &name, "--hold", "--wrap", "sleep 60"]);
+    let news = backend.watch_cluster().expect("watch_cluster");
+    assert!(news.foreign.iter().any(|w| w.handle == user_held && w.gpus_per_node == 0));
+    assert_eq!(squeue_of(&user_held, "%T %r"), "PENDING JobHeldUser");
+    slurm("scancel", &[&job, &user_held]);
+}
+
+#[test]
+fn adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_nodes() {
+    if !enabled("adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_nodes") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let job =
+        sbatch_foreign(&["-J", "heldwork", "--hold", "--gres=gpu:h100:1", "--wrap", "sleep 60"]);
+    let work = foreign_of(&mut backend, &job).expect("foreign work");
+    assert!(work.running.is_empty());
+    let run = RunId { workload: 20, attempt: 1 };
+    // It asked for one node and one GPU; allot gives it two nodes with two GPUs each.
+    let members = vec![member("node2", 2), member("node3", 2)];
+    backend.launch(&adopt_launch(&h, run, &job, members)).expect("adopt");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, run));
+    assert_eq!(squeue_of(&job, "%T %N %b"), "RUNNING node[2-3] gres:gpu:h100:2");
+    assert!(foreign_of(&mut backend, &job).is_none(), "taken over: allot's now");
+    backend.signal(run, StopSignal::Kill).expect("kill");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
+    // A job that is gone fails the launch, naming it.
+    let gone = RunId { workload: 21, attempt: 1 };
+    backend.launch(&adopt_launch(&h, gone, "999999999", vec![member("node3", 1)])).expect("adopt");
+    let seen = backend.poll().expect("poll");
+    assert!(
+        matches!(seen.as_slice(), [Observation::LaunchFailed { run, error }]
+            if *run == gone && error.contains("999999999")),
+        "{seen:#?}"
+    );
+}
+
+#[test]
+fn adopt_launch_of_a_running_foreign_job_reports_started_and_its_exit_code() {
+    if !enabled("adopt_launch_of_a_running_foreign_job_reports_started_and_its_exit_code") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let job = sbatch_foreign(&["-J", "running", "--gres=gpu:h100:2", "--wrap", "sleep 4; exit 7"]);
+    wait_squeue(&job, "%T", "RUNNING", Duration::from_secs(10));
+    let work = foreign_of(&mut backend, &job).expect("foreign work");
+    assert!(
+        matches!(work.running.as_slice(), [m] if m.devices.len() == 2
+            && m.devices.iter().all(|d| d.uuid.is_none() && d.shares == 1000)),
+        "{work:?}"
+    );
+    assert!(work.started_ms.is_some());
+    let run = RunId { workload: 22, attempt: 1 };
+    backend.launch(&adopt_launch(&h, run, &job, work.running.clone())).expect("adopt");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
+    assert!(
+        matches!(seen.as_slice(), [
+            Observation::Started { run: a, .. },
+            Observation::Exited { run: b, code: Some(7), .. },
+        ] if *a == run && *b == run),
+        "{seen:#?}"
+    );
+}
+
+#[test]
+fn requeue_of_an_adopted_job_runs_it_elsewhere_after_a_daemon_restart() {
+    if !enabled("requeue_of_an_adopted_job_runs_it_elsewhere_after_a_daemon_restart") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let job = sbatch_foreign(&[
+        "-J",
+        "adopted",
+        "--nodelist=node4",
+        "--gres=gpu:h100:1",
+        "--wrap",
+        "sleep 120",
+    ]);
+    wait_squeue(&job, "%T", "RUNNING", Duration::from_secs(10));
+    let run = RunId { workload: 23, attempt: 1 };
+    let next = RunId { workload: 23, attempt: 2 };
+    let mut seen = Vec::new();
+    {
+        let mut backend = SlurmBackend::new(config(&h.prefix));
+        backend.launch(&adopt_launch(&h, run, &job, vec![member("node4", 1)])).expect("adopt");
+        until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, run));
+        assert!(Backend::requeue(&mut backend, run, next).expect("requeue"));
+        // The daemon restarts before it saw the run end or launched the next attempt.
+    }
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let recovered =
+        backend.recover(&[adopt_launch(&h, run, &job, vec![member("node4", 1)])]).expect("recover");
+    assert!(
+        matches!(recovered.as_slice(), [Observation::Exited { run: r, code: None, detail }]
+            if *r == run && detail.contains("requeued by allot as 23.2")),
+        "{recovered:#?}"
+    );
+    wait_squeue(&job, "%T %j", "PENDING adopted", Duration::from_secs(10));
+    assert!(foreign_of(&mut backend, &job).is_none(), "requeued for allot: not foreign");
+    let launch = Launch { adopt: None, ..adopt_launch(&h, next, &job, vec![member("node2", 2)]) };
+    backend.launch(&launch).expect("launch of the next attempt, found by the job's comment");
+    until(&mut backend, &mut seen, Duration::from_secs(40), "the next start", |s| started(s, next));
+    assert_eq!(squeue_of(&job, "%N %b"), "node2 gres:gpu:h100:2");
+    assert_eq!(restarts_of(&job), "1");
+    backend.signal(next, StopSignal::Kill).expect("kill");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, next));
+}
+
+#[test]
+fn return_foreign_puts_a_running_job_back_in_the_queue_held() {
+    if !enabled("return_foreign_puts_a_running_job_back_in_the_queue_held") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let job = sbatch_foreign(&["-J", "returned", "--no-requeue", "--wrap", "sleep 60"]);
+    wait_squeue(&job, "%T", "RUNNING", Duration::from_secs(10));
+    assert!(foreign_of(&mut backend, &job).is_some_and(|w| !w.running.is_empty()));
+    assert!(backend.return_foreign(&job).expect("return_foreign"));
+    wait_squeue(&job, "%T", "PENDING", Duration::from_secs(10));
+    let work = foreign_of(&mut backend, &job).expect("pending foreign work again");
+    assert!(work.running.is_empty() && work.started_ms.is_none(), "{work:?}");
+    assert!(squeue_of(&job, "%r").contains("held"), "held: {}", squeue_of(&job, "%r"));
+    let requeue_flag = slurm("scontrol", &["show", "job", &job]);
+    assert!(requeue_flag.contains("Requeue=0"), "the job's own --no-requeue is kept");
+    assert!(!backend.return_foreign("999999999").expect("a gone job"), "nothing to return");
+    slurm("scancel", &[&job]);
+}
+
+#[test]
+fn drained_node_is_unusable_with_its_reason() {
+    if !enabled("drained_node_is_unusable_with_its_reason") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let mut backend = SlurmBackend::new(config("allotdrain"));
+    let status = |backend: &mut SlurmBackend| {
+        let news = backend.watch_cluster().expect("watch_cluster");
+        let names: Vec<&str> = news.nodes.iter().map(|n| n.node.as_str()).collect();
+        assert_eq!(names, ["node1", "node2", "node3", "node4"]);
+        news.nodes.into_iter().find(|n| n.node == "node4").expect("node4")
+    };
+    slurm("scontrol", &["update", "nodename=node4", "state=drain", "reason=allot test"]);
+    let drained = status(&mut backend);
+    slurm("scontrol", &["update", "nodename=node4", "state=resume"]);
+    assert!(!drained.usable, "{drained:?}");
+    assert!(
+        drained.reason.starts_with("DRAIN") && drained.reason.ends_with(": allot test"),
+        "{drained:?}"
+    );
+    let start = Instant::now();
+    loop {
+        let resumed = status(&mut backend);
+        if resumed.usable {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{resumed:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn jobcomp_gpu_hours_of_a_known_job() {
+    if !enabled("jobcomp_gpu_hours_of_a_known_job") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let run = RunId { workload: 30, attempt: 1 };
+    let account = format!("gpuhours{}", std::process::id());
+    let launch = Launch {
+        run,
+        command: h.program_sleep(2),
+        env: BTreeMap::from([("ALLOT_PROJECT".to_string(), account.clone())]),
+        members: vec![member("node1", 3)],
+        log_dir: h.tmp_dir().join("logs"),
+        adopt: None,
+    };
+    backend.launch(&launch).expect("launch");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
+    let job = backend.job_id(run).expect("job id");
+    let log =
+        slurm_conf().parent().and_then(Path::parent).expect("state dir").join("log/jobcomp.log");
+    let start = Instant::now();
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains(&format!("JobId={job} ")) {
+            break text;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no line for job {job} in {log:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let hours = allot_backend_slurm::jobcomp_gpu_hours(&text, |r| (r.job_id == job).then_some(3))
+        .expect("the cluster's jobcomp log parses");
+    let got = hours.by_account.get(&account).copied().expect("the account's hours");
+    // sleep 2 on 3 GPUs: 2-4 s of allocation (whole seconds) × 3 GPUs.
+    assert!((6.0 / 3600.0..=12.0 / 3600.0).contains(&got), "{got} GPU-hours");
+    assert!(!hours.unknown_gpus.contains(&job));
 }
 
 #[test]
@@ -320,6 +649,7 @@ fn foreign_jobs_are_listed_with_account_and_gpus() {
     if !enabled("foreign_jobs_are_listed_with_account_and_gpus") {
         return;
     }
+    let _cluster = cluster_wide();
     let h = SlurmHarness::new();
     let mut backend = SlurmBackend::new(config(&h.prefix));
     let name = format!("foreign{}", std::process::id());

@@ -5,6 +5,7 @@ use allot_backend_slurm::parse::{
     Gres, exit_code_of, expand_hostlist, parse_gres_list, parse_partitions, parse_sbatch_job_id,
     parse_sinfo, parse_squeue, parse_squeue_format,
 };
+use allot_backend_slurm::{JobcompRecord, jobcomp_gpu_hours, node_state_words, parse_jobcomp};
 use proptest::prelude::*;
 
 fn data(name: &str) -> String {
@@ -75,25 +76,92 @@ fn squeue_jobs_of_every_state() {
 #[test]
 fn squeue_format_lines_of_every_state() {
     let jobs = parse_squeue_format(&data("squeue-format.txt"));
-    assert_eq!(jobs.len(), 21);
-    let running = job(&jobs, 4712);
-    assert_eq!(running.name, "allot-77.1");
+    assert_eq!(jobs.len(), 9);
+    let running = job(&jobs, 15037);
+    assert_eq!((running.name.as_str(), running.comment.as_str()), ("allot-77.1", "allot:77.1"));
     assert!(running.is_running() && running.ran());
     assert_eq!(running.nodes, ["node1", "node2"]);
-    assert_eq!(running.batch_host, "node1");
-    // A `|` in a name stays in the name (the last field).
-    let held = job(&jobs, 4713);
-    assert_eq!(held.name, "odd|name");
+    assert_eq!((running.node_count, running.tres_per_node.as_str()), (2, "gres:gpu:h100:4"));
+    assert_eq!((running.account.as_str(), running.user.as_str()), ("vision", "root"));
+    assert_eq!((running.partition.as_str(), running.batch_host.as_str()), ("batch", "node1"));
+    // A `|` in the comment shifts it into the name, as documented; the fields before stay.
+    let held = job(&jobs, 15038);
+    assert_eq!((held.comment.as_str(), held.name.as_str()), ("a", "comment|odd|name"));
     assert!(held.is_held() && !held.ran());
-    let failed = job(&jobs, 4690);
+    assert_eq!(held.tres_per_node, "gres:gpu:h100:8");
+    let requeue_held = job(&jobs, 15039);
+    assert!(requeue_held.is_held() && requeue_held.restarts == 1, "{requeue_held:?}");
+    let foreign_pending = job(&jobs, 15040);
+    assert!(foreign_pending.is_pending() && !foreign_pending.is_held());
+    assert_eq!((foreign_pending.comment.as_str(), foreign_pending.node_count), ("", 2));
+    let failed = job(&jobs, 15033);
     assert_eq!((failed.state.as_str(), failed.exit_code()), ("FAILED", Some(3)));
-    let killed = job(&jobs, 4693);
-    assert_eq!((killed.exit_code(), killed.exit_signal()), (None, Some(9)));
-    let requeued_then_cancelled = job(&jobs, 4710);
+    assert_eq!(failed.tres_per_node, "", "N/A is no request");
+    let cancelled = job(&jobs, 15034);
+    assert_eq!((cancelled.exit_code(), cancelled.exit_signal()), (None, Some(15)));
+    let requeued_then_cancelled = job(&jobs, 15036);
     assert_eq!(requeued_then_cancelled.restarts, 1);
-    let trapped_term = job(&jobs, 4704);
+    let trapped_term = job(&jobs, 15035);
     assert_eq!(trapped_term.exit_code(), Some(143));
     assert_eq!(parse_squeue_format("garbage\n1|2|3\n"), Vec::new());
+}
+
+#[test]
+fn jobcomp_lines_of_every_state() {
+    let records = parse_jobcomp(&data("jobcomp.log")).expect("recorded jobcomp log parses");
+    assert_eq!(records.len(), 11);
+    let two_nodes = records.iter().find(|r| r.job_id == 15037).expect("job 15037");
+    assert_eq!(
+        (two_nodes.name.as_str(), two_nodes.state.as_str(), two_nodes.account.as_str()),
+        ("allot-77.1", "CANCELLED", "vision")
+    );
+    assert_eq!((two_nodes.node_list.as_str(), two_nodes.node_count), ("node[1-2]", 2));
+    assert_eq!(two_nodes.elapsed_seconds(), 5);
+    assert_eq!(two_nodes.tres_gpus(), None, "no GPUs in Tres without slurmdbd");
+    // A requeued job has one line per run: the requeued run says PENDING.
+    let runs: Vec<&str> =
+        records.iter().filter(|r| r.job_id == 15036).map(|r| r.state.as_str()).collect();
+    assert_eq!(runs, ["PENDING", "CANCELLED"]);
+    let odd = records.iter().find(|r| r.job_id == 15038).expect("job 15038");
+    assert_eq!((odd.name.as_str(), odd.elapsed_seconds()), ("odd|name", 0));
+}
+
+#[test]
+fn jobcomp_gpu_hours_per_account() {
+    // Tres without GPUs: the caller's counts (2 GPUs per node of allot's jobs here).
+    let gpus = |r: &JobcompRecord| r.name.starts_with("allot-").then_some(2 * r.node_count);
+    let hours = jobcomp_gpu_hours(&data("jobcomp.log"), gpus).expect("parses");
+    // vision: 77.1 ran 5 s on 2 nodes (4 GPUs), 5.1's first run 2 s, 6.1's first run 1 s.
+    let vision = (5.0 * 4.0 + 2.0 * 2.0 + 1.0 * 2.0) / 3600.0;
+    assert!((hours.by_account["vision"] - vision).abs() < 1e-12, "{hours:?}");
+    // research: 3.1 ran 2 s; 1.1 and 2.1 ended within their start second.
+    assert!((hours.by_account["research"] - 4.0 / 3600.0).abs() < 1e-12, "{hours:?}");
+    assert_eq!(hours.unknown_gpus, [15035], "the foreign job: no count given");
+    // GPUs in Tres (a site with slurmdbd) win over the caller's.
+    let line = "JobId=7 UserId=a(1) Name=x y JobState=COMPLETED StartTime=2026-02-28T23:00:00 \
+                EndTime=2026-03-01T01:00:00 NodeCnt=1 WorkDir=/a b Tres=cpu=1,gres/gpu=4 Account=nlp";
+    let hours = jobcomp_gpu_hours(line, |_| Some(1)).expect("parses");
+    assert_eq!(hours.by_account["nlp"], 8.0, "2 h across midnight × 4 GPUs");
+    let record = &parse_jobcomp(line).expect("parses")[0];
+    assert_eq!((record.name.as_str(), record.work_dir.as_str()), ("x y", "/a b"));
+    // Errors name the line.
+    let err = jobcomp_gpu_hours("\nJobId=x StartTime=a", |_| None).expect_err("bad JobId");
+    assert!(err.to_string().starts_with("jobcomp log line 2: no numeric JobId"), "{err}");
+    let err = parse_jobcomp("JobId=3 StartTime=2026-13-01T00:00:00").expect_err("bad month");
+    assert!(err.to_string().contains("line 1: job 3: StartTime"), "{err}");
+}
+
+#[test]
+fn node_state_words_for_the_operator() {
+    let nodes = parse_sinfo(&data("sinfo-drained-down.json")).expect("recorded sinfo parses");
+    let words = |name: &str| {
+        node_state_words(nodes.iter().find(|n| n.name == name).expect("node in payload"))
+    };
+    // Drained while jobs still run there.
+    assert_eq!(words("node3"), "DRAINING: allot test: drained");
+    assert!(words("node4").starts_with("DOWN"), "{}", words("node4"));
+    assert!(words("node4").ends_with(": allot test: down"), "{}", words("node4"));
+    assert_eq!(words("node1"), "MIXED");
 }
 
 #[test]
@@ -230,6 +298,7 @@ proptest! {
         let _ = parse_gres_list(&text);
         let _ = parse_sbatch_job_id(&text);
         let _ = parse_squeue_format(&text);
+        let _ = jobcomp_gpu_hours(&text, |_| Some(1));
     }
 
     #[test]

@@ -1318,6 +1318,29 @@ impl Backend for SlurmBackend {
         SlurmBackend::requeue(self, run, next).map(|()| true)
     }
 
+    /// Slurm binds GRES indices on each node itself: one `squeue --json` for the whole batch
+    /// gives every running run's indices, one member per node.
+    fn allocated_devices(
+        &mut self,
+        runs: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<MemberLaunch>)>, BackendError> {
+        let ids: Vec<(RunId, u64)> =
+            runs.iter().filter_map(|r| Some((*r, self.job_id(*r)?))).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.refresh_json()?;
+        let Some(jobs) = &self.jobs else { return Ok(Vec::new()) };
+        Ok(ids
+            .into_iter()
+            .filter_map(|(run, id)| {
+                let job = jobs.get(&id).filter(|j| j.is_running())?;
+                let members = members_of(job);
+                members.iter().any(|m| !m.devices.is_empty()).then_some((run, members))
+            })
+            .collect())
+    }
+
     /// `scontrol requeuehold` of a running foreign job: pending (held) foreign work again.
     /// `Ok(false)` for a handle that is not a foreign job on the cluster (gone, allot's own,
     /// taken over); `Ok(true)` for one already pending (the gate holds it).

@@ -199,6 +199,34 @@ impl Daemon {
         }
     }
 
+    /// The devices a run holds as the backend reported them (one entry per node), laid over
+    /// the launch's members in order; `None` when they are what was launched, when the run is
+    /// not the current one, or when they do not cover the launch's members.
+    pub(crate) fn bound_members(
+        &self,
+        run: RunId,
+        reported: &[MemberLaunch],
+    ) -> Option<Vec<MemberLaunch>> {
+        let r = self.workloads.get(&run.workload).filter(|r| r.attempt == run.attempt)?;
+        let launched = &r.launch.as_ref()?.members;
+        let mut left: std::collections::BTreeMap<&str, std::collections::VecDeque<_>> = reported
+            .iter()
+            .map(|m| (m.node.as_str(), m.devices.iter().cloned().collect()))
+            .collect();
+        let mut out = Vec::with_capacity(launched.len());
+        for m in launched {
+            let pool = left.get_mut(m.node.as_str())?;
+            let devices: Vec<_> =
+                (0..m.devices.len()).map(|_| pool.pop_front()).collect::<Option<_>>()?;
+            out.push(MemberLaunch { node: m.node.clone(), devices });
+        }
+        let same = out
+            .iter()
+            .zip(launched)
+            .all(|(a, b)| a.devices.iter().map(|d| d.index).eq(b.devices.iter().map(|d| d.index)));
+        (!same).then_some(out)
+    }
+
     /// The engine's placement of foreign members (node by name, device by index, whole GPUs).
     fn placement_of(&self, members: &[MemberLaunch]) -> Result<Placement, String> {
         let mut model = None;

@@ -608,7 +608,10 @@ impl Loop {
                         }
                     }
                     Request::Placed(placed) => {
-                        for (run, members) in placed {
+                        for (run, reported) in placed {
+                            let Some(members) = self.daemon.bound_members(run, &reported) else {
+                                continue;
+                            };
                             let e = Entry::DevicesReported {
                                 id: run.workload,
                                 attempt: run.attempt,

@@ -718,7 +718,11 @@ impl<'a> Checker<'a> {
     }
 
     fn event(&mut self, now: Timestamp, event: Event) {
-        let id = event.workload();
+        let Some(id) = event.workload() else {
+            // A node event: nothing of the test's own model changes.
+            self.engine.apply(now, event);
+            return;
+        };
         let before = self.engine.stage(id);
         self.engine.apply(now, event);
         let after = self.engine.stage(id);

@@ -1,7 +1,14 @@
 //! Free capacity per node and device, with indexes for best-fit placement.
 //!
-//! Invariant: for every device, `free` + shares held by allocations = 1000; for every node,
-//! free CPU and memory + what allocations hold = the node's size. `Engine::audit` checks both.
+//! Invariant: for every device, `free` + `withheld` + shares held by allocations = 1000; for
+//! every node, free + withheld CPU and memory + what allocations hold = the node's size.
+//! `Engine::audit` checks both.
+//!
+//! A node the cluster reports down or drained is *unavailable*: everything on it that no
+//! allocation holds is withheld instead of free (so it is in no index, no free count and no
+//! rack or pool total), what its allocations give back is withheld too, and nothing new is
+//! placed there until it is available again (`Capacity::set_unavailable`/`set_available`).
+//! On an unavailable node nothing is free; on an available one nothing is withheld.
 //!
 //! A MIG-enabled device also carries its MIG slot state (`MigState`); a MIG instance holds
 //! its charge in shares like any slice, plus its slot. A device holding instances is in no
@@ -23,6 +30,8 @@ pub(crate) struct DeviceCap {
     pub model: ModelId,
     pub island: u32,
     pub free: u32,
+    /// Shares no allocation holds while the node is unavailable (not free, not usable).
+    pub withheld: u32,
     /// The MIG slot state of a MIG-enabled device.
     pub mig: Option<MigDevice>,
 }
@@ -68,6 +77,11 @@ pub(crate) struct NodeCap {
     pub free_cpu: u64,
     pub free_mem: u64,
     pub devices: Vec<DeviceCap>,
+    /// Down or drained: nothing new is placed here; see the module docs.
+    pub unavailable: bool,
+    /// CPU and memory no allocation holds while the node is unavailable.
+    pub withheld_cpu: u64,
+    pub withheld_mem: u64,
 }
 
 impl NodeCap {
@@ -327,8 +341,7 @@ impl Capacity {
         if let Some(m) = dev.mig.as_mut() {
             m.state.occupy(slot.profile, slot.start);
         }
-        let free = dev.free.saturating_sub(ds.shares);
-        self.set_device_free(node, ds.device, free);
+        self.take_shares(node, ds.device, ds.shares);
         self.sync_mig_index(node, ds.device);
     }
 
@@ -339,8 +352,7 @@ impl Capacity {
         {
             m.state.free(slot.start);
         }
-        let free = (dev.free + ds.shares).min(FULL);
-        self.set_device_free(node, ds.device, free);
+        self.give_shares(node, ds.device, ds.shares);
         self.sync_mig_index(node, ds.device);
     }
 
@@ -412,38 +424,132 @@ impl Capacity {
         }
     }
 
-    /// Takes what a placement holds. The caller guarantees it was found free.
+    /// Takes what a placement holds. The caller guarantees it was found free (or, on an
+    /// unavailable node, withheld: work adopted where it runs, or an allocation booked again).
     pub fn take(&mut self, placement: &Placement, cpu: u64, mem: u64) {
         for member in &placement.members {
             let node = &mut self.nodes[member.node.0 as usize];
-            node.free_cpu = node.free_cpu.saturating_sub(cpu);
-            node.free_mem = node.free_mem.saturating_sub(mem);
+            if node.unavailable {
+                node.withheld_cpu = node.withheld_cpu.saturating_sub(cpu);
+                node.withheld_mem = node.withheld_mem.saturating_sub(mem);
+            } else {
+                node.free_cpu = node.free_cpu.saturating_sub(cpu);
+                node.free_mem = node.free_mem.saturating_sub(mem);
+            }
             for ds in &member.devices {
                 if let Some(slot) = ds.mig {
                     self.take_mig(member.node, ds, slot);
-                    continue;
+                } else {
+                    self.take_shares(member.node, ds.device, ds.shares);
                 }
-                let free = self.nodes[member.node.0 as usize].devices[ds.device as usize].free;
-                self.set_device_free(member.node, ds.device, free.saturating_sub(ds.shares));
             }
         }
     }
 
-    /// Gives back what `take` took; an exact inverse.
+    /// Gives back what `take` took; an exact inverse. On an unavailable node it is withheld,
+    /// not freed.
     pub fn give(&mut self, placement: &Placement, cpu: u64, mem: u64) {
         for member in &placement.members {
             let node = &mut self.nodes[member.node.0 as usize];
-            node.free_cpu = (node.free_cpu + cpu).min(node.cpu_total);
-            node.free_mem = (node.free_mem + mem).min(node.mem_total);
+            if node.unavailable {
+                node.withheld_cpu = (node.withheld_cpu + cpu).min(node.cpu_total);
+                node.withheld_mem = (node.withheld_mem + mem).min(node.mem_total);
+            } else {
+                node.free_cpu = (node.free_cpu + cpu).min(node.cpu_total);
+                node.free_mem = (node.free_mem + mem).min(node.mem_total);
+            }
             for ds in &member.devices {
                 if let Some(slot) = ds.mig {
                     self.give_mig(member.node, ds, slot);
-                    continue;
+                } else {
+                    self.give_shares(member.node, ds.device, ds.shares);
                 }
-                let free = self.nodes[member.node.0 as usize].devices[ds.device as usize].free;
-                self.set_device_free(member.node, ds.device, (free + ds.shares).min(FULL));
             }
         }
+    }
+
+    /// Takes `shares` of a device: free ones, or withheld ones on an unavailable node.
+    fn take_shares(&mut self, node: NodeId, device: u16, shares: u32) {
+        let n = &mut self.nodes[node.0 as usize];
+        let dev = &mut n.devices[device as usize];
+        if n.unavailable {
+            dev.withheld = dev.withheld.saturating_sub(shares);
+        } else {
+            let free = dev.free.saturating_sub(shares);
+            self.set_device_free(node, device, free);
+        }
+    }
+
+    /// Gives `shares` of a device back: free, or withheld on an unavailable node.
+    fn give_shares(&mut self, node: NodeId, device: u16, shares: u32) {
+        let n = &mut self.nodes[node.0 as usize];
+        let dev = &mut n.devices[device as usize];
+        if n.unavailable {
+            dev.withheld = (dev.withheld + shares).min(FULL);
+        } else {
+            let free = (dev.free + shares).min(FULL);
+            self.set_device_free(node, device, free);
+        }
+    }
+
+    /// The node is down or drained: withholds everything free on it, through the same path
+    /// as `take`, so that the indexes, free counts and rack and pool totals leave it out.
+    /// Idempotent; an unknown node is ignored.
+    pub fn set_unavailable(&mut self, node: NodeId) {
+        let Some(n) = self.nodes.get_mut(node.0 as usize) else { return };
+        if n.unavailable {
+            return;
+        }
+        n.withheld_cpu = std::mem::take(&mut n.free_cpu);
+        n.withheld_mem = std::mem::take(&mut n.free_mem);
+        for d in 0..n.devices.len() {
+            let dev = &mut self.nodes[node.0 as usize].devices[d];
+            dev.withheld = dev.free;
+            self.set_device_free(node, d as u16, 0);
+        }
+        // Flagged last: `set_device_free` above must see the free shares go.
+        self.nodes[node.0 as usize].unavailable = true;
+    }
+
+    /// The node is usable again: frees what was withheld (the exact inverse of
+    /// `set_unavailable` plus what ended there meanwhile). Idempotent; an unknown node is
+    /// ignored.
+    pub fn set_available(&mut self, node: NodeId) {
+        let Some(n) = self.nodes.get_mut(node.0 as usize) else { return };
+        if !n.unavailable {
+            return;
+        }
+        n.unavailable = false;
+        n.free_cpu = (n.free_cpu + std::mem::take(&mut n.withheld_cpu)).min(n.cpu_total);
+        n.free_mem = (n.free_mem + std::mem::take(&mut n.withheld_mem)).min(n.mem_total);
+        for d in 0..n.devices.len() {
+            let dev = &mut self.nodes[node.0 as usize].devices[d];
+            let free = (dev.free + std::mem::take(&mut dev.withheld)).min(FULL);
+            self.set_device_free(node, d as u16, free);
+        }
+    }
+
+    /// Runs `f` as if `nodes` were available (their withheld capacity free), then makes them
+    /// unavailable again: for "would it fit if these nodes were back" questions. `f` must
+    /// leave the capacity as it found it (as `find` does).
+    pub fn with_nodes_usable<T>(
+        &mut self,
+        nodes: &[NodeId],
+        f: impl FnOnce(&mut Capacity) -> T,
+    ) -> T {
+        let down: Vec<NodeId> = nodes
+            .iter()
+            .copied()
+            .filter(|n| self.nodes.get(n.0 as usize).is_some_and(|n| n.unavailable))
+            .collect();
+        for &n in &down {
+            self.set_available(n);
+        }
+        let out = f(self);
+        for &n in &down {
+            self.set_unavailable(n);
+        }
+        out
     }
 
     /// Placement of a gang on `model` (or CPU-only when the request is zero GPUs) in the given
@@ -592,7 +698,7 @@ impl Capacity {
         self.nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.fits_host(cpu, mem))
+            .filter(|(_, n)| !n.unavailable && n.fits_host(cpu, mem))
             .min_by_key(|(i, n)| (self.stranding_growth(NodeId(*i as u32), cpu, 0), n.free_cpu, *i))
             .map(|(i, _)| MemberPlacement { node: NodeId(i as u32), devices: Vec::new() })
     }

@@ -198,6 +198,10 @@ pub enum DeferReason {
     },
     /// Quota allows it but no set of nodes has room now.
     NoPlacement(PlacementFacts),
+    /// Quota allows it and it would fit now if these unavailable nodes (down or drained:
+    /// `Event::NodeUnavailable`, with the reason the cluster gave) were usable; `facts` are
+    /// the room without them. Only the nodes the placement found with them would use are named.
+    NodesUnavailable { facts: PlacementFacts, nodes: Vec<(NodeId, String)> },
     /// A MIG instance asked on a model with no MIG-enabled device offering that profile.
     NoMigProfile { model: ModelId, profile: MigProfile },
     /// Bigger than any node of the accepted models could hold even when empty.
@@ -211,6 +215,14 @@ pub enum DeferReason {
     /// Stopped for idleness at `since`; its use is observable by a probe, so it resumes when
     /// a probe shows its user back, not into free room while nobody uses it.
     AwaitingUse { since: Timestamp },
+}
+
+impl DeferReason {
+    /// Quota allows it, placement does not (`NoPlacement` or `NodesUnavailable`): moving
+    /// work (pre-emption, defragmentation) may help.
+    pub fn is_placement(&self) -> bool {
+        matches!(self, DeferReason::NoPlacement(_) | DeferReason::NodesUnavailable { .. })
+    }
 }
 
 impl PlacementFacts {

@@ -256,6 +256,10 @@ pub struct Engine {
     all_models: Vec<ModelId>,
     model_index: BTreeMap<String, ModelId>,
     pub(crate) node_names: Vec<String>,
+    node_index: BTreeMap<String, NodeId>,
+    /// Nodes the cluster reports down or drained, with its reason (`Event::NodeUnavailable`):
+    /// exactly the nodes `capacity` flags unavailable.
+    pub(crate) unavailable: BTreeMap<NodeId, String>,
     pub(crate) capacity: Capacity,
     pub(crate) quota: QuotaBook,
     pub(crate) projects: Vec<ProjectState>,
@@ -366,6 +370,7 @@ impl Engine {
                     model: model_index[&d.model],
                     island: d.island,
                     free: SHARES_PER_GPU as u32,
+                    withheld: 0,
                     mig,
                 });
             }
@@ -375,6 +380,9 @@ impl Engine {
                 free_cpu: node.cpu_millis,
                 free_mem: node.memory_mib,
                 devices,
+                unavailable: false,
+                withheld_cpu: 0,
+                withheld_mem: 0,
             });
         }
         let mut capacity = Capacity::new(node_caps, models.len());
@@ -478,6 +486,12 @@ impl Engine {
             models,
             model_index,
             node_names: nodes.iter().map(|n| n.name.clone()).collect(),
+            node_index: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
+                .collect(),
+            unavailable: BTreeMap::new(),
             capacity,
             quota,
             projects,
@@ -529,6 +543,18 @@ impl Engine {
     pub fn project_id(&self, name: &str) -> Option<ProjectId> {
         self.project_index.get(name).copied()
     }
+    /// The node of that name in the cluster the engine was built with.
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.node_index.get(name).copied()
+    }
+    /// Why the node is unavailable (the cluster's reason), or `None` when it is usable.
+    pub fn node_unavailable(&self, node: NodeId) -> Option<&str> {
+        self.unavailable.get(&node).map(String::as_str)
+    }
+    /// Every unavailable node with its reason, by node id.
+    pub fn unavailable_nodes(&self) -> impl Iterator<Item = (NodeId, &str)> + '_ {
+        self.unavailable.iter().map(|(n, r)| (*n, r.as_str()))
+    }
     pub fn key_name(&self, key: QuotaKey) -> &str {
         match key {
             QuotaKey::Any => "any",
@@ -577,7 +603,9 @@ impl Engine {
     }
 
     /// Checks the invariants every cycle relies on, recomputing them from the allocations:
-    /// no device share or CPU held twice (free + held = capacity on every device and node);
+    /// no device share or CPU held twice (free + withheld + held = capacity on every device
+    /// and node; nothing free on an unavailable node, nothing withheld on an available one,
+    /// the unavailable nodes those the events named);
     /// quota `used` = the sum of charged allocations; cohort pools agree with their lines;
     /// no line above guarantee + borrow limit; stages agree with allocations and queues.
     pub fn audit(&self) -> Result<(), String> {
@@ -659,18 +687,38 @@ impl Engine {
         }
         for (n, node) in self.capacity.nodes.iter().enumerate() {
             for (d, dev) in node.devices.iter().enumerate() {
-                if u64::from(dev.free) + held[n][d] != SHARES_PER_GPU {
+                if u64::from(dev.free) + u64::from(dev.withheld) + held[n][d] != SHARES_PER_GPU {
                     return Err(format!(
-                        "node {} device {d}: free {} + held {} != {SHARES_PER_GPU}",
-                        self.node_names[n], dev.free, held[n][d]
+                        "node {} device {d}: free {} + withheld {} + held {} != {SHARES_PER_GPU}",
+                        self.node_names[n], dev.free, dev.withheld, held[n][d]
                     ));
                 }
             }
-            if node.free_cpu + cpu_held[n] != node.cpu_total
-                || node.free_mem + mem_held[n] != node.mem_total
+            if node.free_cpu + node.withheld_cpu + cpu_held[n] != node.cpu_total
+                || node.free_mem + node.withheld_mem + mem_held[n] != node.mem_total
             {
                 return Err(format!("node {}: CPU or memory double-counted", self.node_names[n]));
             }
+            let named = self.unavailable.contains_key(&NodeId(n as u32));
+            let (free, withheld) = if node.unavailable {
+                (node.free_cpu + node.free_mem, 0)
+            } else {
+                (0, node.withheld_cpu + node.withheld_mem)
+            };
+            let devices_wrong = node
+                .devices
+                .iter()
+                .any(|d| if node.unavailable { d.free > 0 } else { d.withheld > 0 });
+            if named != node.unavailable || free > 0 || withheld > 0 || devices_wrong {
+                return Err(format!(
+                    "node {}: unavailable {} (events say {named}) but free and withheld \
+                     capacity disagree",
+                    self.node_names[n], node.unavailable
+                ));
+            }
+        }
+        if self.unavailable.keys().any(|n| n.0 as usize >= self.capacity.nodes.len()) {
+            return Err("an unavailable node that does not exist".into());
         }
         if self.capacity.domains.recount(&self.capacity) != self.capacity.domains {
             return Err("rack or pool free counts out of step with the devices".into());
@@ -724,7 +772,10 @@ impl Engine {
     /// The cluster now, for the ledger: capacity, allocated and free shares, and the free
     /// shares no pending request could use (fragmented: on a device or node where no pending
     /// member fits — wrong model, too few whole devices or shares, or the host's CPU or memory
-    /// gone). Costs O(devices × distinct pending shapes).
+    /// gone). Capacity is what is usable: shares withheld on unavailable nodes (down or
+    /// drained, held by no allocation) are neither capacity nor free, so allocated + free =
+    /// capacity still holds; work still running on such a node counts as allocated.
+    /// Costs O(devices × distinct pending shapes).
     pub fn cluster_snapshot(&self) -> crate::ledger::ClusterSnapshot {
         let mut shapes: BTreeSet<(Vec<ModelId>, MemberShape)> = BTreeSet::new();
         for queue in &self.queues {
@@ -739,7 +790,7 @@ impl Engine {
         let (mut capacity, mut free, mut fragmented) = (0u64, 0u64, 0u64);
         for node in &self.capacity.nodes {
             for d in &node.devices {
-                capacity += SHARES_PER_GPU;
+                capacity += SHARES_PER_GPU - u64::from(d.withheld);
                 let f = u64::from(d.free);
                 free += f;
                 if f == 0 {
@@ -771,8 +822,8 @@ impl Engine {
 
     // ----- events ---------------------------------------------------------------------------
 
-    /// Applies one fact. Events about unknown workloads are ignored, so duplicated or late
-    /// acknowledgements are harmless.
+    /// Applies one fact. Events about unknown workloads or nodes are ignored, so duplicated or
+    /// late acknowledgements are harmless.
     pub fn apply(&mut self, now: Timestamp, event: Event) {
         self.advance(now);
         match event {
@@ -847,6 +898,17 @@ impl Engine {
             Event::ActivityProbed { workload, last_activity } => {
                 self.observe_idle(now, workload, None, Some(last_activity));
                 self.user_back(workload, last_activity);
+            }
+            Event::NodeUnavailable { node, reason } => {
+                if (node.0 as usize) < self.capacity.nodes.len() {
+                    self.capacity.set_unavailable(node);
+                    self.unavailable.insert(node, reason);
+                }
+            }
+            Event::NodeAvailable { node } => {
+                if self.unavailable.remove(&node).is_some() {
+                    self.capacity.set_available(node);
+                }
             }
         }
     }
@@ -932,7 +994,14 @@ impl Engine {
                 return Err(format!("node {} does not exist", m.node.0));
             };
             let name = &self.node_names[m.node.0 as usize];
-            if !node.fits_host(spec.cpu_millis_per_member, spec.memory_mib_per_member) {
+            // On an unavailable node the work already runs where nothing is free: what no
+            // allocation holds is withheld there, and that is what it may take.
+            let (cpu_free, mem_free) = if node.unavailable {
+                (node.withheld_cpu, node.withheld_mem)
+            } else {
+                (node.free_cpu, node.free_mem)
+            };
+            if cpu_free < spec.cpu_millis_per_member || mem_free < spec.memory_mib_per_member {
                 return Err(format!("{name} has not that much CPU or memory free"));
             }
             let held: u64 = m.devices.iter().map(|d| u64::from(d.shares)).sum();
@@ -949,11 +1018,12 @@ impl Engine {
                 if Some(dev.model) != model {
                     return Err(format!("{name} device {} is not the placement's model", d.device));
                 }
-                if dev.free < d.shares {
+                let free = if node.unavailable { dev.withheld } else { dev.free };
+                if free < d.shares {
                     return Err(format!(
                         "{name} device {} has {} shares free, {} needed (allot placed other \
                          work there)",
-                        d.device, dev.free, d.shares
+                        d.device, free, d.shares
                     ));
                 }
             }
@@ -1468,8 +1538,12 @@ impl Engine {
                 });
             }
             failed_shapes.insert(shape_key);
-            return Outcome::Deferred(DeferReason::NoPlacement(
-                self.facts(None, shape, members, same_node),
+            return Outcome::Deferred(self.no_room(
+                None,
+                shape,
+                members,
+                request.layout(),
+                same_node,
             ));
         }
 
@@ -1502,7 +1576,7 @@ impl Engine {
                 ModelCheck::Blocked { reason, preempt_key } => {
                     if let Some(key) = preempt_key {
                         preemptible_models.push((m, key));
-                        if matches!(reason, DeferReason::NoPlacement(_)) {
+                        if reason.is_placement() {
                             placement_blocked.push((m, key));
                         }
                     }
@@ -1592,8 +1666,39 @@ impl Engine {
             return ModelCheck::Fits(key, placement);
         }
         ModelCheck::Blocked {
-            reason: DeferReason::NoPlacement(self.facts(Some(m), r.shape, r.members, r.same_node)),
+            reason: self.no_room(Some(m), r.shape, r.members, r.layout(), r.same_node),
             preempt_key: Some(key),
+        }
+    }
+
+    /// Why a request that passed quota finds no room: `NoPlacement` with the free capacity,
+    /// or `NodesUnavailable` naming the unavailable nodes a placement would use if they were
+    /// usable (a what-if search, made only while some node is unavailable).
+    fn no_room(
+        &mut self,
+        model: Option<ModelId>,
+        shape: MemberShape,
+        members: u32,
+        layout: Layout,
+        same_node: bool,
+    ) -> DeferReason {
+        let facts = self.facts(model, shape, members, same_node);
+        if self.unavailable.is_empty() {
+            return DeferReason::NoPlacement(facts);
+        }
+        let down: Vec<NodeId> = self.unavailable.keys().copied().collect();
+        let found =
+            self.capacity.with_nodes_usable(&down, |cap| cap.find(model, shape, members, layout));
+        let needed: BTreeSet<NodeId> =
+            found.iter().flat_map(|p| p.members.iter().map(|m| m.node)).collect();
+        let nodes: Vec<(NodeId, String)> = needed
+            .into_iter()
+            .filter_map(|n| self.unavailable.get(&n).map(|reason| (n, reason.clone())))
+            .collect();
+        if nodes.is_empty() {
+            DeferReason::NoPlacement(facts)
+        } else {
+            DeferReason::NodesUnavailable { facts, nodes }
         }
     }
 
@@ -2098,7 +2203,7 @@ fn rank(reason: &DeferReason) -> u8 {
         DeferReason::NeverPlaceable { .. } | DeferReason::NoMigProfile { .. } => 1,
         DeferReason::ExceedsMaxQuota { .. } => 2,
         DeferReason::QuotaExhausted { .. } => 3,
-        DeferReason::NoPlacement(_) => 4,
+        DeferReason::NoPlacement(_) | DeferReason::NodesUnavailable { .. } => 4,
         DeferReason::BlockedByFifo { .. }
         | DeferReason::WaitingForPreemption { .. }
         | DeferReason::IdleBackoff { .. }

@@ -3,7 +3,7 @@
 
 use crate::decision::Placement;
 use crate::idle::DeviceReading;
-use crate::ids::{Timestamp, WorkloadId};
+use crate::ids::{NodeId, Timestamp, WorkloadId};
 use crate::model::WorkloadSpec;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,12 +34,24 @@ pub enum Event {
     /// (`RejectReason::CannotAdopt`) when its project, class or model is unknown, its devices
     /// are not free, or its project's quota cannot hold it.
     WorkloadAdopted { spec: WorkloadSpec, placement: Placement },
+    /// The cluster reports the node down or drained (`reason` as it says it, e.g. Slurm's
+    /// `sinfo` reason). From now on no new work is placed on it (admission, pre-emption plans,
+    /// defragmentation, resumes) and its free devices, CPU and memory are not counted as free.
+    /// Work running there keeps its allocation until the backend reports it ended; what it
+    /// then frees stays unusable until `NodeAvailable`. Adopting work that already runs there
+    /// is still accepted. Quotas and guarantees do not change. A repeat only updates the
+    /// reason; an unknown node is ignored.
+    NodeUnavailable { node: NodeId, reason: String },
+    /// The node is usable again: its unused capacity is free from now on. Ignored for a node
+    /// that is not unavailable or does not exist.
+    NodeAvailable { node: NodeId },
 }
 
 impl Event {
-    pub fn workload(&self) -> WorkloadId {
+    /// The workload the event is about; `None` for events about the cluster (a node).
+    pub fn workload(&self) -> Option<WorkloadId> {
         match self {
-            Event::WorkloadSubmitted(spec) | Event::WorkloadAdopted { spec, .. } => spec.id,
+            Event::WorkloadSubmitted(spec) | Event::WorkloadAdopted { spec, .. } => Some(spec.id),
             Event::WorkloadCancelled { workload }
             | Event::AllocationStarted { workload }
             | Event::AllocationFailed { workload, .. }
@@ -47,7 +59,8 @@ impl Event {
             | Event::WorkloadStopped { workload }
             | Event::WorkloadFinished { workload }
             | Event::ActivitySampled { workload, .. }
-            | Event::ActivityProbed { workload, .. } => *workload,
+            | Event::ActivityProbed { workload, .. } => Some(*workload),
+            Event::NodeUnavailable { .. } | Event::NodeAvailable { .. } => None,
         }
     }
 }

@@ -123,7 +123,7 @@ impl Engine {
                 ModelCheck::Blocked { reason, preempt_key } => {
                     if let Some(key) = preempt_key {
                         keys.push((m, key));
-                        if matches!(reason, DeferReason::NoPlacement(_)) {
+                        if reason.is_placement() {
                             placement_keys.push((m, key));
                         }
                     }

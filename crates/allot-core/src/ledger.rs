@@ -382,6 +382,9 @@ impl Ledger {
                 }
             }
             Event::ActivityProbed { .. } => {}
+            // The cluster's books follow from the next `Engine::cluster_snapshot` (an
+            // unavailable node's unused capacity is neither capacity nor free).
+            Event::NodeUnavailable { .. } | Event::NodeAvailable { .. } => {}
             // Work found running outside allot: held from now (its time before is not ours
             // to book). The caller folds it only once the engine took it.
             Event::WorkloadAdopted { spec, placement } => {

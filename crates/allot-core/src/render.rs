@@ -1,8 +1,8 @@
 //! Decisions and reasons as sentences with names, for the CLI, logs and `why`.
 
 use crate::decision::{
-    AdmitReason, Decision, DeferReason, IdleFacts, Placement, PreemptReason, RejectReason,
-    StopReason,
+    AdmitReason, Decision, DeferReason, IdleFacts, Placement, PlacementFacts, PreemptReason,
+    RejectReason, StopReason,
 };
 use crate::engine::{DefragPlan, Engine, Stage};
 use crate::explain::{Counterfactual, Explanation};
@@ -227,9 +227,46 @@ impl Engine {
             DeferReason::NoMigProfile { model, profile } => {
                 format!("no MIG-enabled {} device offers {profile}", self.model_name(*model))
             }
-            DeferReason::NoPlacement(f) if f.mig.is_some() => {
+            DeferReason::NoPlacement(f) => self.render_no_room(f),
+            DeferReason::NodesUnavailable { facts, nodes } => {
+                let named: Vec<String> = nodes
+                    .iter()
+                    .map(|(node, reason)| {
+                        if reason.is_empty() {
+                            self.node_name(*node).to_string()
+                        } else {
+                            format!("{} ({reason})", self.node_name(*node))
+                        }
+                    })
+                    .collect();
+                // "…; would fit if unavailable node n2 (drained: maintenance) were usable again".
+                format!(
+                    "{}; would fit if unavailable node{} {} were usable again",
+                    self.render_no_room(facts),
+                    if named.len() == 1 { "" } else { "s" },
+                    named.join(", "),
+                )
+            }
+            DeferReason::NeverPlaceable { model, members, per_member, same_node } => format!(
+                "{members} × {per_member} {}{} exceeds the largest node",
+                model.map_or("cpu", |m| self.model_name(m)),
+                if *same_node { " on one node" } else { "" }
+            ),
+            DeferReason::WaitingForPreemption { victims } => {
+                let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
+                format!("waiting for {} to stop", names.join(", "))
+            }
+            DeferReason::BlockedByFifo { head } => {
+                format!("strict FIFO: behind {}, which cannot start", self.wl(*head))
+            }
+        }
+    }
+
+    /// "no room for …": the free capacity a placement found too little of.
+    fn render_no_room(&self, f: &PlacementFacts) -> String {
+        match f.mig {
+            Some(profile) => {
                 let model = f.model.map_or("cpu", |m| self.model_name(m));
-                let profile = f.mig.map(|p| p.to_string()).unwrap_or_default();
                 format!(
                     "no room for {}{profile} on {model}{}: no MIG-enabled device has a free \
                      placement for it; {} whole {model} free",
@@ -238,7 +275,7 @@ impl Engine {
                     f.free_whole_gpus,
                 )
             }
-            DeferReason::NoPlacement(f) => {
+            None => {
                 let model = f.model.map_or("cpu", |m| self.model_name(m));
                 let shape = if f.members > 1 {
                     format!("{} members × {} {model}", f.members, f.per_member)
@@ -272,18 +309,6 @@ impl Engine {
                     f.nodes_with_free,
                     f.free_shares
                 )
-            }
-            DeferReason::NeverPlaceable { model, members, per_member, same_node } => format!(
-                "{members} × {per_member} {}{} exceeds the largest node",
-                model.map_or("cpu", |m| self.model_name(m)),
-                if *same_node { " on one node" } else { "" }
-            ),
-            DeferReason::WaitingForPreemption { victims } => {
-                let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
-                format!("waiting for {} to stop", names.join(", "))
-            }
-            DeferReason::BlockedByFifo { head } => {
-                format!("strict FIFO: behind {}, which cannot start", self.wl(*head))
             }
         }
     }

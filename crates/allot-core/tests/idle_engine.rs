@@ -9,14 +9,16 @@
 //!   least `warn_before` earlier in its current run;
 //! - the action is the rule's;
 //! - a claimant of allot's `on_pressure` reclaim whose victims have all stopped is admitted by
-//!   the next cycle (it was placeable once they were gone: all or nothing);
+//!   the next cycle (it was placeable once they were gone: all or nothing), unless a node is
+//!   drained then (nodes are drained and brought back at random: what a victim frees on a
+//!   drained node is not usable);
 //! - a victim is never claimed twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::idle::{DeviceReading, IdleModel, IdleRule, MissingTelemetry};
 use allot_core::{
-    Decision, DeviceSpec, Engine, Event, GpuRequest, IdlePolicySpec, IdleWhen, NodeSpec,
+    Decision, DeviceSpec, Engine, Event, GpuRequest, IdlePolicySpec, IdleWhen, NodeId, NodeSpec,
     PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
     QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadKind, WorkloadSpec,
 };
@@ -180,6 +182,11 @@ enum Step {
     Wait {
         s: u64,
     },
+    /// Node `pick % 3` is reported drained, or available again (`up`).
+    Node {
+        pick: usize,
+        up: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -196,6 +203,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (any::<usize>(), 0u64..3600).prop_map(|(pick, ago_s)| Step::Probe { pick, ago_s }),
         1 => any::<usize>().prop_map(|pick| Step::Finish { pick }),
         4 => prop_oneof![3 => 1u64..120, 1 => 1u64..900].prop_map(|s| Step::Wait { s }),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, up)| Step::Node { pick, up }),
     ]
 }
 
@@ -329,6 +337,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
     };
     let mut now = Timestamp(0);
     let mut next = 1u64;
+    let mut down: BTreeSet<NodeId> = BTreeSet::new();
     for s in steps {
         match s {
             Step::Submit { project, gpus, members, kind, class, fixed } => {
@@ -370,7 +379,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                         .map(|(&c, _)| c)
                         .collect();
                     let decisions = w.decide(now)?;
-                    for c in ready {
+                    for c in ready.into_iter().filter(|_| down.is_empty()) {
                         let admitted = decisions.iter().any(
                             |d| matches!(d, Decision::Admit { workload, .. } if *workload == c),
                         );
@@ -424,6 +433,16 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                 }
             }
             Step::Wait { s } => now = Timestamp(now.0 + s * 1000),
+            Step::Node { pick, up } => {
+                let node = NodeId((pick % 3) as u32);
+                if *up {
+                    down.remove(&node);
+                    w.engine.apply(now, Event::NodeAvailable { node });
+                } else {
+                    down.insert(node);
+                    w.engine.apply(now, Event::NodeUnavailable { node, reason: "drained".into() });
+                }
+            }
         }
         w.engine.audit()?;
     }

@@ -1,15 +1,16 @@
 //! The goodput ledger: one history computed by hand, and a property over random histories
 //! driven through the real engine: the books add up (allocated + free = capacity × time,
-//! workloads sum to their projects and to the cluster, periods sum to the total).
+//! workloads sum to their projects and to the cluster, periods sum to the total), also while
+//! nodes are drained at random (capacity is then what no drained node withholds).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::idle::DeviceReading;
 use allot_core::ledger::{Books, Ledger, SHARE_MS_PER_GPU_HOUR, Scope};
 use allot_core::{
-    Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, MemberPlacement, NodeSpec,
-    Placement, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
+    Checkpointing, Decision, DeviceSpec, Engine, Event, GpuRequest, MemberPlacement, NodeId,
+    NodeSpec, Placement, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec,
+    Queueing, QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -201,13 +202,33 @@ fn policy() -> PolicySpec {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Submit { project: bool, gpus: u32, shares: bool, high: bool, checkpoint: bool },
+    Submit {
+        project: bool,
+        gpus: u32,
+        shares: bool,
+        high: bool,
+        checkpoint: bool,
+    },
     Decide,
     Act,
-    Sample { pick: usize, permille: u16 },
-    Checkpoint { pick: usize },
-    Finish { pick: usize },
-    Wait { ms: u64 },
+    Sample {
+        pick: usize,
+        permille: u16,
+    },
+    Checkpoint {
+        pick: usize,
+    },
+    Finish {
+        pick: usize,
+    },
+    Wait {
+        ms: u64,
+    },
+    /// Node `pick % 3` is reported unavailable, or available again (`up`).
+    Node {
+        pick: usize,
+        up: bool,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -227,7 +248,22 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<usize>().prop_map(|pick| Step::Checkpoint { pick }),
         2 => any::<usize>().prop_map(|pick| Step::Finish { pick }),
         3 => (1u64..200_000).prop_map(|ms| Step::Wait { ms }),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, up)| Step::Node { pick, up }),
     ]
+}
+
+/// The usable capacity by the test's own count: every device, less what no allocation holds
+/// on the drained nodes (4 devices each).
+fn usable_shares(engine: &Engine, down: &BTreeSet<NodeId>) -> u128 {
+    let mut held_on_down: u128 = 0;
+    for w in engine.workload_ids() {
+        for m in engine.placement(w).map_or(&[][..], |p| &p.members[..]) {
+            if down.contains(&m.node) {
+                held_on_down += m.devices.iter().map(|d| u128::from(d.shares)).sum::<u128>();
+            }
+        }
+    }
+    12_000 - (down.len() as u128 * 4000 - held_on_down)
 }
 
 fn run_history(steps: &[Step], period_ms: u64) -> Result<(), String> {
@@ -239,6 +275,8 @@ fn run_history(steps: &[Step], period_ms: u64) -> Result<(), String> {
     let mut to_start: Vec<WorkloadId> = Vec::new();
     let mut to_stop: Vec<WorkloadId> = Vec::new();
     let mut running: Vec<WorkloadId> = Vec::new();
+    let mut down: BTreeSet<NodeId> = BTreeSet::new();
+    let mut capacity_expected: u128 = 0;
     ledger.cluster(now, engine.cluster_snapshot());
     let apply = |engine: &mut Engine, ledger: &mut Ledger, now: Timestamp, e: Event| {
         ledger.event(now, &e);
@@ -330,7 +368,21 @@ fn run_history(steps: &[Step], period_ms: u64) -> Result<(), String> {
                     apply(&mut engine, &mut ledger, now, Event::WorkloadFinished { workload: w });
                 }
             }
-            Step::Wait { ms } => now = Timestamp(now.0 + ms),
+            Step::Wait { ms } => {
+                capacity_expected += usable_shares(&engine, &down) * u128::from(*ms);
+                now = Timestamp(now.0 + ms);
+            }
+            Step::Node { pick, up } => {
+                let node = NodeId((pick % 3) as u32);
+                let event = if *up {
+                    down.remove(&node);
+                    Event::NodeAvailable { node }
+                } else {
+                    down.insert(node);
+                    Event::NodeUnavailable { node, reason: "drained".into() }
+                };
+                apply(&mut engine, &mut ledger, now, event);
+            }
         }
         engine.audit()?;
     }
@@ -338,8 +390,11 @@ fn run_history(steps: &[Step], period_ms: u64) -> Result<(), String> {
 
     let cluster = ledger.total(&Scope::Cluster);
     let span = u128::from(now.0);
-    if cluster.capacity != 12 * 1000 * span {
-        return Err(format!("capacity {} ≠ 12 GPUs × {span} ms", cluster.capacity));
+    if cluster.capacity != capacity_expected {
+        return Err(format!(
+            "capacity {} ≠ {capacity_expected} usable share-ms over {span} ms",
+            cluster.capacity
+        ));
     }
     if cluster.allocated + cluster.free != cluster.capacity {
         return Err(format!(

@@ -14,7 +14,10 @@
 //! - a `Defragment` victim is of a priority no higher than its claimant's, is suspended or
 //!   requeued (never deleted), and another project is left below its guarantee only by a plan
 //!   whose every victim can restart elsewhere at once (a fifth of the generated histories are
-//!   built to fragment the cluster, with defragmentation on);
+//!   built to fragment the cluster, with defragmentation on, some with a node drained);
+//! - no `Admit` places a member on a node the history made unavailable
+//!   (`Event::NodeUnavailable`, flipped at random, sometimes for a node that does not exist),
+//!   and a `NodesUnavailable` deferral names only such nodes;
 //! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
 //!
 //! A second property builds random clusters (racks, pools, islands) with a settled mix, empties
@@ -27,8 +30,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
     Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
-    MigGpu, NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec,
-    Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
+    MigGpu, NodeId, NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec,
+    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId,
+    WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -91,6 +95,12 @@ enum RawOp {
     },
     Decide,
     Settle,
+    /// The cluster reports node `node` (modulo one more than the node count, so that it may
+    /// name no node) unavailable, or available again (`up`).
+    Node {
+        node: u8,
+        up: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -193,6 +203,7 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
         5 => (0u8..6, any::<u64>()).prop_map(|(kind, id)| RawOp::Event { kind, id }),
         3 => Just(RawOp::Decide),
         5 => Just(RawOp::Settle),
+        2 => (any::<u8>(), any::<bool>()).prop_map(|(node, up)| RawOp::Node { node, up }),
     ]
 }
 
@@ -271,10 +282,21 @@ fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
         prop::collection::vec(small, 4..=20),
         (prop::collection::vec(any::<u64>(), 1..=10), prop::collection::vec(any::<u64>(), 0..=6)),
         prop::collection::vec(big, 1..=3),
-        (1u64..=1_000_000, prop::collection::vec(any::<u64>(), 0..=4)),
+        (
+            1u64..=1_000_000,
+            prop::collection::vec(any::<u64>(), 0..=4),
+            prop::option::weighted(0.4, any::<u8>()),
+        ),
     )
         .prop_map(
-            |(nodes, (mode, projects, restart), smalls, (finish, ckpt), bigs, (wait, later))| {
+            |(
+                nodes,
+                (mode, projects, restart),
+                smalls,
+                (finish, ckpt),
+                bigs,
+                (wait, later, drained),
+            )| {
                 let n_small = smalls.len() as u64;
                 let mut steps: Vec<(u64, RawOp)> = Vec::new();
                 steps.extend(smalls.into_iter().map(|s| (0, RawOp::Submit(s))));
@@ -283,6 +305,8 @@ fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
                 steps.extend(finish.iter().map(|f| (1, RawOp::Event { kind: 3, id: f % n_small })));
                 steps
                     .extend(ckpt.iter().map(|c| (1000, RawOp::Event { kind: 5, id: c % n_small })));
+                // Sometimes a node is drained while its work still runs.
+                steps.extend(drained.map(|node| (0, RawOp::Node { node, up: false })));
                 steps.extend(bigs.into_iter().map(|b| (1, RawOp::Submit(b))));
                 steps.push((wait, RawOp::Settle));
                 steps.extend(
@@ -543,6 +567,14 @@ fn build(raw: &RawCase) -> Case {
             }
             RawOp::Decide => Step::Decide,
             RawOp::Settle => Step::Settle,
+            &RawOp::Node { node, up } => {
+                let node = NodeId(u32::from(node) % (raw.nodes.len() as u32 + 1));
+                Step::Event(if up {
+                    Event::NodeAvailable { node }
+                } else {
+                    Event::NodeUnavailable { node, reason: format!("drained at {now}") }
+                })
+            }
         };
         steps.push((Timestamp(now), step));
     }
@@ -584,6 +616,8 @@ struct Checker<'a> {
     /// After every decide, save the engine's state and go on with the engine rebuilt from it
     /// (it must equal the original, field for field).
     restore_each_cycle: bool,
+    /// Nodes the history made unavailable (and that exist), by the test's own count.
+    down: BTreeSet<NodeId>,
 }
 
 /// Rounds of `settle`; each round admits or stops something, so this bounds a settle.
@@ -622,6 +656,7 @@ impl<'a> Checker<'a> {
             rejects_due: Vec::new(),
             transcript: Vec::new(),
             restore_each_cycle: false,
+            down: BTreeSet::new(),
         }
     }
 
@@ -718,7 +753,21 @@ impl<'a> Checker<'a> {
     }
 
     fn event(&mut self, now: Timestamp, event: Event) {
-        let id = event.workload();
+        let Some(id) = event.workload() else {
+            match &event {
+                Event::NodeUnavailable { node, .. }
+                    if (node.0 as usize) < self.case.nodes.len() =>
+                {
+                    self.down.insert(*node);
+                }
+                Event::NodeAvailable { node } => {
+                    self.down.remove(node);
+                }
+                _ => {}
+            }
+            self.engine.apply(now, event);
+            return;
+        };
         let before = self.engine.stage(id);
         self.engine.apply(now, event);
         let after = self.engine.stage(id);
@@ -780,6 +829,28 @@ impl<'a> Checker<'a> {
                 && said.as_ref() != Some(d)
             {
                 return Err(format!("explain said {said:?} but decide said {d:?}"));
+            }
+        }
+
+        // No new placement on an unavailable node; only unavailable nodes are named.
+        for d in &decisions {
+            match d {
+                Decision::Admit { workload, placement, .. } => {
+                    if let Some(m) = placement.members.iter().find(|m| self.down.contains(&m.node))
+                    {
+                        return Err(format!(
+                            "{workload} admitted onto unavailable {}",
+                            self.engine.node_name(m.node)
+                        ));
+                    }
+                }
+                Decision::Defer {
+                    workload,
+                    reason: DeferReason::NodesUnavailable { nodes, .. },
+                } if nodes.is_empty() || nodes.iter().any(|(n, _)| !self.down.contains(n)) => {
+                    return Err(format!("{workload} deferred naming {nodes:?}"));
+                }
+                _ => {}
             }
         }
 

@@ -491,11 +491,14 @@ impl Daemon {
                 let node_id = allot_core::NodeId(index as u32);
                 if *usable {
                     if self.unusable_nodes.remove(node).is_some() {
-                        let _ = node_id; // NODE-EVENTS: Event::NodeAvailable once the core has it
+                        self.event(now, Event::NodeAvailable { node: node_id });
                     }
                 } else {
                     self.unusable_nodes.insert(node.clone(), reason.clone());
-                    let _ = node_id; // NODE-EVENTS: Event::NodeUnavailable
+                    self.event(
+                        now,
+                        Event::NodeUnavailable { node: node_id, reason: reason.clone() },
+                    );
                 }
                 self.dirty = true;
             }

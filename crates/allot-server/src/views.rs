@@ -41,6 +41,7 @@ pub fn reason_code(d: &Decision) -> &'static str {
             DeferReason::ExceedsMaxQuota { .. } => "exceeds_max_quota",
             DeferReason::QuotaExhausted { .. } => "quota_exhausted",
             DeferReason::NoPlacement(_) => "no_placement",
+            DeferReason::NodesUnavailable { .. } => "nodes_unavailable",
             DeferReason::NeverPlaceable { .. } => "never_placeable",
             DeferReason::NoMigProfile { .. } => "no_mig_profile",
             DeferReason::WaitingForPreemption { .. } => "waiting_for_preemption",

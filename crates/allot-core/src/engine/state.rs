@@ -3,10 +3,12 @@
 //! (`Engine::with_policy`, behind `allot policy apply`).
 //!
 //! Only what the events made is saved: the workloads, the pre-emptors' plans, the fair-share
-//! clock and averages, the idle trackers and backoffs. Everything derived from them —
-//! queues, device and CPU occupancy, quota charges, running sets — is rebuilt by
-//! booking each allocation again (`rebuild`), through the same `book_resources` admission
-//! uses, so a restored engine cannot hold a share the allocations do not explain.
+//! clock and averages, the idle trackers and backoffs, the unavailable nodes with their
+//! reasons. Everything derived from them — queues, device and CPU occupancy, quota charges,
+//! running sets, withheld capacity — is rebuilt by booking each allocation again
+//! (`rebuild`), through the same `book_resources` admission uses, then withholding what is
+//! left on the unavailable nodes, so a restored engine cannot hold a share the allocations
+//! do not explain.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,7 +16,7 @@ use super::idle::IdleState;
 use super::{Allocation, Engine, Stage, StopKind, WorkloadState};
 use crate::codec::{self, Codec, CodecError, bad, codec_struct, codec_unit_enum};
 use crate::decision::{Placement, QuotaKey};
-use crate::ids::{ModelId, ProjectId, Shares, Timestamp, WorkloadId};
+use crate::ids::{ModelId, NodeId, ProjectId, Shares, Timestamp, WorkloadId};
 use crate::model::{NodeSpec, PolicySpec, PreemptionMode};
 
 codec_unit_enum!(Stage { Pending, Assumed, Running, Stopping });
@@ -60,11 +62,13 @@ impl Codec for StopKind {
     }
 }
 
-/// Bumped whenever the saved fields change meaning.
-const STATE_VERSION: u32 = 1;
+/// Bumped whenever the saved fields change meaning. Version 2 appends the unavailable nodes
+/// after `Saved`; version 1 (no unavailable nodes) is still read.
+const STATE_VERSION: u32 = 2;
 
 /// What `Engine::state` writes: the configuration's names (to refuse a foreign state) and
-/// the event-made fields.
+/// the event-made fields; from version 2 followed by the unavailable nodes
+/// (`BTreeMap<NodeId, String>`: node, the cluster's reason).
 struct Saved {
     version: u32,
     node_names: Vec<String>,
@@ -153,7 +157,9 @@ impl Engine {
             pressure_ready: self.pressure_ready.clone(),
             deadlines: self.deadlines.clone(),
         };
-        Ok(codec::to_bytes(&saved))
+        let mut bytes = codec::to_bytes(&saved);
+        self.unavailable.encode(&mut bytes);
+        Ok(bytes)
     }
 
     /// The engine `state` was taken from, over the same nodes and policy. Damaged bytes, a
@@ -166,12 +172,19 @@ impl Engine {
     ) -> Result<Engine, StateError> {
         let mut engine = Engine::new(nodes, policy)
             .map_err(|e| StateError::Mismatch(format!("the configuration: {e}")))?;
-        let saved: Saved = codec::from_bytes(bytes).map_err(StateError::Codec)?;
-        if saved.version != STATE_VERSION {
-            return Err(StateError::Mismatch(format!(
-                "state version {} (this allot reads {STATE_VERSION})",
-                saved.version
-            )));
+        let mut input = bytes;
+        let saved = Saved::decode(&mut input).map_err(StateError::Codec)?;
+        let unavailable: BTreeMap<NodeId, String> = match saved.version {
+            1 => BTreeMap::new(),
+            STATE_VERSION => Codec::decode(&mut input).map_err(StateError::Codec)?,
+            other => {
+                return Err(StateError::Mismatch(format!(
+                    "state version {other} (this allot reads 1 and {STATE_VERSION})"
+                )));
+            }
+        };
+        if !input.is_empty() {
+            return Err(StateError::Codec(bad("bytes left over")));
         }
         let names: Vec<String> = engine.projects.iter().map(|p| p.name.clone()).collect();
         if saved.node_names != engine.node_names
@@ -192,6 +205,9 @@ impl Engine {
         {
             return Err(StateError::Mismatch("a plan or idle state out of range".into()));
         }
+        if unavailable.keys().any(|n| n.0 as usize >= engine.node_names.len()) {
+            return Err(StateError::Mismatch("an unavailable node out of range".into()));
+        }
         engine.workloads = saved.workloads;
         engine.preemptors = saved.preemptors;
         engine.reservations = saved.reservations;
@@ -206,8 +222,18 @@ impl Engine {
         engine.pressure_ready = saved.pressure_ready;
         engine.deadlines = saved.deadlines;
         engine.rebuild();
+        engine.withhold_unavailable(unavailable);
         engine.audit().map_err(StateError::Mismatch)?;
         Ok(engine)
+    }
+
+    /// Marks `nodes` unavailable, after `rebuild` booked every allocation: what no
+    /// allocation holds there is withheld, as it was in the engine the state came from.
+    fn withhold_unavailable(&mut self, nodes: BTreeMap<NodeId, String>) {
+        for (node, reason) in nodes {
+            self.capacity.set_unavailable(node);
+            self.unavailable.insert(node, reason);
+        }
     }
 
     /// Ids inside a saved workload must index this engine's tables before anything books them.
@@ -283,7 +309,8 @@ impl Engine {
 
     /// This engine's live work carried into an engine over `nodes` (the same cluster) and
     /// another `policy`: running work keeps its devices, pending work its place in the
-    /// queue (by priority, then submit time), fair-share averages carry over by project name.
+    /// queue (by priority, then submit time), fair-share averages carry over by project name,
+    /// unavailable nodes stay unavailable.
     /// Waiting pre-emptors start over (their victims still stop), idle timers restart now
     /// under the new rules, so no one is reclaimed sooner than the new policy allows.
     /// Refused, with every problem named, when live work names a project, priority class or
@@ -364,6 +391,7 @@ impl Engine {
         }
         next.backoffs = self.backoffs.clone();
         next.rebuild();
+        next.withhold_unavailable(self.unavailable.clone());
         for (id, w) in &next.workloads {
             if let (Some(max), Some(started)) =
                 (w.spec.max_runtime_ms, w.allocation.as_ref().and_then(|a| a.started_at))

@@ -240,10 +240,14 @@ fn squeue() -> Vec<(u64, String, String, String)> {
         .collect()
 }
 
-/// The Slurm job id of an allot run (jobs are named `<prefix>-<workload>.<attempt>`).
-fn job_of(workload: u64, attempt: u32) -> Option<u64> {
+/// The Slurm job id of an allot run (jobs are named `<prefix>-<workload>.<attempt>`), among
+/// the jobs not in `older` (another daemon's jobs have the same suffixes).
+fn job_of(older: &std::collections::BTreeSet<u64>, workload: u64, attempt: u32) -> Option<u64> {
     let suffix = format!("-{workload}.{attempt}");
-    squeue().into_iter().find(|(_, name, ..)| name.ends_with(&suffix)).map(|(id, ..)| id)
+    squeue()
+        .into_iter()
+        .find(|(id, name, ..)| name.ends_with(&suffix) && !older.contains(id))
+        .map(|(id, ..)| id)
 }
 
 #[test]
@@ -254,6 +258,7 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     let _one = CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("allot-slurm-foreign-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let older: std::collections::BTreeSet<u64> = squeue().into_iter().map(|(id, ..)| id).collect();
     let serve = start(&dir);
     let node_reason = |s: &Serve, node: &str| -> Option<String> {
         let nodes = s.call("GET", "/api/v1/nodes", None);
@@ -268,6 +273,7 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
         fn drop(&mut self) {
             let _ = Command::new("scontrol")
                 .args(["update", "nodename=node4", "state=resume"])
+                .stderr(std::process::Stdio::null())
                 .status();
         }
     }
@@ -315,7 +321,8 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     // team-b also submits through allot: with the imported job it asks 16 GPUs, its
     // guarantee, while team-a holds 24 and only node4 is coming back.
     let b = serve.submit("team-b", 8, "batch", 15);
-    let before: Vec<(u64, Option<u64>)> = a.iter().map(|id| (*id, job_of(*id, 1))).collect();
+    let before: Vec<(u64, Option<u64>)> =
+        a.iter().map(|id| (*id, job_of(&older, *id, 1))).collect();
     slurm("scontrol", &["update", "nodename=node4", "state=resume"]);
     serve.wait("node4 usable again", Duration::from_secs(30), |s| {
         node_reason(s, "node4").is_some_and(|r| r.is_empty())
@@ -326,7 +333,7 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     // A requeued run's job is renamed for the next attempt and keeps its id.
     let requeued: Vec<(u64, u64, Option<u64>)> = before
         .iter()
-        .filter_map(|(id, first)| Some((*id, (*first)?, job_of(*id, 2))))
+        .filter_map(|(id, first)| Some((*id, (*first)?, job_of(&older, *id, 2))))
         .filter(|(.., again)| again.is_some())
         .collect();
     assert!(!requeued.is_empty(), "team-a gave GPUs back by requeue: {:?}", squeue());

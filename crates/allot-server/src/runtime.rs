@@ -91,6 +91,11 @@ pub(crate) enum Request {
         text: String,
         reply: Reply<allot_api::PolicyView>,
     },
+    /// The workloads as a job trace (`GET /api/v1/history`, the dashboard's what-if).
+    History {
+        limit: usize,
+        reply: Reply<allot_api::HistoryExport>,
+    },
     /// What the backend saw (from the executor thread).
     Observed(Vec<Observation>),
     /// Device samples from the collector thread or a node agent.
@@ -716,6 +721,9 @@ impl Loop {
                     .collect();
                 let _ =
                     reply.send(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }));
+            }
+            Request::History { limit, reply } => {
+                let _ = reply.send(Ok(crate::whatif::export(&self.daemon, now, limit)));
             }
             _ => {}
         }

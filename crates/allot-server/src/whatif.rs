@@ -240,6 +240,8 @@ pub struct WhatIfResult {
     pub gpus: usize,
     /// The replay's seed (activity model, kind assignment).
     pub seed: u64,
+    /// Seconds a pre-empted job needs to restart in the replay.
+    pub restart_delay_s: f64,
     /// Projects of the history a policy lacks, added with no guarantee (per policy).
     pub added_active: Vec<String>,
     pub added_candidate: Vec<String>,
@@ -283,6 +285,7 @@ pub fn run_whatif(
         nodes: nodes.len(),
         gpus: nodes.iter().map(|n| n.devices.len()).sum(),
         seed: config.seed,
+        restart_delay_s: config.restart_delay_s,
         added_active,
         added_candidate,
         wall_ms: wall_clock_ms().saturating_sub(started),

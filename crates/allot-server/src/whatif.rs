@@ -373,3 +373,209 @@ pub(crate) enum RunStartError {
     Busy(u64),
     Poisoned,
 }
+
+#[cfg(test)]
+mod tests {
+    use allot_api::{DurationBasis, SubmitRequest, WorkloadState};
+    use allot_sim::trace::{TraceJob, allot_trace_jsonl, parse_allot_trace};
+
+    use super::{cluster_yaml, export, run_whatif, trace_jobs};
+    use crate::daemon::Daemon;
+    use crate::entry::Entry;
+
+    const CLUSTER: &str = "nodes:\n  - name: n0\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: A100, count: 4, memory: 80Gi}\n";
+
+    /// Three projects in one cohort; `vision` and `nlp` are guaranteed the given GPUs.
+    fn policy(vision: u32, nlp: u32) -> String {
+        format!(
+            "priority_classes:\n  - {{name: normal, value: 0, preemptible: true}}\n\
+             default_priority_class: normal\n\
+             projects:\n\
+             \x20 - {{name: vision, cohort: c, quotas: [{{model: any, guaranteed: {vision}}}]}}\n\
+             \x20 - {{name: nlp, cohort: c, quotas: [{{model: any, guaranteed: {nlp}}}]}}\n\
+             \x20 - {{name: research, cohort: c, quotas: [{{model: any, guaranteed: 0}}]}}\n"
+        )
+    }
+
+    fn request(project: &str, gpus: f64, max_runtime_s: Option<u64>) -> SubmitRequest {
+        SubmitRequest {
+            name: Some(format!("{project}-{gpus}")),
+            project: project.into(),
+            kind: Some("training".into()),
+            gpus: Some(gpus),
+            mig: None,
+            members: None,
+            gpu_models: vec![],
+            priority_class: None,
+            cpu_millis: None,
+            memory_mib: None,
+            same_node: false,
+            preemptible: None,
+            checkpoint_grace_s: None,
+            min_runtime_s: None,
+            max_runtime_s,
+            command: vec!["sleep".into(), "1".into()],
+            env: Default::default(),
+            probe: None,
+        }
+    }
+
+    /// A known history: submit times, starts and ends at chosen milliseconds.
+    fn history() -> Daemon {
+        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).unwrap();
+        let text = policy(2, 2);
+        let spec = allot_config::parse_policy("policy.yaml", &text).unwrap();
+        let mut d = Daemon::new(
+            nodes,
+            &spec,
+            ("policy.yaml".into(), text),
+            std::env::temp_dir().join("allot-whatif-unit"),
+        )
+        .unwrap();
+        let submit = |d: &mut Daemon, at: u64, id: u64, r: SubmitRequest| {
+            d.apply(at, &Entry::Submitted { id, user: "alice".into(), request: r });
+        };
+        submit(&mut d, 10_000, 1, request("vision", 1.0, None));
+        d.apply(10_000, &Entry::Decided);
+        d.apply(12_000, &Entry::Started { id: 1, attempt: 1, pids: vec![1] });
+        submit(&mut d, 15_000, 2, request("nlp", 0.5, None));
+        d.apply(15_000, &Entry::Decided);
+        d.apply(16_000, &Entry::Started { id: 2, attempt: 1, pids: vec![2] });
+        // Too big to place now (3 GPUs are held or free: 1 + 0.5 held): these wait.
+        submit(&mut d, 17_000, 3, request("vision", 4.0, Some(3600)));
+        submit(&mut d, 18_500, 4, request("vision", 4.0, None));
+        submit(&mut d, 19_000, 5, request("research", 4.0, None));
+        submit(&mut d, 19_500, 6, request("research", 4.0, None));
+        d.apply(19_500, &Entry::CancelRequested { id: 6 });
+        d.apply(20_000, &Entry::Decided);
+        d.apply(
+            612_000,
+            &Entry::Exited { id: 1, attempt: 1, code: Some(0), detail: String::new() },
+        );
+        d
+    }
+
+    #[test]
+    fn the_export_has_each_jobs_submit_time_duration_and_basis() {
+        let d = history();
+        for (id, state) in [
+            (1, WorkloadState::Succeeded),
+            (2, WorkloadState::Running),
+            (3, WorkloadState::Pending),
+            (6, WorkloadState::Cancelled),
+        ] {
+            assert_eq!(d.workloads[&id].state, state, "workload {id}");
+        }
+        let e = export(&d, 716_000, 100);
+        let got: Vec<(u64, &str, f64, f64, DurationBasis)> = e
+            .jobs
+            .iter()
+            .map(|j| (j.id, j.project.as_str(), j.submit_s, j.duration_s, j.duration_basis))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, "vision", 0.0, 600.0, DurationBasis::Ran),
+                (2, "nlp", 5.0, 700.0, DurationBasis::ElapsedLowerBound),
+                (3, "vision", 7.0, 3600.0, DurationBasis::MaxRuntime),
+                (4, "vision", 8.5, 600.0, DurationBasis::ProjectMedian),
+            ]
+        );
+        assert_eq!(e.first_submit_ms, Some(10_000));
+        assert_eq!((e.jobs[1].gpus, e.jobs[1].gpu_milli), (1, 500));
+        assert_eq!(e.jobs[0].kind, "training");
+        let c = &e.counts;
+        assert_eq!(
+            (c.ended, c.running, c.pending_estimated, c.pending_skipped, c.never_ran),
+            (1, 1, 2, 1, 1),
+            "{c:?}"
+        );
+        // The newest only: the limit drops the oldest.
+        let newest = export(&d, 716_000, 3);
+        assert_eq!(newest.counts.older_left_out, 3);
+        assert_eq!(newest.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(newest.jobs[0].submit_s, 0.0);
+    }
+
+    #[test]
+    fn the_exported_trace_and_cluster_read_back_and_replay() {
+        let d = history();
+        let e = export(&d, 716_000, 100);
+        let jobs = trace_jobs(&e);
+        let text = allot_trace_jsonl(&jobs);
+        let back = parse_allot_trace(
+            std::path::Path::new("history.jsonl"),
+            &text,
+            allot_sim::BadRows::Fail,
+        )
+        .unwrap();
+        assert_eq!(back.jobs, jobs);
+        let nodes = allot_config::parse_cluster("exported.yaml", &e.cluster_yaml).unwrap();
+        assert_eq!(nodes, d.nodes);
+        let policy = allot_config::parse_policy("p", &e.policy_text).unwrap();
+        let report = allot_sim::replay::replay(
+            &nodes,
+            &policy,
+            "p",
+            &back.jobs,
+            &allot_sim::replay::ReplayConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(report.jobs_total, 4);
+        assert_eq!(report.jobs_finished, 4);
+    }
+
+    #[test]
+    fn the_example_inventory_survives_the_cluster_file() {
+        let text = include_str!("../../../examples/cluster.yaml");
+        let nodes = allot_config::parse_cluster("cluster.yaml", text).unwrap();
+        let back = allot_config::parse_cluster("exported.yaml", &cluster_yaml(&nodes)).unwrap();
+        assert_eq!(back, nodes);
+    }
+
+    fn job(id: u64, project: &str, submit_s: f64) -> TraceJob {
+        TraceJob {
+            id,
+            name: format!("job-{id}"),
+            submit_s,
+            duration_s: 3600.0,
+            project: project.into(),
+            gpus: 1,
+            members: 1,
+            gpu_milli: 1000,
+            gpu_models: vec![],
+            kind: Some(allot_core::WorkloadKind::Training),
+            priority_class: None,
+            checkpoint_interval_s: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            line: id as usize,
+        }
+    }
+
+    /// `vision` fills the cluster first, `nlp` arrives a minute later. Guaranteed to `vision`
+    /// (active), `nlp` waits; guaranteed to `nlp` (candidate), it takes its GPUs back from the
+    /// borrower: pre-emptions and lost work, shorter waits.
+    #[test]
+    fn a_guarantee_moved_to_the_late_project_preempts_and_shortens_its_wait() {
+        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).unwrap();
+        let to_vision = allot_config::parse_policy("a", &policy(4, 0)).unwrap();
+        let to_nlp = allot_config::parse_policy("b", &policy(0, 4)).unwrap();
+        let jobs: Vec<TraceJob> = (1..=4)
+            .map(|i| job(i, "vision", 0.0))
+            .chain((5..=8).map(|i| job(i, "nlp", 60.0)))
+            .collect();
+        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default()).unwrap();
+        let (a, c) = (&r.active, &r.candidate);
+        assert_eq!((a.jobs_finished, c.jobs_finished), (8, 8));
+        assert_eq!(a.preemptions, 0, "{a:?}");
+        assert!(c.preemptions > a.preemptions, "{} vs {}", c.preemptions, a.preemptions);
+        assert!(c.lost_gpu_hours > a.lost_gpu_hours);
+        assert!(c.queue_delay_s_p95 < a.queue_delay_s_p95, "{c:?}\n{a:?}");
+        let nlp = |rep: &allot_sim::outcome::ReplayReport| {
+            rep.projects.iter().find(|p| p.project == "nlp").map(|p| p.preemptions)
+        };
+        assert_eq!(nlp(a), Some(0));
+        assert_eq!((r.jobs, r.nodes, r.gpus, r.seed), (8, 1, 4, 42));
+    }
+}

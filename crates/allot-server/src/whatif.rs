@@ -353,10 +353,10 @@ impl Runs {
                     inner.runs.insert(id, outcome);
                 }
             });
-        if let Err(e) = spawned {
-            if let Ok(mut inner) = self.inner.lock() {
-                inner.runs.insert(id, RunState::Failed(format!("no thread for the replay: {e}")));
-            }
+        if let Err(e) = spawned
+            && let Ok(mut inner) = self.inner.lock()
+        {
+            inner.runs.insert(id, RunState::Failed(format!("no thread for the replay: {e}")));
         }
         Ok(id)
     }
@@ -422,16 +422,17 @@ mod tests {
 
     /// A known history: submit times, starts and ends at chosen milliseconds.
     fn history() -> Daemon {
-        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).unwrap();
+        let nodes =
+            allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("valid in this test");
         let text = policy(2, 2);
-        let spec = allot_config::parse_policy("policy.yaml", &text).unwrap();
+        let spec = allot_config::parse_policy("policy.yaml", &text).expect("valid in this test");
         let mut d = Daemon::new(
             nodes,
             &spec,
             ("policy.yaml".into(), text),
             std::env::temp_dir().join("allot-whatif-unit"),
         )
-        .unwrap();
+        .expect("valid in this test");
         let submit = |d: &mut Daemon, at: u64, id: u64, r: SubmitRequest| {
             d.apply(at, &Entry::Submitted { id, user: "alice".into(), request: r });
         };
@@ -508,11 +509,12 @@ mod tests {
             &text,
             allot_sim::BadRows::Fail,
         )
-        .unwrap();
+        .expect("valid in this test");
         assert_eq!(back.jobs, jobs);
-        let nodes = allot_config::parse_cluster("exported.yaml", &e.cluster_yaml).unwrap();
+        let nodes = allot_config::parse_cluster("exported.yaml", &e.cluster_yaml)
+            .expect("valid in this test");
         assert_eq!(nodes, d.nodes);
-        let policy = allot_config::parse_policy("p", &e.policy_text).unwrap();
+        let policy = allot_config::parse_policy("p", &e.policy_text).expect("valid in this test");
         let report = allot_sim::replay::replay(
             &nodes,
             &policy,
@@ -520,7 +522,7 @@ mod tests {
             &back.jobs,
             &allot_sim::replay::ReplayConfig::default(),
         )
-        .unwrap();
+        .expect("valid in this test");
         assert_eq!(report.jobs_total, 4);
         assert_eq!(report.jobs_finished, 4);
     }
@@ -528,8 +530,9 @@ mod tests {
     #[test]
     fn the_example_inventory_survives_the_cluster_file() {
         let text = include_str!("../../../examples/cluster.yaml");
-        let nodes = allot_config::parse_cluster("cluster.yaml", text).unwrap();
-        let back = allot_config::parse_cluster("exported.yaml", &cluster_yaml(&nodes)).unwrap();
+        let nodes = allot_config::parse_cluster("cluster.yaml", text).expect("valid in this test");
+        let back = allot_config::parse_cluster("exported.yaml", &cluster_yaml(&nodes))
+            .expect("valid in this test");
         assert_eq!(back, nodes);
     }
 
@@ -558,14 +561,16 @@ mod tests {
     /// borrower: pre-emptions and lost work, shorter waits.
     #[test]
     fn a_guarantee_moved_to_the_late_project_preempts_and_shortens_its_wait() {
-        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).unwrap();
-        let to_vision = allot_config::parse_policy("a", &policy(4, 0)).unwrap();
-        let to_nlp = allot_config::parse_policy("b", &policy(0, 4)).unwrap();
+        let nodes =
+            allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("valid in this test");
+        let to_vision = allot_config::parse_policy("a", &policy(4, 0)).expect("valid in this test");
+        let to_nlp = allot_config::parse_policy("b", &policy(0, 4)).expect("valid in this test");
         let jobs: Vec<TraceJob> = (1..=4)
             .map(|i| job(i, "vision", 0.0))
             .chain((5..=8).map(|i| job(i, "nlp", 60.0)))
             .collect();
-        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default()).unwrap();
+        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default())
+            .expect("valid in this test");
         let (a, c) = (&r.active, &r.candidate);
         assert_eq!((a.jobs_finished, c.jobs_finished), (8, 8));
         assert_eq!(a.preemptions, 0, "{a:?}");

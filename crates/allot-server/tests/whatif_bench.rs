@@ -24,7 +24,7 @@ fn cluster() -> String {
 }
 
 /// Ten projects in one cohort, each guaranteed `guaranteed(p)` H100s.
-fn policy(guaranteed: impl Fn(usize) -> u32) -> String {
+fn policy_text(guaranteed: impl Fn(usize) -> u32) -> String {
     let mut text = String::from(
         "priority_classes:\n  - {name: medium, value: 0, preemptible: true}\ndefault_priority_class: medium\nprojects:\n",
     );
@@ -53,8 +53,8 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
     }
     let nodes = allot_config::parse_cluster("bench-cluster.yaml", &cluster()).expect("cluster");
     assert_eq!(nodes.iter().map(|n| n.devices.len()).sum::<usize>(), 500);
-    let policy_text = policy(|_| 40);
-    let policy = allot_config::parse_policy("bench-policy.yaml", &policy_text).expect("policy");
+    let active = policy_text(|_| 40);
+    let policy = allot_config::parse_policy("bench-policy.yaml", &active).expect("policy");
     let (backend, control) = FakeBackend::new(nodes.clone());
     let dir = std::env::temp_dir().join(format!("allot-whatif-bench-{}", std::process::id()));
     let started = start(Parts {
@@ -65,7 +65,7 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
         inventory_source: "bench-cluster.yaml".into(),
         policy,
         policy_source: "bench-policy.yaml".into(),
-        policy_text,
+        policy_text: active,
         data_dir: dir.clone(),
         decide_interval_ms: 50,
         telemetry_round_ms: Some(5_000),
@@ -148,7 +148,7 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
     ));
 
     // The candidate moves guarantees: p0 gets 200 GPUs, the others 20.
-    let candidate = policy(|p| if p == 0 { 200 } else { 20 });
+    let candidate = policy_text(|p| if p == 0 { 200 } else { 20 });
     let boundary = "benchBoundary";
     let upload = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"policy_file\"; filename=\"candidate.yaml\"\r\n\r\n{candidate}\r\n--{boundary}--\r\n"

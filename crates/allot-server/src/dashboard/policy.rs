@@ -778,7 +778,8 @@ mod tests {
             ],
         );
         let (name, bytes) =
-            multipart_file("multipart/form-data; boundary=XyZ", &body, "policy_file").unwrap();
+            multipart_file("multipart/form-data; boundary=XyZ", &body, "policy_file")
+                .expect("valid in this test");
         assert_eq!(name, "team.yaml");
         assert_eq!(bytes, b"projects:\r\n  - a\n");
     }
@@ -786,17 +787,19 @@ mod tests {
     #[test]
     fn missing_parts_and_wrong_types_are_named() {
         let body = form("b", &[("other", None, "x")]);
-        let e =
-            multipart_file("multipart/form-data; boundary=b", &body, "policy_file").unwrap_err();
+        let e = multipart_file("multipart/form-data; boundary=b", &body, "policy_file")
+            .expect_err("an error");
         assert!(e.contains("no file field `policy_file`"), "{e}");
-        let e = multipart_file("application/json", &body, "policy_file").unwrap_err();
+        let e = multipart_file("application/json", &body, "policy_file").expect_err("an error");
         assert!(e.contains("not multipart/form-data"), "{e}");
-        let e = multipart_file("multipart/form-data", &body, "policy_file").unwrap_err();
+        let e = multipart_file("multipart/form-data", &body, "policy_file").expect_err("an error");
         assert!(e.contains("no boundary"), "{e}");
         let cut = &body[..body.len() - 8];
-        let e = multipart_file("multipart/form-data; boundary=b", cut, "policy_file").unwrap_err();
+        let e = multipart_file("multipart/form-data; boundary=b", cut, "policy_file")
+            .expect_err("an error");
         assert!(e.contains("no file field") || e.contains("cut short"), "{e}");
-        let e = multipart_file("multipart/form-data; boundary=b", b"", "policy_file").unwrap_err();
+        let e = multipart_file("multipart/form-data; boundary=b", b"", "policy_file")
+            .expect_err("an error");
         assert!(e.contains("no parts"), "{e}");
     }
 }

@@ -27,6 +27,8 @@ pub mod limits {
     pub const MEMORY_MIB_MAX: u64 = 1 << 40;
     /// Device readings in one `POST /api/v1/telemetry`.
     pub const TELEMETRY_SAMPLES_MAX: usize = 1024;
+    /// Jobs in one `GET /api/v1/history` (the newest; `?limit=` asks for fewer).
+    pub const HISTORY_JOBS_MAX: usize = 100_000;
 }
 
 /// Device readings a node agent (`allot agent`) forwards (`POST /api/v1/telemetry`).
@@ -416,4 +418,89 @@ pub struct PolicyValidation {
     /// What `allot policy validate` prints for it.
     pub summary: String,
     pub problems: Vec<ApiError>,
+}
+
+/// `GET /api/v1/history`: the daemon's workloads as a job trace for `allot sim replay`
+/// (`allot history export` writes `jobs` in the allot trace format, `cluster_yaml` as the
+/// cluster file and `policy_text` as the policy file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HistoryExport {
+    /// When the export was made, ms since the Unix epoch.
+    pub exported_ms: u64,
+    /// Submit time of the first exported job: every `submit_s` counts from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_submit_ms: Option<u64>,
+    /// Oldest first.
+    pub jobs: Vec<HistoryJob>,
+    pub counts: HistoryCounts,
+    /// The daemon's inventory as a cluster file (`allot sim replay --cluster`).
+    pub cluster_yaml: String,
+    /// The policy in effect and where it came from (`allot sim replay --policy`).
+    pub policy_source: String,
+    pub policy_text: String,
+}
+
+/// What the export holds and what it left out, and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HistoryCounts {
+    /// Ended work that ran: `duration_s` is its real run time.
+    pub ended: usize,
+    /// Running (or stopping) work: `duration_s` is the time so far, a lower bound.
+    pub running: usize,
+    /// Pending (or suspended) work with an estimated `duration_s`.
+    pub pending_estimated: usize,
+    /// Pending work left out: no max runtime, and its project has no ended work to take a
+    /// median from.
+    pub pending_skipped: usize,
+    /// Ended without ever running (cancelled while queued, rejected): left out.
+    pub never_ran: usize,
+    /// Older workloads left out by the job limit.
+    pub older_left_out: usize,
+}
+
+/// Where a job's `duration_s` comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DurationBasis {
+    /// Ended: the last run's start to its end.
+    Ran,
+    /// Still running: its start to the export, so the real run time is at least this.
+    ElapsedLowerBound,
+    /// Pending: its max runtime.
+    MaxRuntime,
+    /// Pending without a max runtime: the median run time of its project's ended work.
+    ProjectMedian,
+}
+
+/// One job of the export; the fields of the allot trace format (`docs/design/trace-format.md`)
+/// plus its state and where its duration comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HistoryJob {
+    /// The workload's id.
+    pub id: u64,
+    pub name: String,
+    pub state: WorkloadState,
+    /// Seconds since `first_submit_ms`.
+    pub submit_s: f64,
+    pub duration_s: f64,
+    pub duration_basis: DurationBasis,
+    pub project: String,
+    /// `training`, `batch`, `notebook`, `inference` or `service`.
+    pub kind: String,
+    /// Whole GPUs per member (1 with `gpu_milli` below 1000 for a share or MIG instance).
+    pub gpus: u32,
+    /// Shares of one GPU per member (1000 for whole GPUs; a MIG instance as its compute share).
+    pub gpu_milli: u32,
+    pub members: u32,
+    /// Acceptable GPU models in order of preference; empty: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_models: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
+    /// Seconds between periodic checkpoints, when known (the daemon records reported
+    /// checkpoints, not an interval, so this is absent for now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval_s: Option<f64>,
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
 }

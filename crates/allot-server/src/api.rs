@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use allot_api::{
-    API_PREFIX, ApiError, NodeList, PolicyValidation, PolicyView, ProjectList, Report,
-    SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated, TokenRequest, Why, Workload,
-    WorkloadList, limits,
+    API_PREFIX, ApiError, HistoryExport, NodeList, PolicyValidation, PolicyView, ProjectList,
+    Report, SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated, TokenRequest, Why,
+    Workload, WorkloadList, limits,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -540,6 +540,55 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult
     Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], state.metrics.encode()).into_response())
 }
 
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HistoryQuery {
+    /// Only the newest this many workloads (default and most: 100,000).
+    limit: Option<usize>,
+}
+
+/// The workloads (ended, running, pending) as a job trace for `allot sim replay`, with the
+/// inventory as a cluster file and the policy in effect. Viewers and admins: it covers every
+/// project.
+#[utoipa::path(get, path = "/api/v1/history", params(HistoryQuery),
+    responses((status = 200, body = HistoryExport), (status = 403, body = ApiError)), security(("bearer" = [])))]
+async fn history(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<axum::Json<HistoryExport>> {
+    let principal = principal(&state, &headers)?;
+    if principal.role == allot_api::Role::Member {
+        return Err(HttpError::plain(
+            403,
+            format!("{} is a project member: the history covers every project", principal.name),
+            Some("export with a viewer or admin token"),
+        ));
+    }
+    let Query(query) = query.map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("invalid query: {e}"),
+                field: Some("limit".into()),
+                fix: Some(format!("use ?limit=N with N from 1 to {}", limits::HISTORY_JOBS_MAX)),
+            },
+        )
+    })?;
+    let limit = query.limit.unwrap_or(limits::HISTORY_JOBS_MAX);
+    if limit == 0 || limit > limits::HISTORY_JOBS_MAX {
+        return Err(HttpError::new(
+            400,
+            ApiError {
+                error: format!("limit {limit} is out of range"),
+                field: Some("limit".into()),
+                fix: Some(format!("give 1 to {}", limits::HISTORY_JOBS_MAX)),
+            },
+        ));
+    }
+    state.handle.ask(|reply| Request::History { limit, reply }).await.map(axum::Json)
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -572,7 +621,7 @@ impl utoipa::Modify for BearerScheme {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
-    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, post_telemetry, create_token),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, post_telemetry, create_token, history),
     modifiers(&BearerScheme)
 )]
 pub(crate) struct ApiDoc;
@@ -590,6 +639,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/projects", get(projects))
         .route("/nodes", get(nodes))
         .route("/report", get(report))
+        .route("/history", get(history))
         .route("/policy", get(policy).put(apply_policy))
         .route("/policy/validate", post(validate_policy))
         .route("/tokens", post(create_token))

@@ -19,6 +19,7 @@ mod submit;
 pub mod telemetry;
 mod tls;
 pub mod views;
+pub mod whatif;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -94,6 +94,11 @@ pub(crate) enum Request {
         text: String,
         reply: Reply<allot_api::PolicyView>,
     },
+    /// The workloads as a job trace (`GET /api/v1/history`, the dashboard's what-if).
+    History {
+        limit: usize,
+        reply: Reply<allot_api::HistoryExport>,
+    },
     /// What the backend saw (from the executor thread).
     Observed(Vec<Observation>),
     /// Node states and foreign work on the cluster (from the executor thread).
@@ -747,6 +752,9 @@ impl Loop {
                     .collect();
                 let _ =
                     reply.send(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }));
+            }
+            Request::History { limit, reply } => {
+                let _ = reply.send(Ok(crate::whatif::export(&self.daemon, now, limit)));
             }
             _ => {}
         }

@@ -108,6 +108,8 @@ async fn authorisation_matrix() {
         ("GET", "/api/v1/projects".into(), None, [401, 200, 200, 200, 200]),
         ("GET", "/api/v1/nodes".into(), None, [401, 200, 200, 200, 200]),
         ("GET", "/api/v1/report".into(), None, [401, 200, 200, 200, 200]),
+        // Every project's workloads: viewers and admins.
+        ("GET", "/api/v1/history".into(), None, [401, 200, 403, 403, 200]),
         ("GET", "/api/v1/policy".into(), None, [401, 200, 200, 200, 200]),
         ("POST", "/api/v1/policy/validate".into(), Some(policy), [401, 200, 200, 200, 200]),
         // The policy in effect again: changes nothing, so every role sees the same state.

@@ -237,3 +237,95 @@ fn encode(text: &str) -> String {
         })
         .collect()
 }
+
+/// A `multipart/form-data` body with one file field, as a browser sends it.
+fn upload_body(field: &str, file_name: &str, content: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "----allotTestBoundary7MA4YWxkTrZu0gW";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; \
+         filename=\"{file_name}\"\r\nContent-Type: application/yaml\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+async fn upload(d: &TestDaemon, token: &str, file_name: &str, content: &[u8]) -> Answer {
+    let (content_type, body) = upload_body("policy_file", file_name, content);
+    let request = Request::builder()
+        .method("POST")
+        .uri("/policy/upload")
+        .header("cookie", format!("allot_session={token}"))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body))
+        .expect("request");
+    answer(d.started.as_ref().expect("running").router.clone(), request).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_file_upload_is_checked_and_a_valid_one_gets_a_what_if() {
+    let d = TestDaemon::new();
+    let viewer = d.token("viewer", &[]).await;
+    let member = d.token("member", &["vision"]).await;
+    for (project, gpus) in [("vision", 2), ("speech", 1), ("nlp", 1)] {
+        let id = submit(&d, project, gpus).await;
+        d.wait_state(id, "running").await;
+    }
+
+    // A bad file: the problem names the file, the line and the field.
+    let bad = b"projects:\n  - name: x\n    gpu: 3\n";
+    let a = upload(&d, &viewer, "team.yaml", bad).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.body.contains("✗ team.yaml: "), "{}", a.body);
+    assert!(a.body.contains("team.yaml:3:") && a.body.contains("projects[0]"), "{}", a.body);
+    assert!(!a.body.contains("id=\"whatif\""), "no what-if for an invalid candidate");
+
+    // Too large: refused with the limit named, in the form or before it is read whole.
+    let big = vec![b'#'; 1024 * 1024 + 1];
+    let a = upload(&d, &viewer, "big.yaml", &big).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(a.body.contains("big.yaml") && a.body.contains("1 MiB"), "{}", a.body);
+    let huge = vec![b'#'; 3 * 1024 * 1024];
+    let a = upload(&d, &viewer, "huge.yaml", &huge).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(a.body.contains("1 MiB"), "{}", a.body);
+    let a = upload(&d, &viewer, "latin1.yaml", b"projects: \xff\n").await;
+    assert!(a.body.contains("latin1.yaml: the file is not UTF-8 text"), "{}", a.body);
+
+    // A good file: checked, then replayed against the history next to the active policy.
+    let candidate =
+        common::POLICY.replace("guaranteed: 8, borrow_limit: 8", "guaranteed: 4, borrow_limit: 8");
+    assert_ne!(candidate, common::POLICY);
+    let a = upload(&d, &viewer, "smaller-vision.yaml", candidate.as_bytes()).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.body.contains("✓ smaller-vision.yaml: ok"), "{}", a.body);
+    let poll = a
+        .body
+        .split("hx-get=\"/policy/whatif/")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .map(|id| format!("/policy/whatif/{id}"))
+        .unwrap_or_else(|| panic!("the page polls its what-if: {}", a.body));
+    let mut result = String::new();
+    for _ in 0..600 {
+        let a = send(&d, "GET", &poll, cookie(&viewer), &[("hx-request", "true")], None).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(a.body.starts_with("<div id=\"whatif\""), "{}", a.body);
+        if !a.body.contains("hx-get") {
+            result = a.body;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(result.contains("What-if: the active policy vs the candidate"), "{result}");
+    assert!(result.contains("Replayed 3 jobs") && result.contains("seed 42"), "{result}");
+    assert!(result.contains("queueing delay p95") && result.contains("pre-emptions"), "{result}");
+    assert_eq!(result.matches("<svg").count(), 3, "three charts");
+
+    // A member may check the file but not replay every project's history.
+    let a = upload(&d, &member, "smaller-vision.yaml", candidate.as_bytes()).await;
+    assert!(a.body.contains("✓") && a.body.contains("needs a viewer or admin token"), "{}", a.body);
+    let a = send(&d, "GET", &poll, cookie(&member), &[("hx-request", "true")], None).await;
+    assert!(!a.body.contains("What-if: the active"), "{}", a.body);
+}

@@ -577,6 +577,50 @@ const FIELDS: [&str; 15] = [
 ];
 const REQUIRED: [&str; 5] = ["id", "submit_s", "duration_s", "project", "gpus"];
 
+/// Writes jobs in the allot trace format as JSON lines, one object per job in the given
+/// order, that [`parse_allot_trace`] reads back as the same jobs (but for `line`): defaults
+/// (`members` 1, `gpu_milli` 1000, no models, no class, no checkpoints, no CPU or memory) are
+/// left out, and an absent `kind` stays absent (the activity model assigns one).
+pub fn allot_trace_jsonl(jobs: &[TraceJob]) -> String {
+    let mut out = String::with_capacity(jobs.len() * 128);
+    for job in jobs {
+        let mut row = serde_json::Map::new();
+        row.insert("id".into(), job.id.into());
+        row.insert("name".into(), job.name.clone().into());
+        row.insert("submit_s".into(), job.submit_s.into());
+        row.insert("duration_s".into(), job.duration_s.into());
+        row.insert("project".into(), job.project.clone().into());
+        row.insert("gpus".into(), job.gpus.into());
+        if job.members != 1 {
+            row.insert("members".into(), job.members.into());
+        }
+        if job.gpu_milli != 1000 {
+            row.insert("gpu_milli".into(), job.gpu_milli.into());
+        }
+        if !job.gpu_models.is_empty() {
+            row.insert("gpu_model".into(), job.gpu_models.clone().into());
+        }
+        if let Some(kind) = job.kind {
+            row.insert("kind".into(), kind.as_str().into());
+        }
+        if let Some(class) = &job.priority_class {
+            row.insert("priority_class".into(), class.clone().into());
+        }
+        if let Some(interval) = job.checkpoint_interval_s {
+            row.insert("checkpoint_interval_s".into(), interval.into());
+        }
+        if job.cpu_milli != 0 {
+            row.insert("cpu_milli".into(), job.cpu_milli.into());
+        }
+        if job.memory_mib != 0 {
+            row.insert("memory_mib".into(), job.memory_mib.into());
+        }
+        out.push_str(&serde_json::Value::Object(row).to_string());
+        out.push('\n');
+    }
+    out
+}
+
 /// Reads an allot trace: JSON lines when the file ends in `.jsonl`/`.ndjson` or its first
 /// non-blank line starts with `{`, CSV with a header row otherwise.
 pub fn load_allot_trace(path: &Path, bad_rows: BadRows) -> Result<AllotTrace, TraceError> {

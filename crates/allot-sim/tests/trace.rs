@@ -160,3 +160,50 @@ fn broken_allot_traces_name_file_line_field_and_fix() {
     assert_eq!(err.line, 0);
     assert!(err.to_string().contains("no-such-file.csv: cannot read"));
 }
+
+/// `allot_trace_jsonl` writes what the loader reads back as the same jobs: every field, the
+/// defaults left out, odd names and fractional times kept.
+#[test]
+fn the_jsonl_writer_round_trips_through_the_loader() {
+    let base = TraceJob {
+        id: 7,
+        name: "train \"a\", v2".into(),
+        submit_s: 0.0,
+        duration_s: 3600.5,
+        project: "vision".into(),
+        gpus: 4,
+        members: 2,
+        gpu_milli: 1000,
+        gpu_models: vec!["A100".into(), "H100".into()],
+        kind: Some(WorkloadKind::Training),
+        priority_class: Some("high".into()),
+        checkpoint_interval_s: Some(600.0),
+        cpu_milli: 8000,
+        memory_mib: 65_536,
+        line: 1,
+    };
+    let shared = TraceJob {
+        id: 9,
+        name: "nb".into(),
+        submit_s: 30.125,
+        duration_s: 0.0,
+        project: "speech".into(),
+        gpus: 1,
+        members: 1,
+        gpu_milli: 250,
+        gpu_models: vec![],
+        kind: None,
+        priority_class: None,
+        checkpoint_interval_s: None,
+        cpu_milli: 0,
+        memory_mib: 0,
+        line: 2,
+    };
+    let jobs = vec![base, shared];
+    let text = allot_sim::trace::allot_trace_jsonl(&jobs);
+    assert_eq!(text.lines().count(), 2);
+    assert!(!text.lines().nth(1).unwrap_or("").contains("members"), "defaults are left out");
+    let back = allot_sim::trace::parse_allot_trace(Path::new("out.jsonl"), &text, BadRows::Fail)
+        .expect("the written trace loads");
+    assert_eq!(back.jobs, jobs);
+}

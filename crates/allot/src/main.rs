@@ -7,6 +7,7 @@ mod agent;
 mod client;
 mod daemon;
 mod diff;
+mod history;
 mod plan;
 mod remote;
 mod render;
@@ -103,6 +104,11 @@ enum Command {
     Nodes(remote::OutputArgs),
     /// The goodput ledger: allocated, active, idle and lost GPU-hours per scope.
     Report(remote::OutputArgs),
+    /// The daemon's history: its workloads as a job trace for `allot sim replay`.
+    History {
+        #[command(subcommand)]
+        command: history::HistoryCommand,
+    },
     /// Policies: validate a file (offline or against the daemon), show or diff the active one.
     Policy {
         #[command(subcommand)]
@@ -249,6 +255,7 @@ fn main() -> ExitCode {
         Command::Projects(args) => remote::projects(&remote, args.output),
         Command::Nodes(args) => remote::nodes(&remote, args.output),
         Command::Report(args) => remote::report(&remote, args.output),
+        Command::History { command } => history::run(&remote, &command),
         Command::Policy { command } => match command {
             PolicyCommand::Validate { file, cluster: _, remote: true, output } => {
                 remote::policy_validate(&remote, &file, output)

@@ -166,6 +166,86 @@ fn acceptance_commands_work_as_written() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `allot history export` writes a trace, the cluster file and the policy that `allot sim
+/// replay` runs as written.
+#[test]
+fn the_exported_history_replays_with_sim_replay() {
+    let dir = temp_dir("history");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (daemon, token) = Daemon::start(&dir);
+    let token = token.expect("a first start prints an admin token");
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("ALLOT_URL", &daemon.url)
+            .env("ALLOT_TOKEN", &token)
+            .output()
+            .expect("allot runs");
+        assert!(out.status.success(), "allot {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        (
+            String::from_utf8(out.stdout).expect("UTF-8"),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mut ids = Vec::new();
+    for project in ["vision", "nlp"] {
+        let (id, _) = cli(&["submit", "--project", project, "--gpus", "1", "--", "sleep", "31.5"]);
+        ids.push(id.trim().to_string());
+    }
+    for _ in 0..200 {
+        let running =
+            workloads(&daemon.addr, &token).iter().filter(|w| w["state"] == "running").count();
+        if running == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (trace, cluster, policy) =
+        (dir.join("history.jsonl"), dir.join("cluster.yaml"), dir.join("policy.yaml"));
+    let path = |p: &PathBuf| p.display().to_string();
+    let (stdout, stderr) = cli(&[
+        "history",
+        "export",
+        "--output",
+        &path(&trace),
+        "--cluster-output",
+        &path(&cluster),
+        "--policy-output",
+        &path(&policy),
+    ]);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("exported 2 jobs: 0 ended") && stderr.contains("2 running"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&format!("--trace {}", path(&trace))), "{stderr}");
+    let (report, _) = cli(&[
+        "sim",
+        "replay",
+        "--trace",
+        &path(&trace),
+        "--cluster",
+        &path(&cluster),
+        "--policy",
+        &path(&policy),
+        "--output",
+        "json",
+    ]);
+    let report: Value = serde_json::from_str(&report).expect("replay JSON");
+    assert_eq!(report["jobs_total"], 2, "{report}");
+    assert_eq!(report["jobs_finished"], 2, "{report}");
+    // To stdout, as JSON with each job's duration basis.
+    let (json, _) = cli(&["history", "export", "--json", "--limit", "1"]);
+    let json: Value = serde_json::from_str(&json).expect("export JSON");
+    assert_eq!(json["jobs"][0]["duration_basis"], "elapsed_lower_bound", "{json}");
+    for id in &ids {
+        cli(&["cancel", id]);
+    }
+    daemon.terminate();
+    kill_all("31.5");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A tiny seeded generator (SplitMix64) so that a failing round can be replayed.
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -89,7 +89,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/workload/{id}", get(workload::page))
         .route("/projects", get(projects::page))
         .route("/idle", get(idle::page))
-        .route("/policy", get(policy::page).post(policy::validate))
+        .merge(policy::routes())
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/assets/{name}", get(asset))

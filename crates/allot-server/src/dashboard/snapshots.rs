@@ -289,8 +289,110 @@ fn snapshot_policy() {
             fix: Some("did you mean \"gpus\"?".into()),
         }],
     };
-    let data = policy::PolicyData { active, candidate: Some(("projects: <x>\n".into(), bad)) };
+    let data = policy::PolicyData {
+        active,
+        candidate: Some(("projects: <x>\n".into(), bad)),
+        whatif: None,
+    };
     check("policy", Tab::Policy, &policy::render(&data));
+}
+
+/// A replay report with round figures: `scale` changes every figure so that the two policies
+/// differ.
+fn replay_report(label: &str, scale: f64, preemptions: u64) -> allot_sim::outcome::ReplayReport {
+    use allot_sim::outcome::{ProjectLedger, ReplayReport, TimelinePoint};
+    let ledger = |project: &str, allocated: f64| ProjectLedger {
+        project: project.into(),
+        allocated_gpu_hours: allocated,
+        active_gpu_hours: allocated * 0.7,
+        useful_gpu_hours: allocated * 0.6,
+        lost_gpu_hours: allocated * 0.1,
+        idle_gpu_hours: allocated * 0.3,
+        jobs_finished: 3,
+        jobs_total: 4,
+        preemptions: preemptions / 2,
+    };
+    ReplayReport {
+        policy: label.into(),
+        seed: 42,
+        jobs_total: 8,
+        jobs_finished: 6,
+        jobs_pending: 2,
+        jobs_cancelled: 0,
+        jct_s_mean: 5400.0 * scale,
+        queue_delay_s_p50: 120.0 * scale,
+        queue_delay_s_p95: 3600.0 * scale,
+        queue_delay_s_p99: 4000.0 * scale,
+        gpu_allocated_pct: 61.5 / scale,
+        gpu_active_pct: 40.25 / scale,
+        preemptions,
+        lost_gpu_hours: 1.5 * scale,
+        goodput: 0.6,
+        wall_ms: 0,
+        timeline: (0..5)
+            .map(|k| TimelinePoint {
+                t_s: f64::from(k) * 1800.0,
+                allocated_gpus: f64::from(k * 2) / scale,
+                active_gpus: f64::from(k) / scale,
+                pending_jobs: 4 - k as usize,
+            })
+            .collect(),
+        queue_delays_s: vec![0.0, 60.0 * scale, 120.0 * scale, 3600.0 * scale],
+        projects: vec![ledger("vision", 10.0 * scale), ledger("nlp", 4.0 / scale)],
+        capacity_gpus: 8.0,
+        span_s: 7200.0,
+        allocated_gpu_hours: 14.0,
+        active_gpu_hours: 9.8,
+        useful_gpu_hours: 8.4,
+        idle_gpu_hours: 4.2,
+        decide_calls: 30,
+        bad_rows_skipped: 0,
+    }
+}
+
+#[test]
+fn snapshot_policy_whatif() {
+    let active =
+        PolicyView { source: "policy.yaml".into(), text: "projects:\n  - name: vision\n".into() };
+    let ok = PolicyValidation {
+        ok: true,
+        summary: "team.yaml: ok — 2 projects, 3 priority classes, 0 idle rules".into(),
+        problems: vec![],
+    };
+    let result = crate::whatif::WhatIfResult {
+        active: replay_report("active", 1.0, 0),
+        candidate: replay_report("candidate", 2.0, 4),
+        counts: allot_api::HistoryCounts {
+            ended: 5,
+            running: 2,
+            pending_estimated: 1,
+            pending_skipped: 1,
+            never_ran: 1,
+            older_left_out: 0,
+        },
+        jobs: 8,
+        nodes: 2,
+        gpus: 8,
+        seed: 42,
+        restart_delay_s: 60.0,
+        added_active: vec![],
+        added_candidate: vec!["nlp".into()],
+        wall_ms: 1500,
+    };
+    let data = policy::PolicyData {
+        active,
+        candidate: Some(("projects: []\n".into(), ok)),
+        whatif: Some(policy::WhatIf::Done(Box::new(result))),
+    };
+    check("policy_whatif", Tab::Policy, &policy::render(&data));
+    // While it runs, the section asks for itself again.
+    let running =
+        policy::whatif_section(&policy::WhatIf::Running { id: 3, jobs: 8, elapsed_ms: 2000 })
+            .into_string();
+    assert!(
+        running.contains("hx-get=\"/policy/whatif/3\"") && running.contains("every 2s"),
+        "{running}"
+    );
 }
 
 #[test]

@@ -1,0 +1,586 @@
+//! What-if: the daemon's workloads as a job trace (`GET /api/v1/history`, `allot history
+//! export`), its inventory as a cluster file, and the replay of that history under the active
+//! and a candidate policy on the daemon's nodes (the dashboard's policy page).
+//!
+//! Durations (`HistoryJob::duration_basis`): ended work its last run's time (start to end);
+//! running work the time so far, a lower bound; pending (and suspended) work its max runtime,
+//! else the median run time of its project's ended work, else it is left out and counted.
+//! Work that never ran and has ended (cancelled while queued, rejected) is left out and counted.
+//! A MIG request becomes a share of one GPU equal to the instance's compute share (the trace
+//! format has no MIG profiles). The daemon records reported checkpoints, not an interval, so
+//! no job carries one: a replay treats them as not checkpointing unless `--checkpoint-every`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+use allot_api::{DurationBasis, HistoryCounts, HistoryExport, HistoryJob, WorkloadState, limits};
+use allot_core::{GpuRequest, NodeSpec, PolicySpec};
+use allot_sim::outcome::ReplayReport;
+use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
+use allot_sim::trace::{TraceJob, parse_kind};
+
+use crate::daemon::Daemon;
+
+/// Newest workloads a dashboard what-if replays.
+pub const WHATIF_JOBS_MAX: usize = 20_000;
+/// The dashboard stops waiting for a what-if after this long and says so (the replay itself
+/// cannot be interrupted; its cost is bounded by `WHATIF_JOBS_MAX` and one run at a time).
+pub const WHATIF_WAIT_MS: u64 = 10 * 60 * 1000;
+/// Finished what-if results kept for polling; older ones are dropped.
+const RESULTS_KEPT: usize = 8;
+/// Timeline points a what-if aims for (the step is the span divided by this, at least 1 s).
+const TIMELINE_POINTS: f64 = 500.0;
+
+/// The daemon's workloads (the newest `limit`) as a job trace, with its inventory and policy.
+/// Called on the main loop: one pass over the records, no I/O.
+pub(crate) fn export(daemon: &Daemon, now_ms: u64, limit: usize) -> HistoryExport {
+    let limit = limit.min(limits::HISTORY_JOBS_MAX);
+    let run_ms = |r: &crate::daemon::Record| match (r.started_ms, r.ended_ms) {
+        (Some(s), Some(e)) => Some(e.saturating_sub(s)),
+        _ => None,
+    };
+    // Median run time of each project's ended work, for pending work without a max runtime.
+    let mut runs: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for r in daemon.workloads.values() {
+        if is_ended(r.state)
+            && let Some(ms) = run_ms(r)
+        {
+            runs.entry(r.spec.project.as_str()).or_default().push(ms);
+        }
+    }
+    let medians: BTreeMap<&str, u64> = runs
+        .into_iter()
+        .map(|(p, mut v)| {
+            v.sort_unstable();
+            (p, v[v.len() / 2])
+        })
+        .collect();
+
+    let mut counts = HistoryCounts::default();
+    let total = daemon.workloads.len();
+    counts.older_left_out = total.saturating_sub(limit);
+    // Ids are given in submission order: the newest are the last.
+    let newest = daemon.workloads.iter().skip(counts.older_left_out);
+    let mut rows = Vec::with_capacity(total.min(limit));
+    for (&id, r) in newest {
+        let (duration_ms, basis) = match r.state {
+            s if is_ended(s) => match run_ms(r) {
+                Some(ms) => (ms, DurationBasis::Ran),
+                None => {
+                    counts.never_ran += 1;
+                    continue;
+                }
+            },
+            WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping => {
+                let started = r.started_ms.unwrap_or(now_ms);
+                (now_ms.saturating_sub(started), DurationBasis::ElapsedLowerBound)
+            }
+            _ => match (r.spec.max_runtime_ms, medians.get(r.spec.project.as_str())) {
+                (Some(max), _) => (max, DurationBasis::MaxRuntime),
+                (None, Some(&median)) => (median, DurationBasis::ProjectMedian),
+                (None, None) => {
+                    counts.pending_skipped += 1;
+                    continue;
+                }
+            },
+        };
+        match basis {
+            DurationBasis::Ran => counts.ended += 1,
+            DurationBasis::ElapsedLowerBound => counts.running += 1,
+            DurationBasis::MaxRuntime | DurationBasis::ProjectMedian => {
+                counts.pending_estimated += 1;
+            }
+        }
+        rows.push((id, r, duration_ms, basis));
+    }
+    let first = rows.iter().map(|(_, r, _, _)| r.submitted_ms).min();
+    let jobs = rows
+        .into_iter()
+        .map(|(id, r, duration_ms, basis)| {
+            let (gpus, gpu_milli) = match r.spec.gpus_per_member {
+                GpuRequest::Whole(n) => (n, 1000),
+                GpuRequest::Shares(s) => (1, s),
+                GpuRequest::Mig(p) => (1, p.shares().0.clamp(1, 1000) as u32),
+            };
+            HistoryJob {
+                id,
+                name: r.spec.name.clone(),
+                state: r.state,
+                submit_s: seconds(r.submitted_ms.saturating_sub(first.unwrap_or(0))),
+                duration_s: seconds(duration_ms.min(limits::DURATION_S_MAX * 1000)),
+                duration_basis: basis,
+                project: r.spec.project.clone(),
+                kind: r.spec.kind.as_str().to_string(),
+                gpus,
+                gpu_milli,
+                members: r.spec.members,
+                gpu_models: r.spec.gpu_models.clone(),
+                priority_class: r.spec.priority_class.clone(),
+                checkpoint_interval_s: None,
+                cpu_milli: r.spec.cpu_millis_per_member,
+                memory_mib: r.spec.memory_mib_per_member,
+            }
+        })
+        .collect();
+    HistoryExport {
+        exported_ms: now_ms,
+        first_submit_ms: first,
+        jobs,
+        counts,
+        cluster_yaml: cluster_yaml(&daemon.nodes),
+        policy_source: daemon.policy_source.clone(),
+        policy_text: daemon.policy_text.clone(),
+    }
+}
+
+fn is_ended(state: WorkloadState) -> bool {
+    matches!(
+        state,
+        WorkloadState::Succeeded
+            | WorkloadState::Failed
+            | WorkloadState::Cancelled
+            | WorkloadState::Rejected
+    )
+}
+
+fn seconds(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// The exported jobs as the simulator's trace jobs (`line` is the job's position, 1-based).
+pub fn trace_jobs(export: &HistoryExport) -> Vec<TraceJob> {
+    export
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| TraceJob {
+            id: j.id,
+            name: j.name.clone(),
+            submit_s: j.submit_s,
+            duration_s: j.duration_s,
+            project: j.project.clone(),
+            gpus: j.gpus,
+            members: j.members,
+            gpu_milli: j.gpu_milli,
+            gpu_models: j.gpu_models.clone(),
+            kind: parse_kind(&j.kind),
+            priority_class: j.priority_class.clone(),
+            checkpoint_interval_s: j.checkpoint_interval_s,
+            cpu_milli: j.cpu_milli,
+            memory_mib: j.memory_mib,
+            line: i + 1,
+        })
+        .collect()
+}
+
+/// The nodes as a cluster file that `allot_config::parse_cluster` (`allot sim replay
+/// --cluster`) reads back as the same nodes: one entry per node, one GPU group per device.
+pub fn cluster_yaml(nodes: &[NodeSpec]) -> String {
+    // JSON strings are YAML double-quoted scalars: names and labels need no escaping rules here.
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string());
+    let mut out = String::from(
+        "# The daemon's inventory, exported by allot (`allot history export --cluster-output`).\n",
+    );
+    if nodes.is_empty() {
+        out.push_str("nodes: []\n");
+        return out;
+    }
+    out.push_str("nodes:\n");
+    for n in nodes {
+        let _ = writeln!(out, "  - name: {}", q(&n.name));
+        let _ = writeln!(out, "    cpu: {}m", n.cpu_millis);
+        let _ = writeln!(out, "    memory: {}", n.memory_mib);
+        if let Some(pool) = &n.pool {
+            let _ = writeln!(out, "    pool: {}", q(pool));
+        }
+        if let Some(rack) = &n.rack {
+            let _ = writeln!(out, "    rack: {}", q(rack));
+        }
+        let labels: Vec<String> = n
+            .labels
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "pool" | "rack"))
+            .map(|(k, v)| format!("{}: {}", q(k), q(v)))
+            .collect();
+        if !labels.is_empty() {
+            let _ = writeln!(out, "    labels: {{{}}}", labels.join(", "));
+        }
+        if !n.devices.is_empty() {
+            out.push_str("    gpus:\n");
+            for d in &n.devices {
+                let _ = write!(
+                    out,
+                    "      - {{model: {}, count: 1, memory: {}, island: {}",
+                    q(&d.model),
+                    d.memory_mib,
+                    d.island
+                );
+                out.push_str(if d.mig { ", mig: true}\n" } else { "}\n" });
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The replay of the history under two policies
+
+/// What a what-if replayed and what came out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhatIfResult {
+    /// The active policy's replay (label `active`).
+    pub active: ReplayReport,
+    /// The candidate's replay (label `candidate`).
+    pub candidate: ReplayReport,
+    /// Where the replayed jobs came from and what was left out.
+    pub counts: HistoryCounts,
+    pub jobs: usize,
+    pub nodes: usize,
+    pub gpus: usize,
+    /// The replay's seed (activity model, kind assignment).
+    pub seed: u64,
+    /// Seconds a pre-empted job needs to restart in the replay.
+    pub restart_delay_s: f64,
+    /// Projects of the history a policy lacks, added with no guarantee (per policy).
+    pub added_active: Vec<String>,
+    pub added_candidate: Vec<String>,
+    /// Wall time of both replays (they run side by side).
+    pub wall_ms: u64,
+}
+
+/// The replay settings a what-if uses: the simulator's defaults (as `allot sim replay` without
+/// flags) with a timeline step fitted to the history's span.
+pub fn whatif_config(jobs: &[TraceJob]) -> ReplayConfig {
+    let span = jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0_f64, f64::max);
+    ReplayConfig { timeline_step_s: (span / TIMELINE_POINTS).max(1.0), ..ReplayConfig::default() }
+}
+
+/// Replays `jobs` on `nodes` under both policies, on two threads, and returns both reports.
+/// Blocking: call it from a thread of its own, never on the main loop or an async worker.
+pub fn run_whatif(
+    nodes: &[NodeSpec],
+    active: &PolicySpec,
+    candidate: &PolicySpec,
+    jobs: &[TraceJob],
+    counts: HistoryCounts,
+) -> Result<WhatIfResult, String> {
+    let config = whatif_config(jobs);
+    let (active, added_active) = add_unlisted_projects(active, jobs);
+    let (candidate, added_candidate) = add_unlisted_projects(candidate, jobs);
+    let started = wall_clock_ms();
+    let (a, c) = std::thread::scope(|s| {
+        let a = s.spawn(|| replay(nodes, &active, "active", jobs, &config));
+        let c = replay(nodes, &candidate, "candidate", jobs, &config);
+        (a.join(), c)
+    });
+    let a = a.map_err(|_| "the active policy's replay stopped unexpectedly".to_string())?;
+    let a = a.map_err(|e| format!("replay under the active policy: {e}"))?;
+    let c = c.map_err(|e| format!("replay under the candidate policy: {e}"))?;
+    Ok(WhatIfResult {
+        active: a,
+        candidate: c,
+        counts,
+        jobs: jobs.len(),
+        nodes: nodes.len(),
+        gpus: nodes.iter().map(|n| n.devices.len()).sum(),
+        seed: config.seed,
+        restart_delay_s: config.restart_delay_s,
+        added_active,
+        added_candidate,
+        wall_ms: wall_clock_ms().saturating_sub(started),
+    })
+}
+
+fn wall_clock_ms() -> u64 {
+    crate::runtime::wall_ms()
+}
+
+/// Where one what-if stands.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum RunState {
+    Running { started_ms: u64, jobs: usize },
+    Done(Box<WhatIfResult>),
+    Failed(String),
+}
+
+/// The dashboard's what-if runs, by number: at most one running at a time, the last few
+/// results kept for polling.
+#[derive(Debug, Default)]
+pub(crate) struct Runs {
+    inner: Mutex<RunsInner>,
+}
+
+#[derive(Debug, Default)]
+struct RunsInner {
+    next: u64,
+    runs: BTreeMap<u64, RunState>,
+}
+
+impl Runs {
+    /// Starts `work` on a thread of its own unless a what-if started less than
+    /// `WHATIF_WAIT_MS` ago is running (then `Err` with its number).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        jobs: usize,
+        work: impl FnOnce() -> Result<WhatIfResult, String> + Send + 'static,
+    ) -> Result<u64, RunStartError> {
+        let id = {
+            let mut inner = self.inner.lock().map_err(|_| RunStartError::Poisoned)?;
+            let now = wall_clock_ms();
+            if let Some((&running, _)) = inner.runs.iter().find(|(_, s)| {
+                matches!(s, RunState::Running { started_ms, .. }
+                    if now.saturating_sub(*started_ms) < WHATIF_WAIT_MS)
+            }) {
+                return Err(RunStartError::Busy(running));
+            }
+            inner.next += 1;
+            let id = inner.next;
+            inner.runs.insert(id, RunState::Running { started_ms: now, jobs });
+            while inner.runs.len() > RESULTS_KEPT {
+                inner.runs.pop_first();
+            }
+            id
+        };
+        let runs = Arc::clone(self);
+        let spawned =
+            std::thread::Builder::new().name(format!("allot-whatif-{id}")).spawn(move || {
+                let outcome = match work() {
+                    Ok(r) => RunState::Done(Box::new(r)),
+                    Err(e) => RunState::Failed(e),
+                };
+                if let Ok(mut inner) = runs.inner.lock() {
+                    inner.runs.insert(id, outcome);
+                }
+            });
+        if let Err(e) = spawned
+            && let Ok(mut inner) = self.inner.lock()
+        {
+            inner.runs.insert(id, RunState::Failed(format!("no thread for the replay: {e}")));
+        }
+        Ok(id)
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<RunState> {
+        self.inner.lock().ok()?.runs.get(&id).cloned()
+    }
+}
+
+/// Why a what-if did not start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RunStartError {
+    /// This what-if is still running.
+    Busy(u64),
+    Poisoned,
+}
+
+#[cfg(test)]
+mod tests {
+    use allot_api::{DurationBasis, SubmitRequest, WorkloadState};
+    use allot_sim::trace::{TraceJob, allot_trace_jsonl, parse_allot_trace};
+
+    use super::{cluster_yaml, export, run_whatif, trace_jobs};
+    use crate::daemon::Daemon;
+    use crate::entry::Entry;
+
+    const CLUSTER: &str = "nodes:\n  - name: n0\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: A100, count: 4, memory: 80Gi}\n";
+
+    /// Three projects in one cohort; `vision` and `nlp` are guaranteed the given GPUs.
+    fn policy(vision: u32, nlp: u32) -> String {
+        format!(
+            "priority_classes:\n  - {{name: normal, value: 0, preemptible: true}}\n\
+             default_priority_class: normal\n\
+             projects:\n\
+             \x20 - {{name: vision, cohort: c, quotas: [{{model: any, guaranteed: {vision}}}]}}\n\
+             \x20 - {{name: nlp, cohort: c, quotas: [{{model: any, guaranteed: {nlp}}}]}}\n\
+             \x20 - {{name: research, cohort: c, quotas: [{{model: any, guaranteed: 0}}]}}\n"
+        )
+    }
+
+    fn request(project: &str, gpus: f64, max_runtime_s: Option<u64>) -> SubmitRequest {
+        SubmitRequest {
+            name: Some(format!("{project}-{gpus}")),
+            project: project.into(),
+            kind: Some("training".into()),
+            gpus: Some(gpus),
+            mig: None,
+            members: None,
+            gpu_models: vec![],
+            priority_class: None,
+            cpu_millis: None,
+            memory_mib: None,
+            same_node: false,
+            preemptible: None,
+            checkpoint_grace_s: None,
+            min_runtime_s: None,
+            max_runtime_s,
+            command: vec!["sleep".into(), "1".into()],
+            env: Default::default(),
+            probe: None,
+        }
+    }
+
+    /// A known history: submit times, starts and ends at chosen milliseconds.
+    fn history() -> Daemon {
+        let nodes =
+            allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("valid in this test");
+        let text = policy(2, 2);
+        let spec = allot_config::parse_policy("policy.yaml", &text).expect("valid in this test");
+        let mut d = Daemon::new(
+            nodes,
+            &spec,
+            ("policy.yaml".into(), text),
+            std::env::temp_dir().join("allot-whatif-unit"),
+        )
+        .expect("valid in this test");
+        let submit = |d: &mut Daemon, at: u64, id: u64, r: SubmitRequest| {
+            d.apply(at, &Entry::Submitted { id, user: "alice".into(), request: r });
+        };
+        submit(&mut d, 10_000, 1, request("vision", 1.0, None));
+        d.apply(10_000, &Entry::Decided);
+        d.apply(12_000, &Entry::Started { id: 1, attempt: 1, pids: vec![1] });
+        submit(&mut d, 15_000, 2, request("nlp", 0.5, None));
+        d.apply(15_000, &Entry::Decided);
+        d.apply(16_000, &Entry::Started { id: 2, attempt: 1, pids: vec![2] });
+        // Too big to place now (3 GPUs are held or free: 1 + 0.5 held): these wait.
+        submit(&mut d, 17_000, 3, request("vision", 4.0, Some(3600)));
+        submit(&mut d, 18_500, 4, request("vision", 4.0, None));
+        submit(&mut d, 19_000, 5, request("research", 4.0, None));
+        submit(&mut d, 19_500, 6, request("research", 4.0, None));
+        d.apply(19_500, &Entry::CancelRequested { id: 6 });
+        d.apply(20_000, &Entry::Decided);
+        d.apply(
+            612_000,
+            &Entry::Exited { id: 1, attempt: 1, code: Some(0), detail: String::new() },
+        );
+        d
+    }
+
+    #[test]
+    fn the_export_has_each_jobs_submit_time_duration_and_basis() {
+        let d = history();
+        for (id, state) in [
+            (1, WorkloadState::Succeeded),
+            (2, WorkloadState::Running),
+            (3, WorkloadState::Pending),
+            (6, WorkloadState::Cancelled),
+        ] {
+            assert_eq!(d.workloads[&id].state, state, "workload {id}");
+        }
+        let e = export(&d, 716_000, 100);
+        let got: Vec<(u64, &str, f64, f64, DurationBasis)> = e
+            .jobs
+            .iter()
+            .map(|j| (j.id, j.project.as_str(), j.submit_s, j.duration_s, j.duration_basis))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, "vision", 0.0, 600.0, DurationBasis::Ran),
+                (2, "nlp", 5.0, 700.0, DurationBasis::ElapsedLowerBound),
+                (3, "vision", 7.0, 3600.0, DurationBasis::MaxRuntime),
+                (4, "vision", 8.5, 600.0, DurationBasis::ProjectMedian),
+            ]
+        );
+        assert_eq!(e.first_submit_ms, Some(10_000));
+        assert_eq!((e.jobs[1].gpus, e.jobs[1].gpu_milli), (1, 500));
+        assert_eq!(e.jobs[0].kind, "training");
+        let c = &e.counts;
+        assert_eq!(
+            (c.ended, c.running, c.pending_estimated, c.pending_skipped, c.never_ran),
+            (1, 1, 2, 1, 1),
+            "{c:?}"
+        );
+        // The newest only: the limit drops the oldest.
+        let newest = export(&d, 716_000, 3);
+        assert_eq!(newest.counts.older_left_out, 3);
+        assert_eq!(newest.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(newest.jobs[0].submit_s, 0.0);
+    }
+
+    #[test]
+    fn the_exported_trace_and_cluster_read_back_and_replay() {
+        let d = history();
+        let e = export(&d, 716_000, 100);
+        let jobs = trace_jobs(&e);
+        let text = allot_trace_jsonl(&jobs);
+        let back = parse_allot_trace(
+            std::path::Path::new("history.jsonl"),
+            &text,
+            allot_sim::BadRows::Fail,
+        )
+        .expect("valid in this test");
+        assert_eq!(back.jobs, jobs);
+        let nodes = allot_config::parse_cluster("exported.yaml", &e.cluster_yaml)
+            .expect("valid in this test");
+        assert_eq!(nodes, d.nodes);
+        let policy = allot_config::parse_policy("p", &e.policy_text).expect("valid in this test");
+        let report = allot_sim::replay::replay(
+            &nodes,
+            &policy,
+            "p",
+            &back.jobs,
+            &allot_sim::replay::ReplayConfig::default(),
+        )
+        .expect("valid in this test");
+        assert_eq!(report.jobs_total, 4);
+        assert_eq!(report.jobs_finished, 4);
+    }
+
+    #[test]
+    fn the_example_inventory_survives_the_cluster_file() {
+        let text = include_str!("../../../examples/cluster.yaml");
+        let nodes = allot_config::parse_cluster("cluster.yaml", text).expect("valid in this test");
+        let back = allot_config::parse_cluster("exported.yaml", &cluster_yaml(&nodes))
+            .expect("valid in this test");
+        assert_eq!(back, nodes);
+    }
+
+    fn job(id: u64, project: &str, submit_s: f64) -> TraceJob {
+        TraceJob {
+            id,
+            name: format!("job-{id}"),
+            submit_s,
+            duration_s: 3600.0,
+            project: project.into(),
+            gpus: 1,
+            members: 1,
+            gpu_milli: 1000,
+            gpu_models: vec![],
+            kind: Some(allot_core::WorkloadKind::Training),
+            priority_class: None,
+            checkpoint_interval_s: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            line: id as usize,
+        }
+    }
+
+    /// `vision` fills the cluster first, `nlp` arrives a minute later. Guaranteed to `vision`
+    /// (active), `nlp` waits; guaranteed to `nlp` (candidate), it takes its GPUs back from the
+    /// borrower: pre-emptions and lost work, shorter waits.
+    #[test]
+    fn a_guarantee_moved_to_the_late_project_preempts_and_shortens_its_wait() {
+        let nodes =
+            allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("valid in this test");
+        let to_vision = allot_config::parse_policy("a", &policy(4, 0)).expect("valid in this test");
+        let to_nlp = allot_config::parse_policy("b", &policy(0, 4)).expect("valid in this test");
+        let jobs: Vec<TraceJob> = (1..=4)
+            .map(|i| job(i, "vision", 0.0))
+            .chain((5..=8).map(|i| job(i, "nlp", 60.0)))
+            .collect();
+        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default())
+            .expect("valid in this test");
+        let (a, c) = (&r.active, &r.candidate);
+        assert_eq!((a.jobs_finished, c.jobs_finished), (8, 8));
+        assert_eq!(a.preemptions, 0, "{a:?}");
+        assert!(c.preemptions > a.preemptions, "{} vs {}", c.preemptions, a.preemptions);
+        assert!(c.lost_gpu_hours > a.lost_gpu_hours);
+        assert!(c.queue_delay_s_p95 < a.queue_delay_s_p95, "{c:?}\n{a:?}");
+        let nlp = |rep: &allot_sim::outcome::ReplayReport| {
+            rep.projects.iter().find(|p| p.project == "nlp").map(|p| p.preemptions)
+        };
+        assert_eq!(nlp(a), Some(0));
+        assert_eq!((r.jobs, r.nodes, r.gpus, r.seed), (8, 1, 4, 42));
+    }
+}

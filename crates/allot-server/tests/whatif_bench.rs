@@ -1,0 +1,219 @@
+//! What-if time on the exported history of 10,000 workloads on 500 devices: the export
+//! (`GET /api/v1/history`), and the dashboard's what-if from the upload of a candidate policy to
+//! its result (two replays side by side on their own threads). Figures only, no timing
+//! assertions; behind an env var:
+//!
+//!   ALLOT_WHATIF_BENCH=1 cargo test --release -p allot-server --test whatif_bench -- --nocapture
+
+use std::time::Duration;
+
+use allot_backend::FakeBackend;
+use allot_server::{Parts, start};
+use allot_store::MemoryStore;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use tower::ServiceExt;
+
+const WORKLOADS: usize = 10_000;
+const PROJECTS: usize = 10;
+const WAVE: usize = 500;
+
+fn cluster() -> String {
+    // 62 nodes of 8 H100 and one of 4: 500 devices (as the dashboard bench).
+    "nodes:\n  - name: gpu\n    count: 62\n    cpu: 192\n    memory: 2048Gi\n    gpus:\n      - {model: H100, count: 8, memory: 80Gi}\n  - name: small\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 4, memory: 80Gi}\n".to_string()
+}
+
+/// Ten projects in one cohort, each guaranteed `guaranteed(p)` H100s.
+fn policy_text(guaranteed: impl Fn(usize) -> u32) -> String {
+    let mut text = String::from(
+        "priority_classes:\n  - {name: medium, value: 0, preemptible: true}\ndefault_priority_class: medium\nprojects:\n",
+    );
+    for p in 0..PROJECTS {
+        text.push_str(&format!(
+            "  - name: p{p}\n    cohort: all\n    quotas:\n      - {{model: H100, guaranteed: {}, borrow_limit: 200}}\n",
+            guaranteed(p)
+        ));
+    }
+    text
+}
+
+#[allow(clippy::disallowed_methods)] // a benchmark measures real time
+fn now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whatif_on_ten_thousand_workloads_on_500_devices() {
+    if std::env::var_os("ALLOT_WHATIF_BENCH").is_none() {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("skipped: set ALLOT_WHATIF_BENCH=1 (and build with --release)");
+        }
+        return;
+    }
+    let nodes = allot_config::parse_cluster("bench-cluster.yaml", &cluster()).expect("cluster");
+    assert_eq!(nodes.iter().map(|n| n.devices.len()).sum::<usize>(), 500);
+    let active = policy_text(|_| 40);
+    let policy = allot_config::parse_policy("bench-policy.yaml", &active).expect("policy");
+    let (backend, control) = FakeBackend::new(nodes.clone());
+    let dir = std::env::temp_dir().join(format!("allot-whatif-bench-{}", std::process::id()));
+    let started = start(Parts {
+        store: Box::new(MemoryStore::default()),
+        token_store: Box::new(MemoryStore::default()),
+        backend: Box::new(backend),
+        declared: nodes,
+        inventory_source: "bench-cluster.yaml".into(),
+        policy,
+        policy_source: "bench-policy.yaml".into(),
+        policy_text: active,
+        data_dir: dir.clone(),
+        decide_interval_ms: 50,
+        telemetry_round_ms: Some(5_000),
+        snapshot_every: None,
+        telemetry_sources: Vec::new(),
+    })
+    .expect("daemon starts");
+    let token = started.admin_token.clone().expect("admin token").token;
+    let router = started.router.clone();
+    let send = |request: Request<Body>| {
+        let router = router.clone();
+        async move {
+            let response = router.oneshot(request).await.expect("answer");
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+            (status, String::from_utf8_lossy(&bytes).into_owned())
+        }
+    };
+    let get = |path: &str, htmx: bool| {
+        let mut r = Request::builder().uri(path).header("authorization", format!("Bearer {token}"));
+        if htmx {
+            r = r.header("hx-request", "true");
+        }
+        r.body(Body::empty()).expect("request")
+    };
+    // Waves of 500 submissions; after each, most running work ends, so the history holds
+    // ended work (real run times), running work (lower bounds) and pending work (max runtimes).
+    for wave in 0..WORKLOADS / WAVE {
+        let mut tasks = Vec::new();
+        for k in 0..WAVE {
+            let i = wave * WAVE + k;
+            let gpus = [1.0, 0.5, 2.0, 1.0, 4.0][i % 5];
+            let body = format!(
+                r#"{{"project": "p{}", "gpus": {gpus}, "kind": "{}", "name": "job-{i}", "max_runtime_s": {}, "command": ["sleep", "600"]}}"#,
+                i % PROJECTS,
+                ["batch", "training", "notebook"][i % 3],
+                600 + (i * 7919) % 7200
+            );
+            let request = Request::builder()
+                .method("POST")
+                .uri("/api/v1/workloads")
+                .header("authorization", format!("Bearer {token}"))
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .expect("request");
+            tasks.push(tokio::spawn(send(request)));
+        }
+        for t in tasks {
+            let (status, body) = t.await.expect("task");
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // `finish` does nothing to a run that has ended already.
+        for (n, run) in control.runs().iter().enumerate() {
+            if n % 4 != 0 {
+                control.finish(run.launch.run, 0);
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let mut lines = vec![format!(
+        "what-if, {WORKLOADS} workloads on 500 devices (server time through the router):"
+    )];
+    let t = now();
+    let (status, body) = send(get("/api/v1/history", false)).await;
+    let export_ms = t.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(status, StatusCode::OK);
+    let export: allot_api::HistoryExport = serde_json::from_str(&body).expect("export");
+    let c = &export.counts;
+    lines.push(format!(
+        "GET /api/v1/history: {export_ms:.1} ms, {} bytes, {} jobs ({} ended, {} running, {} pending estimated; left out {} pending, {} never ran)",
+        body.len(),
+        export.jobs.len(),
+        c.ended,
+        c.running,
+        c.pending_estimated,
+        c.pending_skipped,
+        c.never_ran
+    ));
+
+    // The candidate moves guarantees: p0 gets 200 GPUs, the others 20.
+    let candidate = policy_text(|p| if p == 0 { 200 } else { 20 });
+    let boundary = "benchBoundary";
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"policy_file\"; filename=\"candidate.yaml\"\r\n\r\n{candidate}\r\n--{boundary}--\r\n"
+    );
+    let request = Request::builder()
+        .method("POST")
+        .uri("/policy/upload")
+        .header("authorization", format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
+        .body(Body::from(upload))
+        .expect("request");
+    let t = now();
+    let (status, page) = send(request).await;
+    let upload_ms = t.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(status, StatusCode::OK);
+    let poll = page
+        .split("hx-get=\"/policy/whatif/")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .map(|id| format!("/policy/whatif/{id}"))
+        .unwrap_or_else(|| panic!("the page polls its what-if: {page}"));
+    let mut result = String::new();
+    let mut polls = 0;
+    let mut poll_ms_max = 0.0_f64;
+    for _ in 0..6000 {
+        let p = now();
+        let (_, body) = send(get(&poll, true)).await;
+        poll_ms_max = poll_ms_max.max(p.elapsed().as_secs_f64() * 1000.0);
+        polls += 1;
+        if !body.contains("hx-get") {
+            result = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total_s = t.elapsed().as_secs_f64();
+    assert!(result.contains("What-if: the active policy"), "{result}");
+    let replays = result
+        .split("Replays took ")
+        .nth(1)
+        .and_then(|s| s.split('.').next())
+        .unwrap_or("?")
+        .to_string();
+    let wall = allot_server::whatif::WHATIF_JOBS_MAX;
+    lines.push(format!(
+        "upload + validation + history read: {upload_ms:.1} ms; upload to result: {total_s:.1} s \
+         (both replays: {replays}; {polls} polls, slowest {poll_ms_max:.1} ms); result page {} bytes; job cap {wall}",
+        result.len()
+    ));
+    // The figures, to show the replays differ.
+    for figure in ["queueing delay p95", "pre-emptions", "GPU-hours allocated"] {
+        if let Some(row) = result.split(&format!("<td>{figure}</td>")).nth(1) {
+            let cells: Vec<&str> = row
+                .split("<td class=\"num\">")
+                .skip(1)
+                .take(3)
+                .map(|c| c.split('<').next().unwrap_or(""))
+                .collect();
+            lines.push(format!("  {figure}: {}", cells.join(" | ")));
+        }
+    }
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{}", lines.join("\n"));
+    }
+    let _ = started.stop();
+    let _ = std::fs::remove_dir_all(dir);
+}

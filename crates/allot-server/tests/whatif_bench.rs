@@ -69,6 +69,7 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
         data_dir: dir.clone(),
         decide_interval_ms: 50,
         telemetry_round_ms: Some(5_000),
+        cluster_watch_ms: None,
         snapshot_every: None,
         telemetry_sources: Vec::new(),
     })

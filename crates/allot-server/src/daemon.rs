@@ -22,7 +22,7 @@ use crate::views;
 /// SIGKILL.
 pub(crate) const KILL_AFTER_MS: u64 = 10_000;
 /// Ledger periods: one day.
-const LEDGER_PERIOD_MS: u64 = 24 * 3600 * 1000;
+pub(crate) const LEDGER_PERIOD_MS: u64 = 24 * 3600 * 1000;
 
 /// What the user asked for a running workload, carried until it has stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +54,8 @@ pub(crate) struct Record {
     pub last_checkpoint_ms: Option<u64>,
     /// The last use a probe (or the heartbeat file) reported.
     pub last_activity_ms: Option<u64>,
+    /// Its timeline, bounded (`dashboard::track::push_step`, from `record_steps`).
+    pub steps: Vec<crate::dashboard::track::Step>,
 }
 
 /// A stop under way: when to escalate.
@@ -265,6 +267,13 @@ impl Daemon {
 
     /// Applies one durable entry at `at` (ms since the Unix epoch); returns what to do outside.
     pub(crate) fn apply(&mut self, at: u64, entry: &Entry) -> Vec<Command> {
+        let earlier = std::mem::take(&mut self.changed);
+        let out = self.apply_entry(at, entry);
+        self.record_steps(earlier);
+        out
+    }
+
+    fn apply_entry(&mut self, at: u64, entry: &Entry) -> Vec<Command> {
         let now = self.clamp(at);
         self.last_now = now;
         self.first_ms.get_or_insert(now);
@@ -308,6 +317,7 @@ impl Daemon {
                         pids: Vec::new(),
                         last_checkpoint_ms: None,
                         last_activity_ms: None,
+                        steps: Vec::new(),
                     },
                 );
                 self.changed.insert(*id);

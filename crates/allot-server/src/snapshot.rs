@@ -62,6 +62,9 @@ struct SavedRecord {
     pids: Vec<u32>,
     last_checkpoint_ms: Option<u64>,
     last_activity_ms: Option<u64>,
+    /// Absent in snapshots written before timelines were kept.
+    #[serde(default)]
+    steps: Vec<crate::dashboard::track::Step>,
 }
 
 impl Daemon {
@@ -88,6 +91,7 @@ impl Daemon {
                 pids: r.pids.clone(),
                 last_checkpoint_ms: r.last_checkpoint_ms,
                 last_activity_ms: r.last_activity_ms,
+                steps: r.steps.clone(),
             })
             .collect();
         let body = Body {
@@ -158,6 +162,7 @@ impl Daemon {
                     pids: saved.pids,
                     last_checkpoint_ms: saved.last_checkpoint_ms,
                     last_activity_ms: saved.last_activity_ms,
+                    steps: saved.steps,
                 },
             );
         }

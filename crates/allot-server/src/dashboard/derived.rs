@@ -165,3 +165,139 @@ fn row(scope: String, period: u64, period_ms: u64, b: &Books) -> PeriodRow {
         lost: hours(b.lost_to_preemption),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use allot_api::SubmitRequest;
+
+    use super::derive;
+    use crate::daemon::{Daemon, LEDGER_PERIOD_MS};
+    use crate::entry::Entry;
+
+    const CLUSTER: &str = include_str!("../../../../examples/cluster.yaml");
+    const POLICY: &str = include_str!("../../../../examples/policy.yaml");
+    /// 2026-11-30 12:00:00 UTC.
+    const T0: u64 = 1_796_040_000_000;
+
+    fn daemon(cluster: &str, policy_text: &str) -> Daemon {
+        let nodes = allot_config::parse_cluster("cluster.yaml", cluster).expect("cluster");
+        let policy = allot_config::parse_policy("policy.yaml", policy_text).expect("policy");
+        let dir = std::env::temp_dir().join("allot-derived-test");
+        Daemon::new(nodes, &policy, ("policy.yaml".into(), policy_text.into()), dir)
+            .expect("daemon")
+    }
+
+    fn submit(d: &mut Daemon, at: u64, id: u64, json: serde_json::Value) {
+        let request: SubmitRequest = serde_json::from_value(json).expect("request");
+        d.apply(at, &Entry::Submitted { id, user: "alice".into(), request });
+    }
+
+    fn v100(name: &str, max_runtime_s: Option<u64>) -> serde_json::Value {
+        serde_json::json!({"name": name, "project": "research", "gpus": 4,
+            "gpu_models": ["V100M32"], "command": ["sleep", "1"], "max_runtime_s": max_runtime_s})
+    }
+
+    /// Starts what the last cycle admitted.
+    fn start_admitted(d: &mut Daemon, at: u64) {
+        let starting: Vec<(u64, u32)> = d
+            .workloads
+            .iter()
+            .filter(|(_, r)| r.state == allot_api::WorkloadState::Starting)
+            .map(|(id, r)| (*id, r.attempt))
+            .collect();
+        for (id, attempt) in starting {
+            d.apply(at, &Entry::Started { id, attempt, pids: vec![] });
+        }
+    }
+
+    #[test]
+    fn estimates_name_what_they_wait_for_and_periods_split_by_day() {
+        let mut d = daemon(CLUSTER, POLICY);
+        submit(&mut d, T0, 1, v100("first", Some(3600)));
+        d.apply(T0, &Entry::Decided);
+        start_admitted(&mut d, T0);
+        submit(&mut d, T0 + 1000, 2, v100("second", None));
+        submit(&mut d, T0 + 1000, 3, v100("third", None));
+        d.apply(T0 + 1000, &Entry::Decided);
+        // `second` starts when `first` reaches its max runtime, an hour after it started;
+        // `third` then waits for `second`, which has none.
+        let now = T0 + 2000;
+        let derived = derive(&d, now);
+        let second = &derived.etas[&2];
+        assert_eq!(second.at_ms, Some(T0 + 3_600_000));
+        assert_eq!(second.note, "after #1 first reaches its max runtime");
+        let third = &derived.etas[&3];
+        assert_eq!(third.at_ms, None);
+        assert_eq!(third.note, "it waits for running work that has no max runtime (#2 second)");
+        assert!(!derived.etas.contains_key(&1), "running work has no estimate");
+        let research = derived.standings.iter().find(|s| s.name == "research").expect("research");
+        assert_eq!((research.pending, research.rank), (2, Some(1)));
+        assert_eq!(research.allocated, allot_core::Shares::from_gpus(4));
+
+        let later = T0 + LEDGER_PERIOD_MS;
+        let derived = derive(&d, later);
+        let rows: Vec<(&str, u64, f64)> = derived
+            .periods
+            .iter()
+            .filter(|r| r.scope == "project:research")
+            .map(|r| (r.scope.as_str(), r.start_ms, r.allocated))
+            .collect();
+        let day = |ms: u64| ms / LEDGER_PERIOD_MS * LEDGER_PERIOD_MS;
+        // 4 GPUs from 12:00 to midnight (12 h), then 12 h of the next day: newest first.
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!((rows[0].1, rows[1].1), (day(later), day(T0)));
+        assert!((rows[0].2 - 48.0).abs() < 0.01 && (rows[1].2 - 48.0).abs() < 0.01, "{rows:?}");
+        assert!(derived.periods.iter().any(|r| r.scope == "cluster"));
+    }
+
+    /// What a derivation costs the main loop with 10,000 workloads on 500 devices (every
+    /// workload with a max runtime, so the estimate simulates up to its bound of ends).
+    /// Figures only, behind `ALLOT_DASHBOARD_BENCH=1` (with `--release`).
+    #[test]
+    fn derive_with_ten_thousand_workloads_on_500_devices() {
+        if std::env::var_os("ALLOT_DASHBOARD_BENCH").is_none() {
+            return;
+        }
+        let cluster = "nodes:\n  - name: gpu\n    count: 62\n    cpu: 192\n    memory: 2048Gi\n    gpus:\n      - {model: H100, count: 8, memory: 80Gi}\n  - name: small\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 4, memory: 80Gi}\n";
+        let mut policy = String::from(
+            "priority_classes:\n  - {name: medium, value: 0, preemptible: true}\ndefault_priority_class: medium\nprojects:\n",
+        );
+        for p in 0..10 {
+            policy.push_str(&format!(
+                "  - name: p{p}\n    cohort: all\n    quotas:\n      - {{model: H100, guaranteed: 40, borrow_limit: 100}}\n"
+            ));
+        }
+        let mut d = daemon(cluster, &policy);
+        for i in 0..10_000u64 {
+            let json = serde_json::json!({"project": format!("p{}", i % 10), "gpus": 1 + i % 4,
+                "command": ["sleep", "1"], "max_runtime_s": 600 + (i * 37) % 7200});
+            submit(&mut d, T0, i + 1, json);
+        }
+        d.apply(T0 + 1, &Entry::Decided);
+        start_admitted(&mut d, T0 + 2);
+        d.apply(T0 + 3, &Entry::Decided);
+        let runs = 5;
+        let mut ms = Vec::new();
+        let mut last = None;
+        for k in 0..runs {
+            #[allow(clippy::disallowed_methods)] // a benchmark measures real time
+            let start = std::time::Instant::now();
+            last = Some(derive(&d, T0 + 10 + k));
+            ms.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+        ms.sort_by(f64::total_cmp);
+        let derived = last.expect("derived");
+        let known = derived.etas.values().filter(|e| e.at_ms.is_some()).count();
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "derive, 10,000 workloads ({} pending) on 500 devices: median {:.1} ms, max {:.1} ms \
+                 ({known} estimates with a time, {} period rows)",
+                derived.etas.len(),
+                ms[runs as usize / 2],
+                ms[runs as usize - 1],
+                derived.periods.len()
+            );
+        }
+    }
+}

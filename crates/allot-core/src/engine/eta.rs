@@ -2,7 +2,7 @@
 //! engine, never on the engine itself.
 //!
 //! The clone lets every running workload end at its known end — its max runtime — and runs a
-//! cycle after each end, as the daemon would. What it assumes, so the estimate is a floor under
+//! cycle at each such instant, as the daemon would after the stop. What it assumes, so the estimate is a floor under
 //! today's facts, not a promise:
 //! - admitted work starts at once, stops asked for (pre-emption, reclaim, max runtime) take
 //!   effect at once (no checkpoint grace, no launch time);
@@ -30,7 +30,8 @@ use super::{Engine, Stage};
 pub const ETA_WORKLOADS_MAX: usize = 100;
 /// Simulated instants (a max-runtime or backoff end) per call at most.
 pub const ETA_ENDS_MAX: usize = 256;
-/// Cycles per instant at most (a pre-emption frees room for the next cycle at the same time).
+/// Cycles per instant at most: one, and another after each cycle that stopped work
+/// (pre-emption), whose room the next cycle at the same time gives out.
 pub const ROUNDS_PER_INSTANT: usize = 4;
 
 /// When a pending workload would be admitted.
@@ -105,12 +106,21 @@ impl Engine {
         let mut last_reason: BTreeMap<WorkloadId, DeferReason> = BTreeMap::new();
         let (mut t, mut cause, mut ends) = (t0, EtaCause::NextCycle, 0usize);
         let horizon = loop {
+            // Work whose max runtime has passed ends now (as the cycle's stop would make it).
+            while let Some(&(end, id)) = sim.deadlines.first() {
+                if end > t {
+                    break;
+                }
+                sim.apply(t, Event::WorkloadStopped { workload: id });
+                sim.deadlines.remove(&(end, id));
+            }
+            // Admissions take all the room a cycle finds; only stops (pre-emptions) free more
+            // room at the same instant, for another cycle.
             for _ in 0..ROUNDS_PER_INSTANT {
-                let mut acted = false;
+                let mut stopped = false;
                 for d in sim.decide(t) {
                     match d {
                         Decision::Admit { workload, .. } => {
-                            acted = true;
                             sim.apply(t, Event::AllocationStarted { workload });
                             if waiting.remove(&workload) {
                                 out.insert(workload, Eta::At { at: t, after: cause });
@@ -119,7 +129,7 @@ impl Engine {
                         Decision::Preempt { victim: workload, .. }
                         | Decision::Reclaim { workload, .. }
                         | Decision::Stop { workload, .. } => {
-                            acted = true;
+                            stopped = true;
                             sim.apply(t, Event::WorkloadStopped { workload });
                         }
                         Decision::Defer { workload, reason } => {
@@ -128,7 +138,7 @@ impl Engine {
                         Decision::Warn { .. } | Decision::Reject { .. } => {}
                     }
                 }
-                if !acted {
+                if !stopped {
                     break;
                 }
             }

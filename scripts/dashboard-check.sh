@@ -3,7 +3,9 @@
 # spoken to with curl) logs in through the login form, opens every page, and checks that the
 # workloads submitted through the API, their reasons and the chart SVGs are there; it waits for
 # an htmx poll to bring in a workload submitted after the page loaded, and for an idle rule's
-# warning. Screenshots go to target/ci-output/dashboard/.
+# warning; it reads an estimated start on the queue and the fair-share standing on the projects
+# page, and clicks a workload's cancel and suspend buttons and sees its state change.
+# Screenshots go to target/ci-output/dashboard/.
 #
 # WebDriver rather than `chromium --dump-dom`: the login form is typed into and submitted by the
 # browser, which must keep the HttpOnly cookie itself, and the live DOM can be read after htmx
@@ -68,7 +70,17 @@ submit() { # project gpus kind [name]
     -d "{\"project\": \"$1\", \"gpus\": $2, \"kind\": \"$3\", \"name\": \"$4\", \"command\": [\"sleep\", \"600\"]}" \
     $URL/api/v1/workloads | jq -r .id
 }
+submit_json() { # request body
+  curl -sf -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' -d "$1" \
+    $URL/api/v1/workloads | jq -r .id
+}
+state_of() { curl -sf -H "Authorization: Bearer $TOKEN" $URL/api/v1/workloads/$1 | jq -r .state; }
 NOTEBOOK=$(submit research 1 notebook idle-notebook)   # research-notebooks rule: warned after 1 min
+# research's 4 V100s: one run with a max runtime holds them all, the next waits for its end.
+ETA_FIRST=$(submit_json '{"project": "research", "gpus": 4, "gpu_models": ["V100M32"], "max_runtime_s": 3600,
+  "kind": "batch", "name": "eta-first", "command": ["sleep", "600"]}')
+ETA_NEXT=$(submit_json '{"project": "research", "gpus": 4, "gpu_models": ["V100M32"],
+  "kind": "batch", "name": "eta-next", "command": ["sleep", "600"]}')
 RUNNING=$(submit vision 2 training vision-train)
 HUGE=$(submit vision 64 training vision-huge)          # more than vision may ever hold
 QUEUED=$(submit nlp 8 batch nlp-batch)
@@ -136,7 +148,18 @@ shot workload
 
 open_page /projects; source_now
 has '<svg' projects; has 'project:vision' projects; has 'lost to pre-emption' projects
+# Fair-share standing (derived every 5 s: the htmx poll brings it in) and the ledger per period.
+for _ in $(seq 30); do source_now; grep -qF "rank in the next cycle" $WORK/page.html && grep -qF "<td>would borrow</td>" $WORK/page.html && break; sleep 0.5; done
+has 'Fair-share standing' projects; has 'rank in the next cycle' projects; has '<td>would borrow</td>' projects
+has 'Ledger per period' projects; has "$(date -u +%F)" "projects (today's period)"
 shot projects
+
+# An estimated start: eta-next waits for eta-first's max runtime.
+[ "$(state_of $ETA_FIRST)" = running ] || fail "eta-first ($ETA_FIRST) is not running: $(state_of $ETA_FIRST)"
+open_page "/queue?project=research"
+for _ in $(seq 30); do source_now; grep -qF "eta-first reaches its max runtime" $WORK/page.html && break; sleep 0.5; done
+has "≈ in" "queue (estimated start)"; has "(after #$ETA_FIRST eta-first reaches its max runtime)" "queue (estimated start)"
+shot queue-eta
 
 open_page /policy; source_now
 has 'research-notebooks' policy
@@ -159,4 +182,23 @@ for _ in $(seq 90); do source_now; grep -qF "idle-notebook" $WORK/page.html && b
 has "idle-notebook" idle; has "idle_warning" idle
 shot idle
 
-echo "dashboard-check: ok — login, 6 pages, live update, idle warning (workloads $NOTEBOOK $RUNNING $HUGE $QUEUED $LATE); screenshots in $OUT"
+# Actions: click cancel on a pending workload and suspend on a running one; the page they
+# return to shows the new state.
+click_action() { # workload action expected-state
+  open_page /workload/$1; source_now
+  has "data-action=\"$2\"" "workload $1 ($2 button)"
+  wd POST /element/$(element "button[data-action=$2]")/click '{}' > /dev/null || fail "cannot click $2 on $1"
+  for _ in $(seq 40); do
+    source_now
+    [ "$(current_url)" = "$URL/workload/$1" ] && grep -qF "<span class=\"n\">$3</span>" $WORK/page.html && break
+    sleep 0.5; open_page /workload/$1
+  done
+  has "<span class=\"n\">$3</span>" "workload $1 after $2"
+  [ "$(state_of $1)" = "$3" ] || fail "workload $1 is $(state_of $1) after $2, not $3"
+}
+click_action $QUEUED cancel cancelled
+shot cancelled
+click_action $RUNNING suspend suspended
+shot suspended
+
+echo "dashboard-check: ok — login, 6 pages, live update, idle warning, estimated start, standing, cancel and suspend clicks (workloads $NOTEBOOK $RUNNING $HUGE $QUEUED $LATE $ETA_FIRST $ETA_NEXT); screenshots in $OUT"

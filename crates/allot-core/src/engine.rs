@@ -27,10 +27,14 @@ use crate::model::{
 use crate::quota::{QuotaBook, QuotaLine};
 
 mod defrag;
+mod eta;
 mod idle;
+mod standing;
 mod state;
 pub use defrag::{DefragPlan, DefragVictim};
+pub use eta::{ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Eta, EtaCause, EtaUnknown, ROUNDS_PER_INSTANT};
 pub(crate) use idle::IdleState;
+pub use standing::Standing;
 pub use state::StateError;
 
 /// Limits on one submission, so that a malformed request cannot make a cycle unbounded.

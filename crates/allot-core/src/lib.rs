@@ -28,7 +28,8 @@ pub use decision::{
     Placement, PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 pub use engine::{
-    ConfigError, DefragPlan, DefragVictim, Engine, MEMBERS_MAX, Stage, StateError,
+    ConfigError, DefragPlan, DefragVictim, ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Engine, Eta, EtaCause,
+    EtaUnknown, MEMBERS_MAX, ROUNDS_PER_INSTANT, Stage, Standing, StateError,
     WHOLE_GPUS_PER_MEMBER_MAX,
 };
 pub use event::Event;

@@ -24,7 +24,7 @@ use crate::views;
 /// SIGKILL.
 pub(crate) const KILL_AFTER_MS: u64 = 10_000;
 /// Ledger periods: one day.
-const LEDGER_PERIOD_MS: u64 = 24 * 3600 * 1000;
+pub(crate) const LEDGER_PERIOD_MS: u64 = 24 * 3600 * 1000;
 
 /// What the user asked for a running workload, carried until it has stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +62,8 @@ pub(crate) struct Record {
     /// The devices the current run actually holds when the backend picked them itself
     /// (`Entry::DevicesReported`); `None`: as launched.
     pub devices: Option<Vec<MemberLaunch>>,
+    /// Its timeline, bounded (`dashboard::track::push_step`, from `record_steps`).
+    pub steps: Vec<crate::dashboard::track::Step>,
 }
 
 /// A stop under way: when to escalate.
@@ -303,6 +305,13 @@ impl Daemon {
 
     /// Applies one durable entry at `at` (ms since the Unix epoch); returns what to do outside.
     pub(crate) fn apply(&mut self, at: u64, entry: &Entry) -> Vec<Command> {
+        let earlier = std::mem::take(&mut self.changed);
+        let out = self.apply_entry(at, entry);
+        self.record_steps(earlier);
+        out
+    }
+
+    fn apply_entry(&mut self, at: u64, entry: &Entry) -> Vec<Command> {
         let now = self.clamp(at);
         self.last_now = now;
         self.first_ms.get_or_insert(now);
@@ -348,6 +357,7 @@ impl Daemon {
                         last_activity_ms: None,
                         foreign: None,
                         devices: None,
+                        steps: Vec::new(),
                     },
                 );
                 self.changed.insert(*id);

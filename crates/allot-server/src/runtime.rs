@@ -868,7 +868,7 @@ impl Loop {
             if let Some(r) = self.daemon.workloads.get(&id) {
                 let new = views::workload(id, r);
                 let fields = &mut *view;
-                fields.dashboard.observe(now, fields.workloads.get(&id), &new);
+                fields.dashboard.observe(&new, &r.steps);
                 fields.workloads.insert(id, new);
             }
         }
@@ -890,6 +890,7 @@ impl Loop {
         let active = self.telemetry.active_shares(ACTIVE_PERMILLE);
         fields.dashboard.sample(now, || engine.cluster_snapshot(), &fields.workloads, active);
         drop(view);
+        crate::dashboard::derived::refresh(&self.view, &self.daemon, now);
         self.update_metrics();
     }
 

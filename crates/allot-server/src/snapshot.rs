@@ -68,6 +68,9 @@ struct SavedRecord {
     foreign: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<allot_backend::MemberLaunch>>,
+    /// Absent in snapshots written before timelines were kept.
+    #[serde(default)]
+    steps: Vec<crate::dashboard::track::Step>,
 }
 
 impl Daemon {
@@ -96,6 +99,7 @@ impl Daemon {
                 last_activity_ms: r.last_activity_ms,
                 foreign: r.foreign.clone(),
                 devices: r.devices.clone(),
+                steps: r.steps.clone(),
             })
             .collect();
         let body = Body {
@@ -172,6 +176,7 @@ impl Daemon {
                     last_activity_ms: saved.last_activity_ms,
                     foreign: saved.foreign,
                     devices: saved.devices,
+                    steps: saved.steps,
                 },
             );
         }

@@ -1,5 +1,7 @@
 //! The dashboard through the daemon's router: login and the session cookie, redirects, the
-//! role rules on pages (the API's), htmx fragments, assets, and the policy form.
+//! role rules on pages (the API's), htmx fragments, assets, the policy form, the workload
+//! actions (roles, cross-origin refusal), estimated starts, fair-share standing, the ledger per
+//! period, and timelines that survive a restart.
 
 mod common;
 
@@ -14,8 +16,30 @@ struct Answer {
     body: String,
 }
 
-/// One request; `auth` is a full `Cookie` or `Authorization` header (name, value).
+/// The host the tests' requests name (`Host`, and `Origin` on POSTs from "this site").
+const HOST: &str = "allot.test:8080";
+const ORIGIN: &str = "http://allot.test:8080";
+
+/// One request; `auth` is a full `Cookie` or `Authorization` header (name, value). POSTs come
+/// from this site (`Origin` names the `Host`), as a browser sends them from the dashboard.
 async fn send(
+    d: &TestDaemon,
+    method: &str,
+    path: &str,
+    auth: Option<(&str, String)>,
+    extra: &[(&str, &str)],
+    form: Option<String>,
+) -> Answer {
+    let mut headers = vec![("host", HOST)];
+    if method == "POST" {
+        headers.push(("origin", ORIGIN));
+    }
+    headers.extend_from_slice(extra);
+    send_exactly(d, method, path, auth, &headers, form).await
+}
+
+/// One request with only the headers given.
+async fn send_exactly(
     d: &TestDaemon,
     method: &str,
     path: &str,
@@ -115,6 +139,8 @@ async fn login_sets_a_strict_http_only_cookie_that_opens_every_page_and_logout_c
     let request = Request::builder()
         .method("POST")
         .uri("/login")
+        .header(header::HOST, HOST)
+        .header(header::ORIGIN, ORIGIN)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from(format!("token={}", d.admin)))
         .expect("request");
@@ -238,6 +264,331 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
+async fn state_of(d: &TestDaemon, id: u64) -> serde_json::Value {
+    d.call("GET", &format!("/api/v1/workloads/{id}"), Some(&d.admin), None).await.1["state"].clone()
+}
+
+fn v100_body(name: &str, max_runtime_s: Option<u64>) -> String {
+    let mut body = serde_json::json!({
+        "name": name, "project": "research", "gpus": 4, "gpu_models": ["V100M32"],
+        "kind": "batch", "command": ["sleep", "30"],
+    });
+    if let Some(s) = max_runtime_s {
+        body["max_runtime_s"] = s.into();
+    }
+    body.to_string()
+}
+
+async fn submit_body_as(d: &TestDaemon, body: &str) -> u64 {
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v["id"].as_u64().expect("id")
+}
+
+/// Fetches `path` until its body contains `text` (the dashboard derives estimates and
+/// standings every few seconds), at most 15 s.
+async fn page_with(d: &TestDaemon, path: &str, token: &str, text: &str) -> String {
+    let mut body = String::new();
+    for _ in 0..150 {
+        body = send(d, "GET", path, cookie(token), &[], None).await.body;
+        if body.contains(text) {
+            return body;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{path} never showed {text:?}:\n{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workload_actions_follow_the_role_rules_and_refuse_cross_origin_posts() {
+    let d = TestDaemon::new();
+    let member = d.token("member", &["vision"]).await;
+    let outsider = d.token("member", &["nlp"]).await;
+    let viewer = d.token("viewer", &[]).await;
+    // Pending for good: more GPUs than the project may ever hold.
+    let id = submit(&d, "vision", 64).await;
+    let page = format!("/workload/{id}");
+    let cancel = format!("/workload/{id}/cancel");
+
+    // Who gets buttons: members of the project and admins; not viewers, not other members.
+    let a = send(&d, "GET", &page, cookie(&member), &[], None).await;
+    assert!(a.body.contains(&format!("action=\"{cancel}\"")), "{}", a.body);
+    assert!(a.body.contains(&format!("action=\"/workload/{id}/suspend\"")));
+    let q = send(&d, "GET", "/queue", cookie(&member), &[], None).await;
+    assert!(q.body.contains(&format!("action=\"{cancel}\"")), "cancel on queue rows");
+    let a = send(&d, "GET", &page, cookie(&viewer), &[], None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(!a.body.contains("<form class=\"inline action\""), "no buttons for viewers");
+    let q = send(&d, "GET", "/queue", cookie(&viewer), &[], None).await;
+    assert!(q.body.contains(&page) && !q.body.contains(&cancel), "no cancel for viewers");
+
+    // Posted anyway: refused by role, nothing changes.
+    let a = send(&d, "POST", &cancel, cookie(&viewer), &[], Some(String::new())).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    let a = send(&d, "POST", &cancel, cookie(&outsider), &[], Some(String::new())).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    assert!(a.body.contains("may not act on project"), "{}", a.body);
+    // Cross-origin: another site's form, or no Origin/Referer at all, is refused before
+    // anything is asked of the loop, even with a valid cookie.
+    let evil = [("host", HOST), ("origin", "https://evil.example")];
+    let a = send_exactly(&d, "POST", &cancel, cookie(&member), &evil, Some(String::new())).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    assert!(a.body.contains("cross-origin request refused"), "{}", a.body);
+    let bare = [("host", HOST)];
+    let a = send_exactly(&d, "POST", &cancel, cookie(&member), &bare, Some(String::new())).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    let lookalike = [("host", HOST), ("referer", "http://allot.test:8080.evil.example/queue")];
+    let a =
+        send_exactly(&d, "POST", &cancel, cookie(&member), &lookalike, Some(String::new())).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "the whole authority must match");
+    assert_eq!(state_of(&d, id).await, "pending", "refused posts changed nothing");
+
+    // Allowed: suspend, resume (a Referer from this site is enough), then cancel from the queue.
+    let a = send(&d, "POST", &format!("/workload/{id}/suspend"), cookie(&member), &[], None).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(header_text(&a, header::LOCATION), page);
+    assert_eq!(state_of(&d, id).await, "suspended");
+    let a = send(&d, "GET", &page, cookie(&member), &[], None).await;
+    assert!(a.body.contains(&format!("action=\"/workload/{id}/resume\"")), "{}", a.body);
+    assert!(!a.body.contains(&format!("action=\"/workload/{id}/suspend\"")));
+    let from_page = [("host", HOST), ("referer", "http://allot.test:8080/workload/1")];
+    let a = send_exactly(
+        &d,
+        "POST",
+        &format!("/workload/{id}/resume"),
+        cookie(&member),
+        &from_page,
+        None,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    assert_eq!(state_of(&d, id).await, "pending");
+    // Resuming what is not suspended: the API's 409, as a page.
+    let a = send(&d, "POST", &format!("/workload/{id}/resume"), cookie(&member), &[], None).await;
+    assert_eq!(a.status, StatusCode::CONFLICT, "{}", a.body);
+    let back = format!("back={}", encode("/queue?project=vision&offset=0"));
+    let a = send(&d, "POST", &cancel, cookie(&member), &[], Some(back)).await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER);
+    assert_eq!(header_text(&a, header::LOCATION), "/queue?project=vision&offset=0");
+    assert_eq!(state_of(&d, id).await, "cancelled");
+    // Another site as the place to go back to is not followed.
+    let other = submit(&d, "vision", 64).await;
+    let a = send(
+        &d,
+        "POST",
+        &format!("/workload/{other}/cancel"),
+        bearer(&d.admin),
+        &[],
+        Some(format!("back={}", encode("//evil.example/"))),
+    )
+    .await;
+    assert_eq!(header_text(&a, header::LOCATION), format!("/workload/{other}"));
+    // The timeline shows what was done.
+    let a = send(&d, "GET", &page, cookie(&member), &[], None).await;
+    for step in ["submitted", "suspended", "resumed", "cancelled"] {
+        assert!(a.body.contains(&format!("<td>{step}</td>")), "{step}: {}", a.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn estimated_starts_show_on_the_queue_and_workload_pages() {
+    let d = TestDaemon::new();
+    let first = submit_body_as(&d, &v100_body("first", Some(3600))).await;
+    d.wait_state(first, "running").await;
+    let second = submit_body_as(&d, &v100_body("second", None)).await;
+    let third = submit_body_as(&d, &v100_body("third", None)).await;
+    // `second` starts when `first` reaches its max runtime (an hour after it started);
+    // `third` waits for `second`, which has none.
+    let queue = page_with(&d, "/queue?project=research", &d.admin, "reaches its max runtime").await;
+    let row = |id: u64| {
+        queue
+            .split("<tr>")
+            .find(|r| r.contains(&format!("href=\"/workload/{id}\"")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let second_row = row(second);
+    assert!(
+        second_row.contains(&format!("≈ in 59 min (after #{first} first reaches its max runtime)"))
+            || second_row.contains(&format!("≈ in 1 h 0 min (after #{first} first reaches")),
+        "{second_row}"
+    );
+    assert!(
+        row(third).contains(&format!(
+            "unknown: it waits for running work that has no max runtime (#{second} second)"
+        )),
+        "{}",
+        row(third)
+    );
+    let page = send(&d, "GET", &format!("/workload/{second}"), cookie(&d.admin), &[], None).await;
+    assert!(page.body.contains("Estimated start: <span class=\"eta\">≈ in"), "{}", page.body);
+    let page = send(&d, "GET", &format!("/workload/{first}"), cookie(&d.admin), &[], None).await;
+    assert!(!page.body.contains("Estimated start"), "running work has no estimate");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_projects_page_shows_fair_share_standing_and_the_ledger_per_period() {
+    let d = TestDaemon::new();
+    let member = d.token("member", &["research"]).await;
+    let running = submit_body_as(&d, &v100_body("held", None)).await;
+    d.wait_state(running, "running").await;
+    submit_body_as(&d, &v100_body("waiting", None)).await;
+    // Derived every 5 s: wait for the table (not the explanation) to say it.
+    let body = page_with(&d, "/projects", &d.admin, "<td>would borrow</td>").await;
+    assert!(body.contains("Fair-share standing") && body.contains("Who goes next"), "{body}");
+    let standing_row = body
+        .split("<tr>")
+        .find(|r| {
+            r.contains("href=\"/queue?project=research\">research</a>")
+                && r.contains("would borrow")
+        })
+        .unwrap_or_else(|| {
+            let table = body.split("id=\"standing\"").nth(1).unwrap_or_default();
+            panic!(
+                "no standing row for research: {}",
+                table.split("</table>").next().unwrap_or_default()
+            )
+        });
+    // research holds 4 V100s of its guarantee: the next would borrow and it is the only one
+    // with pending work, so it is first in the next cycle.
+    assert!(
+        standing_row.contains("<td class=\"num\">\n<a href=\"/api/v1/projects\">4</a>")
+            || standing_row.contains(">4</a>"),
+        "{standing_row}"
+    );
+    assert!(standing_row.contains(">1</a>"), "rank 1: {standing_row}");
+
+    let today = &allot_server_utc_today();
+    assert!(body.contains("Ledger per period"), "{body}");
+    let periods = body.split("id=\"periods\"").nth(1).unwrap_or_default();
+    assert!(periods.contains("project:research") && periods.contains(today.as_str()), "{periods}");
+    assert!(periods.contains("no telemetry"), "active hours need telemetry: {periods}");
+    let one = send(&d, "GET", "/projects?project=research", cookie(&member), &[], None).await;
+    let periods = one.body.split("id=\"periods\"").nth(1).unwrap_or_default();
+    assert!(periods.contains("project:research") && !periods.contains("<td>cluster</td>"));
+    // A member sees only its projects' standing.
+    assert!(!one.body.contains("href=\"/queue?project=nlp\">nlp</a>"), "{}", one.body);
+}
+
+/// Today's date (UTC) as the page writes it: the ledger's period of a workload started now.
+fn allot_server_utc_today() -> String {
+    #[allow(clippy::disallowed_methods)] // the test compares with the daemon's wall clock
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (now / 86_400) as i64;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workload_timeline_survives_a_restart() {
+    // Replay only, and from a snapshot (the steps are in the snapshot's records).
+    for snapshot_every in [None, Some(5)] {
+        let dir = std::env::temp_dir().join(format!(
+            "allot-dashboard-timeline-{}-{}",
+            std::process::id(),
+            snapshot_every.unwrap_or(0)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let nodes = allot_config::parse_cluster("cluster.yaml", common::CLUSTER).expect("cluster");
+        let (backend, control) = allot_backend::FakeBackend::new(nodes);
+        let started =
+            allot_server::start(restart_parts(&dir, backend, snapshot_every)).expect("start");
+        let admin = started.admin_token.clone().expect("admin token").token;
+        let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+        let id = submit(&d, "vision", 1).await;
+        d.wait_state(id, "running").await;
+        d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&admin), None).await;
+        d.wait_state(id, "suspended").await;
+        d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&admin), None).await;
+        d.wait_state(id, "running").await;
+        // More entries, so that a snapshot is taken after the steps.
+        for _ in 0..6 {
+            submit(&d, "vision", 64).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let steps = |body: &str| -> Vec<String> {
+            let timeline = body.split("<h2>Timeline</h2>").nth(1).unwrap_or_default();
+            let timeline = timeline.split("</table>").next().unwrap_or_default();
+            timeline
+                .split("<tr>")
+                .skip(2)
+                .filter_map(|r| r.split("<td>").nth(2)?.split("</td>").next().map(str::to_string))
+                .collect()
+        };
+        let before = steps(
+            &send(&d, "GET", &format!("/workload/{id}"), bearer(&admin), &[], None).await.body,
+        );
+        assert_eq!(
+            before,
+            [
+                "submitted",
+                "admitted",
+                "running",
+                "stopping",
+                "suspended",
+                "resumed",
+                "admitted",
+                "running"
+            ],
+            "snapshot_every {snapshot_every:?}"
+        );
+        d.stop();
+        if snapshot_every.is_some() {
+            let store = allot_store::SqliteStore::open_unlocked(&dir).expect("store");
+            use allot_store::Store;
+            assert!(store.latest_snapshot().expect("read").is_some(), "a snapshot was taken");
+        }
+        let started = allot_server::start(restart_parts(&dir, control.backend(), snapshot_every))
+            .expect("restart");
+        let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+        let after = steps(
+            &send(&d, "GET", &format!("/workload/{id}"), bearer(&admin), &[], None).await.body,
+        );
+        assert_eq!(
+            before, after,
+            "the same steps after the restart (snapshot_every {snapshot_every:?})"
+        );
+        drop(d);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn restart_parts(
+    dir: &std::path::Path,
+    backend: allot_backend::FakeBackend,
+    snapshot_every: Option<u64>,
+) -> allot_server::Parts {
+    let nodes = allot_config::parse_cluster("cluster.yaml", common::CLUSTER).expect("cluster");
+    let policy = allot_config::parse_policy("policy.yaml", common::POLICY).expect("policy");
+    allot_server::Parts {
+        store: Box::new(allot_store::SqliteStore::open(dir).expect("store")),
+        token_store: Box::new(allot_store::SqliteStore::open_unlocked(dir).expect("token store")),
+        backend: Box::new(backend),
+        declared: nodes,
+        inventory_source: "cluster.yaml".into(),
+        policy,
+        policy_source: "policy.yaml".into(),
+        policy_text: common::POLICY.into(),
+        data_dir: dir.to_path_buf(),
+        decide_interval_ms: 0,
+        telemetry_round_ms: Some(100),
+        cluster_watch_ms: None,
+        snapshot_every,
+        telemetry_sources: Vec::new(),
+    }
+}
+
 /// A `multipart/form-data` body with one file field, as a browser sends it.
 fn upload_body(field: &str, file_name: &str, content: &[u8]) -> (String, Vec<u8>) {
     let boundary = "----allotTestBoundary7MA4YWxkTrZu0gW";
@@ -256,6 +607,8 @@ async fn upload(d: &TestDaemon, token: &str, file_name: &str, content: &[u8]) ->
     let request = Request::builder()
         .method("POST")
         .uri("/policy/upload")
+        .header("host", HOST)
+        .header("origin", ORIGIN)
         .header("cookie", format!("allot_session={token}"))
         .header(header::CONTENT_TYPE, content_type)
         .body(Body::from(body))

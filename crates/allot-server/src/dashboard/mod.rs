@@ -12,6 +12,8 @@
 //! API also accept the cookie (`cookie_as_bearer`), so that the links behind every number open
 //! in the browser; anything that changes state still needs the header.
 
+mod actions;
+pub(crate) mod derived;
 mod fleet;
 mod idle;
 mod policy;
@@ -93,6 +95,9 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/assets/{name}", get(asset))
+        .route("/workload/{id}/{action}", post(actions::act))
+        // Every dashboard POST (forms) must come from this site.
+        .route_layer(axum::middleware::from_fn(actions::same_origin))
 }
 
 /// Lets a browser that logged in read the API (GET and HEAD only) with its session cookie: the

@@ -1,16 +1,21 @@
-//! Projects: quota lines (guarantee, use, borrowing, lendable), the ledger's rows per project,
-//! GPU-hours lost to pre-emption, and the workloads an idle rule warned about.
+//! Projects: quota lines (guarantee, use, borrowing, lendable), fair-share standing (who goes
+//! next, `Engine::standings`), the ledger's rows per project and per period (`?project=NAME`:
+//! that project's periods only), GPU-hours lost to pre-emption, and the workloads an idle rule
+//! warned about.
 
 use allot_api::{LedgerRow, Project, Workload};
+use allot_core::Standing;
 use allot_sim::charts::bar_chart_svg;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
+use super::derived::PeriodRow;
 use super::track::is_warned;
 use super::{
-    Frame, NO_TELEMETRY, Tab, chart, encode, gpus, hours, http_error_page, read_view, respond, who,
+    Frame, NO_TELEMETRY, ProjectQuery, QueryResult, Tab, chart, encode, gpus, hours,
+    http_error_page, read_view, respond, who,
 };
 use crate::api::AppState;
 use crate::runtime::Request;
@@ -29,13 +34,28 @@ pub(crate) struct ProjectsData {
     pub warned: Vec<(String, Vec<Workload>)>,
     /// Telemetry has had readings: active, idle and useful hours are shown, not "no telemetry".
     pub telemetry: bool,
+    /// Fair-share standing of the visible projects (empty until first derived).
+    pub standings: Vec<Standing>,
+    /// The ledger per period: the cluster's and the visible projects' rows, newest first per
+    /// scope (only `project`'s with a filter).
+    pub periods: Vec<PeriodRow>,
+    /// `?project=NAME`: the periods shown are this project's.
+    pub project: Option<String>,
 }
 
-pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: QueryResult<ProjectQuery>,
+) -> Response {
     let principal = match who(&state, &headers) {
         Ok(p) => p,
         Err(r) => return *r,
     };
+    let Ok(Query(query)) = query else {
+        return super::error_page(400, "bad query: use ?project=NAME");
+    };
+    let filter = query.project.filter(|p| principal.can_see(p));
     let report = {
         let principal = principal.clone();
         match state.handle.ask(|reply| Request::Report { principal, reply }).await {
@@ -74,9 +94,34 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
                 .collect(),
             telemetry: view.telemetry_seen,
             warned,
+            standings: view
+                .dashboard
+                .derived
+                .standings
+                .iter()
+                .filter(|s| principal.can_see(&s.name))
+                .cloned()
+                .collect(),
+            periods: view
+                .dashboard
+                .derived
+                .periods
+                .iter()
+                .filter(|r| match (r.scope.strip_prefix("project:"), &filter) {
+                    (Some(p), Some(f)) => p == f,
+                    (Some(p), None) => principal.can_see(p),
+                    (None, f) => f.is_none(),
+                })
+                .cloned()
+                .collect(),
+            project: filter,
         }
     };
-    respond(&headers, "Projects", &Frame::of(Tab::Projects, &principal), "/projects", render(&data))
+    let url = match &data.project {
+        Some(p) => format!("/projects?project={}", encode(p)),
+        None => "/projects".to_string(),
+    };
+    respond(&headers, "Projects", &Frame::of(Tab::Projects, &principal), &url, render(&data))
 }
 
 fn parse(text: &str) -> f64 {
@@ -135,6 +180,7 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
                 }
             }
         } }
+        (standing(data))
         h2 { "Ledger " a.note href="/api/v1/report" { "(JSON)" } }
         div.scroll { table {
             tr { th { "scope" } th.num { "allocated GPU-h" } th.num { "lost to pre-emption GPU-h" } th.num { "active GPU-h" } th.num { "idle GPU-h" } th.num { "useful GPU-h" } th.num { "goodput" } }
@@ -155,6 +201,7 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
             }
         } }
         (chart(bars))
+        (periods(data))
         h2 { "Warned idle workloads" }
         p.note { "Running work an idle rule has warned about (by GPU telemetry, probes or missing readings, as each rule says)." }
         @for (project, list) in &data.warned {
@@ -167,5 +214,71 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
             }
         }
         @if data.warned.iter().all(|(_, l)| l.is_empty()) { p.nodata { "none" } }
+    }
+}
+
+fn standing(data: &ProjectsData) -> Markup {
+    let share = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.0} %", v * 100.0));
+    html! {
+        h2 #standing { "Fair-share standing" }
+        p.note {
+            "Who goes next: each cycle looks at one pending workload per project at a time. Projects whose next workload fits in their guarantee come first, then those that would borrow; within each group the lowest "
+            strong { "standing" } " first. Standing = usage ÷ fair share, where usage is the GPUs held now plus the decayed average of the GPUs held lately (recent use counts most), and the fair share is the cohort's guarantee split by weight. "
+            "Standing 1 means a project uses exactly its fair share; a project that used little lately goes before one that used much. Rank 1 is looked at first in the next cycle."
+        }
+        @if data.standings.is_empty() { p.nodata { "not computed yet (the daemon computes it every few seconds)" } } @else {
+            div.scroll { table.standing {
+                tr { th { "project" } th { "cohort" } th.num { "weight" } th.num { "fair share GPUs" } th.num { "held GPUs" } th.num { "decayed usage GPUs" }
+                     th.num { "share of cohort usage" } th.num { "standing" } th { "next workload" } th.num { "rank in the next cycle" } }
+                @for s in &data.standings {
+                    tr {
+                        td { a href={ "/queue?project=" (encode(&s.name)) } { (s.name) } }
+                        td { (s.cohort.as_deref().unwrap_or("–")) }
+                        td.num { (gpus(s.weight_milli as f64 / 1000.0)) " (" (share(Some(s.weight_fraction))) ")" }
+                        td.num { (gpus(s.fair_share_shares / 1000.0)) }
+                        td.num { a href="/api/v1/projects" { (gpus(s.allocated.0 as f64 / 1000.0)) } }
+                        td.num { (gpus(s.decayed_shares / 1000.0)) }
+                        td.num { (share(s.usage_fraction)) }
+                        td.num { (s.standing.map_or("last (weight 0)".to_string(), |v| format!("{v:.2}"))) }
+                        td { @match s.head_within_guarantee {
+                            Some(true) => "fits its guarantee",
+                            Some(false) => "would borrow",
+                            None => span.nodata { "nothing pending" },
+                        } }
+                        td.num { @if let Some(rank) = s.rank { a href={ "/queue?project=" (encode(&s.name)) } { (rank) } } @else { "–" } }
+                    }
+                }
+            } }
+        }
+    }
+}
+
+fn periods(data: &ProjectsData) -> Markup {
+    let day = |ms: u64| crate::views::utc(ms).get(..10).unwrap_or_default().to_string();
+    html! {
+        h2 #periods { "Ledger per period" @if let Some(p) = &data.project { " — project " (p) } }
+        p.note { "GPU-hours in each of the daemon's ledger periods (one UTC day), newest first, the last "
+            (super::derived::PERIODS_MAX) " per scope. "
+            @if data.project.is_some() { a href="/projects#periods" { "All projects" } } @else { "Pick a project to see only its periods." } }
+        @if data.periods.is_empty() { p.nodata { "no periods yet" } } @else {
+            div.scroll { table.periods {
+                tr { th { "scope" } th { "period (UTC)" } th.num { "allocated GPU-h" } th.num { "active GPU-h" } th.num { "idle GPU-h" } th.num { "useful GPU-h" } th.num { "lost to pre-emption GPU-h" } }
+                @for r in &data.periods {
+                    tr {
+                        td { @if let Some(p) = r.scope.strip_prefix("project:") {
+                            a href={ "/projects?project=" (encode(p)) "#periods" } { (r.scope) }
+                        } @else { (r.scope) } }
+                        td { (day(r.start_ms)) }
+                        td.num { a href="/api/v1/report" { (hours(r.allocated)) } }
+                        @if data.telemetry {
+                            td.num { (hours(r.active)) } td.num { (hours(r.idle)) } td.num { (hours(r.useful)) }
+                        } @else {
+                            td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) }
+                        }
+                        td.num { (hours(r.lost)) }
+                    }
+                }
+            } }
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Queue: pending workloads with their stage, typed reason, position in their project's queue
-//! and age; filtered by project (`?project=NAME`), a page of rows at a time (`?offset=N`).
+//! Queue: pending workloads with their stage, typed reason, position in their project's queue,
+//! estimated start (`derived.rs`) and age, and a cancel button for those the principal may act
+//! on; filtered by project (`?project=NAME`), a page of rows at a time (`?offset=N`).
 
 use std::collections::BTreeMap;
 
@@ -9,8 +10,10 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
+use super::derived::EtaView;
 use super::{
-    Frame, ProjectQuery, QueryResult, Tab, duration, encode, read_view, reason, respond, who,
+    Frame, ProjectQuery, QueryResult, Tab, actions, duration, encode, read_view, reason, respond,
+    who,
 };
 use crate::api::AppState;
 
@@ -22,6 +25,10 @@ pub(crate) struct QueueRow {
     pub workload: Workload,
     /// 1-based, in its project's queue by submission time.
     pub position: usize,
+    /// `None`: not estimated yet (the daemon has just started).
+    pub eta: Option<EtaView>,
+    /// The principal may cancel it.
+    pub can_act: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -60,7 +67,9 @@ pub(crate) async fn page(
             .workloads
             .values()
             .filter(|w| w.state == WorkloadState::Pending && principal.can_see(&w.project));
+        let etas = &view.dashboard.derived.etas;
         build(super::now_ms(), pending, &view.projects, &principal, query.project, query.offset)
+            .with_etas(etas)
     };
     let url = match &data.project {
         Some(p) => format!("/queue?project={}&offset={}", encode(p), data.offset),
@@ -94,7 +103,12 @@ pub(crate) fn build<'a>(
         *by_reason
             .entry(w.reason_code.clone().unwrap_or_else(|| "undecided".into()))
             .or_default() += 1;
-        rows.push(QueueRow { workload: (*w).clone(), position });
+        rows.push(QueueRow {
+            workload: (*w).clone(),
+            position,
+            eta: None,
+            can_act: principal.can_act(&w.project),
+        });
     }
     let total = rows.len();
     let offset = offset.unwrap_or(0).min(total);
@@ -116,6 +130,29 @@ pub(crate) fn build<'a>(
     }
 }
 
+impl QueueData {
+    /// Fills this page's estimated starts.
+    pub(crate) fn with_etas(mut self, etas: &BTreeMap<u64, EtaView>) -> QueueData {
+        for row in &mut self.rows {
+            row.eta = etas.get(&row.workload.id).cloned();
+        }
+        self
+    }
+}
+
+/// `≈ in 2 h 10 min (after #4 train reaches its max runtime)`, `≈ now (…)` or
+/// `unknown: <reason>`.
+pub(crate) fn eta_text(now_ms: u64, eta: Option<&EtaView>) -> String {
+    match eta {
+        None => "not estimated yet".to_string(),
+        Some(EtaView { at_ms: Some(at), note }) if *at <= now_ms => format!("≈ now ({note})"),
+        Some(EtaView { at_ms: Some(at), note }) => {
+            format!("≈ in {} ({note})", duration(at - now_ms))
+        }
+        Some(EtaView { at_ms: None, note }) => format!("unknown: {note}"),
+    }
+}
+
 fn stage(w: &Workload) -> String {
     if w.attempt == 0 {
         "waiting for its first run".into()
@@ -131,6 +168,7 @@ pub(crate) fn render(data: &QueueData) -> Markup {
         Some(p) => format!("/api/v1/workloads?state=pending&project={}", encode(p)),
         None => "/api/v1/workloads?state=pending".to_string(),
     };
+    let back = format!("/queue?{filter}offset={}", data.offset);
     html! {
         h1 { "Queue" @if let Some(p) = &data.project { " — project " (p) } }
         p {
@@ -149,9 +187,10 @@ pub(crate) fn render(data: &QueueData) -> Markup {
         @if data.rows.is_empty() {
             p.nodata { "Nothing is pending." }
         } @else {
-            p.note { "Position: in its project's queue by submission time. The cycle orders projects by guarantee and fair share and, inside a project, by priority, then submission — see a workload's why for its exact place." }
+            p.note { "Position: in its project's queue by submission time. The cycle orders projects by guarantee and fair share and, inside a project, by priority, then submission — see a workload's why for its exact place. "
+                "Estimated start: what the next cycles would do if running work ended at its max runtime and nothing else changed (no new submissions, no idle reclaims); work without a max runtime has no known end." }
             div.scroll { table {
-                tr { th { "workload" } th { "project" } th { "user" } th.num { "GPUs" } th { "stage" } th { "reason" } th.num { "position" } th.num { "age" } }
+                tr { th { "workload" } th { "project" } th { "user" } th.num { "GPUs" } th { "stage" } th { "reason" } th.num { "position" } th { "estimated start" } th.num { "age" } th { "action" } }
                 @for row in &data.rows {
                     @let w = &row.workload;
                     tr {
@@ -162,7 +201,9 @@ pub(crate) fn render(data: &QueueData) -> Markup {
                         td { (stage(w)) }
                         td { (reason(w.reason_code.as_deref(), w.reason.as_deref())) " " a href={ "/api/v1/workloads/" (w.id) "/why" } { "why" } }
                         td.num { a href={ "/workload/" (w.id) } { (row.position) } }
+                        td.eta { (eta_text(data.now_ms, row.eta.as_ref())) }
                         td.num { a href={ "/api/v1/workloads/" (w.id) } { (duration(data.now_ms.saturating_sub(w.submitted_ms))) } }
+                        td { (actions::buttons(w, row.can_act, &back, &actions::CANCEL)) }
                     }
                 }
             } }

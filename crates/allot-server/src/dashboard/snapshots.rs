@@ -11,6 +11,7 @@ use allot_api::{
 };
 use maud::Markup;
 
+use super::derived::{EtaView, PeriodRow};
 use super::track::{FleetSample, Step};
 use super::{Frame, Tab, fleet, idle, layout, live, policy, projects, queue, workload};
 use crate::auth::Principal;
@@ -79,6 +80,22 @@ fn row(scope: &str, allocated: f64, lost: f64) -> LedgerRow {
         lost_gpu_hours: lost,
         useful_gpu_hours: 0.0,
         goodput: Some(0.0),
+    }
+}
+
+/// A ledger period `days_ago` before `NOW`'s day.
+fn period(scope: &str, days_ago: u64, allocated: f64, lost: f64) -> PeriodRow {
+    let day = 24 * 60 * MIN;
+    let start_ms = (NOW / day - days_ago) * day;
+    PeriodRow {
+        scope: scope.into(),
+        start_ms,
+        end_ms: start_ms + day,
+        allocated,
+        active: 0.0,
+        idle: allocated,
+        useful: 0.0,
+        lost,
     }
 }
 
@@ -193,8 +210,34 @@ fn snapshot_queue() {
         projects: vec![],
     };
     let projects = [project("nlp", "1", "2"), project("vision", "8", "8")];
-    let data = queue::build(NOW, pending.iter(), &projects, &principal, None, None);
+    let etas = [
+        (
+            1,
+            EtaView {
+                at_ms: Some(NOW + 130 * MIN),
+                note: "after #5 job-5 reaches its max runtime".into(),
+            },
+        ),
+        (
+            2,
+            EtaView {
+                at_ms: None,
+                note: "it waits for running work that has no max runtime (#3 job-3)".into(),
+            },
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let data =
+        queue::build(NOW, pending.iter(), &projects, &principal, None, None).with_etas(&etas);
     assert_eq!(data.rows.iter().map(|r| r.position).collect::<Vec<_>>(), [1, 1, 2]);
+    assert!(data.rows.iter().all(|r| r.can_act), "an admin may cancel anything");
+    let text = queue::render(&data).into_string();
+    assert!(text.contains("≈ in 2 h 10 min (after #5 job-5 reaches its max runtime)"), "{text}");
+    assert!(text.contains("unknown: it waits for running work that has no max runtime"));
+    let viewer = Principal { role: Role::Viewer, ..principal.clone() };
+    let seen = queue::build(NOW, pending.iter(), &projects, &viewer, None, None);
+    assert!(!queue::render(&seen).into_string().contains("<form"), "a viewer gets no buttons");
     check("queue", Tab::Queue, &queue::render(&data));
     let filtered =
         queue::build(NOW, pending.iter(), &projects, &principal, Some("vision".into()), None);
@@ -221,15 +264,23 @@ fn snapshot_workload() {
             ),
         },
         timeline: vec![
-            Step { at_ms: w.submitted_ms, what: "submitted".into(), code: None, detail: None },
+            Step {
+                at_ms: w.submitted_ms,
+                state: WorkloadState::Pending,
+                what: "submitted".into(),
+                code: None,
+                detail: None,
+            },
             Step {
                 at_ms: w.submitted_ms + MIN,
+                state: WorkloadState::Starting,
                 what: "admitted".into(),
                 code: Some("within_guarantee".into()),
                 detail: Some("within vision's guarantee".into()),
             },
             Step {
                 at_ms: NOW - MIN,
+                state: WorkloadState::Running,
                 what: "warned".into(),
                 code: w.reason_code.clone(),
                 detail: w.reason.clone(),
@@ -237,8 +288,28 @@ fn snapshot_workload() {
         ],
         ledger: Some(row("workload:3", 0.75, 0.0)),
         workload: w,
+        eta: None,
+        can_act: true,
     };
     check("workload", Tab::Workload, &workload::render(&data));
+    let text = workload::render(&data).into_string();
+    assert!(text.contains("/workload/3/suspend") && text.contains("/workload/3/cancel"));
+    assert!(!text.contains("/workload/3/resume"), "a running workload is not resumed");
+    let pending = workload::WorkloadData {
+        workload: workload(4, "vision", WorkloadState::Pending, "", ""),
+        eta: Some(EtaView {
+            at_ms: Some(NOW + 5 * MIN),
+            note: "after #3 job-3 reaches its max runtime".into(),
+        }),
+        can_act: false,
+        ..data
+    };
+    let text = workload::render(&pending).into_string();
+    assert!(
+        text.contains("Estimated start: <span class=\"eta\">≈ in 5 min (after #3 job-3"),
+        "{text}"
+    );
+    assert!(!text.contains("<form class=\"inline action\""), "no buttons without the right to act");
 }
 
 #[test]
@@ -254,8 +325,51 @@ fn snapshot_projects() {
             row("project:vision", 10.5, 1.25),
         ],
         warned: vec![("nlp".into(), vec![]), ("vision".into(), vec![warned()])],
+        standings: vec![
+            allot_core::Standing {
+                project: allot_core::ProjectId(0),
+                name: "nlp".into(),
+                cohort: Some("research".into()),
+                weight_milli: 1000,
+                weight_fraction: 0.5,
+                fair_share_shares: 5000.0,
+                allocated: allot_core::Shares::from_gpus(1),
+                decayed_shares: 500.0,
+                usage_fraction: Some(0.1),
+                standing: Some(0.3),
+                head_within_guarantee: Some(true),
+                rank: Some(1),
+                pending: 2,
+            },
+            allot_core::Standing {
+                project: allot_core::ProjectId(1),
+                name: "vision".into(),
+                cohort: Some("research".into()),
+                weight_milli: 1000,
+                weight_fraction: 0.5,
+                fair_share_shares: 5000.0,
+                allocated: allot_core::Shares::from_gpus(10),
+                decayed_shares: 3500.0,
+                usage_fraction: Some(0.9),
+                standing: Some(2.7),
+                head_within_guarantee: Some(false),
+                rank: Some(2),
+                pending: 2,
+            },
+        ],
+        periods: vec![
+            period("cluster", 1, 4.5, 0.25),
+            period("cluster", 0, 8.0, 1.0),
+            period("project:nlp", 1, 1.0, 0.0),
+            period("project:vision", 1, 3.5, 0.25),
+            period("project:vision", 0, 7.0, 1.0),
+        ],
+        project: None,
     };
     check("projects", Tab::Projects, &projects::render(&data));
+    let text = projects::render(&data).into_string();
+    assert!(text.contains("Fair-share standing") && text.contains("2.70"), "{text}");
+    assert_eq!(text.matches("no telemetry").count(), 3 * 4 + 5 * 3 + 1, "ledger, periods, note");
 }
 
 #[test]

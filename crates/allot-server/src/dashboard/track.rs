@@ -1,12 +1,16 @@
 //! What the dashboard remembers beyond the current view, kept in the `View` by the main loop
-//! and bounded: cluster samples over time (for the fleet chart) and, per workload, the steps the
-//! view saw it take (for its timeline). Both live in memory only and start empty at each start
-//! (the timeline then begins with what the replayed record keeps: submitted, started, ended).
+//! and bounded: cluster samples over time (for the fleet chart, in memory only), per workload a
+//! copy of the steps its daemon record keeps (durable: `Record::steps`, written by
+//! `Daemon::record_steps` from `apply`, so they are in snapshots and rebuilt by a replay), and
+//! what `derived.rs` computes every few seconds.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use allot_api::{Workload, WorkloadState};
 use allot_core::ledger::ClusterSnapshot;
+use serde::{Deserialize, Serialize};
+
+use crate::daemon::Daemon;
 
 /// One cluster sample every this many ms.
 pub(crate) const SAMPLE_MS: u64 = 5_000;
@@ -30,10 +34,12 @@ pub struct FleetSample {
     pub active_shares: Option<u64>,
 }
 
-/// One step of a workload's life.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One step of a workload's life (kept in its daemon record and in snapshots).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     pub at_ms: u64,
+    /// The record's state after the step.
+    pub state: WorkloadState,
     /// `submitted`, `admitted`, `running`, `warned`, `warning withdrawn`, `stopping`,
     /// `suspended`, `resumed`, `requeued`, or a final state.
     pub what: String,
@@ -45,7 +51,10 @@ pub struct Step {
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
     pub samples: VecDeque<FleetSample>,
+    /// Per workload, its record's steps as of the last view refresh.
     pub timelines: BTreeMap<u64, Vec<Step>>,
+    /// Estimated starts, standings and the ledger per period (`derived.rs`).
+    pub derived: super::derived::Derived,
 }
 
 impl Tracker {
@@ -77,62 +86,123 @@ impl Tracker {
         }
     }
 
-    /// Records the step from `old` to `new` (`old` is `None` the first time the view sees it).
-    pub(crate) fn observe(&mut self, now: u64, old: Option<&Workload>, new: &Workload) {
-        let steps = self.timelines.entry(new.id).or_default();
-        let step = |at_ms: u64, what: &str| Step {
-            at_ms,
-            what: what.to_string(),
-            code: new.reason_code.clone(),
-            detail: new.reason.clone(),
-        };
-        let Some(old) = old else {
-            if steps.is_empty() {
-                steps.push(Step {
-                    code: None,
-                    detail: None,
-                    ..step(new.submitted_ms, "submitted")
-                });
-                if let Some(at) = new.started_ms {
-                    steps.push(Step { code: None, detail: None, ..step(at, "running") });
-                }
-                if new.state != WorkloadState::Pending && new.state != WorkloadState::Running {
-                    steps.push(step(new.ended_ms.unwrap_or(now), new.state.as_str()));
-                }
-            }
-            return;
-        };
-        let what = if old.state != new.state {
-            Some(match (old.state, new.state) {
+    /// Copies a changed workload's steps; a record without any (restored from a snapshot of
+    /// a version that kept none) gets what its fields say: submitted, started, ended.
+    pub(crate) fn observe(&mut self, new: &Workload, steps: &[Step]) {
+        let timeline = if steps.is_empty() { steps_from_record(new) } else { steps.to_vec() };
+        self.timelines.insert(new.id, timeline);
+    }
+}
+
+fn steps_from_record(w: &Workload) -> Vec<Step> {
+    let step = |at_ms: u64, state: WorkloadState, what: &str| Step {
+        at_ms,
+        state,
+        what: what.to_string(),
+        code: None,
+        detail: None,
+    };
+    let mut steps = vec![step(w.submitted_ms, WorkloadState::Pending, "submitted")];
+    if let Some(at) = w.started_ms {
+        steps.push(step(at, WorkloadState::Running, "running"));
+    }
+    if let Some(at) = w.ended_ms.filter(|_| w.state != WorkloadState::Running) {
+        steps.push(Step {
+            code: w.reason_code.clone(),
+            detail: w.reason.clone(),
+            ..step(at, w.state, w.state.as_str())
+        });
+    }
+    steps
+}
+
+/// The step a workload takes from `last` (its latest step, `None` for a new record) to
+/// `state` with `reason`, if any: a change of state, or a running workload warned for
+/// idleness or no longer warned.
+fn next_step(
+    last: Option<&Step>,
+    state: WorkloadState,
+    reason: Option<&(String, String)>,
+) -> Option<String> {
+    let Some(last) = last else { return Some("submitted".into()) };
+    let code = reason.map(|(c, _)| c.as_str());
+    if last.state != state {
+        return Some(
+            match (last.state, state) {
                 (WorkloadState::Pending, WorkloadState::Starting) => "admitted",
                 (WorkloadState::Suspended, WorkloadState::Pending) => "resumed",
                 (WorkloadState::Stopping, WorkloadState::Pending)
                 | (WorkloadState::Starting, WorkloadState::Pending) => "requeued",
                 (_, state) => state.as_str(),
-            })
-        } else if old.reason_code != new.reason_code && new.state == WorkloadState::Running {
-            if is_warned(new) {
-                Some("warned")
-            } else if is_warned(old) {
-                Some("warning withdrawn")
-            } else {
-                None
             }
+            .to_string(),
+        );
+    }
+    let warned_before = last.code.as_deref() == Some(IDLE_WARNING);
+    let warned_now = code == Some(IDLE_WARNING);
+    match (state, warned_before, warned_now) {
+        (WorkloadState::Running, false, true) => Some("warned".into()),
+        (WorkloadState::Running, true, false) => Some("warning withdrawn".into()),
+        _ => None,
+    }
+}
+
+const IDLE_WARNING: &str = "idle_warning";
+
+/// Appends the step a record took to `state` with `reason` at `now`, if it took one; keeps at
+/// most `TIMELINE_MAX` steps: the first (submission) and the latest.
+pub(crate) fn push_step(
+    steps: &mut Vec<Step>,
+    now: u64,
+    submitted_ms: u64,
+    state: WorkloadState,
+    reason: Option<&(String, String)>,
+) {
+    let Some(what) = next_step(steps.last(), state, reason) else { return };
+    let (code, detail) = reason.cloned().map_or((None, None), |(c, d)| (Some(c), Some(d)));
+    if steps.is_empty() {
+        steps.push(Step {
+            at_ms: submitted_ms,
+            state: WorkloadState::Pending,
+            what,
+            code: None,
+            detail: None,
+        });
+        // Rejected at submission: that step follows at once.
+        if state != WorkloadState::Pending {
+            steps.push(Step { at_ms: now, state, what: state.as_str().to_string(), code, detail });
+        }
+        return;
+    }
+    steps.push(Step { at_ms: now, state, what, code, detail });
+    if steps.len() > TIMELINE_MAX {
+        steps.remove(1);
+    }
+}
+
+impl Daemon {
+    /// Records the steps of the workloads an entry changed (`self.changed` holds exactly
+    /// those; `earlier` is what it held before the entry, put back). Called by `apply` after
+    /// every entry, so a replay writes the same steps again. At most `TIMELINE_MAX` per
+    /// workload: the first (submission) and the latest.
+    pub(crate) fn record_steps(&mut self, earlier: BTreeSet<u64>) {
+        let touched = std::mem::replace(&mut self.changed, earlier);
+        let now = self.last_now;
+        for id in &touched {
+            if let Some(r) = self.workloads.get_mut(id) {
+                push_step(&mut r.steps, now, r.submitted_ms, r.state, r.reason.as_ref());
+            }
+        }
+        if self.changed.is_empty() {
+            self.changed = touched;
         } else {
-            None
-        };
-        if let Some(what) = what {
-            steps.push(step(now, what));
-            if steps.len() > TIMELINE_MAX {
-                // Keep the first step (submission); drop the oldest after it.
-                steps.remove(1);
-            }
+            self.changed.extend(touched);
         }
     }
 }
 
 pub(crate) fn is_warned(w: &Workload) -> bool {
-    w.state == WorkloadState::Running && w.reason_code.as_deref() == Some("idle_warning")
+    w.state == WorkloadState::Running && w.reason_code.as_deref() == Some(IDLE_WARNING)
 }
 
 /// Shares a workload holds: GPUs per member × members (a MIG profile counts as unknown, 0).
@@ -152,7 +222,7 @@ mod tests {
     use allot_api::{Workload, WorkloadState};
     use allot_core::ledger::ClusterSnapshot;
 
-    use super::{SAMPLE_MS, SAMPLES_MAX, TIMELINE_MAX, Tracker};
+    use super::{SAMPLE_MS, SAMPLES_MAX, TIMELINE_MAX, Tracker, push_step};
 
     fn w(state: WorkloadState, code: Option<&str>) -> Workload {
         Workload {
@@ -181,24 +251,23 @@ mod tests {
 
     #[test]
     fn steps_are_named_by_transition_and_bounded() {
-        let mut t = Tracker::default();
-        let pending = w(WorkloadState::Pending, None);
-        t.observe(1_000, None, &pending);
-        let starting = w(WorkloadState::Starting, Some("within_guarantee"));
-        t.observe(2_000, Some(&pending), &starting);
-        let running = w(WorkloadState::Running, Some("within_guarantee"));
-        t.observe(3_000, Some(&starting), &running);
-        let warned = w(WorkloadState::Running, Some("idle_warning"));
-        t.observe(4_000, Some(&running), &warned);
-        t.observe(4_500, Some(&warned), &warned);
-        let withdrawn = w(WorkloadState::Running, Some("within_guarantee"));
-        t.observe(5_000, Some(&warned), &withdrawn);
-        let suspended = w(WorkloadState::Suspended, Some("idle"));
-        t.observe(6_000, Some(&withdrawn), &suspended);
-        t.observe(7_000, Some(&suspended), &pending);
-        let steps: Vec<&str> = t.timelines[&7].iter().map(|s| s.what.as_str()).collect();
+        let mut steps = Vec::new();
+        let reason = |code: &str| Some((code.to_string(), format!("{code} sentence")));
+        let at = |steps: &mut Vec<super::Step>, ms, state, code: Option<(String, String)>| {
+            push_step(steps, ms, 1_000, state, code.as_ref());
+        };
+        at(&mut steps, 1_000, WorkloadState::Pending, None);
+        at(&mut steps, 1_500, WorkloadState::Pending, reason("quota_exhausted"));
+        at(&mut steps, 2_000, WorkloadState::Starting, reason("within_guarantee"));
+        at(&mut steps, 3_000, WorkloadState::Running, reason("within_guarantee"));
+        at(&mut steps, 4_000, WorkloadState::Running, reason("idle_warning"));
+        at(&mut steps, 4_500, WorkloadState::Running, reason("idle_warning"));
+        at(&mut steps, 5_000, WorkloadState::Running, reason("within_guarantee"));
+        at(&mut steps, 6_000, WorkloadState::Suspended, reason("idle"));
+        at(&mut steps, 7_000, WorkloadState::Pending, reason("resumed"));
+        let names: Vec<&str> = steps.iter().map(|s| s.what.as_str()).collect();
         assert_eq!(
-            steps,
+            names,
             [
                 "submitted",
                 "admitted",
@@ -209,14 +278,24 @@ mod tests {
                 "resumed"
             ]
         );
+        assert_eq!(steps[3].code.as_deref(), Some("idle_warning"), "a step keeps its reason");
+        assert_eq!(steps[0].at_ms, 1_000);
         for k in 0..100u64 {
-            let (a, b) = if k % 2 == 0 { (&pending, &starting) } else { (&starting, &pending) };
-            t.observe(8_000 + k, Some(a), b);
+            let state = if k % 2 == 0 { WorkloadState::Starting } else { WorkloadState::Pending };
+            at(&mut steps, 8_000 + k, state, None);
         }
-        let steps = &t.timelines[&7];
         assert_eq!(steps.len(), TIMELINE_MAX);
         assert_eq!(steps[0].what, "submitted", "the first step stays");
         assert_eq!(steps[TIMELINE_MAX - 1].at_ms, 8_099, "the latest step is kept");
+    }
+
+    #[test]
+    fn work_rejected_at_submission_has_both_steps() {
+        let mut steps = Vec::new();
+        let reason = ("invalid_under_policy".to_string(), "no such project".to_string());
+        push_step(&mut steps, 5_000, 5_000, WorkloadState::Rejected, Some(&reason));
+        let names: Vec<&str> = steps.iter().map(|s| s.what.as_str()).collect();
+        assert_eq!(names, ["submitted", "rejected"]);
     }
 
     #[test]

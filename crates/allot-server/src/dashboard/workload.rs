@@ -1,5 +1,7 @@
-//! One workload: `why` in full (what `GET /api/v1/workloads/{id}/why` returns), its timeline,
-//! its ledger row and a link to its logs.
+//! One workload: `why` in full (what `GET /api/v1/workloads/{id}/why` returns), its estimated
+//! start while pending, suspend/resume/cancel buttons for those who may act on it, its
+//! timeline (kept with its record, so it survives restarts), its ledger row and a link to its
+//! logs.
 
 use allot_api::{LedgerRow, Why, Workload};
 use axum::extract::{Path, State};
@@ -7,6 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
+use super::derived::EtaView;
 use super::track::Step;
 use super::{
     Frame, NO_TELEMETRY, Tab, duration, gpus, hours, http_error_page, read_view, reason, respond,
@@ -25,6 +28,10 @@ pub(crate) struct WorkloadData {
     pub ledger: Option<LedgerRow>,
     /// Telemetry has had readings: active and useful hours are shown.
     pub telemetry: bool,
+    /// Its estimated start, while pending (`None`: not pending, or not estimated yet).
+    pub eta: Option<EtaView>,
+    /// The principal may suspend, resume or cancel it.
+    pub can_act: bool,
 }
 
 pub(crate) async fn page(
@@ -39,7 +46,7 @@ pub(crate) async fn page(
     let Ok(Path(id)) = id else {
         return super::error_page(400, "workload ids are whole numbers, as `allot ls` shows them");
     };
-    let (workload, timeline, telemetry) = {
+    let (workload, timeline, telemetry, eta) = {
         let view = match read_view(&state) {
             Ok(v) => v,
             Err(r) => return *r,
@@ -57,8 +64,10 @@ pub(crate) async fn page(
             w.clone(),
             view.dashboard.timelines.get(&id).cloned().unwrap_or_default(),
             view.telemetry_seen,
+            view.dashboard.derived.etas.get(&id).cloned(),
         )
     };
+    let can_act = principal.can_act(&workload.project);
     let why = {
         let principal = principal.clone();
         match state.handle.ask(|reply| Request::Why { principal, id, reply }).await {
@@ -78,7 +87,17 @@ pub(crate) async fn page(
             Err(e) => return http_error_page(&e),
         }
     };
-    let data = WorkloadData { now_ms: super::now_ms(), workload, why, timeline, ledger, telemetry };
+    let eta = eta.filter(|_| workload.state == allot_api::WorkloadState::Pending);
+    let data = WorkloadData {
+        now_ms: super::now_ms(),
+        workload,
+        why,
+        timeline,
+        ledger,
+        telemetry,
+        eta,
+        can_act,
+    };
     let url = format!("/workload/{id}");
     respond(&headers, &format!("#{id}"), &Frame::of(Tab::Workload, &principal), &url, render(&data))
 }
@@ -100,6 +119,12 @@ pub(crate) fn render(data: &WorkloadData) -> Markup {
             div.figure { a href=(api) { span.n { (duration(data.now_ms.saturating_sub(w.submitted_ms))) } } "since submitted" }
         }
         p { "Last decision: " (reason(w.reason_code.as_deref(), w.reason.as_deref())) }
+        @if w.state == allot_api::WorkloadState::Pending {
+            p { "Estimated start: " span.eta { (super::queue::eta_text(data.now_ms, data.eta.as_ref())) } }
+        }
+        @if data.can_act {
+            p.actions { (super::actions::buttons(w, true, &format!("/workload/{}", w.id), &super::actions::ALL)) }
+        }
         @if !w.placement.is_empty() { p { "Placement: " code { (w.placement.join("; ")) } } }
         p { "User " (w.user) ", " (w.kind) ", command " code { (w.command.join(" ")) } "." }
         @if w.attempt > 0 {
@@ -119,7 +144,7 @@ pub(crate) fn render(data: &WorkloadData) -> Markup {
                 }
             }
         }
-        p.note { "Steps are recorded as the daemon sees them, since its last start (earlier ones: submission, start and end from the record)." }
+        p.note { "Steps are kept with the workload's record and survive restarts (the first and the latest " (super::track::TIMELINE_MAX) ")." }
 
         h2 { "Ledger " a.note href="/api/v1/report" { "(JSON)" } }
         @if let Some(row) = &data.ledger {

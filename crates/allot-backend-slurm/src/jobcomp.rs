@@ -30,7 +30,8 @@ pub struct JobcompRecord {
     pub node_list: String,
     pub node_count: u64,
     pub work_dir: String,
-    /// Seconds since 0000-03-01 in the controller's local time; `None` for `Unknown`/`None`.
+    /// Seconds since the Unix epoch, reading the controller's local time as UTC (set the
+    /// controller to UTC for exact comparisons); `None` for `Unknown`/`None`.
     pub start: Option<i64>,
     pub end: Option<i64>,
     /// The allocated TRES (`cpu=2,mem=8000M,node=1,billing=2[,gres/gpu=4]`).
@@ -197,7 +198,8 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let mp = (m + 9) % 12;
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe
+    // Days since 0000-03-01, shifted to the Unix epoch (1970-01-01 is day 719,468).
+    era * 146_097 + doe - 719_468
 }
 
 /// GPU-hours per Slurm account in a job completion log.
@@ -231,4 +233,14 @@ pub fn jobcomp_gpu_hours(
             elapsed as f64 * gpus as f64 / 3600.0;
     }
     Ok(hours)
+}
+
+#[cfg(test)]
+mod epoch_tests {
+    #[test]
+    fn times_are_seconds_since_the_unix_epoch() {
+        assert_eq!(super::parse_time("1970-01-01T00:00:00"), Ok(Some(0)));
+        assert_eq!(super::parse_time("2026-11-30T19:27:25"), Ok(Some(1_796_066_845)));
+        assert_eq!(super::parse_time("2000-03-01T00:00:01"), Ok(Some(951_868_801)));
+    }
 }

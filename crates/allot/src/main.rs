@@ -15,6 +15,7 @@ mod sim;
 mod sim_idle;
 mod sim_pack;
 mod sim_replay;
+mod slurm;
 mod submit;
 mod telemetry;
 mod top;
@@ -108,6 +109,11 @@ enum Command {
     History {
         #[command(subcommand)]
         command: history::HistoryCommand,
+    },
+    /// Slurm: compare allot's ledger with Slurm's own job completion log.
+    Slurm {
+        #[command(subcommand)]
+        command: slurm::SlurmCommand,
     },
     /// Policies: validate a file (offline or against the daemon), show or diff the active one.
     Policy {
@@ -256,6 +262,7 @@ fn main() -> ExitCode {
         Command::Nodes(args) => remote::nodes(&remote, args.output),
         Command::Report(args) => remote::report(&remote, args.output),
         Command::History { command } => history::run(&remote, &command),
+        Command::Slurm { command } => slurm::run(&remote, &command),
         Command::Policy { command } => match command {
             PolicyCommand::Validate { file, cluster: _, remote: true, output } => {
                 remote::policy_validate(&remote, &file, output)

@@ -215,6 +215,29 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
         assert!(r["allocated_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{r}");
     }
     assert!(ra["lost_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{ra}");
+
+    // 5. Slurm's own books (jobcomp/filetxt) next to the ledger.
+    let config = slurm("scontrol", &["show", "config"]);
+    let jobcomp = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("JobCompLoc")?.split('=').nth(1).map(str::trim))
+        .expect("JobCompLoc in slurm.conf")
+        .to_string();
+    let out = Command::new(BIN)
+        .args(["slurm", "reconcile", "--jobcomp", &jobcomp])
+        .env("ALLOT_URL", format!("http://{}", serve.addr))
+        .env("ALLOT_TOKEN", &serve.token)
+        .output()
+        .expect("allot slurm reconcile runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{text}");
+    for project in ["team-a", "team-b"] {
+        let line = text.lines().find(|l| l.starts_with(project)).expect("a row per project");
+        let slurm_hours: f64 =
+            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        assert!(slurm_hours > 0.0, "Slurm's log has {project}'s finished runs: {text}");
+    }
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -137,12 +137,15 @@ pub(crate) fn render(data: &FleetData) -> Markup {
             tr { th { "node" } th colspan="8" { "devices (index: allocation, workloads)" } }
             @for n in &data.nodes {
                 tr {
-                    th { a href="/api/v1/nodes" { (n.name) } }
+                    th {
+                        a href="/api/v1/nodes" { (n.name) }
+                        @if let Some(why) = &n.unusable { br; span.warn title="no new work is placed here; running work stays" { "no new work: " (why) } }
+                    }
                     @if n.devices.is_empty() { td.nodata { "no GPUs" } }
                     @for d in &n.devices {
                         @let warned = d.workloads.iter().any(|id| data.warned.contains(id));
                         @let class = if warned { "cell idle" } else if d.used_shares == 0 { "cell free" } else if d.used_shares >= 1000 { "cell full" } else { "cell part" };
-                        @let label = if warned { "idle?".to_string() } else if d.used_shares == 0 { "free".to_string() } else if d.used_shares >= 1000 { "full".to_string() } else { format!("{}%", d.used_shares / 10) };
+                        @let label = if warned { "idle?".to_string() } else if d.used_shares == 0 && n.unusable.is_some() { "unusable".to_string() } else if d.used_shares == 0 { "free".to_string() } else if d.used_shares >= 1000 { "full".to_string() } else { format!("{}%", d.used_shares / 10) };
                         td class=(class) title=(format!("{} device {} ({})", n.name, d.index, d.model)) {
                             (d.index) ": " (label)
                             @for id in &d.workloads { br; a href={ "/workload/" (id) } { "#" (id) } }

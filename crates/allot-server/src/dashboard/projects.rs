@@ -183,7 +183,7 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
         (standing(data))
         h2 { "Ledger " a.note href="/api/v1/report" { "(JSON)" } }
         div.scroll { table {
-            tr { th { "scope" } th.num { "allocated GPU-h" } th.num { "lost to pre-emption GPU-h" } th.num { "active GPU-h" } th.num { "idle GPU-h" } th.num { "useful GPU-h" } th.num { "goodput" } }
+            tr { th { "scope" } th.num { "allocated GPU-h" } th.num { "lost to pre-emption GPU-h" } th.num { "active GPU-h" } th.num { "measured GPU-h" } th.num { "idle GPU-h" } th.num { "useful GPU-h" } th.num { "goodput" } }
             @for r in &data.rows {
                 tr {
                     td { (r.scope) }
@@ -191,11 +191,12 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
                     td.num { a href="/api/v1/report" { (hours(r.lost_gpu_hours)) } }
                     @if data.telemetry {
                         td.num { a href="/api/v1/report" { (hours(r.active_gpu_hours)) } }
+                        td.num title="allocated time telemetry covered; the rest went unmeasured" { a href="/api/v1/report" { (hours(r.measured_gpu_hours)) } }
                         td.num { a href="/api/v1/report" { (hours(r.idle_allocated_gpu_hours)) } }
                         td.num { a href="/api/v1/report" { (hours(r.useful_gpu_hours)) } }
                         td.num { (r.goodput.map_or("–".to_string(), |g| format!("{:.0} %", g * 100.0))) }
                     } @else {
-                        td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) }
+                        td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) } td.num.nodata { (NO_TELEMETRY) }
                     }
                 }
             }

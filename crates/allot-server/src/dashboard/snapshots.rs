@@ -369,7 +369,7 @@ fn snapshot_projects() {
     check("projects", Tab::Projects, &projects::render(&data));
     let text = projects::render(&data).into_string();
     assert!(text.contains("Fair-share standing") && text.contains("2.70"), "{text}");
-    assert_eq!(text.matches("no telemetry").count(), 3 * 4 + 5 * 3 + 1, "ledger, periods, note");
+    assert_eq!(text.matches("no telemetry").count(), 3 * 5 + 5 * 3 + 1, "ledger, periods, note");
 }
 
 #[test]

@@ -187,19 +187,7 @@ fn parse_time(s: &str) -> Result<Option<i64>, String> {
     if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
         return Err(bad());
     }
-    Ok(Some(days_from_civil(y, m, day) * 86_400 + hh * 3600 + mm * 60 + ss))
-}
-
-/// Days since 0000-03-01 of a proleptic Gregorian date (Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    // Days since 0000-03-01, shifted to the Unix epoch (1970-01-01 is day 719,468).
-    era * 146_097 + doe - 719_468
+    Ok(Some(allot_core::days_from_civil(y, m, day) * 86_400 + hh * 3600 + mm * 60 + ss))
 }
 
 /// GPU-hours per Slurm account in a job completion log.

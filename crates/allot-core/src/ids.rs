@@ -77,3 +77,17 @@ impl fmt::Display for Shares {
         }
     }
 }
+
+/// Days since 1970-01-01 of a proleptic Gregorian date: count whole 400-year eras (146,097
+/// days each) from year 0 with the year starting in March, so the leap day is the era's last.
+/// Pure arithmetic for the edges that read dates (traces, telemetry, Slurm logs); the core
+/// itself never reads a calendar.
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let shifted_month = (month + 9) % 12; // March = 0 … February = 11
+    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}

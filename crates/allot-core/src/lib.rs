@@ -34,7 +34,9 @@ pub use engine::{
 };
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
-pub use ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+pub use ids::{
+    ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId, days_from_civil,
+};
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
     Checkpointing, Defragmentation, DeviceSpec, GpuRequest, IDLE_BACKOFF_MAX_MS, IdlePolicySpec,

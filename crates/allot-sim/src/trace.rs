@@ -266,19 +266,9 @@ pub fn parse_datetime(s: &str) -> Option<i64> {
     if hour > 23 || minute > 59 || second > 60 {
         return None;
     }
-    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date: count whole 400-year eras (146,097
-/// days each) from year 0 with the year starting in March, so the leap day is the era's last.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    let shifted_month = (month + 9) % 12; // March = 0 … February = 11
-    let day_of_year = (153 * shifted_month + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+    Some(
+        allot_core::days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second,
+    )
 }
 
 impl PhillyJob {

@@ -91,16 +91,7 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<u64> {
     u64::try_from(seconds.checked_mul(1_000)?.checked_add(millis)?).ok()
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+pub use allot_core::days_from_civil;
 
 /// The last-activity time (ms since the epoch) at `pointer` (RFC 6901, e.g. `/last_activity`)
 /// in a JSON body: an RFC 3339 string, or a number of seconds since the epoch (numbers above

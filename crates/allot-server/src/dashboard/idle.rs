@@ -80,7 +80,7 @@ pub(crate) fn deadline_ms(sentence: &str) -> Option<u64> {
     if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
         return None;
     }
-    let days = allot_telemetry::probe::days_from_civil(year, month, day);
+    let days = allot_core::days_from_civil(year, month, day);
     let secs = days * 86_400 + h * 3600 + m * 60 + s;
     u64::try_from(secs).ok().map(|s| s * 1000)
 }

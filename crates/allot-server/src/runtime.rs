@@ -33,8 +33,8 @@ const TICK_MS: u64 = 50;
 const POLL_MS: u64 = 50;
 /// How often heartbeat files are looked at.
 const PROBE_MS: u64 = 1_000;
-/// Node states and foreign work are read this often (a `squeue --json` and a `sinfo --json`
-/// on Slurm).
+/// Node states and foreign work are read this often (on Slurm a `sinfo --json` and a
+/// `squeue --Format`, about 0.2 s at 1,000 jobs).
 pub(crate) const CLUSTER_WATCH_MS: u64 = 5_000;
 /// How often running workloads get a telemetry round by default. No collector exists yet, so
 /// every round reports telemetry missing (the idle rules' `missing_telemetry` decides what that

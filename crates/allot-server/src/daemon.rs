@@ -62,6 +62,9 @@ pub(crate) struct Record {
     /// The devices the current run actually holds when the backend picked them itself
     /// (`Entry::DevicesReported`); `None`: as launched.
     pub devices: Option<Vec<MemberLaunch>>,
+    /// The attempt the backend keeps this work for (`Entry::Kept`: a requeued job, held),
+    /// until a launch takes it or a cancel drops it.
+    pub kept: Option<u32>,
     /// Its timeline, bounded (`dashboard::track::push_step`, from `record_steps`).
     pub steps: Vec<crate::dashboard::track::Step>,
 }
@@ -357,6 +360,7 @@ impl Daemon {
                         last_activity_ms: None,
                         foreign: None,
                         devices: None,
+                        kept: None,
                         steps: Vec::new(),
                     },
                 );
@@ -374,6 +378,15 @@ impl Daemon {
                 };
                 let Some(record) = self.workloads.get_mut(id) else { return out };
                 let state = record.state;
+                // Work the backend keeps for a next attempt that will not come (a cancel; a
+                // suspension keeps it for the resume).
+                if intent == Intent::Cancel
+                    && matches!(state, WorkloadState::Pending | WorkloadState::Suspended)
+                    && let Some(attempt) = record.kept.take()
+                {
+                    let run = RunId { workload: *id, attempt };
+                    out.push(Command::Signal(run, StopSignal::Terminate));
+                }
                 match state {
                     WorkloadState::Pending => {
                         self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
@@ -485,6 +498,14 @@ impl Daemon {
                 self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
                 self.set_state(*id, WorkloadState::Cancelled, now);
                 self.dirty = true;
+            }
+            Entry::Kept { id, attempt } => {
+                if let Some(r) = self.workloads.get_mut(id)
+                    && r.attempt + 1 == *attempt
+                    && !r.state.is_final()
+                {
+                    r.kept = Some(*attempt);
+                }
             }
             Entry::DevicesReported { id, attempt, members } => {
                 if let Some(r) = self.workloads.get_mut(id)
@@ -801,6 +822,7 @@ impl Daemon {
         };
         record.launch = Some(launch.clone());
         record.devices = None;
+        record.kept = None;
         record.started_ms = None;
         record.exit_code = None;
         self.set_state(id, WorkloadState::Starting, now);

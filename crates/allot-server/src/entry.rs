@@ -92,6 +92,12 @@ pub(crate) enum Entry {
         attempt: u32,
         members: Vec<allot_backend::MemberLaunch>,
     },
+    /// The backend kept a stopped run's work for the workload's next attempt (`attempt`):
+    /// a Slurm job requeued held. Cancelling the workload must drop it.
+    Kept {
+        id: u64,
+        attempt: u32,
+    },
     /// A node became unusable for new work (down, drained) or usable again.
     NodeState {
         node: String,
@@ -127,6 +133,7 @@ impl Entry {
             Entry::ForeignGone { .. } => "foreign_gone",
             Entry::NodeState { .. } => "node_state",
             Entry::DevicesReported { .. } => "devices_reported",
+            Entry::Kept { .. } => "kept",
         }
     }
 }

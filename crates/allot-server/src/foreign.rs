@@ -162,6 +162,7 @@ impl Daemon {
                 last_activity_ms: None,
                 foreign: Some(handle.to_string()),
                 devices: None,
+                kept: None,
                 steps: Vec::new(),
             },
         );

@@ -103,6 +103,8 @@ pub(crate) enum Request {
     Observed(Vec<Observation>),
     /// Node states and foreign work on the cluster (from the executor thread).
     Cluster(allot_backend::ClusterNews),
+    /// Runs the backend keeps stopped work for (accepted requeues, from the executor thread).
+    Kept(Vec<RunId>),
     /// The devices started runs actually hold (from the executor thread).
     Placed(Vec<(RunId, Vec<allot_backend::MemberLaunch>)>),
     /// Device samples from the collector thread or a node agent.
@@ -612,6 +614,13 @@ impl Loop {
                             entries.push(e);
                         }
                     }
+                    Request::Kept(runs) => {
+                        for run in runs {
+                            let e = Entry::Kept { id: run.workload, attempt: run.attempt };
+                            commands.extend(self.daemon.apply(now, &e));
+                            entries.push(e);
+                        }
+                    }
                     Request::Placed(placed) => {
                         for (run, reported) in placed {
                             let Some(members) = self.daemon.bound_members(run, &reported) else {
@@ -1002,12 +1011,15 @@ fn execute_commands(
     loop {
         match commands.recv_timeout(Duration::from_millis(POLL_MS)) {
             Ok(command) => {
-                let mut failed = Vec::new();
-                failed.extend(run_command(backend.as_mut(), &command));
+                let (mut failed, mut kept) = (Vec::new(), Vec::new());
+                run_command(backend.as_mut(), &command, &mut failed, &mut kept);
                 while let Ok(command) = commands.try_recv() {
-                    failed.extend(run_command(backend.as_mut(), &command));
+                    run_command(backend.as_mut(), &command, &mut failed, &mut kept);
                 }
                 if !failed.is_empty() && loop_tx.send(Request::Observed(failed)).is_err() {
+                    return;
+                }
+                if !kept.is_empty() && loop_tx.send(Request::Kept(kept)).is_err() {
                     return;
                 }
             }
@@ -1063,7 +1075,12 @@ fn monotonic_now() -> std::time::Instant {
 /// Runs one command; a launch the backend refused with an error (not a `LaunchFailed` it
 /// reports itself, e.g. the disk is full) becomes a `LaunchFailed`, so the workload does not
 /// stay "starting" for ever.
-fn run_command(backend: &mut dyn Backend, command: &Command) -> Option<Observation> {
+fn run_command(
+    backend: &mut dyn Backend,
+    command: &Command,
+    failed: &mut Vec<Observation>,
+    kept: &mut Vec<RunId>,
+) {
     let result = match command {
         Command::Launch(launch) => {
             let _ = std::fs::create_dir_all(&launch.log_dir);
@@ -1071,7 +1088,10 @@ fn run_command(backend: &mut dyn Backend, command: &Command) -> Option<Observati
         }
         Command::Signal(run, signal) => backend.signal(*run, *signal),
         Command::Requeue { run, next } => match backend.requeue(*run, *next) {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                kept.push(*next);
+                Ok(())
+            }
             Ok(false) => backend.signal(*run, allot_backend::StopSignal::Terminate),
             Err(e) => {
                 tracing_log(&format!("backend: requeue {run} as {next}: {e}; terminating it"));
@@ -1087,14 +1107,11 @@ fn run_command(backend: &mut dyn Backend, command: &Command) -> Option<Observati
             Err(e) => Err(e),
         },
     };
-    let error = result.err()?;
+    let Err(error) = result else { return };
     tracing_log(&format!("backend: {command:?}: {error}"));
-    match command {
-        Command::Launch(launch) => {
-            Some(Observation::LaunchFailed { run: launch.run, error: error.to_string() })
-        }
-        // A signal to a run that ended is not an error; another failure is the operator's to see.
-        Command::Signal(..) | Command::Requeue { .. } | Command::ReturnForeign(_) => None,
+    // A signal to a run that ended is not an error; another failure is the operator's to see.
+    if let Command::Launch(launch) = command {
+        failed.push(Observation::LaunchFailed { run: launch.run, error: error.to_string() });
     }
 }
 

@@ -68,6 +68,8 @@ struct SavedRecord {
     foreign: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<allot_backend::MemberLaunch>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kept: Option<u32>,
     /// Absent in snapshots written before timelines were kept.
     #[serde(default)]
     steps: Vec<crate::dashboard::track::Step>,
@@ -99,6 +101,7 @@ impl Daemon {
                 last_activity_ms: r.last_activity_ms,
                 foreign: r.foreign.clone(),
                 devices: r.devices.clone(),
+                kept: r.kept,
                 steps: r.steps.clone(),
             })
             .collect();
@@ -176,6 +179,7 @@ impl Daemon {
                     last_activity_ms: saved.last_activity_ms,
                     foreign: saved.foreign,
                     devices: saved.devices,
+                    kept: saved.kept,
                     steps: saved.steps,
                 },
             );

@@ -311,6 +311,9 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     let waiting = *a.iter().find(|id| serve.state(**id) == "pending").expect("one waits");
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(serve.state(waiting), "pending", "nothing placed on the drained node");
+    // team-a's jobs now, before team-b's guarantee reclaims any of them.
+    let before: Vec<(u64, Option<u64>)> =
+        a.iter().map(|id| (*id, job_of(&older, *id, 1))).collect();
 
     // 2. A job submitted to Slurm directly is held and imported under its account.
     let script = dir.join("foreign.sh");
@@ -344,8 +347,6 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     // team-b also submits through allot: with the imported job it asks 16 GPUs, its
     // guarantee, while team-a holds 24 and only node4 is coming back.
     let b = serve.submit("team-b", 8, "batch", 15);
-    let before: Vec<(u64, Option<u64>)> =
-        a.iter().map(|id| (*id, job_of(&older, *id, 1))).collect();
     slurm("scontrol", &["update", "nodename=node4", "state=resume"]);
     serve.wait("node4 usable again", Duration::from_secs(30), |s| {
         node_reason(s, "node4").is_some_and(|r| r.is_empty())
@@ -366,6 +367,22 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     serve.wait("the imported job done", Duration::from_secs(60), |s| {
         s.state(foreign) == "succeeded"
     });
+    // Cancelling everything through allot leaves nothing of this daemon's in Slurm's queue:
+    // a requeued job held for its next attempt is cancelled with its workload.
     drop(serve);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let left = loop {
+        let left: Vec<_> = squeue()
+            .into_iter()
+            .filter(|(id, _, state, _)| {
+                !older.contains(id) && matches!(state.as_str(), "PENDING" | "RUNNING")
+            })
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert!(left.is_empty(), "jobs left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

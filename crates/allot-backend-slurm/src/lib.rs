@@ -1341,6 +1341,18 @@ impl Backend for SlurmBackend {
             .collect())
     }
 
+    /// `scancel` of a foreign job no launch took over (held by the gate). `Ok(false)` for a
+    /// handle that is not a job id or is one of allot's runs.
+    fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        let Ok(job_id) = handle.trim().parse::<u64>() else { return Ok(false) };
+        if self.tracked_jobs().contains(&job_id) {
+            return Ok(false);
+        }
+        self.scancel(job_id, &[])?;
+        self.poll_soon();
+        Ok(true)
+    }
+
     /// `scontrol requeuehold` of a running foreign job: pending (held) foreign work again.
     /// `Ok(false)` for a handle that is not a foreign job on the cluster (gone, allot's own,
     /// taken over); `Ok(true)` for one already pending (the gate holds it).

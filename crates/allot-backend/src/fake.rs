@@ -446,6 +446,10 @@ impl Backend for FakeBackend {
         Ok(runs.iter().filter_map(|r| Some((*r, world.bound.get(r)?.clone()))).collect())
     }
 
+    fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        Ok(lock(&self.world).foreign.remove(handle).is_some())
+    }
+
     /// Running foreign work goes back to the queue, held: pending foreign work again.
     fn return_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
         let mut world = lock(&self.world);

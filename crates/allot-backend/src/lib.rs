@@ -199,6 +199,13 @@ pub trait Backend: Send {
         Ok(false)
     }
 
+    /// Cancels foreign work no launch has taken over (imported pending work its user cancelled
+    /// through allot; the backend holds it). `Ok(false)`: not there, or the backend cannot.
+    fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        let _ = handle;
+        Ok(false)
+    }
+
     /// The devices these started runs actually hold, where the backend's own scheduler picked
     /// them (Slurm binds GRES indices itself: they may differ from the launch's), so that
     /// telemetry is attributed to the right devices. Runs the backend placed exactly as

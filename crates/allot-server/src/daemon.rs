@@ -108,6 +108,9 @@ pub(crate) enum Command {
     /// Running foreign work the engine refused to adopt goes back to the queue, held
     /// (`Backend::return_foreign`), to be imported again as pending work.
     ReturnForeign(String),
+    /// Imported pending work cancelled through allot before any launch took it: the backend
+    /// cancels it where it waits (`Backend::cancel_foreign`).
+    CancelForeign(String),
 }
 
 /// Counters for `/metrics`, all derived from the log (so they survive a restart).
@@ -386,6 +389,14 @@ impl Daemon {
                 {
                     let run = RunId { workload: *id, attempt };
                     out.push(Command::Signal(run, StopSignal::Terminate));
+                }
+                // Imported work never launched waits held on the cluster: cancel it there.
+                if intent == Intent::Cancel
+                    && matches!(state, WorkloadState::Pending | WorkloadState::Suspended)
+                    && record.attempt == 0
+                    && let Some(handle) = &record.foreign
+                {
+                    out.push(Command::CancelForeign(handle.clone()));
                 }
                 match state {
                     WorkloadState::Pending => {

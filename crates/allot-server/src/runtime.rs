@@ -1098,6 +1098,13 @@ fn run_command(
                 backend.signal(*run, allot_backend::StopSignal::Terminate)
             }
         },
+        Command::CancelForeign(handle) => match backend.cancel_foreign(handle) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(allot_backend::BackendError::Invalid(format!(
+                "{handle}: not cancelled on the cluster (gone already, or this backend cannot)"
+            ))),
+            Err(e) => Err(e),
+        },
         Command::ReturnForeign(handle) => match backend.return_foreign(handle) {
             Ok(true) => Ok(()),
             Ok(false) => Err(allot_backend::BackendError::Invalid(format!(

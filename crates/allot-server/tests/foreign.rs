@@ -282,3 +282,28 @@ async fn node_states_from_the_backend_are_shown_and_new_work_avoids_an_unusable_
     d.wait_state(b, "running").await;
     assert_eq!(d.control.run(run(b, 1)).expect("run").launch.members[0].node, "h100-0");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_foreign_work_cancelled_through_allot_is_cancelled_on_the_cluster() {
+    let d = TestDaemon::new();
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    let b = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(a, "running").await;
+    d.wait_state(b, "running").await;
+    d.control.add_foreign(foreign("606", "vision", Vec::new(), 2));
+    d.wait_state(3, "pending").await;
+    let (status, v) = d.call("POST", "/api/v1/workloads/3/cancel", Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    d.wait_state(3, "cancelled").await;
+    for _ in 0..500 {
+        if d.control.foreign().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(d.control.foreign().is_empty(), "the held job was cancelled where it waited");
+    // Gone from the cluster, and not imported again.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (_, list) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
+    assert_eq!(list["workloads"].as_array().map(Vec::len), Some(3), "{list}");
+}

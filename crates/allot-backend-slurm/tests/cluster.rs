@@ -412,6 +412,24 @@ fn plain_sbatch_job_is_foreign_and_held() {
 }
 
 #[test]
+fn cancel_foreign_cancels_a_held_foreign_job() {
+    if !enabled("cancel_foreign_cancels_a_held_foreign_job") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let name = format!("cancelme{}", std::process::id());
+    let job =
+        sbatch_foreign(&["-J", &name, "--begin=now+2", "--gres=gpu:h100:1", "--wrap", "sleep 60"]);
+    assert!(foreign_of(&mut backend, &job).is_some(), "held foreign work first");
+    assert!(backend.cancel_foreign(&job).expect("cancel_foreign"));
+    wait_squeue(&job, "%T", "CANCELLED", Duration::from_secs(20));
+    assert!(foreign_of(&mut backend, &job).is_none(), "no longer foreign work");
+    assert!(!backend.cancel_foreign("not-a-job").expect("a bad handle is no error"));
+}
+
+#[test]
 fn adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_nodes() {
     if !enabled("adopt_launch_of_a_held_foreign_job_starts_it_on_the_chosen_nodes") {
         return;

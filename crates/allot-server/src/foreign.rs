@@ -26,13 +26,10 @@ impl Daemon {
             if !self.nodes.iter().any(|n| n.name == status.node) {
                 continue;
             }
+            // Logged when usability or the reason for being unusable changes.
             let unusable = self.unusable_nodes.get(&status.node);
-            let changed = match (status.usable, unusable) {
-                (true, Some(_)) => true,
-                (false, None) => true,
-                (false, Some(reason)) => *reason != status.reason,
-                (true, None) => false,
-            };
+            let changed =
+                if status.usable { unusable.is_some() } else { unusable != Some(&status.reason) };
             if changed {
                 out.push(Entry::NodeState {
                     node: status.node.clone(),

@@ -610,15 +610,13 @@ impl Loop {
                         if self.probed.get(&id).is_none_or(|last| last_activity_ms > *last) {
                             self.probed.insert(id, last_activity_ms);
                             let e = Entry::Probed { id, last_activity_ms };
-                            commands.extend(self.daemon.apply(now, &e));
-                            entries.push(e);
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
                     }
                     Request::Kept(runs) => {
                         for run in runs {
                             let e = Entry::Kept { id: run.workload, attempt: run.attempt };
-                            commands.extend(self.daemon.apply(now, &e));
-                            entries.push(e);
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
                     }
                     Request::Placed(placed) => {
@@ -631,21 +629,18 @@ impl Loop {
                                 attempt: run.attempt,
                                 members,
                             };
-                            commands.extend(self.daemon.apply(now, &e));
-                            entries.push(e);
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
                     }
                     Request::Cluster(news) => {
                         for e in self.daemon.cluster_entries(&news) {
-                            commands.extend(self.daemon.apply(now, &e));
-                            entries.push(e);
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
                     }
                     Request::Observed(observations) => {
                         for o in observations {
                             let e = observation_entry(o);
-                            commands.extend(self.daemon.apply(now, &e));
-                            entries.push(e);
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
                     }
                     other => queries.push(other),
@@ -655,14 +650,12 @@ impl Loop {
                 last_probe = now;
                 self.update_probe_table();
                 for e in self.probes() {
-                    commands.extend(self.daemon.apply(now, &e));
-                    entries.push(e);
+                    apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                 }
                 if now.saturating_sub(last_telemetry) >= self.telemetry_round_ms {
                     last_telemetry = now;
                     for e in self.telemetry_round(now) {
-                        commands.extend(self.daemon.apply(now, &e));
-                        entries.push(e);
+                        apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                     }
                 }
             }
@@ -997,6 +990,19 @@ impl Loop {
             }
         }
     }
+}
+
+/// Applies an input to the daemon and keeps it for this batch's append, with the commands it
+/// caused (they run only once the batch is durable).
+fn apply_logged(
+    daemon: &mut Daemon,
+    now: u64,
+    entry: Entry,
+    entries: &mut Vec<Entry>,
+    commands: &mut Vec<Command>,
+) {
+    commands.extend(daemon.apply(now, &entry));
+    entries.push(entry);
 }
 
 /// The executor thread: runs commands against the backend in order and polls it, sending what

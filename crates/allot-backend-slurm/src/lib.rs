@@ -60,6 +60,10 @@ pub use runner::{CommandError, Runner, Tool};
 /// The launch environment variable naming the Slurm account (allot's project) of a run.
 pub const ACCOUNT_ENV: &str = "ALLOT_PROJECT";
 
+/// Up to this many newly started runs, [`Backend::allocated_devices`] asks `scontrol show job
+/// -d` once per job (a few ms each); beyond, one `squeue --json` for all.
+const DETAILS_PER_POLL: usize = 8;
+
 /// The batch script of every run: its arguments are the command, so nothing is interpolated
 /// into shell text. One member: the batch shell becomes the program, so `scancel --full`
 /// signals reach it. Several: one `srun` task per member, each with its own log.
@@ -411,9 +415,10 @@ impl SlurmBackend {
                         })
                         .collect()
                 } else {
-                    parse::parse_gres_list(&j.tres_per_node)
+                    j.gpu_request_per_node()
+                        .ok()
+                        .flatten()
                         .into_iter()
-                        .filter(|g| g.name == "gpu")
                         .map(|g| ForeignGpus {
                             node: String::new(),
                             gpu_type: g.gres_type,
@@ -480,8 +485,12 @@ impl SlurmBackend {
         Ok(foreign
             .iter()
             .map(|j| {
-                let asked =
-                    parse::parse_gres_list(&j.tres_per_node).into_iter().find(|g| g.name == "gpu");
+                let asked = j.gpu_request_per_node();
+                let refusal = asked
+                    .as_ref()
+                    .err()
+                    .map(|why| format!("{why}; it stays held (cancel it and submit it again)"));
+                let asked = asked.ok().flatten();
                 let (running, started) = match self.foreign_gpus.get(&(j.job_id, j.restarts)) {
                     Some((members, start)) if j.is_running() => {
                         (members.clone(), Some(start.saturating_mul(1000)))
@@ -503,6 +512,8 @@ impl SlurmBackend {
                         .map_or(0, |g| u32::try_from(g.count).unwrap_or(u32::MAX)),
                     model: asked.and_then(|g| g.gres_type),
                     started_ms: started,
+                    // Running work is taken as it runs, whatever it asked.
+                    refusal: if j.is_pending() { refusal } else { None },
                 }
             })
             .collect())
@@ -1050,16 +1061,25 @@ pub fn node_state_words(node: &SinfoNode) -> String {
 
 /// One member per node a job holds, with the GPU indices Slurm gave it there.
 fn members_of(job: &SqueueJob) -> Vec<MemberLaunch> {
-    job.nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| MemberLaunch {
-            node: node.clone(),
-            devices: job
-                .gres_detail
-                .get(i)
-                .map(|g| g.indices.clone())
-                .unwrap_or_default()
+    let no_gpu = parse::Gres { name: "gpu".into(), gres_type: None, count: 0, indices: vec![] };
+    // Every node it holds is a member, with or without a GPU entry there.
+    members_on(
+        job.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| (node.clone(), job.gres_detail.get(i).unwrap_or(&no_gpu).clone()))
+            .collect(),
+    )
+}
+
+/// One member per node, holding the GPUs Slurm bound there.
+fn members_on(gpus_per_node: Vec<(String, parse::Gres)>) -> Vec<MemberLaunch> {
+    gpus_per_node
+        .into_iter()
+        .map(|(node, gres)| MemberLaunch {
+            node,
+            devices: gres
+                .indices
                 .into_iter()
                 .map(|index| DeviceAssignment {
                     index,
@@ -1328,6 +1348,25 @@ impl Backend for SlurmBackend {
             runs.iter().filter_map(|r| Some((*r, self.job_id(*r)?))).collect();
         if ids.is_empty() {
             return Ok(Vec::new());
+        }
+        // A few starts: one small `scontrol show job -d` each, instead of `squeue --json`,
+        // which lists every field of every job (about a second at 1,000 jobs).
+        if ids.len() <= DETAILS_PER_POLL {
+            let mut out = Vec::new();
+            for (run, id) in ids {
+                let args =
+                    ["--oneliner", "show", "job", "--details", &id.to_string()].map(str::to_string);
+                let Ok(text) = self.run(Tool::Scontrol, &args) else { continue };
+                let Some(job) = parse::parse_job_details(&text.stdout) else { continue };
+                if job.job_id != id || job.state != "RUNNING" {
+                    continue;
+                }
+                let members = members_on(job.gpus_per_node);
+                if members.iter().any(|m| !m.devices.is_empty()) {
+                    out.push((run, members));
+                }
+            }
+            return Ok(out);
         }
         self.refresh_json()?;
         let Some(jobs) = &self.jobs else { return Ok(Vec::new()) };

@@ -10,7 +10,7 @@ use serde_json::Value;
 const MAX_HOSTS: usize = 100_000;
 
 /// One job of `squeue --json`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SqueueJob {
     pub job_id: u64,
     pub name: String,
@@ -36,6 +36,11 @@ pub struct SqueueJob {
     pub gres_detail: Vec<Gres>,
     /// What the job asked for per node (`tres_per_node`, e.g. `gres:gpu:h100:4`).
     pub tres_per_node: String,
+    /// What it asked for in all (`tres_per_job`: `--gpus=4` is `gres:gpu:4`).
+    pub tres_per_job: String,
+    /// What it asked for per task (`tres_per_task`: `--gpus-per-task`), and its task count.
+    pub tres_per_task: String,
+    pub tasks: u64,
     /// Where the batch script runs (or ran); empty if the job never ran.
     pub batch_host: String,
     /// Seconds since the epoch; for a pending job, Slurm's estimate (0 when none).
@@ -94,6 +99,43 @@ impl SqueueJob {
     /// The signal that ended the program, if any.
     pub fn exit_signal(&self) -> Option<i32> {
         i32::try_from(self.exit_status & 0x7f).ok().filter(|s| *s != 0)
+    }
+
+    /// The GPUs it asks for on each of its `node_count` nodes, whichever way it asked:
+    /// `--gres`/`--gpus-per-node` (per node), `--gpus` (per job) or `--gpus-per-task`, spread
+    /// evenly. `Ok(None)`: no GPU. `Err`: a request that does not split into the same whole
+    /// number of GPUs on every node — how many land where would be Slurm's choice, which allot
+    /// cannot place — with the fix.
+    pub fn gpu_request_per_node(&self) -> Result<Option<Gres>, String> {
+        let gpu = |s: &str| parse_gres_list(s).into_iter().find(|g| g.name == "gpu");
+        if let Some(g) = gpu(&self.tres_per_node) {
+            return Ok(Some(g));
+        }
+        let nodes = self.node_count.max(1);
+        let (g, total, how) = if let Some(g) = gpu(&self.tres_per_job) {
+            let how = format!("--gpus={}", g.count);
+            (g.clone(), g.count, how)
+        } else if let Some(g) = gpu(&self.tres_per_task) {
+            let tasks = self.tasks.max(1);
+            if !tasks.is_multiple_of(nodes) {
+                return Err(format!(
+                    "it asks --gpus-per-task={} for {tasks} tasks on {nodes} nodes, which Slurm \
+                     does not spread evenly; ask --gpus-per-node instead",
+                    g.count
+                ));
+            }
+            let how = format!("--gpus-per-task={} with {tasks} tasks", g.count);
+            (g.clone(), g.count.saturating_mul(tasks), how)
+        } else {
+            return Ok(None);
+        };
+        if !total.is_multiple_of(nodes) {
+            return Err(format!(
+                "it asks {how} ({total} GPUs) on {nodes} nodes, which does not split into the \
+                 same whole number per node; ask --gpus-per-node instead"
+            ));
+        }
+        Ok(Some(Gres { count: total / nodes, indices: Vec::new(), ..g }))
     }
 
     /// GPUs held per node, `(node, gres)` (empty while pending or after the end).
@@ -245,6 +287,9 @@ fn job_of(j: &Value) -> Option<SqueueJob> {
         required_nodes,
         gres_detail,
         tres_per_node: str_of(j, "tres_per_node"),
+        tres_per_job: str_of(j, "tres_per_job"),
+        tres_per_task: str_of(j, "tres_per_task"),
+        tasks: u64_of(j, "tasks"),
         batch_host: str_of(j, "batch_host"),
         start_time: u64_of(j, "start_time"),
         submit_time: u64_of(j, "submit_time"),
@@ -254,11 +299,12 @@ fn job_of(j: &Value) -> Option<SqueueJob> {
 /// The `squeue --Format` fields [`parse_squeue_format`] reads, in order: the job name last, so
 /// a `|` in a name cannot shift the other fields.
 pub const SQUEUE_FORMAT: &str = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,BatchHost:|,\
-     NodeList:|,NumNodes:|,tres-per-node:|,Account:|,UserName:|,Partition:|,Comment:|,Name:";
+     NodeList:|,NumNodes:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumTasks:|,Account:|,UserName:|,Partition:|,Comment:|,Name:";
 
 /// Parses `squeue --noheader --states=all --Format=SQUEUE_FORMAT`: the fields observation and
 /// the foreign-work listing need (id, name, comment, state, reason, wait status, restarts,
-/// nodes, node count, GRES request, account, user, partition), at a tenth of the cost of
+/// nodes, node count, GPU request per node, job and task, task count, account, user,
+/// partition), at a tenth of the cost of
 /// `squeue --json` (which always lists every field of every job). GPU indices, times and the
 /// required nodes stay empty. A `|` in a comment shifts it into the name: [`SqueueJob::comment`]
 /// is then cut short and the name starts with the rest of it. Lines that do not parse are
@@ -266,7 +312,7 @@ pub const SQUEUE_FORMAT: &str = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt
 pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
     text.lines()
         .filter_map(|line| {
-            let f: Vec<&str> = line.splitn(14, '|').collect();
+            let f: Vec<&str> = line.splitn(17, '|').collect();
             let [
                 id,
                 state,
@@ -277,6 +323,9 @@ pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
                 nodes,
                 node_count,
                 tres_per_node,
+                tres_per_job,
+                tres_per_task,
+                tasks,
                 account,
                 user,
                 partition,
@@ -309,12 +358,55 @@ pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
                 required_nodes: Vec::new(),
                 gres_detail: Vec::new(),
                 tres_per_node: unset(tres_per_node.trim()),
+                tres_per_job: unset(tres_per_job.trim()),
+                tres_per_task: unset(tres_per_task.trim()),
+                tasks: tasks.trim().parse().unwrap_or_default(),
                 batch_host: unset(batch_host.trim()),
                 start_time: 0,
                 submit_time: 0,
             })
         })
         .collect()
+}
+
+/// What `scontrol --oneliner show job --details ID` says of a job's allocation: its state and,
+/// per node, the GPUs it holds there (the `Nodes=… GRES=gpu:TYPE:N(IDX:…)` groups).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobDetails {
+    pub job_id: u64,
+    pub state: String,
+    pub gpus_per_node: Vec<(String, Gres)>,
+}
+
+/// Parses `scontrol -o show job -d ID` (one line per job; the first job is taken). A node
+/// group without a GPU entry holds no GPU there. `None` when no `JobId=` is found.
+pub fn parse_job_details(text: &str) -> Option<JobDetails> {
+    let line = text.lines().find(|l| l.trim_start().starts_with("JobId="))?;
+    let mut details = JobDetails::default();
+    let mut group: Vec<String> = Vec::new();
+    let flush = |group: &mut Vec<String>, gres: Option<Gres>, out: &mut Vec<(String, Gres)>| {
+        let gres =
+            gres.unwrap_or(Gres { name: "gpu".into(), gres_type: None, count: 0, indices: vec![] });
+        out.extend(group.drain(..).map(|node| (node, gres.clone())));
+    };
+    for token in line.split_whitespace() {
+        let Some((key, value)) = token.split_once('=') else { continue };
+        match key {
+            "JobId" => details.job_id = value.parse().ok()?,
+            "JobState" => details.state = value.to_string(),
+            "Nodes" => {
+                flush(&mut group, None, &mut details.gpus_per_node);
+                group = expand_hostlist(value).unwrap_or_default();
+            }
+            "GRES" if !group.is_empty() => {
+                let gpu = parse_gres_list(value).into_iter().find(|g| g.name == "gpu");
+                flush(&mut group, gpu, &mut details.gpus_per_node);
+            }
+            _ => {}
+        }
+    }
+    flush(&mut group, None, &mut details.gpus_per_node);
+    Some(details)
 }
 
 /// Parses `sinfo --json`. Nodes without a name are skipped.

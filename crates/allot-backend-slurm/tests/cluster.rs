@@ -715,6 +715,110 @@ fn foreign_jobs_are_listed_with_account_and_gpus() {
 }
 
 #[test]
+fn held_jobs_asking_gpus_per_job_are_adopted_per_node_or_refused_with_the_fix() {
+    if !enabled("held_jobs_asking_gpus_per_job_are_adopted_per_node_or_refused_with_the_fix") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let even = sbatch_foreign(&[
+        "-J",
+        "perjob",
+        "--hold",
+        "-N",
+        "2",
+        "--gpus=h100:4",
+        "--wrap",
+        "sleep 60",
+    ]);
+    let odd = sbatch_foreign(&[
+        "-J",
+        "perjob-odd",
+        "--hold",
+        "-N",
+        "2",
+        "--gpus=3",
+        "--wrap",
+        "sleep 60",
+    ]);
+    let work = foreign_of(&mut backend, &even).expect("foreign work");
+    assert_eq!((work.nodes, work.gpus_per_node, work.model.as_deref()), (2, 2, Some("h100")));
+    assert_eq!(work.refusal, None);
+    let refused = foreign_of(&mut backend, &odd).expect("foreign work");
+    let why = refused.refusal.unwrap_or_default();
+    assert!(why.contains("--gpus=3") && why.contains("--gpus-per-node"), "{why}");
+    slurm("scancel", &[&odd]);
+    let run = RunId { workload: 30, attempt: 1 };
+    backend
+        .launch(&adopt_launch(&h, run, &even, vec![member("node2", 2), member("node3", 2)]))
+        .expect("adopt");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(15), "Started", |s| started(s, run));
+    assert_eq!(squeue_of(&even, "%T %N"), "RUNNING node[2-3]");
+    let bound = backend.allocated_devices(&[run]).expect("allocated devices");
+    let per_node: Vec<(String, usize)> = bound
+        .iter()
+        .flat_map(|(_, ms)| ms.iter().map(|m| (m.node.clone(), m.devices.len())))
+        .collect();
+    assert_eq!(per_node, [("node2".to_string(), 2), ("node3".to_string(), 2)], "{bound:?}");
+    backend.signal(run, StopSignal::Kill).expect("kill");
+    until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
+}
+
+/// The GPUs Slurm bound, read per job (`scontrol show job -d`, a few starts) and from one
+/// `squeue --json` (many starts): the same answer either way.
+#[test]
+fn allocated_devices_by_job_details_and_by_the_whole_listing_agree() {
+    if !enabled("allocated_devices_by_job_details_and_by_the_whole_listing_agree") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    backend.inventory().expect("inventory for the GRES type");
+    let runs: Vec<RunId> = (0..9).map(|i| RunId { workload: 40 + i, attempt: 1 }).collect();
+    for (i, run) in runs.iter().enumerate() {
+        let node = if i < 5 { "node1" } else { "node4" };
+        let launch = Launch {
+            run: *run,
+            command: sh("exec sleep 60", &[]),
+            env: BTreeMap::new(),
+            members: vec![member(node, 1)],
+            log_dir: h.tmp_dir().join(format!("logs-{run}")),
+            adopt: None,
+        };
+        backend.launch(&launch).expect("launch");
+    }
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(30), "all started", |s| {
+        runs.iter().all(|r| started(s, *r))
+    });
+    let by_details = backend.allocated_devices(&runs[..8]).expect("details");
+    let by_listing = backend.allocated_devices(&runs).expect("listing");
+    assert_eq!(by_details.len(), 8, "{by_details:?}");
+    assert_eq!(by_listing.len(), 9, "{by_listing:?}");
+    assert_eq!(by_details.as_slice(), &by_listing[..8]);
+    let mut indices: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (_, members) in &by_listing {
+        for m in members {
+            indices.entry(m.node.clone()).or_default().extend(m.devices.iter().map(|d| d.index));
+        }
+    }
+    for list in indices.values_mut() {
+        list.sort_unstable();
+        let before = list.len();
+        list.dedup();
+        assert_eq!(list.len(), before, "no GPU bound twice: {indices:?}");
+    }
+    for run in &runs {
+        backend.signal(*run, StopSignal::Kill).expect("kill");
+    }
+    until(&mut backend, &mut seen, Duration::from_secs(20), "all ended", |s| {
+        runs.iter().all(|r| ended(s, *r))
+    });
+}
+
+#[test]
 fn launch_places_members_on_the_chosen_nodes_with_gres_and_env() {
     if !enabled("launch_places_members_on_the_chosen_nodes_with_gres_and_env") {
         return;

@@ -2,8 +2,8 @@
 //! arbitrary input (no panic).
 
 use allot_backend_slurm::parse::{
-    Gres, exit_code_of, expand_hostlist, parse_gres_list, parse_partitions, parse_sbatch_job_id,
-    parse_sinfo, parse_squeue, parse_squeue_format,
+    Gres, exit_code_of, expand_hostlist, parse_gres_list, parse_job_details, parse_partitions,
+    parse_sbatch_job_id, parse_sinfo, parse_squeue, parse_squeue_format,
 };
 use allot_backend_slurm::{JobcompRecord, jobcomp_gpu_hours, node_state_words, parse_jobcomp};
 use proptest::prelude::*;
@@ -104,6 +104,82 @@ fn squeue_format_lines_of_every_state() {
     let trapped_term = job(&jobs, 15035);
     assert_eq!(trapped_term.exit_code(), Some(143));
     assert_eq!(parse_squeue_format("garbage\n1|2|3\n"), Vec::new());
+}
+
+/// `--gpus` and `--gpus-per-task` are spread evenly over the job's nodes, or refused with the
+/// fix when they do not split into the same whole number per node.
+#[test]
+fn gpu_requests_per_node_per_job_and_per_task() {
+    let check = |tres: [&str; 3],
+                 nodes: u64,
+                 tasks: u64,
+                 expected: Result<Option<(u64, Option<&str>)>, &str>| {
+        let job = allot_backend_slurm::SqueueJob {
+            tres_per_node: tres[0].to_string(),
+            tres_per_job: tres[1].to_string(),
+            tres_per_task: tres[2].to_string(),
+            node_count: nodes,
+            tasks,
+            ..Default::default()
+        };
+        let got = job.gpu_request_per_node();
+        match expected {
+            Ok(want) => {
+                let got = got.unwrap_or_else(|e| panic!("{tres:?} on {nodes}: {e}"));
+                let got = got.map(|g| (g.count, g.gres_type));
+                assert_eq!(
+                    got,
+                    want.map(|(n, t)| (n, t.map(str::to_string))),
+                    "{tres:?} on {nodes}"
+                );
+            }
+            Err(part) => {
+                let why = got.err().unwrap_or_else(|| panic!("{tres:?} on {nodes} refused"));
+                assert!(why.contains(part) && why.contains("--gpus-per-node"), "{why}");
+            }
+        }
+    };
+    check(["gres:gpu:h100:4", "", ""], 2, 2, Ok(Some((4, Some("h100")))));
+    check(["", "gres:gpu:4", ""], 1, 1, Ok(Some((4, None))));
+    check(["", "gres:gpu:h100:4", ""], 2, 1, Ok(Some((2, Some("h100")))));
+    check(["", "gres:gpu:3", ""], 2, 1, Err("--gpus=3 (3 GPUs) on 2 nodes"));
+    check(["", "", "gres:gpu:1"], 1, 3, Ok(Some((3, None))));
+    check(["", "", "gres:gpu:2"], 2, 4, Ok(Some((4, None))));
+    check(["", "", "gres:gpu:1"], 2, 3, Err("3 tasks on 2 nodes"));
+    check(["", "", ""], 1, 1, Ok(None));
+    check(["gres:shard:2", "", ""], 1, 1, Ok(None));
+    // Recorded: `--gpus=h100:4 -N 2` and `-n 3 --gpus-per-task=1`.
+    let jobs = parse_squeue_format(&data("squeue-format.txt"));
+    let per_job = jobs.iter().find(|j| j.name == "per-job").expect("per-job recorded");
+    let per_job = per_job.gpu_request_per_node().expect("splits").expect("gpus");
+    assert_eq!((per_job.count, per_job.gres_type.as_deref()), (2, Some("h100")));
+    let per_task = jobs.iter().find(|j| j.name == "per-task").expect("per-task recorded");
+    assert_eq!(per_task.tasks, 3, "{per_task:?}");
+    let per_task = per_task.gpu_request_per_node().expect("splits").expect("gpus");
+    assert_eq!(per_task.count, 3);
+}
+
+#[test]
+fn job_details_give_the_gpus_bound_on_each_node() {
+    let details = parse_job_details(&data("scontrol-job-details.txt")).expect("a job");
+    assert_eq!(details.state, "RUNNING");
+    let jobs = parse_squeue_format(&data("squeue-format.txt"));
+    let running = jobs.iter().find(|j| j.name == "allot-77.1").expect("the two-node job");
+    assert_eq!(details.job_id, running.job_id);
+    let per_node: Vec<(&str, u64, usize)> = details
+        .gpus_per_node
+        .iter()
+        .map(|(node, g)| (node.as_str(), g.count, g.indices.len()))
+        .collect();
+    assert_eq!(per_node, [("node1", 4, 4), ("node2", 4, 4)]);
+    let made_up = "JobId=5 JobState=RUNNING NodeList=n[1-3] Nodes=n[1-2] CPU_IDs=0 Mem=0 \
+                   GRES=gpu:a100:1(IDX:3) Nodes=n3 CPU_IDs=0 Mem=0 GRES= JOB_GRES=gpu:2";
+    let made_up = parse_job_details(made_up).expect("a job");
+    let indices: Vec<(&str, Vec<u32>)> =
+        made_up.gpus_per_node.iter().map(|(n, g)| (n.as_str(), g.indices.clone())).collect();
+    assert_eq!(indices, [("n1", vec![3]), ("n2", vec![3]), ("n3", vec![])]);
+    assert_eq!(parse_job_details("slurm_load_jobs error: Invalid job id specified"), None);
+    assert_eq!(parse_job_details(""), None);
 }
 
 #[test]
@@ -298,6 +374,7 @@ proptest! {
         let _ = parse_gres_list(&text);
         let _ = parse_sbatch_job_id(&text);
         let _ = parse_squeue_format(&text);
+        let _ = parse_job_details(&text);
         let _ = jobcomp_gpu_hours(&text, |_| Some(1));
     }
 
@@ -309,6 +386,13 @@ proptest! {
         let _ = parse_gres_list(&text);
         let _ = parse_partitions(&text);
         let _ = parse_squeue_format(&text);
+        let _ = parse_job_details(&format!("JobId=1 {text}"));
+        for tres in ["tres_per_node", "tres_per_job", "tres_per_task"] {
+            let line = format!(r#"{{"jobs":[{{"job_id":1,"node_count":2,"tasks":3,"{tres}":{text:?}}}]}}"#);
+            for job in parse_squeue(&line).unwrap_or_default() {
+                let _ = job.gpu_request_per_node();
+            }
+        }
         let doc = format!(
             r#"{{"jobs":[{{"job_id":1,"nodes":{n:?},"gres_detail":[{n:?}],"tres_per_node":{n:?}}}],"nodes":[{{"name":"a","gres":{n:?},"gres_used":{n:?}}}]}}"#,
             n = text

@@ -143,6 +143,10 @@ pub struct ForeignWork {
     pub model: Option<String>,
     /// When it started running (ms since the Unix epoch), if it runs.
     pub started_ms: Option<u64>,
+    /// Why allot cannot govern it as it asks (pending work whose GPU request does not split
+    /// into whole GPUs per node, say), with the fix: it is shown rejected with this reason
+    /// and stays held.
+    pub refusal: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -494,8 +494,14 @@ impl Daemon {
             Entry::Exited { id, attempt, code, detail } => {
                 self.exited(now, *id, *attempt, *code, detail);
             }
-            Entry::Imported { id, user, request, handle, running, started_ms } => {
-                out.extend(self.import(now, *id, user, request, handle, running, *started_ms));
+            Entry::Imported { id, user, request, handle, running, started_ms, refusal } => {
+                let found = crate::foreign::Found {
+                    handle,
+                    running,
+                    started_ms: *started_ms,
+                    refusal: refusal.as_deref(),
+                };
+                out.extend(self.import(now, *id, user, request, &found));
             }
             Entry::ForeignGone { id } => {
                 let Some(record) = self.workloads.get_mut(id) else { return out };

@@ -80,6 +80,9 @@ pub(crate) enum Entry {
         running: Vec<allot_backend::MemberLaunch>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         started_ms: Option<u64>,
+        /// Why the backend says it cannot be governed as asked: imported as rejected.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refusal: Option<String>,
     },
     /// Imported pending work left the cluster before allot admitted it (cancelled in Slurm).
     ForeignGone {

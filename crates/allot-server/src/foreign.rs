@@ -17,6 +17,15 @@ use crate::submit;
 /// Reason code of an adoption the engine refused (the work went back to the queue, held).
 const REFUSED_ADOPTION: &str = "cannot_adopt";
 
+/// What the backend said of one piece of foreign work, as `Entry::Imported` logged it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found<'a> {
+    pub handle: &'a str,
+    pub running: &'a [MemberLaunch],
+    pub started_ms: Option<u64>,
+    pub refusal: Option<&'a str>,
+}
+
 impl Daemon {
     /// What a watch of the cluster changes, as entries to log and apply in order: node state
     /// changes, foreign work not imported yet, and imported pending work that left.
@@ -50,6 +59,7 @@ impl Daemon {
                 handle: work.handle.clone(),
                 running: work.running.clone(),
                 started_ms: work.started_ms,
+                refusal: work.refusal.clone(),
             });
             next_id += 1;
         }
@@ -79,23 +89,22 @@ impl Daemon {
     }
 
     /// Applies `Entry::Imported`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn import(
         &mut self,
         now: u64,
         id: u64,
         user: &str,
         request: &SubmitRequest,
-        handle: &str,
-        running: &[MemberLaunch],
-        started_ms: Option<u64>,
+        found: &Found<'_>,
     ) -> Vec<Command> {
+        let Found { handle, running, started_ms, refusal } = *found;
         self.next_id = self.next_id.max(id.saturating_add(1));
         self.counters.submitted += 1;
         self.foreign_ids.insert(handle.to_string(), id);
         let checked = submit::to_spec(id, user, request, &self.known);
-        let placement = match (&checked, running.is_empty()) {
-            (Ok(_), false) => self.placement_of(running).map(Some),
+        let placement = match (&checked, running.is_empty(), refusal) {
+            (_, _, Some(why)) => Err(why.to_string()),
+            (Ok(_), false, None) => self.placement_of(running).map(Some),
             _ => Ok(None),
         };
         let adopt_at = placement.as_ref().ok().cloned().flatten();

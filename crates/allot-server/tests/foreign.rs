@@ -39,6 +39,7 @@ fn foreign(
         model: Some("H100".to_string()),
         started_ms: (!running.is_empty()).then_some(1_000),
         running,
+        refusal: None,
     }
 }
 
@@ -165,6 +166,26 @@ async fn foreign_work_of_an_unknown_account_is_left_alone_with_the_reason() {
     assert!(v["reason"].as_str().unwrap_or_default().contains("physics"), "{v}");
     assert!(d.control.run(run(1, 1)).is_none(), "not taken over");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let (_, list) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
+    assert_eq!(list["workloads"].as_array().map(Vec::len), Some(1), "imported once: {list}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_work_the_backend_cannot_express_per_node_is_left_held_with_its_reason() {
+    let d = TestDaemon::new();
+    let why = "it asks --gpus=3 (3 GPUs) on 2 nodes, which does not split into the same whole \
+               number per node; ask --gpus-per-node instead";
+    d.control.add_foreign(ForeignWork {
+        nodes: 2,
+        refusal: Some(why.to_string()),
+        ..foreign("707", "vision", Vec::new(), 0)
+    });
+    let v = d.wait_state(1, "rejected").await;
+    assert_eq!(v["reason_code"], "invalid_import", "{v}");
+    assert!(v["reason"].as_str().unwrap_or_default().contains(why), "{v}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(d.control.run(run(1, 1)).is_none(), "never launched");
+    assert_eq!(d.control.foreign().len(), 1, "left held on the cluster");
     let (_, list) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
     assert_eq!(list["workloads"].as_array().map(Vec::len), Some(1), "imported once: {list}");
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Records squeue-format.txt (the `squeue --Format` listing the backend polls, with the fields
-# of parse::SQUEUE_FORMAT) and jobcomp.log (the same jobs' lines in the job completion log)
+# of parse::SQUEUE_FORMAT), scontrol-job-details.txt (one running job's allocation) and jobcomp.log (the same jobs' lines in the job completion log)
 # from the cluster of scripts/slurm-cluster.sh: jobs that completed, failed (exit 3), were
 # cancelled while running, trapped TERM (exit 143), were requeued then cancelled, one running
 # on two nodes, one held with a `|` in its name and comment, one requeued held (`scontrol
-# requeuehold`) and a foreign pending job. Cancels every job it submitted.
+# requeuehold`), a foreign pending job, and two held ones asking GPUs per job (`--gpus`) and
+# per task (`--gpus-per-task`). Cancels every job it submitted.
 set -euo pipefail
 cd "$(dirname "$0")"
 export SLURM_CONF=${SLURM_CONF:-${ALLOT_SLURM_DIR:-/tmp/allot-slurm}/etc/slurm.conf}
@@ -21,6 +22,8 @@ running=$(sb -J allot-77.1 --comment allot:77.1 -A vision -N 2 --nodelist=node1,
 held=$(sb --hold -J 'odd|name' --comment 'a|comment' -A research --gres=gpu:h100:8 --wrap 'sleep 300')
 rqheld=$(sb -J allot-6.1 --comment allot:6.1 -A vision --nodelist=node3 --gres=gpu:h100:2 --wrap 'sleep 300')
 pending=$(sb -J notebook -A nlp --begin=now+600 --gres=gpu:h100:2 -N 2 --wrap 'sleep 300')
+perjob=$(sb --hold -J per-job -A nlp -N 2 --gpus=h100:4 --wrap 'sleep 300')
+pertask=$(sb --hold -J per-task -A nlp -N 1 -n 3 --gpus-per-task=1 --wrap 'sleep 300')
 for j in "$killed" "$trapped" "$requeued" "$running" "$rqheld"; do waitstate "$j" RUNNING; done
 scancel --signal=KILL --full "$killed"
 scancel --signal=TERM --full "$trapped"
@@ -28,10 +31,12 @@ scontrol update jobid="$requeued" requeue=1; scontrol requeue "$requeued"; waits
 scancel "$requeued"
 scontrol update jobid="$rqheld" requeue=1; scontrol requeuehold "$rqheld"; waitstate "$rqheld" PENDING
 sleep 2
-ids="$ok|$failed|$killed|$trapped|$requeued|$running|$held|$pending|$rqheld"
+ids="$ok|$failed|$killed|$trapped|$requeued|$running|$held|$pending|$rqheld|$perjob|$pertask"
 squeue --noheader --states=all --Format="$FORMAT" | grep -E "^($ids)\|" > squeue-format.txt
-scancel "$running" "$held" "$pending" "$rqheld" 2>/dev/null || true
+# The two-node GPU job's allocation as `scontrol show job -d` gives it (parse_job_details).
+scontrol --oneliner show job --details "$running" > scontrol-job-details.txt
+scancel "$running" "$held" "$pending" "$rqheld" "$perjob" "$pertask" 2>/dev/null || true
 # The same jobs' lines in the job completion log (jobcomp/filetxt), once all ended.
 sleep 2
 grep -E "^JobId=($ids) " "$(dirname "$(dirname "$SLURM_CONF")")/log/jobcomp.log" > jobcomp.log
-echo "recorded squeue-format.txt: ok=$ok failed=$failed killed=$killed trapped=$trapped requeued=$requeued running=$running held=$held pending=$pending rqheld=$rqheld"
+echo "recorded squeue-format.txt: ok=$ok failed=$failed killed=$killed trapped=$trapped requeued=$requeued running=$running held=$held pending=$pending rqheld=$rqheld perjob=$perjob pertask=$pertask"

@@ -360,7 +360,8 @@ pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {
                 tres_per_node: unset(tres_per_node.trim()),
                 tres_per_job: unset(tres_per_job.trim()),
                 tres_per_task: unset(tres_per_task.trim()),
-                tasks: tasks.trim().parse().unwrap_or_default(),
+                // NO_VAL (4294967294) where Slurm has no count: unknown, 0.
+                tasks: tasks.trim().parse().ok().filter(|&t| t < 0xFFFF_FFFE).unwrap_or_default(),
                 batch_host: unset(batch_host.trim()),
                 start_time: 0,
                 submit_time: 0,

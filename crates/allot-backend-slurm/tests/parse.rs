@@ -76,8 +76,8 @@ fn squeue_jobs_of_every_state() {
 #[test]
 fn squeue_format_lines_of_every_state() {
     let jobs = parse_squeue_format(&data("squeue-format.txt"));
-    assert_eq!(jobs.len(), 9);
-    let running = job(&jobs, 15037);
+    assert_eq!(jobs.len(), 11);
+    let running = job(&jobs, 15420);
     assert_eq!((running.name.as_str(), running.comment.as_str()), ("allot-77.1", "allot:77.1"));
     assert!(running.is_running() && running.ran());
     assert_eq!(running.nodes, ["node1", "node2"]);
@@ -85,23 +85,24 @@ fn squeue_format_lines_of_every_state() {
     assert_eq!((running.account.as_str(), running.user.as_str()), ("vision", "root"));
     assert_eq!((running.partition.as_str(), running.batch_host.as_str()), ("batch", "node1"));
     // A `|` in the comment shifts it into the name, as documented; the fields before stay.
-    let held = job(&jobs, 15038);
+    let held = job(&jobs, 15421);
     assert_eq!((held.comment.as_str(), held.name.as_str()), ("a", "comment|odd|name"));
     assert!(held.is_held() && !held.ran());
     assert_eq!(held.tres_per_node, "gres:gpu:h100:8");
-    let requeue_held = job(&jobs, 15039);
+    let requeue_held = job(&jobs, 15422);
     assert!(requeue_held.is_held() && requeue_held.restarts == 1, "{requeue_held:?}");
-    let foreign_pending = job(&jobs, 15040);
+    let foreign_pending = job(&jobs, 15423);
     assert!(foreign_pending.is_pending() && !foreign_pending.is_held());
     assert_eq!((foreign_pending.comment.as_str(), foreign_pending.node_count), ("", 2));
-    let failed = job(&jobs, 15033);
+    let failed = job(&jobs, 15416);
     assert_eq!((failed.state.as_str(), failed.exit_code()), ("FAILED", Some(3)));
     assert_eq!(failed.tres_per_node, "", "N/A is no request");
-    let cancelled = job(&jobs, 15034);
+    let cancelled = job(&jobs, 15417);
     assert_eq!((cancelled.exit_code(), cancelled.exit_signal()), (None, Some(15)));
-    let requeued_then_cancelled = job(&jobs, 15036);
+    let requeued_then_cancelled = job(&jobs, 15419);
     assert_eq!(requeued_then_cancelled.restarts, 1);
-    let trapped_term = job(&jobs, 15035);
+    assert_eq!(requeued_then_cancelled.tasks, 0, "NO_VAL is no count");
+    let trapped_term = job(&jobs, 15418);
     assert_eq!(trapped_term.exit_code(), Some(143));
     assert_eq!(parse_squeue_format("garbage\n1|2|3\n"), Vec::new());
 }

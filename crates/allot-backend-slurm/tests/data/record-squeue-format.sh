@@ -3,9 +3,10 @@
 # of parse::SQUEUE_FORMAT), scontrol-job-details.txt (one running job's allocation) and
 # jobcomp.log (the same jobs' lines in the job completion log) from the cluster of
 # scripts/slurm-cluster.sh: jobs that completed, failed (exit 3), were cancelled while
-# running, trapped TERM (exit 143), were requeued then cancelled, one running on two nodes, one held with a `|` in its name and comment, one requeued held (`scontrol
-# requeuehold`), a foreign pending job, and two held ones asking GPUs per job (`--gpus`) and
-# per task (`--gpus-per-task`). Cancels every job it submitted.
+# running, trapped TERM (exit 143), were requeued then cancelled, one running on two nodes,
+# one held with a `|` in its name and comment, one requeued held (`scontrol requeuehold`), a
+# foreign pending job, and two held ones asking GPUs per job (`--gpus`) and per task
+# (`--gpus-per-task`). Cancels every job it submitted.
 set -euo pipefail
 cd "$(dirname "$0")"
 export SLURM_CONF=${SLURM_CONF:-${ALLOT_SLURM_DIR:-/tmp/allot-slurm}/etc/slurm.conf}

@@ -1,7 +1,8 @@
 //! What reading the GPUs Slurm bound costs (`Backend::allocated_devices`, called by the daemon
-//! after every poll that saw starts): for up to 8 new starts one `scontrol show job -d` per
-//! job, beyond that one `squeue --json` of the whole queue. Launches 9 one-GPU runs, then times
-//! the call for 1, 4 and 8 of them (per job) and for all 9 (whole listing).
+//! after every poll that saw starts): for a few new starts one `scontrol show job -d` per job
+//! (up to 8, or one per 40 jobs in the queue), beyond that one `squeue --json` of the whole
+//! queue. Launches 24 one-GPU runs on node1–node3, times the call for 1, 4, 8, 16 and 24 of
+//! them, and times one `squeue --json` (what the call costs beyond the limit).
 //!
 //!   # e.g. with 1,000 foreign jobs waiting (see watch_cost.rs), then:
 //!   SLURM_CONF=/tmp/allot-slurm/etc/slurm.conf \
@@ -23,20 +24,20 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from("/tmp/allot-slurm/etc/slurm.conf"));
     let logs = std::env::temp_dir().join(format!("allot-allocated-cost-{}", std::process::id()));
     let mut config = SlurmConfig::new();
-    config.runner.slurm_conf = Some(conf);
+    config.runner.slurm_conf = Some(conf.clone());
     config.job_prefix = format!("allotcost{}", std::process::id());
     config.default_account = Some("research".to_string());
     let mut backend = SlurmBackend::new(config);
     backend.inventory().expect("inventory");
-    let runs: Vec<RunId> = (1..=9).map(|workload| RunId { workload, attempt: 1 }).collect();
+    let runs: Vec<RunId> = (1..=24).map(|workload| RunId { workload, attempt: 1 }).collect();
     for (i, run) in runs.iter().enumerate() {
-        let node = if i < 5 { "node1" } else { "node2" };
+        let node = format!("node{}", i / 8 + 1);
         let launch = Launch {
             run: *run,
             command: vec!["sleep".into(), "300".into()],
             env: BTreeMap::new(),
             members: vec![MemberLaunch {
-                node: node.into(),
+                node,
                 devices: vec![DeviceAssignment {
                     index: 0,
                     uuid: None,
@@ -58,26 +59,47 @@ fn main() {
             .iter()
             .filter(|o| matches!(o, allot_backend::Observation::Started { .. }))
             .count();
-        assert!(start.elapsed() < Duration::from_secs(60), "only {started} of 9 started");
+        assert!(start.elapsed() < Duration::from_secs(90), "only {started} of 24 started");
         std::thread::sleep(Duration::from_millis(200));
     }
-    for n in [1, 4, 8, 9] {
-        let mut times: Vec<f64> = (0..rounds)
+    let slurm = |args: &[&str]| {
+        let out = std::process::Command::new(args[0])
+            .env("SLURM_CONF", &conf)
+            .args(&args[1..])
+            .output()
+            .expect("a Slurm command");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let queued = slurm(&["squeue", "-h", "--states=all", "-o", "%i"]).lines().count();
+    println!("{queued} jobs in the queue");
+    let median_max = |mut times: Vec<f64>| {
+        times.sort_by(f64::total_cmp);
+        (times[times.len() / 2], times[times.len() - 1])
+    };
+    for n in [1, 4, 8, 16, 24] {
+        let (median, max) = median_max(
+            (0..rounds)
+                .map(|_| {
+                    let t = Instant::now();
+                    let bound = backend.allocated_devices(&runs[..n]).expect("allocated_devices");
+                    assert_eq!(bound.len(), n, "{bound:?}");
+                    t.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect(),
+        );
+        let how = if n <= 8.max(queued / 40) { "per job" } else { "one squeue --json" };
+        println!("{n} started runs ({how}): median {median:.0} ms, max {max:.0} ms over {rounds}");
+    }
+    let (median, max) = median_max(
+        (0..rounds)
             .map(|_| {
                 let t = Instant::now();
-                let bound = backend.allocated_devices(&runs[..n]).expect("allocated_devices");
-                assert_eq!(bound.len(), n, "{bound:?}");
+                let _ = slurm(&["squeue", "--json"]);
                 t.elapsed().as_secs_f64() * 1000.0
             })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        let how = if n <= 8 { "scontrol show job -d per job" } else { "one squeue --json" };
-        println!(
-            "{n} started runs ({how}): median {:.0} ms, max {:.0} ms over {rounds}",
-            times[times.len() / 2],
-            times[times.len() - 1]
-        );
-    }
+            .collect(),
+    );
+    println!("squeue --json alone: median {median:.0} ms, max {max:.0} ms over {rounds}");
     for run in &runs {
         let _ = backend.signal(*run, StopSignal::Kill);
     }

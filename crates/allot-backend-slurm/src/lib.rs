@@ -101,8 +101,9 @@ pub struct SlurmConfig {
     pub poll_min: Duration,
     pub poll_max: Duration,
     /// How `poll` (and `recover`, `launch`'s look-up) reads the queue. The foreign listing of
-    /// `watch_cluster` always uses `squeue --Format`, GPU indices (`allocated_gpus`, running
-    /// foreign jobs, `foreign_jobs`) `squeue --json`.
+    /// `watch_cluster` always uses `squeue --Format`; GPU indices come from `squeue --json`
+    /// (running foreign jobs, `foreign_jobs`, and `allocated_devices` for many starts) or
+    /// `scontrol show job -d` (`allocated_devices` for a few).
     pub poll_query: PollQuery,
     /// GPU memory by GRES type (`h100` → 81559), for the inventory's devices; unknown: 0.
     pub gpu_memory_mib: BTreeMap<String, u64>,

@@ -324,7 +324,8 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
             "--parsable",
             "--account=team-b",
             "--nodes=1",
-            "--gres=gpu:h100:8",
+            // GPUs asked per job (`--gpus`), not per node: read as 8 on its one node.
+            "--gpus=h100:8",
             "--job-name=direct-sbatch",
             &format!("--chdir={}", dir.display()),
             &script.display().to_string(),
@@ -341,6 +342,7 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     let foreign = imported().expect("imported");
     let w = serve.workload(foreign);
     assert_eq!(w["project"], "team-b", "{w}");
+    assert_eq!((w["gpus"].as_str(), w["members"].as_u64()), (Some("8"), Some(1)), "{w}");
 
     // 3. The node comes back; team-b's guarantee reclaims from team-a by requeue: the
     //    reclaimed job stays the same Slurm job and comes back as attempt 2.

@@ -157,6 +157,8 @@ up() {
     exit 1
   fi
   write_configs
+  # An unprivileged user for the tests of jobs run as the workload's user (sbatch --uid).
+  id allot-user > /dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin allot-user
   start_munge
   export SLURM_CONF=$CONF
   # -c: a fresh controller, without the jobs of an earlier run.

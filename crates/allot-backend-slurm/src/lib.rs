@@ -60,6 +60,14 @@ pub use runner::{CommandError, Runner, Tool};
 /// The launch environment variable naming the Slurm account (allot's project) of a run.
 pub const ACCOUNT_ENV: &str = "ALLOT_PROJECT";
 
+/// The launch environment variable naming the allot user who submitted the workload: with
+/// [`SlurmConfig::run_as_submitter`], the Unix account its job runs as.
+pub const USER_ENV: &str = "ALLOT_USER";
+
+/// The launch environment variables naming files the job writes besides its logs (heartbeat
+/// and checkpoint probes): handed to the job's user with its log directory.
+const PROBE_FILE_ENVS: [&str; 2] = ["ALLOT_HEARTBEAT_FILE", "ALLOT_CHECKPOINT_FILE"];
+
 /// [`Backend::allocated_devices`] asks `scontrol show job -d` once per newly started job
 /// (~11 ms each) for up to this many, or one per 40 jobs in the queue if more; beyond, one
 /// `squeue --json` for all (~0.27 ms per job in the queue: 283 ms at 1,087 jobs).
@@ -109,6 +117,11 @@ pub struct SlurmConfig {
     pub gpu_memory_mib: BTreeMap<String, u64>,
     /// More `sbatch` arguments for every job (a QOS, a time limit, `--exclusive`…).
     pub extra_sbatch_args: Vec<String>,
+    /// Run each job as the allot user who submitted the workload (`sbatch --uid --gid`; the
+    /// daemon must run as root): that user needs a Unix account of the same name on this host
+    /// and the nodes, and is never root. Its log directory and probe files are handed to it.
+    /// Off: every job runs as the daemon's user.
+    pub run_as_submitter: bool,
 }
 
 impl SlurmConfig {
@@ -127,6 +140,7 @@ impl SlurmConfig {
             poll_query: PollQuery::Format,
             gpu_memory_mib: BTreeMap::new(),
             extra_sbatch_args: Vec::new(),
+            run_as_submitter: false,
         }
     }
 }
@@ -816,6 +830,12 @@ impl SlurmBackend {
         env.insert("ALLOT_SLURM_TASKS_PER_NODE".into(), tasks_per_node.to_string());
         env.insert("ALLOT_SLURM_LOG_DIR".into(), launch.log_dir.display().to_string());
         let mut args = self.sbatch_args(launch);
+        if self.config.run_as_submitter {
+            let owner = unix_account(launch)?;
+            hand_over(launch, &owner)?;
+            args.push(format!("--uid={}", owner.uid));
+            args.push(format!("--gid={}", owner.gid));
+        }
         args.push(script.display().to_string());
         args.extend(launch.command.iter().cloned());
         let out = self.config.runner.run(Tool::Sbatch, &args, &env).map_err(|e| e.to_string())?;
@@ -1093,6 +1113,61 @@ fn members_on(gpus_per_node: Vec<(String, parse::Gres)>) -> Vec<MemberLaunch> {
                 .collect(),
         })
         .collect()
+}
+
+/// The Unix account a job runs as ([`SlurmConfig::run_as_submitter`]).
+#[derive(Debug)]
+struct Owner {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+/// The Unix account of the workload's user (`ALLOT_USER`), looked up through NSS as
+/// `getent passwd` would; root is refused.
+fn unix_account(launch: &Launch) -> Result<Owner, String> {
+    let Some(name) = launch.env.get(USER_ENV).filter(|n| !n.is_empty()) else {
+        return Err(format!(
+            "{} names no user ({USER_ENV} is not set): jobs run as their submitter here",
+            launch.run
+        ));
+    };
+    let user = nix::unistd::User::from_name(name)
+        .map_err(|e| format!("cannot look up the Unix account of {name:?}: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "the workload's user {name:?} has no Unix account on this host (getent passwd \
+                 {name}): create it here and on the nodes, or run allot without \
+                 --slurm-run-as-submitter"
+            )
+        })?;
+    if user.uid.is_root() {
+        return Err(format!("refusing to run {}'s job as root ({name:?} is uid 0)", launch.run));
+    }
+    Ok(Owner { name: name.clone(), uid: user.uid.as_raw(), gid: user.gid.as_raw() })
+}
+
+/// Hands the job's log directory and probe files to its user, so that the job (run as that
+/// user) can write them. A probe file made here is dated at the epoch: not a heartbeat or a
+/// checkpoint until the job touches it.
+fn hand_over(launch: &Launch, owner: &Owner) -> Result<(), String> {
+    let chown = |path: &std::path::Path| {
+        std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid)).map_err(|e| {
+            format!("cannot hand {} to {} (uid {}): {e}", path.display(), owner.name, owner.uid)
+        })
+    };
+    chown(&launch.log_dir)?;
+    for key in PROBE_FILE_ENVS {
+        let Some(path) = launch.env.get(key).map(std::path::Path::new) else { continue };
+        if !path.exists() {
+            let file = std::fs::File::create(path)
+                .map_err(|e| format!("cannot create {} ({key}): {e}", path.display()))?;
+            file.set_modified(std::time::SystemTime::UNIX_EPOCH)
+                .map_err(|e| format!("cannot date {} ({key}): {e}", path.display()))?;
+        }
+        chown(path)?;
+    }
+    Ok(())
 }
 
 /// Members and GPUs per node of a launch, by node.

@@ -818,6 +818,77 @@ fn allocated_devices_by_job_details_and_by_the_whole_listing_agree() {
     });
 }
 
+/// With `run_as_submitter`, the job runs as the Unix account of the workload's user
+/// (`allot-user`, made by `scripts/slurm-cluster.sh up`), writes its own logs and heartbeat;
+/// a user without an account, and root, fail the launch by name.
+#[test]
+fn jobs_run_as_the_workloads_user_who_writes_its_logs_and_probe_files() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !enabled("jobs_run_as_the_workloads_user_who_writes_its_logs_and_probe_files") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut config = config(&h.prefix);
+    config.run_as_submitter = true;
+    let mut backend = SlurmBackend::new(config);
+    // The job's user must reach its log directory: the harness's temp dir is private.
+    let dir = h.tmp_dir().join("shared");
+    std::fs::create_dir_all(&dir).expect("shared dir");
+    for d in [h.tmp_dir(), dir.clone()] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let launch_as = |workload: u64, user: &str| Launch {
+        run: RunId { workload, attempt: 1 },
+        command: sh("id -un; touch \"$ALLOT_HEARTBEAT_FILE\"", &[]),
+        env: BTreeMap::from([
+            ("ALLOT_USER".to_string(), user.to_string()),
+            (
+                "ALLOT_HEARTBEAT_FILE".to_string(),
+                dir.join(format!("{workload}")).display().to_string(),
+            ),
+            (
+                "ALLOT_CHECKPOINT_FILE".to_string(),
+                dir.join(format!("{workload}.checkpoint")).display().to_string(),
+            ),
+        ]),
+        members: vec![member(&h.node, 0)],
+        log_dir: dir.join(format!("logs-{workload}")),
+        adopt: None,
+    };
+    let ok = launch_as(50, "allot-user");
+    backend.launch(&ok).expect("launch");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, ok.run));
+    assert!(
+        matches!(
+            seen.as_slice(),
+            [Observation::Started { .. }, Observation::Exited { code: Some(0), .. }]
+        ),
+        "{seen:#?}"
+    );
+    let log = std::fs::read_to_string(ok.log_dir.join("member-0.log")).expect("the job's log");
+    assert_eq!(log.trim(), "allot-user");
+    let heartbeat = std::fs::metadata(dir.join("50")).expect("heartbeat file");
+    let checkpoint = std::fs::metadata(dir.join("50.checkpoint")).expect("checkpoint file");
+    let owner = std::fs::metadata(&ok.log_dir).expect("log dir").uid();
+    assert_ne!(owner, 0, "the log directory is the job user's");
+    assert_eq!((heartbeat.uid(), checkpoint.uid()), (owner, owner));
+    assert!(heartbeat.mtime() > 0, "the job touched its heartbeat");
+    assert_eq!(checkpoint.mtime(), 0, "untouched: dated at the epoch, not a checkpoint");
+    for (workload, user, words) in
+        [(51, "no-such-allot-user", "no Unix account"), (52, "root", "as root")]
+    {
+        let refused = launch_as(workload, user);
+        backend.launch(&refused).expect("launch");
+        let seen = backend.poll().expect("poll");
+        assert!(
+            matches!(seen.as_slice(), [Observation::LaunchFailed { run, error }]
+                if *run == refused.run && error.contains(user) && error.contains(words)),
+            "{seen:#?}"
+        );
+    }
+}
+
 #[test]
 fn launch_places_members_on_the_chosen_nodes_with_gres_and_env() {
     if !enabled("launch_places_members_on_the_chosen_nodes_with_gres_and_env") {

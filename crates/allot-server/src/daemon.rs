@@ -827,8 +827,9 @@ impl Daemon {
         let mut env = record.request.env.clone();
         env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());
         env.insert("ALLOT_CHECKPOINT_FILE".into(), checkpoint.display().to_string());
-        // The Slurm backend charges the job to this account.
+        // The Slurm backend charges the job to this account (and may run it as this user).
         env.insert("ALLOT_PROJECT".into(), record.spec.project.clone());
+        env.insert("ALLOT_USER".into(), record.spec.user.clone());
         let launch = Launch {
             run: RunId { workload: id, attempt: record.attempt },
             command: record.request.command.clone(),

@@ -53,6 +53,8 @@ pub enum BackendChoice {
         unmanaged_partitions: Vec<String>,
         /// The cluster's `slurm.conf` (`None`: `$SLURM_CONF`, else Slurm's default).
         slurm_conf: Option<PathBuf>,
+        /// Run each job as the Unix account of the workload's user (`sbatch --uid`).
+        run_as_submitter: bool,
     },
 }
 
@@ -434,7 +436,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
             local.declared_inventory = Some(declared.clone());
             Box::new(allot_backend_local::LocalBackend::new(local)?)
         }
-        BackendChoice::Slurm { partition, unmanaged_partitions, slurm_conf } => {
+        BackendChoice::Slurm { partition, unmanaged_partitions, slurm_conf, run_as_submitter } => {
             let mut slurm = allot_backend_slurm::SlurmConfig::new();
             // Job names carry this data directory's id: a second allot (or this one after a
             // fresh start) never mistakes another's `allot-1.1` for its own.
@@ -444,6 +446,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
             slurm.runner.slurm_conf =
                 slurm_conf.clone().or_else(|| std::env::var_os("SLURM_CONF").map(PathBuf::from));
             slurm.checkpoint_signal = signal.as_str().trim_start_matches("SIG").to_string();
+            slurm.run_as_submitter = *run_as_submitter;
             Box::new(allot_backend_slurm::SlurmBackend::new(slurm))
         }
     };

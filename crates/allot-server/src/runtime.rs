@@ -1164,9 +1164,12 @@ fn process_group(pid: u32) -> Option<u32> {
 }
 
 /// A file's modification time in ms since the Unix epoch, if it exists.
+/// When a probe file was last touched; `None` for one dated at the epoch (made for a job run
+/// as another user, not touched by it yet).
 fn modified_ms(path: &std::path::Path) -> Option<u64> {
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
-    modified.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_millis() as u64)
+    let ms = modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;
+    (ms > 0).then_some(ms)
 }
 
 /// A policy `allot policy apply` cannot move live work to: 422, every problem named.

@@ -124,6 +124,9 @@ async fn pending_foreign_work_starts_only_when_admitted_on_the_nodes_allot_chose
     assert_eq!(taken.launch.adopt.as_deref(), Some("202"));
     assert_eq!(taken.launch.members.len(), 1);
     assert_eq!(taken.launch.members[0].devices.len(), 4);
+    // The launch names the project (Slurm account) and the user (whom a job may run as).
+    let env = |key: &str| taken.launch.env.get(key).cloned().unwrap_or_default();
+    assert_eq!((env("ALLOT_PROJECT"), env("ALLOT_USER")), ("vision".into(), "bob".into()));
     assert!(d.control.foreign().is_empty());
 }
 

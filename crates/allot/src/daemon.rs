@@ -65,6 +65,10 @@ pub(crate) struct ServeArgs {
     /// With --backend slurm: the cluster's slurm.conf (default: $SLURM_CONF, else Slurm's own).
     #[arg(long, value_name = "FILE")]
     pub(crate) slurm_conf: Option<PathBuf>,
+    /// With --backend slurm: run each job as the Unix account named like the allot user who
+    /// submitted it (`sbatch --uid`; allot must run as root). Default: as allot's own user.
+    #[arg(long)]
+    pub(crate) slurm_run_as_submitter: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -95,6 +99,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
                 partition: args.slurm_partition,
                 unmanaged_partitions: args.slurm_unmanaged_partition,
                 slurm_conf: args.slurm_conf,
+                run_as_submitter: args.slurm_run_as_submitter,
             },
         },
     })?;

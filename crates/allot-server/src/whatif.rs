@@ -12,20 +12,21 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use allot_api::{DurationBasis, HistoryCounts, HistoryExport, HistoryJob, WorkloadState, limits};
 use allot_core::{GpuRequest, NodeSpec, PolicySpec};
 use allot_sim::outcome::ReplayReport;
-use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
+use allot_sim::replay::{ReplayConfig, ReplayError, add_unlisted_projects, replay_until_stopped};
 use allot_sim::trace::{TraceJob, parse_kind};
 
 use crate::daemon::Daemon;
 
 /// Newest workloads a dashboard what-if replays.
 pub const WHATIF_JOBS_MAX: usize = 20_000;
-/// The dashboard stops waiting for a what-if after this long and says so (the replay itself
-/// cannot be interrupted; its cost is bounded by `WHATIF_JOBS_MAX` and one run at a time).
+/// The dashboard stops waiting for a what-if after this long and says so (its cost is bounded
+/// by `WHATIF_JOBS_MAX`, and a newer candidate's what-if stops the one running).
 pub const WHATIF_WAIT_MS: u64 = 10 * 60 * 1000;
 /// Finished what-if results kept for polling; older ones are dropped.
 const RESULTS_KEPT: usize = 8;
@@ -256,27 +257,33 @@ pub fn whatif_config(jobs: &[TraceJob]) -> ReplayConfig {
     ReplayConfig { timeline_step_s: (span / TIMELINE_POINTS).max(1.0), ..ReplayConfig::default() }
 }
 
-/// Replays `jobs` on `nodes` under both policies, on two threads, and returns both reports.
-/// Blocking: call it from a thread of its own, never on the main loop or an async worker.
+/// Replays `jobs` on `nodes` under both policies, on two threads, and returns both reports;
+/// both replays end early once `stop` is set. Blocking: call it from a thread of its own,
+/// never on the main loop or an async worker.
 pub fn run_whatif(
     nodes: &[NodeSpec],
     active: &PolicySpec,
     candidate: &PolicySpec,
     jobs: &[TraceJob],
     counts: HistoryCounts,
+    stop: &AtomicBool,
 ) -> Result<WhatIfResult, String> {
     let config = whatif_config(jobs);
     let (active, added_active) = add_unlisted_projects(active, jobs);
     let (candidate, added_candidate) = add_unlisted_projects(candidate, jobs);
     let started = wall_clock_ms();
     let (a, c) = std::thread::scope(|s| {
-        let a = s.spawn(|| replay(nodes, &active, "active", jobs, &config));
-        let c = replay(nodes, &candidate, "candidate", jobs, &config);
+        let a = s.spawn(|| replay_until_stopped(nodes, &active, "active", jobs, &config, stop));
+        let c = replay_until_stopped(nodes, &candidate, "candidate", jobs, &config, stop);
         (a.join(), c)
     });
     let a = a.map_err(|_| "the active policy's replay stopped unexpectedly".to_string())?;
-    let a = a.map_err(|e| format!("replay under the active policy: {e}"))?;
-    let c = c.map_err(|e| format!("replay under the candidate policy: {e}"))?;
+    let why = |policy: &str, e: ReplayError| match e {
+        ReplayError::Stopped { .. } => "stopped: a newer what-if replaced it".to_string(),
+        e => format!("replay under the {policy} policy: {e}"),
+    };
+    let a = a.map_err(|e| why("active", e))?;
+    let c = c.map_err(|e| why("candidate", e))?;
     Ok(WhatIfResult {
         active: a,
         candidate: c,
@@ -304,8 +311,8 @@ pub(crate) enum RunState {
     Failed(String),
 }
 
-/// The dashboard's what-if runs, by number: at most one running at a time, the last few
-/// results kept for polling.
+/// The dashboard's what-if runs, by number: one running at a time (a newer one stops it),
+/// the last few results kept for polling.
 #[derive(Debug, Default)]
 pub(crate) struct Runs {
     inner: Mutex<RunsInner>,
@@ -315,28 +322,34 @@ pub(crate) struct Runs {
 struct RunsInner {
     next: u64,
     runs: BTreeMap<u64, RunState>,
+    /// The stop flag of each run still running.
+    stops: BTreeMap<u64, Arc<AtomicBool>>,
 }
 
 impl Runs {
-    /// Starts `work` on a thread of its own unless a what-if started less than
-    /// `WHATIF_WAIT_MS` ago is running (then `Err` with its number).
+    /// Starts `work` on a thread of its own; a what-if still running is told to stop and
+    /// shown as replaced by this one. `work` ends early once its flag is set.
     pub(crate) fn start(
         self: &Arc<Self>,
         jobs: usize,
-        work: impl FnOnce() -> Result<WhatIfResult, String> + Send + 'static,
+        work: impl FnOnce(&AtomicBool) -> Result<WhatIfResult, String> + Send + 'static,
     ) -> Result<u64, RunStartError> {
+        let stop = Arc::new(AtomicBool::new(false));
         let id = {
             let mut inner = self.inner.lock().map_err(|_| RunStartError::Poisoned)?;
-            let now = wall_clock_ms();
-            if let Some((&running, _)) = inner.runs.iter().find(|(_, s)| {
-                matches!(s, RunState::Running { started_ms, .. }
-                    if now.saturating_sub(*started_ms) < WHATIF_WAIT_MS)
-            }) {
-                return Err(RunStartError::Busy(running));
-            }
             inner.next += 1;
             let id = inner.next;
-            inner.runs.insert(id, RunState::Running { started_ms: now, jobs });
+            for (old, flag) in std::mem::take(&mut inner.stops) {
+                flag.store(true, Ordering::Relaxed);
+                inner.runs.insert(
+                    old,
+                    RunState::Failed(format!(
+                        "stopped: what-if #{id} replaced it (a newer candidate was checked)"
+                    )),
+                );
+            }
+            inner.runs.insert(id, RunState::Running { started_ms: wall_clock_ms(), jobs });
+            inner.stops.insert(id, Arc::clone(&stop));
             while inner.runs.len() > RESULTS_KEPT {
                 inner.runs.pop_first();
             }
@@ -345,12 +358,15 @@ impl Runs {
         let runs = Arc::clone(self);
         let spawned =
             std::thread::Builder::new().name(format!("allot-whatif-{id}")).spawn(move || {
-                let outcome = match work() {
+                let outcome = match work(&stop) {
                     Ok(r) => RunState::Done(Box::new(r)),
                     Err(e) => RunState::Failed(e),
                 };
                 if let Ok(mut inner) = runs.inner.lock() {
-                    inner.runs.insert(id, outcome);
+                    // A replaced run already says so; only a run still listed as running ends here.
+                    if inner.stops.remove(&id).is_some() {
+                        inner.runs.insert(id, outcome);
+                    }
                 }
             });
         if let Err(e) = spawned
@@ -369,8 +385,6 @@ impl Runs {
 /// Why a what-if did not start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum RunStartError {
-    /// This what-if is still running.
-    Busy(u64),
     Poisoned,
 }
 
@@ -569,7 +583,8 @@ mod tests {
             .map(|i| job(i, "vision", 0.0))
             .chain((5..=8).map(|i| job(i, "nlp", 60.0)))
             .collect();
-        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default())
+        let go = std::sync::atomic::AtomicBool::new(false);
+        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default(), &go)
             .expect("valid in this test");
         let (a, c) = (&r.active, &r.candidate);
         assert_eq!((a.jobs_finished, c.jobs_finished), (8, 8));
@@ -582,5 +597,47 @@ mod tests {
         };
         assert_eq!(nlp(a), Some(0));
         assert_eq!((r.jobs, r.nodes, r.gpus, r.seed), (8, 1, 4, 42));
+        // Told to stop, both replays end at once and say why.
+        let stop = std::sync::atomic::AtomicBool::new(true);
+        let stopped = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default(), &stop);
+        assert_eq!(stopped.err().as_deref(), Some("stopped: a newer what-if replaced it"));
+    }
+
+    /// A newer what-if stops the one running, which is shown as replaced; the newer one runs
+    /// to its end.
+    #[test]
+    fn a_newer_whatif_stops_and_replaces_the_one_running() {
+        use std::sync::Arc;
+        use std::sync::atomic::Ordering;
+
+        use super::{RunState, Runs};
+        let runs = Arc::new(Runs::default());
+        let first = runs
+            .start(10, |stop| {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err("the first replay saw its stop".to_string())
+            })
+            .expect("started");
+        assert!(matches!(runs.get(first), Some(RunState::Running { jobs: 10, .. })));
+        let second =
+            runs.start(20, |_| Err("the second ran to its end".to_string())).expect("started");
+        let replaced =
+            format!("stopped: what-if #{second} replaced it (a newer candidate was checked)");
+        assert_eq!(runs.get(first), Some(RunState::Failed(replaced.clone())));
+        for _ in 0..500 {
+            if !matches!(runs.get(second), Some(RunState::Running { .. })) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(runs.get(second), Some(RunState::Failed("the second ran to its end".into())));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            runs.get(first),
+            Some(RunState::Failed(replaced)),
+            "not overwritten when it ends"
+        );
     }
 }

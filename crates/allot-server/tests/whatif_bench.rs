@@ -1,7 +1,7 @@
 //! What-if time on the exported history of 10,000 workloads on 500 devices: the export
 //! (`GET /api/v1/history`), and the dashboard's what-if from the upload of a candidate policy to
-//! its result (two replays side by side on their own threads). Figures only, no timing
-//! assertions; behind an env var:
+//! its result (two replays side by side on their own threads), and how soon a newer candidate
+//! stops a what-if running. Figures only, no timing assertions; behind an env var:
 //!
 //!   ALLOT_WHATIF_BENCH=1 cargo test --release -p allot-server --test whatif_bench -- --nocapture
 
@@ -151,26 +151,30 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
     // The candidate moves guarantees: p0 gets 200 GPUs, the others 20.
     let candidate = policy_text(|p| if p == 0 { 200 } else { 20 });
     let boundary = "benchBoundary";
-    let upload = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"policy_file\"; filename=\"candidate.yaml\"\r\n\r\n{candidate}\r\n--{boundary}--\r\n"
-    );
-    let request = Request::builder()
-        .method("POST")
-        .uri("/policy/upload")
-        .header("authorization", format!("Bearer {token}"))
-        .header(header::CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
-        .body(Body::from(upload))
-        .expect("request");
+    let upload = |candidate: &str| {
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"policy_file\"; filename=\"candidate.yaml\"\r\n\r\n{candidate}\r\n--{boundary}--\r\n"
+        );
+        Request::builder()
+            .method("POST")
+            .uri("/policy/upload")
+            .header("authorization", format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
+            .body(Body::from(body))
+            .expect("request")
+    };
+    let poll_of = |page: &str| {
+        page.split("hx-get=\"/policy/whatif/")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("the page polls its what-if: {page}"))
+    };
     let t = now();
-    let (status, page) = send(request).await;
+    let (status, page) = send(upload(&candidate)).await;
     let upload_ms = t.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(status, StatusCode::OK);
-    let poll = page
-        .split("hx-get=\"/policy/whatif/")
-        .nth(1)
-        .and_then(|s| s.split('"').next())
-        .map(|id| format!("/policy/whatif/{id}"))
-        .unwrap_or_else(|| panic!("the page polls its what-if: {page}"));
+    let poll = format!("/policy/whatif/{}", poll_of(&page));
     let mut result = String::new();
     let mut polls = 0;
     let mut poll_ms_max = 0.0_f64;
@@ -211,6 +215,31 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
             lines.push(format!("  {figure}: {}", cells.join(" | ")));
         }
     }
+    // A newer candidate stops the what-if running: from its upload until both replays of the
+    // replaced one have ended (its thread `allot-whatif-N` is gone).
+    let (_, page) = send(upload(&candidate)).await;
+    let replaced = poll_of(&page);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let thread_of = |id: &str| {
+        let name = format!("allot-whatif-{id}");
+        std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == name)
+        })
+    };
+    assert!(thread_of(&replaced), "what-if #{replaced} still runs after 10 s");
+    let t = now();
+    let (_, page) = send(upload(&policy_text(|p| if p == 1 { 200 } else { 20 }))).await;
+    let newer = poll_of(&page);
+    while thread_of(&replaced) {
+        assert!(t.elapsed() < Duration::from_secs(120), "what-if #{replaced} never stopped");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stop_ms = t.elapsed().as_secs_f64() * 1000.0;
+    let (_, shown) = send(get(&format!("/policy/whatif/{replaced}"), true)).await;
+    assert!(shown.contains(&format!("what-if #{newer} replaced it")), "{shown}");
+    lines.push(format!(
+        "a newer candidate, 10 s into what-if #{replaced}: its replays ended {stop_ms:.0} ms after the upload"
+    ));
     #[allow(clippy::print_stderr)]
     {
         eprintln!("{}", lines.join("\n"));

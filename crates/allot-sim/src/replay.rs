@@ -92,6 +92,8 @@ pub enum ReplayError {
     /// Virtual time stopped moving: more happenings at one millisecond than the trace could
     /// cause. A bug in the replay, reported instead of looping forever.
     Stalled { at_s: f64, happenings: u64 },
+    /// The caller asked the replay to stop ([`replay_until_stopped`]) before it ended.
+    Stopped { at_s: f64 },
 }
 
 impl fmt::Display for ReplayError {
@@ -107,6 +109,9 @@ impl fmt::Display for ReplayError {
                 "virtual time stalled at t={at_s}s after {happenings} happenings at that \
                  instant; this is a bug in allot's replay — please report it with the trace"
             ),
+            ReplayError::Stopped { at_s } => {
+                write!(f, "stopped at t={at_s}s, as asked, before the trace ended")
+            }
         }
     }
 }
@@ -272,6 +277,32 @@ pub fn replay_with_progress(
     config: &ReplayConfig,
     on_arrival: &dyn Fn(),
 ) -> Result<ReplayReport, ReplayError> {
+    replay_inner(nodes, policy, label, jobs, config, on_arrival, None)
+}
+
+/// [`replay`] that ends early with [`ReplayError::Stopped`] once `stop` is set (checked
+/// before every happening): for replays a user may give up on, such as the dashboard's
+/// what-if when a newer candidate replaces it.
+pub fn replay_until_stopped(
+    nodes: &[NodeSpec],
+    policy: &PolicySpec,
+    label: &str,
+    jobs: &[TraceJob],
+    config: &ReplayConfig,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<ReplayReport, ReplayError> {
+    replay_inner(nodes, policy, label, jobs, config, &|| {}, Some(stop))
+}
+
+fn replay_inner(
+    nodes: &[NodeSpec],
+    policy: &PolicySpec,
+    label: &str,
+    jobs: &[TraceJob],
+    config: &ReplayConfig,
+    on_arrival: &dyn Fn(),
+    stop: Option<&std::sync::atomic::AtomicBool>,
+) -> Result<ReplayReport, ReplayError> {
     let engine = Engine::new(nodes, policy).map_err(|e| ReplayError::Config(e.to_string()))?;
     let capacity_shares: u64 =
         nodes.iter().map(|n| n.devices.len() as u64).sum::<u64>() * SHARES_PER_GPU;
@@ -363,6 +394,9 @@ pub fn replay_with_progress(
             next_sample_ms += step_ms;
         }
         let Some(Reverse((t, _, _, happening))) = sim.queue.pop() else { break };
+        if stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+            return Err(ReplayError::Stopped { at_s: secs(t) });
+        }
         at_instant = if t == end_ms { at_instant + 1 } else { 1 };
         if at_instant > stall_limit {
             return Err(ReplayError::Stalled { at_s: secs(t), happenings: at_instant });

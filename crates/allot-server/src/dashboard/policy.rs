@@ -252,7 +252,7 @@ async fn start_whatif(
     let nodes = state.nodes.clone();
     let (active_source, active_text) = (active.source.clone(), active.text.clone());
     let counts = export.counts;
-    let work = move || {
+    let work = move |stop: &std::sync::atomic::AtomicBool| {
         let parse = |name: &str, text: &str| {
             allot_config::parse_policy(name, text).map_err(|d| {
                 format!("{name} does not parse: {}", allot_config::render(&d).trim_end())
@@ -260,14 +260,10 @@ async fn start_whatif(
         };
         let active = parse(&active_source, &active_text)?;
         let candidate = parse(&name, &text)?;
-        run_whatif(&nodes, &active, &candidate, &jobs, counts)
+        run_whatif(&nodes, &active, &candidate, &jobs, counts, stop)
     };
     match runs.start(count, work) {
         Ok(id) => WhatIf::Running { id, jobs: count, elapsed_ms: 0 },
-        Err(RunStartError::Busy(id)) => WhatIf::NotRun(format!(
-            "another what-if (#{id}) is still running: one runs at a time; check the candidate \
-             again when it has finished"
-        )),
         Err(RunStartError::Poisoned) => WhatIf::Failed("the what-if table is poisoned".into()),
     }
 }

@@ -299,14 +299,14 @@ fn job_of(j: &Value) -> Option<SqueueJob> {
 /// The `squeue --Format` fields [`parse_squeue_format`] reads, in order: the job name last, so
 /// a `|` in a name cannot shift the other fields.
 pub const SQUEUE_FORMAT: &str = "JobID:|,State:|,Reason:|,exit_code:|,RestartCnt:|,BatchHost:|,\
-     NodeList:|,NumNodes:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumTasks:|,Account:|,UserName:|,Partition:|,Comment:|,Name:";
+     NodeList:|,NumNodes:|,tres-per-node:|,tres-per-job:|,tres-per-task:|,NumTasks:|,\
+     Account:|,UserName:|,Partition:|,Comment:|,Name:";
 
 /// Parses `squeue --noheader --states=all --Format=SQUEUE_FORMAT`: the fields observation and
 /// the foreign-work listing need (id, name, comment, state, reason, wait status, restarts,
 /// nodes, node count, GPU request per node, job and task, task count, account, user,
-/// partition), at a tenth of the cost of
-/// `squeue --json` (which always lists every field of every job). GPU indices, times and the
-/// required nodes stay empty. A `|` in a comment shifts it into the name: [`SqueueJob::comment`]
+/// partition), at a tenth of the cost of `squeue --json` (which always lists every field of
+/// every job). GPU indices, times and the required nodes stay empty. A `|` in a comment shifts it into the name: [`SqueueJob::comment`]
 /// is then cut short and the name starts with the rest of it. Lines that do not parse are
 /// skipped.
 pub fn parse_squeue_format(text: &str) -> Vec<SqueueJob> {

@@ -1163,9 +1163,8 @@ fn process_group(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(2)?.parse().ok()
 }
 
-/// A file's modification time in ms since the Unix epoch, if it exists.
-/// When a probe file was last touched; `None` for one dated at the epoch (made for a job run
-/// as another user, not touched by it yet).
+/// A probe file's modification time in ms since the Unix epoch, if it exists; `None` for one
+/// dated at the epoch (made for a job run as another user, not touched by it yet).
 fn modified_ms(path: &std::path::Path) -> Option<u64> {
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
     let ms = modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64;

@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 export SLURM_CONF=${SLURM_CONF:-${ALLOT_SLURM_DIR:-/tmp/allot-slurm}/etc/slurm.conf}
-FORMAT=$(grep -A1 'pub const SQUEUE_FORMAT' ../../src/parse.rs | tr -d '\n' \
-  | sed -E 's/.*= "//; s/\\ +//; s/";.*//')
+FORMAT=$(grep -A2 'pub const SQUEUE_FORMAT' ../../src/parse.rs | tr -d '\n' \
+  | sed -E 's/.*= "//; s/\\ +//g; s/";.*//')
 waitstate() { for _ in $(seq 1 120); do [ "$(squeue -h -j "$1" -o %T 2>/dev/null)" = "$2" ] && return 0; sleep 0.5; done; echo "FAIL $1 not $2" >&2; return 1; }
 sb() { sbatch --parsable -o /dev/null "$@"; }
 ok=$(sb -J allot-1.1 --comment allot:1.1 -A research --nodelist=node1 --gres=gpu:h100:1 --wrap true)

@@ -1156,6 +1156,26 @@ fn hand_over(launch: &Launch, owner: &Owner) -> Result<(), String> {
             format!("cannot hand {} to {} (uid {}): {e}", path.display(), owner.name, owner.uid)
         })
     };
+    // slurmd opens the job's logs as the job's user: every directory above must let it pass.
+    for dir in launch.log_dir.ancestors().skip(1) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::metadata(dir) else { continue };
+        let mode = meta.mode();
+        let passes = mode & 0o001 != 0
+            || (meta.uid() == owner.uid && mode & 0o100 != 0)
+            || (meta.gid() == owner.gid && mode & 0o010 != 0);
+        if !passes {
+            return Err(format!(
+                "{} (uid {}) cannot reach its log directory: {} is mode {:o}; let others pass \
+                 (chmod o+x {}) or put allot's data directory elsewhere",
+                owner.name,
+                owner.uid,
+                dir.display(),
+                mode & 0o7777,
+                dir.display()
+            ));
+        }
+    }
     chown(&launch.log_dir)?;
     for key in PROBE_FILE_ENVS {
         let Some(path) = launch.env.get(key).map(std::path::Path::new) else { continue };

@@ -875,6 +875,18 @@ fn jobs_run_as_the_workloads_user_who_writes_its_logs_and_probe_files() {
     assert_eq!((heartbeat.uid(), checkpoint.uid()), (owner, owner));
     assert!(heartbeat.mtime() > 0, "the job touched its heartbeat");
     assert_eq!(checkpoint.mtime(), 0, "untouched: dated at the epoch, not a checkpoint");
+    // A private directory above the logs: refused before submitting, naming it and the fix.
+    let private = dir.join("private");
+    std::fs::create_dir_all(&private).expect("private dir");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let hidden = Launch { log_dir: private.join("logs-53"), ..launch_as(53, "allot-user") };
+    backend.launch(&hidden).expect("launch");
+    let seen = backend.poll().expect("poll");
+    assert!(
+        matches!(seen.as_slice(), [Observation::LaunchFailed { run, error }]
+            if *run == hidden.run && error.contains("mode 700") && error.contains("chmod o+x")),
+        "{seen:#?}"
+    );
     for (workload, user, words) in
         [(51, "no-such-allot-user", "no Unix account"), (52, "root", "as root")]
     {

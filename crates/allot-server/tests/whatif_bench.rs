@@ -159,6 +159,9 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
             .method("POST")
             .uri("/policy/upload")
             .header("authorization", format!("Bearer {token}"))
+            // Dashboard posts must come from the dashboard's own origin.
+            .header(header::HOST, "allot.test")
+            .header(header::ORIGIN, "http://allot.test")
             .header(header::CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
             .body(Body::from(body))
             .expect("request")

@@ -342,6 +342,14 @@ async fn workload_actions_follow_the_role_rules_and_refuse_cross_origin_posts() 
         send_exactly(&d, "POST", &cancel, cookie(&member), &lookalike, Some(String::new())).await;
     assert_eq!(a.status, StatusCode::FORBIDDEN, "the whole authority must match");
     assert_eq!(state_of(&d, id).await, "pending", "refused posts changed nothing");
+    // A script with the API's bearer header needs no Origin: another site's form cannot set
+    // that header, and the cookie is not read when it is there.
+    for (action, state) in [("suspend", "suspended"), ("resume", "pending")] {
+        let path = format!("/workload/{id}/{action}");
+        let a = send_exactly(&d, "POST", &path, bearer(&member), &bare, None).await;
+        assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+        assert_eq!(state_of(&d, id).await, state);
+    }
 
     // Allowed: suspend, resume (a Referer from this site is enough), then cancel from the queue.
     let a = send(&d, "POST", &format!("/workload/{id}/suspend"), cookie(&member), &[], None).await;

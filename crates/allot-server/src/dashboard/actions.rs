@@ -4,7 +4,8 @@
 //! send the browser back to the page it came from.
 //!
 //! Cross-site requests: the session cookie is `SameSite=Strict`, and every dashboard POST must
-//! also carry an `Origin` (or, without one, a `Referer`) naming this host (`same_origin`).
+//! also carry an `Origin` (or, without one, a `Referer`) naming this host (`same_origin`),
+//! unless it is a script's, with the API's bearer header instead of the cookie.
 
 use allot_api::{Role, Workload, WorkloadState};
 use axum::body::Body;
@@ -21,10 +22,16 @@ use crate::entry::Entry;
 use crate::runtime::Request as LoopRequest;
 
 /// Refuses a POST whose `Origin` (else `Referer`) is not this host (`Host`), or that names
-/// neither: a form on another site cannot act with the user's cookie.
+/// neither, unless it carries a bearer header: a form on another site cannot act with the
+/// user's cookie.
 pub(crate) async fn same_origin(request: Request<Body>, next: Next) -> Response {
     let authority = request.uri().authority().map(|a| a.as_str().to_string());
-    if request.method() == Method::POST && !is_same_origin(request.headers(), authority.as_deref())
+    // A bearer header is all a request is then authenticated by (the cookie is not read), and
+    // another site's form cannot set one: scripts posting with it need no Origin.
+    let scripted = super::bearer_token(request.headers()).is_some();
+    if request.method() == Method::POST
+        && !scripted
+        && !is_same_origin(request.headers(), authority.as_deref())
     {
         return error_page(
             403,

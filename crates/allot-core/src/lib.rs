@@ -35,7 +35,8 @@ pub use engine::{
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
 pub use ids::{
-    ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId, days_from_civil,
+    ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId, civil_from_days,
+    days_from_civil,
 };
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{

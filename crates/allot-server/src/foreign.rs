@@ -282,21 +282,10 @@ fn foreign_request(work: &ForeignWork, models: &[String]) -> SubmitRequest {
             work.name.clone()
         }),
         project: work.project.clone(),
-        kind: None,
         gpus: Some(f64::from(gpus)),
-        mig: None,
         members: Some(members),
         gpu_models: work.model.iter().filter(|m| models.contains(m)).cloned().collect(),
-        priority_class: None,
-        cpu_millis: None,
-        memory_mib: None,
-        same_node: false,
-        preemptible: None,
-        checkpoint_grace_s: None,
-        min_runtime_s: None,
-        max_runtime_s: None,
         command: vec!["foreign".into(), work.handle.clone()],
-        env: Default::default(),
-        probe: None,
+        ..SubmitRequest::default()
     }
 }

@@ -417,20 +417,9 @@ mod tests {
             project: project.into(),
             kind: Some("training".into()),
             gpus: Some(gpus),
-            mig: None,
-            members: None,
-            gpu_models: vec![],
-            priority_class: None,
-            cpu_millis: None,
-            memory_mib: None,
-            same_node: false,
-            preemptible: None,
-            checkpoint_grace_s: None,
-            min_runtime_s: None,
             max_runtime_s,
             command: vec!["sleep".into(), "1".into()],
-            env: Default::default(),
-            probe: None,
+            ..SubmitRequest::default()
         }
     }
 

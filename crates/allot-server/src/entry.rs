@@ -58,6 +58,7 @@ pub(crate) enum Entry {
     /// A telemetry round's readings of running workloads' devices (only workloads with at
     /// least one reading carrying a signal; the others are in `TelemetryMissing`).
     Sampled {
+        #[serde(with = "u64_keys")]
         workloads: std::collections::BTreeMap<u64, Vec<crate::telemetry::Reading>>,
     },
     /// A telemetry round found no reading for these running workloads (no collector covers
@@ -138,5 +139,36 @@ impl Entry {
             Entry::DevicesReported { .. } => "devices_reported",
             Entry::Kept { .. } => "kept",
         }
+    }
+}
+
+/// A map keyed by ids inside an entry. JSON object keys are strings, and an internally tagged
+/// enum (`kind`) buffers its fields before decoding them, which loses serde_json's conversion
+/// of `"1"` into `1`: the keys are read as strings and parsed here. (Every log written so far
+/// has them as strings, so the encoding stays as it is.)
+mod u64_keys {
+    use std::collections::BTreeMap;
+
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<S: Serializer, V: Serialize>(
+        map: &BTreeMap<u64, V>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        map.serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<u64, V>, D::Error> {
+        BTreeMap::<String, V>::deserialize(deserializer)?
+            .into_iter()
+            .map(|(key, value)| {
+                key.parse::<u64>().map(|id| (id, value)).map_err(|_| {
+                    D::Error::custom(format!("workload id {key:?} is not a whole number"))
+                })
+            })
+            .collect()
     }
 }

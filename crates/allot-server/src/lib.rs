@@ -265,6 +265,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         None
     };
     let metrics = Arc::new(metrics::Metrics::new());
+    let initial_text = log_text.clone();
     let view = Arc::new(RwLock::new(runtime::View {
         inventory_source,
         policy_source: log_source,
@@ -289,8 +290,20 @@ pub fn start(parts: Parts) -> Result<Started> {
         main_loop.cluster_watch_ms = ms.max(1);
     }
     let replayed = main_loop.recover()?;
-    // A policy file edited since the last start applies like `allot policy apply`.
-    main_loop.start_with_policy(&policy_source, &policy_text)?;
+    // A policy file edited since the last start applies like `allot policy apply`; the same
+    // file as last time leaves the policy in effect alone (it may be one applied since).
+    const GIVEN_AT_LAST_START: &str = "last_start_policy_text";
+    let given_before = main_loop.store.meta(GIVEN_AT_LAST_START)?.unwrap_or(initial_text);
+    if policy_text != given_before {
+        main_loop.start_with_policy(&policy_source, &policy_text)?;
+    } else if main_loop.daemon.policy_text != policy_text {
+        runtime::tracing_log(&format!(
+            "{policy_source} is unchanged since the last start: the policy in effect ({}, \
+             applied since) stays; `allot policy show` prints it",
+            main_loop.daemon.policy_source
+        ));
+    }
+    main_loop.store.set_meta(GIVEN_AT_LAST_START, &policy_text)?;
     let (sender, receiver) = std::sync::mpsc::sync_channel(runtime::QUEUE_MAX);
     let handle = runtime::Handle { sender: sender.clone(), view };
     let tokens = Arc::new(auth::Tokens::new(token_store));

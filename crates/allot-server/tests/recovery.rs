@@ -263,3 +263,98 @@ async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 18, defect 1: a `Sampled` entry (telemetry readings per workload) must be readable
+/// again, or a daemon with telemetry cannot restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_that_logged_telemetry_restarts() {
+    let dir = std::env::temp_dir().join(format!("allot-recovery-sampled-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+    let (backend, control) = FakeBackend::new(nodes);
+    let started = start(parts(&dir, backend)).expect("first start");
+    let admin = started.admin_token.clone().expect("admin token").token;
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (status, v) = d
+        .call("POST", "/api/v1/workloads", Some(&admin), Some(&common::submit_body("vision", 1)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_u64().expect("id");
+    d.wait_state(id, "running").await;
+    let run = control.runs().into_iter().find(|r| r.launch.run.workload == id).expect("its run");
+    let member = &run.launch.members[0];
+    let at = std::time::SystemTime::UNIX_EPOCH.elapsed().expect("clock").as_millis() as u64;
+    let body = serde_json::json!({"samples": [{"hostname": member.node,
+        "gpu_index": member.devices[0].index, "at_ms": at, "sm_active": 700}]});
+    let (status, v) =
+        d.call("POST", "/api/v1/telemetry", Some(&admin), Some(&body.to_string())).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    // Telemetry rounds run every 100 ms here: wait until one logged the reading.
+    let mut sampled = false;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let store = SqliteStore::open_unlocked(&dir).expect("store");
+        sampled = store.read_after(0, 100_000).expect("read").iter().any(|r| r.kind == "sampled");
+        if sampled {
+            break;
+        }
+    }
+    assert!(sampled, "a telemetry round logged the reading");
+    let (_, before) = d.call("GET", &format!("/api/v1/workloads/{id}"), Some(&admin), None).await;
+    d.stop();
+
+    let started = start(parts(&dir, control.backend())).expect("a restart after telemetry");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let after = d.wait_state(id, "running").await;
+    assert_eq!(before["attempt"], after["attempt"], "{before} vs {after}");
+    assert_eq!(control.runs().len(), 1, "nothing was launched twice");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 18, defect 4: a policy applied through the API stays in effect after a restart with
+/// the same (unchanged) policy file; only a file edited since the last start is applied.
+#[test]
+fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
+    let dir = std::env::temp_dir().join(format!("allot-recovery-applied-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+    let (backend, control) = FakeBackend::new(nodes);
+    let started = start(parts(&dir, backend)).expect("first start");
+    let admin = started.admin_token.clone().expect("admin").token;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let applied = POLICY.replacen("half_life: 7d", "half_life: 2d", 1);
+    let uri = "/api/v1/policy?source=edited.yaml";
+    let request = axum::http::Request::builder()
+        .method("PUT")
+        .uri(uri)
+        .header("authorization", format!("Bearer {admin}"))
+        .header("content-type", "application/yaml")
+        .body(axum::body::Body::from(applied.clone()))
+        .expect("request");
+    let router = d.started.as_ref().expect("running").router.clone();
+    let response = rt.block_on(tower::ServiceExt::oneshot(router, request)).expect("answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    d.stop();
+
+    for _ in 0..2 {
+        let started = start(parts(&dir, control.backend())).expect("restart, same file");
+        let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+        let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
+        assert_eq!(policy["text"], applied.as_str(), "the applied policy is still in effect");
+        assert_eq!(policy["source"], "edited.yaml");
+        d.stop_keeping_dir();
+    }
+    // The file edited since the last start: that edit is applied.
+    let mut edited = parts(&dir, control.backend());
+    edited.policy_text = POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
+    edited.policy = allot_config::parse_policy("policy.yaml", &edited.policy_text).expect("policy");
+    let expected = edited.policy_text.clone();
+    let started = start(edited).expect("an edited file");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
+    assert_eq!(policy["text"], expected.as_str());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}

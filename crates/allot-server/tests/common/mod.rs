@@ -61,6 +61,12 @@ impl TestDaemon {
         TestDaemon { started: Some(started), control, admin, dir }
     }
 
+    /// Stops the main loop and leaves the data directory for the next start.
+    pub fn stop_keeping_dir(mut self) {
+        self.stop();
+        self.dir = PathBuf::new();
+    }
+
     /// Stops the main loop (as a clean shutdown would).
     pub fn stop(&mut self) {
         if let Some(s) = self.started.take() {
@@ -124,7 +130,9 @@ impl Drop for TestDaemon {
         if let Some(s) = self.started.take() {
             let _ = s.stop();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

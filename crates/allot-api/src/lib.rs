@@ -312,6 +312,26 @@ pub struct NodeList {
     /// Where the inventory came from: `nvml`, `amd-sysfs` or the declared file's path.
     pub source: String,
     pub nodes: Vec<Node>,
+    /// Whether the backend answers; while it does not, no node takes new work.
+    #[serde(default)]
+    pub backend: BackendStatus,
+    /// What the last change of the inventory did (nodes added, removed, changed, or kept in
+    /// their old shape while work runs there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory_note: Option<String>,
+}
+
+/// The backend's reachability (Slurm: whether slurmctld answers).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BackendStatus {
+    /// `local`, `slurm`, …
+    pub name: String,
+    pub reachable: bool,
+    /// Since when it does not answer (ms since the Unix epoch), and what it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_since_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One row of the goodput ledger, GPU-hours.

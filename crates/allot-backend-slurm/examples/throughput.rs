@@ -80,7 +80,9 @@ fn backend_mode(n: u64, held: bool, tick: u64) -> Result<(), String> {
             for o in backend.poll().map_err(|e| e.to_string())? {
                 match o {
                     Observation::Exited { code: Some(0), .. } => exited += 1,
-                    Observation::Exited { .. } | Observation::LaunchFailed { .. } => failed += 1,
+                    Observation::Exited { .. }
+                    | Observation::LaunchFailed { .. }
+                    | Observation::LaunchDeferred { .. } => failed += 1,
                     Observation::Started { .. } => {}
                 }
             }
@@ -97,7 +99,9 @@ fn backend_mode(n: u64, held: bool, tick: u64) -> Result<(), String> {
         for o in seen {
             match o {
                 Observation::Exited { code: Some(0), .. } => exited += 1,
-                Observation::Exited { .. } | Observation::LaunchFailed { .. } => failed += 1,
+                Observation::Exited { .. }
+                | Observation::LaunchFailed { .. }
+                | Observation::LaunchDeferred { .. } => failed += 1,
                 Observation::Started { .. } => {}
             }
         }

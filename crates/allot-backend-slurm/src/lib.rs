@@ -250,8 +250,22 @@ pub struct SlurmBackend {
     foreign_gpus: BTreeMap<(u64, u64), (Vec<MemberLaunch>, u64)>,
 }
 
+/// Why `sbatch` did not submit a launch.
+#[derive(Debug)]
+enum SubmitError {
+    /// slurmctld did not answer: transient.
+    Unreachable(String),
+    /// Slurm (or allot's checks before it) refused the request, naming why.
+    Refused(String),
+}
+
+/// A failed Slurm command as the daemon sees it: transient when slurmctld did not answer.
 fn io(e: CommandError) -> BackendError {
-    BackendError::Io(e.to_string())
+    if e.is_unreachable() {
+        BackendError::Unreachable(e.to_string())
+    } else {
+        BackendError::Io(e.to_string())
+    }
 }
 
 impl SlurmBackend {
@@ -816,13 +830,17 @@ impl SlurmBackend {
         args
     }
 
-    fn submit(&mut self, launch: &Launch) -> Result<u64, String> {
+    fn submit(&mut self, launch: &Launch) -> Result<u64, SubmitError> {
         std::fs::create_dir_all(&launch.log_dir).map_err(|e| {
-            format!("cannot create the log directory {}: {e}", launch.log_dir.display())
+            SubmitError::Refused(format!(
+                "cannot create the log directory {}: {e}",
+                launch.log_dir.display()
+            ))
         })?;
         let script = launch.log_dir.join("allot-batch.sh");
-        std::fs::write(&script, BATCH_SCRIPT)
-            .map_err(|e| format!("cannot write the batch script {}: {e}", script.display()))?;
+        std::fs::write(&script, BATCH_SCRIPT).map_err(|e| {
+            SubmitError::Refused(format!("cannot write the batch script {}: {e}", script.display()))
+        })?;
         let shape = node_shape(launch);
         let tasks_per_node = shape.values().next().map_or(1, |s| s.0);
         let mut env = launch.env.clone();
@@ -831,16 +849,25 @@ impl SlurmBackend {
         env.insert("ALLOT_SLURM_LOG_DIR".into(), launch.log_dir.display().to_string());
         let mut args = self.sbatch_args(launch);
         if self.config.run_as_submitter {
-            let owner = unix_account(launch)?;
-            hand_over(launch, &owner)?;
+            let owner = unix_account(launch).map_err(SubmitError::Refused)?;
+            hand_over(launch, &owner).map_err(SubmitError::Refused)?;
             args.push(format!("--uid={}", owner.uid));
             args.push(format!("--gid={}", owner.gid));
         }
         args.push(script.display().to_string());
         args.extend(launch.command.iter().cloned());
-        let out = self.config.runner.run(Tool::Sbatch, &args, &env).map_err(|e| e.to_string())?;
+        let out = self.config.runner.run(Tool::Sbatch, &args, &env).map_err(|e| {
+            if e.is_unreachable() {
+                SubmitError::Unreachable(e.to_string())
+            } else {
+                SubmitError::Refused(e.to_string())
+            }
+        })?;
         let id = parse::parse_sbatch_job_id(&out.stdout).ok_or_else(|| {
-            format!("sbatch printed no job id: {:?} {:?}", out.stdout, out.stderr)
+            SubmitError::Refused(format!(
+                "sbatch printed no job id: {:?} {:?}",
+                out.stdout, out.stderr
+            ))
         })?;
         if self.config.submit_held {
             self.to_release.insert(id, launch.run);
@@ -1211,39 +1238,7 @@ impl Backend for SlurmBackend {
     /// cluster's shape does not change); see [`SlurmBackend::nodes`] for their state.
     fn inventory(&mut self) -> Result<Vec<NodeSpec>, BackendError> {
         let nodes = self.nodes()?;
-        let mut specs = Vec::new();
-        self.gpu_types.clear();
-        let managed: Vec<&SinfoNode> = nodes.iter().filter(|n| self.managed_node(n)).collect();
-        for node in managed {
-            let gpus = node.gpus();
-            self.gpu_types
-                .insert(node.name.clone(), gpus.first().and_then(|g| g.gres_type.clone()));
-            let devices = gpus
-                .iter()
-                .flat_map(|g| {
-                    let model = g.gres_type.clone().unwrap_or_else(|| "gpu".to_string());
-                    let memory_mib = self.config.gpu_memory_mib.get(&model).copied().unwrap_or(0);
-                    let count = usize::try_from(g.count).unwrap_or(0).min(1024);
-                    std::iter::repeat_n(
-                        DeviceSpec { model, memory_mib, island: 0, mig: false },
-                        count,
-                    )
-                })
-                .collect();
-            let mut labels = BTreeMap::new();
-            labels.insert("slurm.partitions".to_string(), node.partitions.join(","));
-            labels.insert("slurm.state".to_string(), node.state.clone());
-            specs.push(NodeSpec {
-                name: node.name.clone(),
-                cpu_millis: node.cpus.saturating_mul(1000),
-                memory_mib: node.real_memory_mib,
-                labels,
-                pool: node.partitions.first().cloned(),
-                rack: None,
-                devices,
-            });
-        }
-        Ok(specs)
+        Ok(self.node_specs(&nodes))
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), BackendError> {
@@ -1290,7 +1285,10 @@ impl Backend for SlurmBackend {
             Ok(job_id) => {
                 self.runs.insert(run, Tracked::new(job_id));
             }
-            Err(e) => self.fail_launch(run, e),
+            // slurmctld did not answer: nothing was submitted that allot knows of; the daemon
+            // queues the work again and launches it once the controller answers.
+            Err(SubmitError::Unreachable(e)) => return Err(BackendError::Unreachable(e)),
+            Err(SubmitError::Refused(e)) => self.fail_launch(run, e),
         }
         self.poll_soon();
         Ok(())
@@ -1418,8 +1416,8 @@ impl Backend for SlurmBackend {
     /// Node states from `sinfo --json` (managed nodes) and foreign work from
     /// [`SlurmBackend::foreign_work`], which holds every pending foreign job it sees.
     fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
-        let nodes = self
-            .nodes()?
+        let listed = self.nodes()?;
+        let nodes = listed
             .iter()
             .filter(|n| self.managed_node(n))
             .map(|n| NodeStatus {
@@ -1429,7 +1427,9 @@ impl Backend for SlurmBackend {
             })
             .collect();
         let foreign = self.foreign_work()?;
-        Ok(ClusterNews { nodes, foreign })
+        // The same `sinfo` as the node states: nodes added, removed or given other GRES.
+        let inventory = Some(self.node_specs(&listed));
+        Ok(ClusterNews { inventory, nodes, foreign })
     }
 
     fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
@@ -1514,5 +1514,44 @@ impl Backend for SlurmBackend {
         }
         self.requeue_held(job_id)?;
         Ok(true)
+    }
+}
+
+impl SlurmBackend {
+    /// The managed nodes of a `sinfo` listing as the engine's specs (GRES GPUs by type),
+    /// remembering each node's GRES type for launches.
+    fn node_specs(&mut self, nodes: &[SinfoNode]) -> Vec<NodeSpec> {
+        let mut specs = Vec::new();
+        self.gpu_types.clear();
+        let managed: Vec<&SinfoNode> = nodes.iter().filter(|n| self.managed_node(n)).collect();
+        for node in managed {
+            let gpus = node.gpus();
+            self.gpu_types
+                .insert(node.name.clone(), gpus.first().and_then(|g| g.gres_type.clone()));
+            let devices = gpus
+                .iter()
+                .flat_map(|g| {
+                    let model = g.gres_type.clone().unwrap_or_else(|| "gpu".to_string());
+                    let memory_mib = self.config.gpu_memory_mib.get(&model).copied().unwrap_or(0);
+                    let count = usize::try_from(g.count).unwrap_or(0).min(1024);
+                    std::iter::repeat_n(
+                        DeviceSpec { model, memory_mib, island: 0, mig: false },
+                        count,
+                    )
+                })
+                .collect();
+            let mut labels = BTreeMap::new();
+            labels.insert("slurm.partitions".to_string(), node.partitions.join(","));
+            specs.push(NodeSpec {
+                name: node.name.clone(),
+                cpu_millis: node.cpus.saturating_mul(1000),
+                memory_mib: node.real_memory_mib,
+                labels,
+                pool: node.partitions.first().cloned(),
+                rack: None,
+                devices,
+            });
+        }
+        specs
     }
 }

@@ -58,6 +58,30 @@ pub struct CommandError {
     pub command: String,
     pub stderr: String,
     pub message: String,
+    /// It gave no answer within the runner's timeout (and was killed).
+    pub timed_out: bool,
+}
+
+/// What Slurm's client tools print when slurmctld does not answer (down, restarting, or too
+/// busy): the failure is the controller's passing state, not the request's.
+const UNREACHABLE_PHRASES: [&str; 6] = [
+    "Unable to contact slurm controller",
+    "Socket timed out on send/recv operation",
+    "Zero Bytes were transmitted or received",
+    "Connection refused",
+    "Communication connection failure",
+    "slurmctld is not responding",
+];
+
+impl CommandError {
+    /// Whether the command failed because the controller could not be reached (or timed out),
+    /// rather than because Slurm refused what it was asked.
+    pub fn is_unreachable(&self) -> bool {
+        self.timed_out
+            || UNREACHABLE_PHRASES
+                .iter()
+                .any(|p| self.stderr.contains(p) || self.message.contains(p))
+    }
 }
 
 impl std::fmt::Display for CommandError {
@@ -107,6 +131,7 @@ impl Runner {
             command: shown.clone(),
             stderr,
             message,
+            timed_out: false,
         };
         let mut command = Command::new(&program);
         command.args(args).envs(env).stdin(Stdio::null()).stdout(Stdio::piped());
@@ -132,13 +157,16 @@ impl Runner {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(fail(
-                    format!(
-                        "no answer within {:?}; is slurmctld up (`scontrol ping`)?",
-                        self.timeout
-                    ),
-                    String::new(),
-                ));
+                return Err(CommandError {
+                    timed_out: true,
+                    ..fail(
+                        format!(
+                            "no answer within {:?}; is slurmctld up (`scontrol ping`)?",
+                            self.timeout
+                        ),
+                        String::new(),
+                    )
+                });
             }
             Err(e) => return Err(fail(format!("cannot wait for it: {e}"), String::new())),
         };

@@ -61,6 +61,10 @@ struct World {
     requeues: Vec<(RunId, RunId)>,
     /// Devices runs hold where the cluster's scheduler bound others than launched.
     bound: std::collections::BTreeMap<RunId, Vec<crate::MemberLaunch>>,
+    /// While set, the controller does not answer: every call fails with this, changing nothing.
+    unreachable: Option<String>,
+    /// So many next polls fail (a slow or failing status query), changing nothing.
+    failing_polls: u32,
 }
 
 #[derive(Debug)]
@@ -201,6 +205,28 @@ impl FakeControl {
         lock(&self.world).bound.insert(run, members);
     }
 
+    /// The controller stops answering (`Some(error)`: every backend call fails with
+    /// [`BackendError::Unreachable`] and changes nothing; runs go on) or answers again.
+    pub fn set_unreachable(&self, error: Option<&str>) {
+        lock(&self.world).unreachable = error.map(str::to_string);
+    }
+
+    /// The next `count` polls fail (an I/O error), changing nothing.
+    pub fn fail_polls(&self, count: u32) {
+        lock(&self.world).failing_polls = count;
+    }
+
+    /// The cluster's inventory becomes `nodes` (a node added, removed, or given other
+    /// devices); `inventory` and `watch_cluster` report it. Runs go on where they are.
+    pub fn set_nodes(&self, nodes: Vec<NodeSpec>) {
+        lock(&self.world).nodes = nodes;
+    }
+
+    /// The cluster's nodes now.
+    pub fn nodes(&self) -> Vec<NodeSpec> {
+        lock(&self.world).nodes.clone()
+    }
+
     /// Every (run, next) requeued, in order.
     pub fn requeues(&self) -> Vec<(RunId, RunId)> {
         lock(&self.world).requeues.clone()
@@ -237,6 +263,14 @@ impl FakeBackend {
         let world = World { nodes, next_pid: 1000, ..World::default() };
         let control = FakeControl { world: Arc::new(Mutex::new(world)) };
         (control.backend(), control)
+    }
+
+    /// `Err` while the controller is unreachable ([`FakeControl::set_unreachable`]).
+    fn reachable(&self) -> Result<(), BackendError> {
+        match &lock(&self.world).unreachable {
+            Some(error) => Err(BackendError::Unreachable(error.clone())),
+            None => Ok(()),
+        }
     }
 
     fn watching(&self, run: RunId) -> bool {
@@ -304,10 +338,12 @@ impl Backend for FakeBackend {
     }
 
     fn inventory(&mut self) -> Result<Vec<NodeSpec>, BackendError> {
+        self.reachable()?;
         Ok(lock(&self.world).nodes.clone())
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), BackendError> {
+        self.reachable()?;
         if self.watching(launch.run) {
             return Ok(());
         }
@@ -351,6 +387,7 @@ impl Backend for FakeBackend {
     }
 
     fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
+        self.reachable()?;
         if !self.watching(run) {
             return Err(BackendError::UnknownRun { run });
         }
@@ -371,8 +408,13 @@ impl Backend for FakeBackend {
     }
 
     fn poll(&mut self) -> Result<Vec<Observation>, BackendError> {
-        let mut observations = std::mem::take(&mut self.pending);
+        self.reachable()?;
         let mut world = lock(&self.world);
+        if world.failing_polls > 0 {
+            world.failing_polls -= 1;
+            return Err(BackendError::Io("squeue: status query failed (injected)".into()));
+        }
+        let mut observations = std::mem::take(&mut self.pending);
         for watch in self.watched.iter_mut().filter(|w| !w.done) {
             let Some(r) = world.find_mut(watch.run) else { continue };
             let run = watch.run;
@@ -407,6 +449,7 @@ impl Backend for FakeBackend {
     }
 
     fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
+        self.reachable()?;
         let world = lock(&self.world);
         let nodes = world
             .nodes
@@ -417,12 +460,17 @@ impl Backend for FakeBackend {
                 reason: world.unusable.get(&n.name).cloned().unwrap_or_else(|| "idle".into()),
             })
             .collect();
-        Ok(ClusterNews { nodes, foreign: world.foreign.values().cloned().collect() })
+        Ok(ClusterNews {
+            inventory: Some(world.nodes.clone()),
+            nodes,
+            foreign: world.foreign.values().cloned().collect(),
+        })
     }
 
     /// Like Slurm: the run stops (reported `Exited` with code `None`) and `next` is launched
     /// later as usual. Refused unless the test called [`FakeControl::support_requeue`].
     fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
+        self.reachable()?;
         if !self.watching(run) {
             return Err(BackendError::UnknownRun { run });
         }
@@ -447,11 +495,13 @@ impl Backend for FakeBackend {
     }
 
     fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        self.reachable()?;
         Ok(lock(&self.world).foreign.remove(handle).is_some())
     }
 
     /// Running foreign work goes back to the queue, held: pending foreign work again.
     fn return_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        self.reachable()?;
         let mut world = lock(&self.world);
         match world.foreign.get_mut(handle) {
             Some(work) => {
@@ -464,6 +514,7 @@ impl Backend for FakeBackend {
     }
 
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {
+        self.reachable()?;
         let world = Arc::clone(&self.world);
         let world = lock(&world);
         let mut observations = Vec::new();

@@ -93,6 +93,10 @@ pub enum Observation {
     /// Every member ended. `code`: exit code of the first member that failed, else 0; `None` when
     /// a member ended by a signal or the backend could not learn the status (see `detail`).
     Exited { run: RunId, code: Option<i32>, detail: String },
+    /// The backend could not take the launch now (its controller is unreachable,
+    /// [`BackendError::Unreachable`]): nothing of it runs, and the same work may be launched
+    /// again later. Not a verdict on the request.
+    LaunchDeferred { run: RunId, error: String },
 }
 
 impl Observation {
@@ -100,6 +104,7 @@ impl Observation {
         match self {
             Observation::Started { run, .. }
             | Observation::LaunchFailed { run, .. }
+            | Observation::LaunchDeferred { run, .. }
             | Observation::Exited { run, .. } => *run,
         }
     }
@@ -108,6 +113,10 @@ impl Observation {
 /// What a backend sees of its cluster beyond allot's own runs (see [`Backend::watch_cluster`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterNews {
+    /// The inventory now (what [`Backend::inventory`] would return), where the backend reads it
+    /// with the watch: nodes added, removed or given other devices reach the engine this way.
+    /// `None`: not read (the inventory of a host does not change).
+    pub inventory: Option<Vec<NodeSpec>>,
     /// Every node the backend governs, with its state now (not only changes).
     pub nodes: Vec<NodeStatus>,
     /// Every piece of work now on the cluster that allot did not start and no launch has taken
@@ -151,12 +160,26 @@ pub struct ForeignWork {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
+    /// The daemon named a run this backend does not know.
     #[error("{run}: no such run on this backend")]
     UnknownRun { run: RunId },
+    /// A local failure (a file, a program that would not start).
     #[error("{0}")]
     Io(String),
+    /// The request cannot be carried out as asked (it names what is wrong).
     #[error("{0}")]
     Invalid(String),
+    /// The cluster's controller did not answer (Slurm's slurmctld down or too slow): transient.
+    /// Nothing was changed; the caller retries with backoff and keeps the work it was about.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+impl BackendError {
+    /// Whether the failure is the cluster's passing state rather than a verdict on the request.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, BackendError::Unreachable(_))
+    }
 }
 
 /// A place where workloads run. Calls are synchronous and short (no call waits for a workload);

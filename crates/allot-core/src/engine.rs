@@ -29,11 +29,13 @@ use crate::quota::{QuotaBook, QuotaLine};
 mod defrag;
 mod eta;
 mod idle;
+mod inventory;
 mod standing;
 mod state;
 pub use defrag::{DefragPlan, DefragVictim};
 pub use eta::{ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Eta, EtaCause, EtaUnknown, ROUNDS_PER_INSTANT};
 pub(crate) use idle::IdleState;
+pub use inventory::InventoryChange;
 pub use standing::Standing;
 pub use state::StateError;
 

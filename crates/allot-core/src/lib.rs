@@ -29,7 +29,7 @@ pub use decision::{
 };
 pub use engine::{
     ConfigError, DefragPlan, DefragVictim, ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Engine, Eta, EtaCause,
-    EtaUnknown, MEMBERS_MAX, ROUNDS_PER_INSTANT, Stage, Standing, StateError,
+    EtaUnknown, InventoryChange, MEMBERS_MAX, ROUNDS_PER_INSTANT, Stage, Standing, StateError,
     WHOLE_GPUS_PER_MEMBER_MAX,
 };
 pub use event::Event;

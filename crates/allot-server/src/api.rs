@@ -363,7 +363,12 @@ async fn nodes(
             }
         }
     }
-    Ok(axum::Json(NodeList { source: view.inventory_source.clone(), nodes }))
+    Ok(axum::Json(NodeList {
+        source: view.inventory_source.clone(),
+        nodes,
+        backend: view.backend.clone(),
+        inventory_note: view.inventory_note.clone(),
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/report", responses((status = 200, body = Report)), security(("bearer" = [])))]

@@ -111,6 +111,9 @@ pub(crate) enum Command {
     /// Imported pending work cancelled through allot before any launch took it: the backend
     /// cancels it where it waits (`Backend::cancel_foreign`).
     CancelForeign(String),
+    /// The runs live at start, for a backend that did not answer then (`Backend::recover`,
+    /// asked once it answers; never made by `apply`).
+    Recover(Vec<Launch>),
 }
 
 /// Counters for `/metrics`, all derived from the log (so they survive a restart).
@@ -151,6 +154,17 @@ pub(crate) struct Daemon {
     pub unusable_nodes: BTreeMap<String, String>,
     /// The newest workload imported for each foreign handle.
     pub foreign_ids: BTreeMap<String, u64>,
+    /// The policy in effect, parsed (`policy_text`).
+    pub policy: PolicySpec,
+    /// The backend's last reported inventory while some of it waits for live work to end
+    /// (`InventoryChange::kept`); `None` once all of it was taken.
+    pub reported_nodes: Option<Vec<NodeSpec>>,
+    /// Nodes kept in an old shape for the work on them, with why (no new work there).
+    pub kept_nodes: BTreeMap<String, String>,
+    /// The backend does not answer (`Entry::BackendUnreachable`): no node takes new work.
+    pub backend_down: Option<crate::inventory::Unreachable>,
+    /// What the last inventory change did, for the operator.
+    pub inventory_note: Option<String>,
 }
 
 /// The names a submission may use under `policy` on `nodes`.
@@ -164,6 +178,10 @@ pub(crate) fn known(nodes: &[NodeSpec], policy: &PolicySpec) -> Known {
         classes: policy.priority_classes.iter().map(|c| c.name.clone()).collect(),
         models,
     }
+}
+
+fn record_intent(workloads: &BTreeMap<u64, Record>, id: u64) -> Option<Intent> {
+    workloads.get(&id).and_then(|r| r.intent)
 }
 
 fn vendor_of(model: &str) -> Vendor {
@@ -203,6 +221,11 @@ impl Daemon {
             policy_text,
             unusable_nodes: BTreeMap::new(),
             foreign_ids: BTreeMap::new(),
+            policy: policy.clone(),
+            reported_nodes: None,
+            kept_nodes: BTreeMap::new(),
+            backend_down: None,
+            inventory_note: None,
         })
     }
 
@@ -533,22 +556,67 @@ impl Daemon {
                 }
             }
             Entry::NodeState { node, usable, reason } => {
-                let Some(index) = self.nodes.iter().position(|n| &n.name == node) else {
+                if !self.nodes.iter().any(|n| &n.name == node) {
                     return out;
-                };
-                let node_id = allot_core::NodeId(index as u32);
+                }
                 if *usable {
-                    if self.unusable_nodes.remove(node).is_some() {
-                        self.event(now, Event::NodeAvailable { node: node_id });
-                    }
+                    self.unusable_nodes.remove(node);
                 } else {
                     self.unusable_nodes.insert(node.clone(), reason.clone());
-                    self.event(
-                        now,
-                        Event::NodeUnavailable { node: node_id, reason: reason.clone() },
-                    );
                 }
+                self.sync_availability(now);
                 self.dirty = true;
+            }
+            Entry::InventoryReported { nodes } => {
+                self.inventory_reported(now, crate::inventory::specs(nodes));
+            }
+            Entry::BackendUnreachable { error } => self.backend_health(now, Some(error)),
+            Entry::BackendReachable => self.backend_health(now, None),
+            Entry::LaunchDeferred { id, attempt, error } => {
+                let Some(record) = self.workloads.get_mut(id) else { return out };
+                if record.attempt != *attempt || record.state.is_final() {
+                    return out;
+                }
+                match record.state {
+                    // Told to stop before it started: it ends as a stop would.
+                    WorkloadState::Stopping => {
+                        let detail = format!("never started: {error}");
+                        self.exited(now, *id, *attempt, None, &detail);
+                    }
+                    WorkloadState::Starting if record.intent.is_none() => {
+                        record.reason = Some((
+                            "backend_unreachable".into(),
+                            format!("queued again: the backend could not take it ({error})"),
+                        ));
+                        self.event(
+                            now,
+                            Event::AllocationFailed {
+                                workload: WorkloadId(*id),
+                                reason: error.clone(),
+                            },
+                        );
+                        self.set_state(*id, WorkloadState::Pending, now);
+                        self.dirty = true;
+                    }
+                    WorkloadState::Starting => {
+                        // Cancelled or suspended while the launch waited: that intent ends it.
+                        self.event(
+                            now,
+                            Event::AllocationFailed {
+                                workload: WorkloadId(*id),
+                                reason: error.clone(),
+                            },
+                        );
+                        self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
+                        let done = match record_intent(&self.workloads, *id) {
+                            Some(Intent::Suspend) => WorkloadState::Suspended,
+                            _ => WorkloadState::Cancelled,
+                        };
+                        self.set_state(*id, done, now);
+                        self.dirty = true;
+                    }
+                    _ => {}
+                }
             }
             Entry::Probed { id, last_activity_ms } => {
                 if let Some(r) = self.workloads.get_mut(id)
@@ -602,13 +670,20 @@ impl Daemon {
                     }
                 }
             }
-            Entry::Decided => out = self.cycle(now),
+            Entry::Decided => {
+                // Nodes kept in an old shape for their work: taken as soon as it ended.
+                if self.reported_nodes.is_some() {
+                    self.take_inventory(now);
+                }
+                out = self.cycle(now);
+            }
             Entry::PolicyApplied { source, text } => {
                 // Checked before it was logged (`prepare_policy`); the same check again here
                 // gives the same answer, so a replay switches at the same point.
-                if let Ok((engine, known)) = self.policy_engine(source, text) {
+                if let Ok((engine, known, policy)) = self.policy_engine(source, text) {
                     self.engine = engine;
                     self.known = known;
+                    self.policy = policy;
                     self.policy_source.clone_from(source);
                     self.policy_text.clone_from(text);
                     self.changed.extend(self.workloads.keys().copied());
@@ -621,7 +696,11 @@ impl Daemon {
 
     /// The engine and names under another policy, with all live work moved to it, or every
     /// reason it cannot be (one line each).
-    fn policy_engine(&self, source: &str, text: &str) -> Result<(Engine, Known), Vec<String>> {
+    fn policy_engine(
+        &self,
+        source: &str,
+        text: &str,
+    ) -> Result<(Engine, Known, PolicySpec), Vec<String>> {
         let policy = allot_config::parse_policy(source, text).map_err(|diagnostics| {
             diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>()
         })?;
@@ -642,7 +721,7 @@ impl Daemon {
                 ));
             }
         }
-        if problems.is_empty() { Ok((engine, known)) } else { Err(problems) }
+        if problems.is_empty() { Ok((engine, known, policy)) } else { Err(problems) }
     }
 
     /// Checks a policy for `allot policy apply`; nothing is changed. `Ok(None)`: it is the

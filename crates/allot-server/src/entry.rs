@@ -108,6 +108,23 @@ pub(crate) enum Entry {
         usable: bool,
         reason: String,
     },
+    /// The backend's inventory now, where it differs from the engine's (at a start, or seen
+    /// by a cluster watch): taken as far as live work allows (`inventory.rs`).
+    InventoryReported {
+        nodes: Vec<crate::inventory::SavedNode>,
+    },
+    /// The backend stopped answering (Slurm's controller is down): no node takes new work
+    /// until `BackendReachable`; running work runs on.
+    BackendUnreachable {
+        error: String,
+    },
+    BackendReachable,
+    /// The backend could not take a launch now (unreachable): the workload queues again.
+    LaunchDeferred {
+        id: u64,
+        attempt: u32,
+        error: String,
+    },
     /// `allot policy apply` (or a restart with another policy file): live work moves to this
     /// policy (`Engine::with_policy`); checked before it is logged.
     PolicyApplied {
@@ -138,6 +155,10 @@ impl Entry {
             Entry::NodeState { .. } => "node_state",
             Entry::DevicesReported { .. } => "devices_reported",
             Entry::Kept { .. } => "kept",
+            Entry::InventoryReported { .. } => "inventory_reported",
+            Entry::BackendUnreachable { .. } => "backend_unreachable",
+            Entry::BackendReachable => "backend_reachable",
+            Entry::LaunchDeferred { .. } => "launch_deferred",
         }
     }
 }

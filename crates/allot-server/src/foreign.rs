@@ -28,7 +28,8 @@ pub(crate) struct Found<'a> {
 
 impl Daemon {
     /// What a watch of the cluster changes, as entries to log and apply in order: node state
-    /// changes, foreign work not imported yet, and imported pending work that left.
+    /// changes, foreign work not imported yet, and imported pending work that left. (A new
+    /// inventory, `inventory_entry`, is applied before these are made.)
     pub(crate) fn cluster_entries(&self, news: &ClusterNews) -> Vec<Entry> {
         let mut out = Vec::new();
         for status in &news.nodes {

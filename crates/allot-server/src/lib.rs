@@ -12,6 +12,7 @@ mod daemon;
 mod dashboard;
 mod entry;
 mod foreign;
+mod inventory;
 mod metrics;
 mod runtime;
 mod snapshot;
@@ -233,14 +234,36 @@ pub fn start(parts: Parts) -> Result<Started> {
         cluster_watch_ms,
         telemetry_sources,
     } = parts;
-    let nodes = backend.inventory()?;
-    let inventory_source = if nodes == declared {
-        inventory_source
-    } else {
-        format!("discovered by the {} backend", backend.name())
+    // A backend that does not answer at start (slurmctld restarting) does not stop a daemon
+    // with a log: it starts on the inventory it knew and recovers the runs once it answers.
+    let (discovered, unreachable) = match backend.inventory() {
+        Ok(nodes) => (Some(nodes), None),
+        Err(e) if e.is_transient() && store.last_seq()? > 0 => (None, Some(e.to_string())),
+        Err(e) => {
+            return Err(anyhow!(
+                "the {} backend's inventory cannot be read: {e}{}",
+                backend.name(),
+                if e.is_transient() {
+                    "; this data directory has no log yet, so allot needs the backend to answer \
+                     once to learn the cluster: start it when the controller is up"
+                } else {
+                    ""
+                }
+            ));
+        }
     };
-    let (log_source, log_text) =
-        log_policy(store.as_mut(), (&policy_source, &policy_text), &nodes, &inventory_source)?;
+    let inventory_source = match &discovered {
+        Some(nodes) if *nodes == declared => inventory_source,
+        Some(_) => format!("discovered by the {} backend", backend.name()),
+        None => format!("as last seen by the {} backend (unreachable at start)", backend.name()),
+    };
+    let LogStart { policy_source: log_source, policy_text: log_text, nodes: log_nodes } =
+        log_start(
+            store.as_mut(),
+            (&policy_source, &policy_text),
+            discovered.as_deref(),
+            &inventory_source,
+        )?;
     let log_policy = if log_text == policy_text {
         policy.clone()
     } else {
@@ -249,7 +272,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         })?
     };
     let daemon = daemon::Daemon::new(
-        nodes.clone(),
+        log_nodes,
         &log_policy,
         (log_source.clone(), log_text.clone()),
         data_dir.clone(),
@@ -267,6 +290,11 @@ pub fn start(parts: Parts) -> Result<Started> {
     let metrics = Arc::new(metrics::Metrics::new());
     let initial_text = log_text.clone();
     let view = Arc::new(RwLock::new(runtime::View {
+        backend: allot_api::BackendStatus {
+            name: backend.name().to_string(),
+            reachable: true,
+            ..allot_api::BackendStatus::default()
+        },
         inventory_source,
         policy_source: log_source,
         policy_text: log_text,
@@ -289,7 +317,8 @@ pub fn start(parts: Parts) -> Result<Started> {
     if let Some(ms) = cluster_watch_ms {
         main_loop.cluster_watch_ms = ms.max(1);
     }
-    let replayed = main_loop.recover()?;
+    let replayed = main_loop.recover(discovered.as_deref(), unreachable)?;
+    let nodes = main_loop.daemon.nodes.clone();
     // A policy file edited since the last start applies like `allot policy apply`; the same
     // file as last time leaves the policy in effect alone (it may be one applied since).
     const GIVEN_AT_LAST_START: &str = "last_start_policy_text";
@@ -336,34 +365,74 @@ pub fn start(parts: Parts) -> Result<Started> {
     })
 }
 
-/// The policy the log begins with (replay starts under it; snapshots and `PolicyApplied`
-/// entries carry later ones). A first start records the given policy and the inventory; a
-/// later start must have the same inventory (runs the log knows are placed on its devices).
-fn log_policy(
+/// What the log begins with: the policy (replay starts under it; snapshots and
+/// `PolicyApplied` entries carry later ones) and the inventory (snapshots and
+/// `InventoryReported` entries carry later ones). A first start records the given policy and
+/// the discovered inventory.
+struct LogStart {
+    policy_source: String,
+    policy_text: String,
+    nodes: Vec<NodeSpec>,
+}
+
+fn log_start(
     store: &mut dyn Store,
     (given_source, given_text): (&str, &str),
-    nodes: &[NodeSpec],
+    discovered: Option<&[NodeSpec]>,
     inventory_source: &str,
-) -> Result<(String, String)> {
-    const INVENTORY: &str = "inventory_sha256";
+) -> Result<LogStart> {
+    const INVENTORY: &str = "initial_inventory";
+    // Written by allot before the inventory itself was recorded: only its fingerprint.
+    const INVENTORY_SHA: &str = "inventory_sha256";
     const SOURCE: &str = "initial_policy_source";
     const TEXT: &str = "initial_policy_text";
     // Written by allot before policy apply existed: policy and inventory in one fingerprint.
     const COMBINED: &str = "configuration_sha256";
-    let inventory = auth::hash(&format!("{nodes:?}"));
     let used = store.last_seq()? > 0;
     if let (Some(source), Some(text)) = (store.meta(SOURCE)?, store.meta(TEXT)?) {
-        if used && store.meta(INVENTORY)?.is_some_and(|old| old != inventory) {
-            return Err(anyhow!(
-                "the inventory ({inventory_source}) differs from the one this data directory's \
-                 log was written with; its runs are placed on those devices — start with the \
-                 same inventory, or use a new --data-dir"
-            ));
-        }
-        return Ok((source, text));
+        let nodes = match store.meta(INVENTORY)? {
+            Some(json) => {
+                let saved: Vec<inventory::SavedNode> =
+                    serde_json::from_str(&json).with_context(|| {
+                        "the inventory this data directory's log began with cannot be read \
+                         (written by another allot version, or damaged); restore the data \
+                         directory from a backup"
+                    })?;
+                inventory::specs(&saved)
+            }
+            None => {
+                let Some(discovered) = discovered else {
+                    return Err(anyhow!(
+                        "the backend is unreachable and this data directory was written by an \
+                         allot that did not record its inventory: start once with the backend \
+                         answering"
+                    ));
+                };
+                // An older log: replay over today's inventory (its runs name nodes by name;
+                // the engine is told of any difference as an inventory change afterwards).
+                if used
+                    && store
+                        .meta(INVENTORY_SHA)?
+                        .is_some_and(|old| old != auth::hash(&format!("{discovered:?}")))
+                {
+                    runtime::tracing_log(&format!(
+                        "the inventory ({inventory_source}) differs from the one this data \
+                         directory's log began with, which an older allot kept only as a \
+                         fingerprint: replaying over today's inventory"
+                    ));
+                }
+                store
+                    .set_meta(INVENTORY, &serde_json::to_string(&inventory::saved(discovered))?)?;
+                discovered.to_vec()
+            }
+        };
+        return Ok(LogStart { policy_source: source, policy_text: text, nodes });
     }
+    // No log yet, or one from before the policy was recorded: the backend answered (a start
+    // without a log needs it).
+    let discovered = discovered.ok_or_else(|| anyhow!("the backend's inventory is unknown"))?;
     if used && let Some(old) = store.meta(COMBINED)? {
-        let combined = auth::hash(&format!("{given_text}\n--- inventory ---\n{nodes:?}"));
+        let combined = auth::hash(&format!("{given_text}\n--- inventory ---\n{discovered:?}"));
         if old != combined {
             return Err(anyhow!(
                 "the policy or the inventory ({inventory_source}) differs from the one this \
@@ -373,10 +442,14 @@ fn log_policy(
             ));
         }
     }
-    store.set_meta(INVENTORY, &inventory)?;
+    store.set_meta(INVENTORY, &serde_json::to_string(&inventory::saved(discovered))?)?;
     store.set_meta(SOURCE, given_source)?;
     store.set_meta(TEXT, given_text)?;
-    Ok((given_source.to_string(), given_text.to_string()))
+    Ok(LogStart {
+        policy_source: given_source.to_string(),
+        policy_text: given_text.to_string(),
+        nodes: discovered.to_vec(),
+    })
 }
 
 /// This data directory's short random id, made on its first start.

@@ -52,6 +52,8 @@ pub struct Metrics {
     pub pending_by_reason: Family<ReasonLabel, Gauge>,
     pub workloads_by_state: Family<StateLabel, Gauge>,
     pub preemptions: Family<ReasonLabel, Gauge>,
+    /// 1 while the backend answers, 0 while it does not (no new work is placed then).
+    pub backend_up: Gauge,
     pub submissions: Counter,
     pub cycle_seconds: Histogram,
     pub log_append_seconds: Histogram,
@@ -75,6 +77,7 @@ impl Metrics {
         let workloads_by_state = Family::<StateLabel, Gauge>::default();
         let preemptions = Family::<ReasonLabel, Gauge>::default();
         let submissions = Counter::default();
+        let backend_up = Gauge::default();
         let cycle_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let log_append_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let snapshot_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
@@ -118,6 +121,11 @@ impl Metrics {
             preemptions.clone(),
         );
         registry.register(
+            "backend_up",
+            "1 while the backend (Slurm's controller) answers, 0 while it does not",
+            backend_up.clone(),
+        );
+        registry.register(
             "submissions",
             "Workloads submitted since this start",
             submissions.clone(),
@@ -155,6 +163,7 @@ impl Metrics {
             pending_by_reason,
             workloads_by_state,
             preemptions,
+            backend_up,
             submissions,
             cycle_seconds,
             log_append_seconds,

@@ -109,6 +109,10 @@ pub(crate) enum Request {
     Placed(Vec<(RunId, Vec<allot_backend::MemberLaunch>)>),
     /// Device samples from the collector thread or a node agent.
     Telemetry(Vec<allot_telemetry::Sample>),
+    /// What the backend said of the runs live at start, asked once it answered.
+    Recovered(Vec<Observation>),
+    /// The backend stopped answering (`Some(error)`) or answers again (from the executor).
+    BackendHealth(Option<String>),
     /// An application probe saw the workload in use (from the prober thread).
     Probed {
         id: u64,
@@ -130,6 +134,10 @@ pub(crate) struct View {
     pub dashboard: crate::dashboard::Tracker,
     /// Some telemetry round had readings: the ledger's active and idle hours are measured.
     pub telemetry_seen: bool,
+    /// Whether the backend answers.
+    pub backend: allot_api::BackendStatus,
+    /// What the last inventory change did.
+    pub inventory_note: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -290,7 +298,11 @@ impl Loop {
 
     /// Replays the log into the daemon state (nothing is executed), then asks the backend
     /// what became of the runs the log says were live, and logs what it says.
-    pub(crate) fn recover(&mut self) -> anyhow::Result<u64> {
+    pub(crate) fn recover(
+        &mut self,
+        discovered: Option<&[allot_core::NodeSpec]>,
+        unreachable: Option<String>,
+    ) -> anyhow::Result<u64> {
         self.last_seq = self.store.last_seq()?;
         let mut after = 0;
         let mut replayed = 0u64;
@@ -336,21 +348,42 @@ impl Loop {
             }
             after = records.last().map_or(after, |r| r.seq);
         }
+        // The inventory may have changed while the daemon was down: an entry, like any other.
+        if let Some(entry) = discovered.and_then(|d| self.daemon.inventory_entry(d)) {
+            let now = self.daemon.clamp(wall_ms());
+            let commands = self.daemon.apply(now, &entry);
+            self.append(now, std::slice::from_ref(&entry))?;
+            self.execute(commands);
+            if let Some(note) = &self.daemon.inventory_note {
+                tracing_log(&format!("the inventory changed since the log was written: {note}"));
+            }
+        }
         let launches = self.daemon.live_launches();
-        let observations = match self.backend.as_mut() {
-            Some(backend) => backend.recover(&launches)?,
-            None => Vec::new(),
+        let mut down = unreachable;
+        let observations = match (self.backend.as_mut(), &down) {
+            (Some(backend), None) => match backend.recover(&launches) {
+                Ok(observations) => observations,
+                Err(e) if e.is_transient() => {
+                    down = Some(e.to_string());
+                    Vec::new()
+                }
+                Err(e) => return Err(e.into()),
+            },
+            _ => Vec::new(),
         };
         let now = self.daemon.clamp(wall_ms());
-        let entries: Vec<Entry> = observations
-            .into_iter()
-            .map(|o| match observation_entry(o) {
-                Entry::LaunchFailed { id, attempt, error, .. } => {
-                    Entry::LaunchFailed { id, attempt, error, requeue: true }
-                }
-                other => other,
-            })
-            .collect();
+        let mut entries: Vec<Entry> = Vec::new();
+        if let Some(error) = &down {
+            // The executor asks again once the backend answers (`Command::Recover`).
+            tracing_log(&format!(
+                "the backend is unreachable at start ({error}): runs are recovered once it answers"
+            ));
+            entries.push(Entry::BackendUnreachable { error: error.clone() });
+            self.pending_commands.push(Command::Recover(launches));
+        } else if self.daemon.backend_down.is_some() {
+            entries.push(Entry::BackendReachable);
+        }
+        entries.extend(recovered_entries(observations));
         let mut commands = Vec::new();
         for e in &entries {
             commands.extend(self.daemon.apply(now, e));
@@ -613,6 +646,18 @@ impl Loop {
                             apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
                     }
+                    Request::Recovered(observations) => {
+                        for e in recovered_entries(observations) {
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
+                        }
+                    }
+                    Request::BackendHealth(down) => {
+                        let e = match down {
+                            Some(error) => Entry::BackendUnreachable { error },
+                            None => Entry::BackendReachable,
+                        };
+                        apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
+                    }
                     Request::Kept(runs) => {
                         for run in runs {
                             let e = Entry::Kept { id: run.workload, attempt: run.attempt };
@@ -633,6 +678,11 @@ impl Loop {
                         }
                     }
                     Request::Cluster(news) => {
+                        // The shape first, so that node states can name nodes just added.
+                        let inventory = news.inventory.as_deref();
+                        if let Some(e) = inventory.and_then(|n| self.daemon.inventory_entry(n)) {
+                            apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
+                        }
                         for e in self.daemon.cluster_entries(&news) {
                             apply_logged(&mut self.daemon, now, e, &mut entries, &mut commands);
                         }
@@ -886,7 +936,17 @@ impl Loop {
                 WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
             )
         });
-        view.nodes = views::nodes(engine, &self.daemon.nodes, &self.daemon.unusable_nodes, live);
+        let withheld: BTreeMap<String, String> = self
+            .daemon
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), self.daemon.withheld_reason(&n.name)?)))
+            .collect();
+        view.nodes = views::nodes(engine, &self.daemon.nodes, &withheld, live);
+        view.backend.reachable = self.daemon.backend_down.is_none();
+        view.backend.unreachable_since_ms = self.daemon.backend_down.as_ref().map(|d| d.since_ms);
+        view.backend.error = self.daemon.backend_down.as_ref().map(|d| d.error.clone());
+        view.inventory_note.clone_from(&self.daemon.inventory_note);
         let fields = &mut *view;
         fields.telemetry_seen = self.daemon.counters.sampled > 0;
         let active = self.telemetry.active_shares(ACTIVE_PERMILLE);
@@ -953,6 +1013,7 @@ impl Loop {
                 .get_or_create(&ProjectLabel { project: p.name.clone() })
                 .set(*idle.get(&p.name).unwrap_or(&0.0));
         }
+        m.backend_up.set(i64::from(self.daemon.backend_down.is_none()));
         for (reason, n) in &self.daemon.counters.preemptions {
             m.preemptions.get_or_create(&ReasonLabel { reason: reason.clone() }).set(*n as i64);
         }
@@ -1005,8 +1066,82 @@ fn apply_logged(
     entries.push(entry);
 }
 
+/// Most commands kept for a retry while the backend is unreachable (stops, requeues,
+/// cancels): beyond this the oldest are dropped, said in the log.
+const RETRY_COMMANDS_MAX: usize = 10_000;
+/// Polls while the backend is unreachable back off from this up to `UNREACHABLE_POLL_MAX`.
+const UNREACHABLE_POLL_MIN: Duration = Duration::from_secs(1);
+const UNREACHABLE_POLL_MAX: Duration = Duration::from_secs(30);
+
+/// What the executor knows of the backend's reachability, and the commands it owes.
+struct Health {
+    /// The error of the first failed call since the backend last answered.
+    down: Option<String>,
+    /// When to try again while down, and the current backoff.
+    retry_at: Option<std::time::Instant>,
+    backoff: Duration,
+    /// Commands that failed because the backend was unreachable, to run again in order once
+    /// it answers (a stop must not be lost to a controller restart).
+    owed: std::collections::VecDeque<Command>,
+}
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            down: None,
+            retry_at: None,
+            backoff: UNREACHABLE_POLL_MIN,
+            owed: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// A call failed transiently: tell the loop the first time.
+    fn failed(&mut self, error: &str, loop_tx: &SyncSender<Request>) -> bool {
+        let now = monotonic_now();
+        if self.down.is_none() {
+            self.down = Some(error.to_string());
+            self.backoff = UNREACHABLE_POLL_MIN;
+            tracing_log(&format!("the backend is unreachable: {error} (retrying with backoff)"));
+            if loop_tx.send(Request::BackendHealth(Some(error.to_string()))).is_err() {
+                return false;
+            }
+        } else {
+            self.backoff = (self.backoff * 2).min(UNREACHABLE_POLL_MAX);
+        }
+        self.retry_at = Some(now + self.backoff);
+        true
+    }
+
+    /// A call succeeded: the backend answers again.
+    fn answered(&mut self, loop_tx: &SyncSender<Request>) -> bool {
+        if self.down.take().is_some() {
+            self.retry_at = None;
+            tracing_log("the backend answers again");
+            return loop_tx.send(Request::BackendHealth(None)).is_ok();
+        }
+        true
+    }
+
+    /// Whether to call the backend now (always while it answers; on the backoff while not).
+    fn may_call(&self) -> bool {
+        self.down.is_none() || self.retry_at.is_none_or(|at| monotonic_now() >= at)
+    }
+
+    fn owe(&mut self, command: Command) {
+        if self.owed.len() >= RETRY_COMMANDS_MAX
+            && let Some(dropped) = self.owed.pop_front()
+        {
+            tracing_log(&format!("backend: {dropped:?} dropped: too many commands owed"));
+        }
+        self.owed.push_back(command);
+    }
+}
+
 /// The executor thread: runs commands against the backend in order and polls it, sending what
-/// it observes to the main loop. Ends when the loop drops its sender.
+/// it observes to the main loop. Ends when the loop drops its sender. A backend that does not
+/// answer (`BackendError::Unreachable`) is reported once, polled on a backoff, and the
+/// commands it could not take are run again in order when it answers; a launch it could not
+/// take goes back to the loop (`LaunchDeferred`), which queues the work again.
 fn execute_commands(
     mut backend: Box<dyn Backend>,
     commands: &Receiver<Command>,
@@ -1014,62 +1149,162 @@ fn execute_commands(
     watch_every: Duration,
 ) {
     let mut last_watch: Option<std::time::Instant> = None;
+    let mut health = Health::new();
     loop {
+        let mut batch = Vec::new();
         match commands.recv_timeout(Duration::from_millis(POLL_MS)) {
             Ok(command) => {
-                let (mut failed, mut kept) = (Vec::new(), Vec::new());
-                run_command(backend.as_mut(), &command, &mut failed, &mut kept);
+                batch.push(command);
                 while let Ok(command) = commands.try_recv() {
-                    run_command(backend.as_mut(), &command, &mut failed, &mut kept);
-                }
-                if !failed.is_empty() && loop_tx.send(Request::Observed(failed)).is_err() {
-                    return;
-                }
-                if !kept.is_empty() && loop_tx.send(Request::Kept(kept)).is_err() {
-                    return;
+                    batch.push(command);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
-        match backend.poll() {
-            Ok(observations) if !observations.is_empty() => {
-                let started: Vec<RunId> = observations
-                    .iter()
-                    .filter(|o| matches!(o, Observation::Started { .. }))
-                    .map(Observation::run)
-                    .collect();
-                // Blocking send: a full loop queue slows the executor, nothing is dropped.
-                if loop_tx.send(Request::Observed(observations)).is_err() {
-                    return;
+        // Owed commands go first, in order; while the backend is down new ones queue behind.
+        if health.may_call() {
+            let mut todo: Vec<Command> = health.owed.drain(..).collect();
+            todo.append(&mut batch);
+            let (mut failed, mut kept, mut recovered) = (Vec::new(), Vec::new(), Vec::new());
+            let mut unreachable = None;
+            for command in todo {
+                if unreachable.is_some() {
+                    defer_or_owe(command, &mut health, &mut failed, unreachable.as_deref());
+                    continue;
                 }
-                if !started.is_empty() {
-                    match backend.allocated_devices(&started) {
-                        Ok(placed) if !placed.is_empty() => {
-                            if loop_tx.send(Request::Placed(placed)).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing_log(&format!("backend allocated devices: {e}")),
+                match run_command(
+                    backend.as_mut(),
+                    &command,
+                    &mut failed,
+                    &mut kept,
+                    &mut recovered,
+                ) {
+                    Ok(()) => {}
+                    Err(error) => {
+                        defer_or_owe(command, &mut health, &mut failed, Some(&error));
+                        unreachable = Some(error);
                     }
                 }
             }
-            Ok(_) => {}
+            if let Some(error) = &unreachable {
+                if !health.failed(error, loop_tx) {
+                    return;
+                }
+            } else if !kept.is_empty() || !failed.is_empty() || !recovered.is_empty() {
+                // Something was taken: the backend answers.
+                if !health.answered(loop_tx) {
+                    return;
+                }
+            }
+            if !failed.is_empty() && loop_tx.send(Request::Observed(failed)).is_err() {
+                return;
+            }
+            if !kept.is_empty() && loop_tx.send(Request::Kept(kept)).is_err() {
+                return;
+            }
+            if !recovered.is_empty() && loop_tx.send(Request::Recovered(recovered)).is_err() {
+                return;
+            }
+        } else {
+            let mut failed = Vec::new();
+            for command in batch {
+                let error = health.down.clone();
+                defer_or_owe(command, &mut health, &mut failed, error.as_deref());
+            }
+            if !failed.is_empty() && loop_tx.send(Request::Observed(failed)).is_err() {
+                return;
+            }
+        }
+        if !health.may_call() {
+            continue;
+        }
+        match backend.poll() {
+            Ok(observations) => {
+                if !health.answered(loop_tx) {
+                    return;
+                }
+                if !observations.is_empty()
+                    && !send_observed(backend.as_mut(), observations, loop_tx)
+                {
+                    return;
+                }
+            }
+            Err(e) if e.is_transient() => {
+                if !health.failed(&e.to_string(), loop_tx) {
+                    return;
+                }
+                continue;
+            }
             Err(e) => tracing_log(&format!("backend poll: {e}")),
         }
         if last_watch.is_none_or(|at| at.elapsed() >= watch_every) {
             last_watch = Some(monotonic_now());
             match backend.watch_cluster() {
-                Ok(news) if news.nodes.is_empty() && news.foreign.is_empty() => {}
+                Ok(news)
+                    if news.nodes.is_empty()
+                        && news.foreign.is_empty()
+                        && news.inventory.is_none() => {}
                 Ok(news) => {
                     if loop_tx.send(Request::Cluster(news)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.is_transient() => {
+                    if !health.failed(&e.to_string(), loop_tx) {
                         return;
                     }
                 }
                 Err(e) => tracing_log(&format!("backend cluster watch: {e}")),
             }
         }
+    }
+}
+
+/// Sends a poll's observations, then the devices started runs hold where the backend bound
+/// them itself. False when the loop is gone.
+fn send_observed(
+    backend: &mut dyn Backend,
+    observations: Vec<Observation>,
+    loop_tx: &SyncSender<Request>,
+) -> bool {
+    let started: Vec<RunId> = observations
+        .iter()
+        .filter(|o| matches!(o, Observation::Started { .. }))
+        .map(Observation::run)
+        .collect();
+    // Blocking send: a full loop queue slows the executor, nothing is dropped.
+    if loop_tx.send(Request::Observed(observations)).is_err() {
+        return false;
+    }
+    if !started.is_empty() {
+        match backend.allocated_devices(&started) {
+            Ok(placed) if !placed.is_empty() => {
+                if loop_tx.send(Request::Placed(placed)).is_err() {
+                    return false;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing_log(&format!("backend allocated devices: {e}")),
+        }
+    }
+    true
+}
+
+/// A command the unreachable backend could not take: a launch goes back to the loop as
+/// deferred (the work queues again); anything else is owed and run again later.
+fn defer_or_owe(
+    command: Command,
+    health: &mut Health,
+    failed: &mut Vec<Observation>,
+    error: Option<&str>,
+) {
+    match command {
+        Command::Launch(launch) => failed.push(Observation::LaunchDeferred {
+            run: launch.run,
+            error: error.unwrap_or("the backend is unreachable").to_string(),
+        }),
+        other => health.owe(other),
     }
 }
 
@@ -1080,13 +1315,15 @@ fn monotonic_now() -> std::time::Instant {
 
 /// Runs one command; a launch the backend refused with an error (not a `LaunchFailed` it
 /// reports itself, e.g. the disk is full) becomes a `LaunchFailed`, so the workload does not
-/// stay "starting" for ever.
+/// stay "starting" for ever. `Err`: the backend was unreachable and nothing was done (the
+/// caller defers or owes the command).
 fn run_command(
     backend: &mut dyn Backend,
     command: &Command,
     failed: &mut Vec<Observation>,
     kept: &mut Vec<RunId>,
-) {
+    recovered: &mut Vec<Observation>,
+) -> Result<(), String> {
     let result = match command {
         Command::Launch(launch) => {
             let _ = std::fs::create_dir_all(&launch.log_dir);
@@ -1099,10 +1336,18 @@ fn run_command(
                 Ok(())
             }
             Ok(false) => backend.signal(*run, allot_backend::StopSignal::Terminate),
+            Err(e) if e.is_transient() => Err(e),
             Err(e) => {
                 tracing_log(&format!("backend: requeue {run} as {next}: {e}; terminating it"));
                 backend.signal(*run, allot_backend::StopSignal::Terminate)
             }
+        },
+        Command::Recover(launches) => match backend.recover(launches) {
+            Ok(observations) => {
+                recovered.extend(observations);
+                Ok(())
+            }
+            Err(e) => Err(e),
         },
         Command::CancelForeign(handle) => match backend.cancel_foreign(handle) {
             Ok(true) => Ok(()),
@@ -1120,12 +1365,16 @@ fn run_command(
             Err(e) => Err(e),
         },
     };
-    let Err(error) = result else { return };
+    let Err(error) = result else { return Ok(()) };
+    if error.is_transient() {
+        return Err(error.to_string());
+    }
     tracing_log(&format!("backend: {command:?}: {error}"));
     // A signal to a run that ended is not an error; another failure is the operator's to see.
     if let Command::Launch(launch) = command {
         failed.push(Observation::LaunchFailed { run: launch.run, error: error.to_string() });
     }
+    Ok(())
 }
 
 fn forbidden(principal: &Principal, project: &str) -> HttpError {
@@ -1140,6 +1389,20 @@ fn forbidden(principal: &Principal, project: &str) -> HttpError {
     )
 }
 
+/// What the backend said of the runs the log says were live, after a restart: a launch it
+/// has no record of was cut short by the restart, so the work queues again.
+fn recovered_entries(observations: Vec<Observation>) -> Vec<Entry> {
+    observations
+        .into_iter()
+        .map(|o| match observation_entry(o) {
+            Entry::LaunchFailed { id, attempt, error, .. } => {
+                Entry::LaunchFailed { id, attempt, error, requeue: true }
+            }
+            other => other,
+        })
+        .collect()
+}
+
 fn observation_entry(o: Observation) -> Entry {
     match o {
         Observation::Started { run, pids } => {
@@ -1150,6 +1413,9 @@ fn observation_entry(o: Observation) -> Entry {
         }
         Observation::Exited { run, code, detail } => {
             Entry::Exited { id: run.workload, attempt: run.attempt, code, detail }
+        }
+        Observation::LaunchDeferred { run, error } => {
+            Entry::LaunchDeferred { id: run.workload, attempt: run.attempt, error }
         }
     }
 }

@@ -20,10 +20,14 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
 use crate::daemon::{Counters, Daemon, Intent, Record, StopPlan};
+use crate::inventory::{self, SavedNode};
 use crate::submit;
 
-/// Bumped when the body's meaning changes; another version's snapshot is not read.
-const SNAPSHOT_VERSION: u32 = 2;
+/// Bumped when the body's meaning changes; another version's snapshot is not read. Version 3
+/// adds the inventory the engine was over (it may have changed since the log began), the
+/// reported inventory still waiting for live work, and the backend's reachability; version 2
+/// (over the log's first inventory) is still read.
+const SNAPSHOT_VERSION: u32 = 3;
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,6 +47,17 @@ struct Body {
     last_cycle_ms: u64,
     #[serde(default)]
     unusable_nodes: BTreeMap<String, String>,
+    /// `None` in version 2: the log's first inventory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nodes: Option<Vec<SavedNode>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reported_nodes: Option<Vec<SavedNode>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    kept_nodes: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backend_down: Option<crate::inventory::Unreachable>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inventory_note: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -120,6 +135,11 @@ impl Daemon {
             dirty: self.dirty,
             last_cycle_ms: self.last_cycle_ms,
             unusable_nodes: self.unusable_nodes.clone(),
+            nodes: Some(inventory::saved(&self.nodes)),
+            reported_nodes: self.reported_nodes.as_deref().map(inventory::saved),
+            kept_nodes: self.kept_nodes.clone(),
+            backend_down: self.backend_down.clone(),
+            inventory_note: self.inventory_note.clone(),
         };
         Ok(Some(serde_json::to_string(&body)?))
     }
@@ -132,12 +152,13 @@ impl Daemon {
         body: &str,
     ) -> anyhow::Result<Daemon> {
         let body: Body = serde_json::from_str(body).context("the snapshot cannot be read")?;
-        if body.version != SNAPSHOT_VERSION {
+        if !(2..=SNAPSHOT_VERSION).contains(&body.version) {
             return Err(anyhow!(
-                "the snapshot is version {} (this allot reads {SNAPSHOT_VERSION})",
+                "the snapshot is version {} (this allot reads 2 to {SNAPSHOT_VERSION})",
                 body.version
             ));
         }
+        let nodes = body.nodes.as_deref().map_or(nodes, inventory::specs);
         let policy = allot_config::parse_policy(&body.policy_source, &body.policy_text)
             .map_err(|d| anyhow!("the snapshot's policy: {}", allot_config::render(&d)))?;
         let mut daemon = Daemon::new(
@@ -192,6 +213,10 @@ impl Daemon {
         daemon.dirty = body.dirty;
         daemon.last_cycle_ms = body.last_cycle_ms;
         daemon.unusable_nodes = body.unusable_nodes;
+        daemon.reported_nodes = body.reported_nodes.as_deref().map(inventory::specs);
+        daemon.kept_nodes = body.kept_nodes;
+        daemon.backend_down = body.backend_down;
+        daemon.inventory_note = body.inventory_note;
         Ok(daemon)
     }
 }

@@ -340,7 +340,7 @@ fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
 
     for _ in 0..2 {
         let started = start(parts(&dir, control.backend())).expect("restart, same file");
-        let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+        let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
         let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
         assert_eq!(policy["text"], applied.as_str(), "the applied policy is still in effect");
         assert_eq!(policy["source"], "edited.yaml");
@@ -357,4 +357,164 @@ fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
     assert_eq!(policy["text"], expected.as_str());
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The node the workload's run is on.
+fn node_of(control: &allot_backend::FakeControl, id: u64) -> String {
+    let run = control.runs().into_iter().rfind(|r| r.launch.run.workload == id).expect("its run");
+    run.launch.members[0].node.clone()
+}
+
+async fn nodes_view(d: &TestDaemon) -> Value {
+    d.call("GET", "/api/v1/nodes", Some(&d.admin), None).await.1
+}
+
+fn find_node<'a>(nodes: &'a Value, name: &str) -> Option<&'a Value> {
+    nodes["nodes"].as_array()?.iter().find(|n| n["name"] == name)
+}
+
+/// Issue 18, defect 2: the inventory changing (labels, as a node's Slurm state; a node added,
+/// one removed; devices changed under live work) is an input, never a reason to refuse a
+/// start. Live work keeps its devices; the busy node keeps its old shape until its work ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_inventory_is_taken_at_restart_and_while_running() {
+    let dir = std::env::temp_dir().join(format!("allot-recovery-inventory-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+    let (backend, control) = FakeBackend::new(nodes.clone());
+    let started = start(parts(&dir, backend)).expect("first start");
+    let admin = started.admin_token.clone().expect("admin token").token;
+    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let body = serde_json::json!({"project": "vision", "gpus": 8, "kind": "training",
+        "gpu_models": ["H100"], "command": ["sleep", "30"]});
+    let (status, v) =
+        d.call("POST", "/api/v1/workloads", Some(&admin), Some(&body.to_string())).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_u64().expect("id");
+    d.wait_state(id, "running").await;
+    let busy = node_of(&control, id);
+    d.stop();
+
+    // While it was down: every node relabelled (as Slurm's state label idle → mixed), a new
+    // H100 node, v100-0 gone, and the busy node now reports 4 GPUs (4 drained).
+    let mut changed = nodes.clone();
+    for n in &mut changed {
+        n.labels.insert("state".into(), "mixed".into());
+    }
+    changed.retain(|n| n.name != "v100-0");
+    let mut added = changed.iter().find(|n| n.name == busy).expect("busy node").clone();
+    added.name = "h100-9".into();
+    changed.push(added);
+    if let Some(n) = changed.iter_mut().find(|n| n.name == busy) {
+        n.devices.truncate(4);
+    }
+    control.set_nodes(changed.clone());
+
+    let started = start(parts(&dir, control.backend())).expect("a start with a changed inventory");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let w = d.wait_state(id, "running").await;
+    assert_eq!(w["attempt"], 1, "{w}");
+    assert_eq!(control.runs().len(), 1, "nothing was launched twice");
+    let view = nodes_view(&d).await;
+    assert!(find_node(&view, "h100-9").is_some(), "the added node: {view}");
+    assert!(find_node(&view, "v100-0").is_none(), "the removed idle node: {view}");
+    let kept = find_node(&view, &busy).expect("the busy node stays while its work runs");
+    assert_eq!(kept["devices"].as_array().map(Vec::len), Some(8), "old shape: {kept}");
+    assert!(
+        kept["unusable"].as_str().is_some_and(|r| r.contains("devices changed")),
+        "no new work there: {kept}"
+    );
+
+    // Its work ends (re-adopted, so its exit status is unknown): the new shape is taken at
+    // the next cycle.
+    assert!(control.finish(allot_backend::RunId { workload: id, attempt: 1 }, 0));
+    d.wait_state(id, "failed").await;
+    let mut taken = false;
+    for _ in 0..200 {
+        let view = nodes_view(&d).await;
+        let n = find_node(&view, &busy).expect("node");
+        if n["devices"].as_array().map(Vec::len) == Some(4) && n["unusable"].is_null() {
+            taken = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(taken, "the busy node took its new shape once its work ended");
+
+    // While running: a node added is seen by the cluster watch and takes work.
+    let mut more = changed.clone();
+    let mut extra = more.iter().find(|n| n.name == "h100-9").expect("h100-9").clone();
+    extra.name = "h100-10".into();
+    more.push(extra);
+    control.set_nodes(more);
+    let mut seen = false;
+    for _ in 0..200 {
+        if find_node(&nodes_view(&d).await, "h100-10").is_some() {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(seen, "a node added while the daemon runs is taken");
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 18, defect 3: a backend that does not answer fails nothing. A launch it cannot take
+/// queues again with a reason that says so; `/metrics`, the nodes view and the dashboard say
+/// the backend is unreachable; a stop asked meanwhile is delivered once it answers; then the
+/// queued work starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_backend_fails_nothing_and_says_so() {
+    let d = TestDaemon::new();
+    let (status, v) = d
+        .call("POST", "/api/v1/workloads", Some(&d.admin), Some(&common::submit_body("vision", 1)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let running = v["id"].as_u64().expect("id");
+    d.wait_state(running, "running").await;
+    d.control.set_unreachable(Some("Unable to contact slurm controller (connect failure)"));
+    // Seen by the next poll.
+    let mut down = false;
+    for _ in 0..200 {
+        if nodes_view(&d).await["backend"]["reachable"] == false {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(down, "the nodes view says the backend is unreachable");
+    let (status, v) = d
+        .call("POST", "/api/v1/workloads", Some(&d.admin), Some(&common::submit_body("vision", 1)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let queued = v["id"].as_u64().expect("id");
+    let (status, _) =
+        d.call("POST", &format!("/api/v1/workloads/{running}/cancel"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let w = d.wait_state(queued, "pending").await;
+    let why =
+        d.call("GET", &format!("/api/v1/workloads/{queued}/why"), Some(&d.admin), None).await.1;
+    assert!(
+        why.to_string().contains("unreachable"),
+        "its reason says the backend is unreachable: {w} {why}"
+    );
+    let (_, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+    assert!(metrics.as_str().unwrap_or("").contains("allot_backend_up 0"), "{metrics}");
+    let (_, page) = d.call("GET", "/fleet", Some(&d.admin), None).await;
+    assert!(
+        page.as_str().unwrap_or("").contains("backend is unreachable since"),
+        "dashboard banner"
+    );
+    let run = allot_backend::RunId { workload: running, attempt: 1 };
+    assert!(d.control.run(run).is_some_and(|r| r.is_running()), "nothing was stopped meanwhile");
+
+    d.control.set_unreachable(None);
+    d.wait_state(running, "cancelled").await;
+    d.wait_state(queued, "running").await;
+    let (_, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+    assert!(metrics.as_str().unwrap_or("").contains("allot_backend_up 1"), "{metrics}");
+    let states: Vec<String> = d.control.runs().iter().map(|r| format!("{:?}", r.state)).collect();
+    assert!(!states.iter().any(|s| s.contains("LaunchFailed")), "{states:?}");
 }

@@ -144,8 +144,37 @@ pub(crate) fn nodes(list: &NodeList) -> String {
         }
     }
     let mut out = format!("inventory: {}\n", list.source);
+    if !list.backend.reachable && !list.backend.name.is_empty() {
+        out.push_str(&format!(
+            "backend {}: UNREACHABLE since {} ({}); no new work is placed, running work runs on\n",
+            list.backend.name,
+            list.backend.unreachable_since_ms.map_or("?".to_string(), utc),
+            list.backend.error.as_deref().unwrap_or("no answer")
+        ));
+    }
+    if let Some(note) = &list.inventory_note {
+        out.push_str(&format!("last inventory change: {note}\n"));
+    }
+    let unusable: Vec<String> = list
+        .nodes
+        .iter()
+        .filter_map(|n| Some(format!("  {}: {}", n.name, n.unusable.as_ref()?)))
+        .collect();
+    if !unusable.is_empty() && list.backend.reachable {
+        out.push_str("nodes taking no new work:\n");
+        out.push_str(&unusable.join("\n"));
+        out.push('\n');
+    }
     out.push_str(&table(&["NODE", "DEVICE", "MODEL", "USED", "WORKLOADS"], &rows));
     out
+}
+
+/// A time in ms since the Unix epoch as UTC (`2026-12-01 21:57:50 UTC`).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
+    let (year, month, day) = allot_core::civil_from_days((secs / 86_400) as i64);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02} UTC")
 }
 
 pub(crate) fn report(report: &Report) -> String {

@@ -220,6 +220,8 @@ mod tests {
             url: "http://127.0.0.1:7380".to_string(),
             nodes: NodeList {
                 source: "inventory.yaml".to_string(),
+                backend: allot_api::BackendStatus::default(),
+                inventory_note: None,
                 nodes: vec![Node {
                     unusable: None,
                     name: "gpu-a".to_string(),

@@ -105,6 +105,15 @@ codec_struct!(Saved {
     deadlines,
 });
 
+/// Whether live work carried into another engine keeps its idle timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CarryIdle {
+    /// Another policy: its rules judge from now.
+    Restart,
+    /// The same rules (the inventory changed): timers run on.
+    Keep,
+}
+
 /// Why a saved state or a new policy cannot be taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StateError {
@@ -321,11 +330,26 @@ impl Engine {
         nodes: &[NodeSpec],
         policy: &PolicySpec,
     ) -> Result<Engine, StateError> {
-        let mut next = Engine::new(nodes, policy)
-            .map_err(|e| StateError::Incompatible(vec![format!("the new policy: {e}")]))?;
-        if next.node_names != self.node_names {
+        if nodes.iter().map(|n| &n.name).ne(self.node_names.iter()) {
             return Err(StateError::Incompatible(vec!["the nodes differ".into()]));
         }
+        self.carry_over(nodes, policy, CarryIdle::Restart)
+    }
+
+    /// Live work carried into an engine over `nodes` and `policy`. Nodes are matched by name
+    /// (their ids may differ); every allocation must find its node and devices there.
+    /// `idle`: restart idle timers (another policy) or keep them (the same rules).
+    pub(super) fn carry_over(
+        &self,
+        nodes: &[NodeSpec],
+        policy: &PolicySpec,
+        idle: CarryIdle,
+    ) -> Result<Engine, StateError> {
+        let mut next = Engine::new(nodes, policy)
+            .map_err(|e| StateError::Incompatible(vec![format!("the new policy: {e}")]))?;
+        let node_map: Vec<Option<NodeId>> =
+            self.node_names.iter().map(|name| next.node_index.get(name).copied()).collect();
+        let map_node = |n: NodeId| node_map.get(n.0 as usize).copied().flatten();
         let mut problems = Vec::new();
         let model_map: BTreeMap<ModelId, Option<ModelId>> = self
             .models
@@ -367,6 +391,27 @@ impl Engine {
                     }
                     let mut placement = a.placement.clone();
                     placement.model = placement.model.and_then(map_model);
+                    let mut lost = None;
+                    for member in &mut placement.members {
+                        match map_node(member.node) {
+                            Some(n) => member.node = n,
+                            None => lost = Some(self.node_name(member.node).to_string()),
+                        }
+                    }
+                    if let Some(node) = lost {
+                        problems.push(format!(
+                            "workload {id} ({}) runs on node {node}, which is gone",
+                            w.spec.name
+                        ));
+                        continue;
+                    }
+                    if !next.placement_in_range(&placement) {
+                        problems.push(format!(
+                            "workload {id} ({}) holds devices its nodes no longer have",
+                            w.spec.name
+                        ));
+                        continue;
+                    }
                     Some(Allocation { key, placement, shares: a.shares, started_at: a.started_at })
                 }
             };
@@ -390,8 +435,20 @@ impl Engine {
             }
         }
         next.backoffs = self.backoffs.clone();
+        // Undecided facts (a cancel, a rejection) still reach the next cycle.
+        next.rejected.clone_from(&self.rejected);
+        next.stop_requests.clone_from(&self.stop_requests);
+        if idle == CarryIdle::Keep {
+            next.idle.clone_from(&self.idle);
+            next.pressure_ready.clone_from(&self.pressure_ready);
+        }
         next.rebuild();
-        next.withhold_unavailable(self.unavailable.clone());
+        let unavailable = self
+            .unavailable
+            .iter()
+            .filter_map(|(n, reason)| Some((map_node(*n)?, reason.clone())))
+            .collect();
+        next.withhold_unavailable(unavailable);
         for (id, w) in &next.workloads {
             if let (Some(max), Some(started)) =
                 (w.spec.max_runtime_ms, w.allocation.as_ref().and_then(|a| a.started_at))
@@ -426,8 +483,10 @@ impl Engine {
             .filter(|(_, w)| w.stage == Stage::Running)
             .map(|(id, _)| *id)
             .collect();
-        for id in running {
-            next.start_idle_tracking(id, self.clock);
+        if idle == CarryIdle::Restart {
+            for id in running {
+                next.start_idle_tracking(id, self.clock);
+            }
         }
         next.audit().map_err(|e| StateError::Incompatible(vec![e]))?;
         Ok(next)

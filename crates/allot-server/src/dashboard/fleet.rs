@@ -65,7 +65,7 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
             show_metrics: principal.role != Role::Member,
         }
     };
-    respond(&headers, "Fleet", &Frame::of(Tab::Fleet, &principal), "/fleet", render(&data))
+    respond(&headers, "Fleet", &Frame::of(Tab::Fleet, &principal, &state), "/fleet", render(&data))
 }
 
 /// Shares as GPUs.

@@ -42,7 +42,7 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
                 .collect(),
         }
     };
-    respond(&headers, "Idle", &Frame::of(Tab::Idle, &principal), "/idle", render(&data))
+    respond(&headers, "Idle", &Frame::of(Tab::Idle, &principal, &state), "/idle", render(&data))
 }
 
 /// The signal named in an idle sentence (`render_idle`) and what it is worth.

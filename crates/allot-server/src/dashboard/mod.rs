@@ -170,12 +170,28 @@ pub(crate) struct Frame {
     pub tab: Tab,
     pub user: String,
     pub role: Role,
+    /// Said above every page while it holds (the backend does not answer).
+    pub alert: Option<String>,
 }
 
 impl Frame {
-    pub(crate) fn of(tab: Tab, p: &Principal) -> Frame {
-        Frame { tab, user: p.name.clone(), role: p.role.clone() }
+    pub(crate) fn of(tab: Tab, p: &Principal, state: &AppState) -> Frame {
+        let alert = state.handle.view.read().ok().and_then(|view| backend_alert(&view.backend));
+        Frame { tab, user: p.name.clone(), role: p.role.clone(), alert }
     }
+}
+
+/// The banner for a backend that does not answer.
+pub(crate) fn backend_alert(backend: &allot_api::BackendStatus) -> Option<String> {
+    (!backend.reachable).then(|| {
+        format!(
+            "The {} backend is unreachable since {} ({}): no new work is placed; running work \
+             runs on.",
+            backend.name,
+            backend.unreachable_since_ms.map_or_else(|| "?".to_string(), crate::views::utc),
+            backend.error.as_deref().unwrap_or("no answer")
+        )
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,7 +237,10 @@ pub(crate) fn layout(title: &str, frame: &Frame, body: &Markup) -> Markup {
                         form.inline method="post" action="/logout" { button type="submit" { "Log out" } }
                     }
                 }
-                main { (body) }
+                main {
+                    @if let Some(alert) = &frame.alert { p.error role="alert" { (alert) } }
+                    (body)
+                }
             }
         }
     }
@@ -244,11 +263,17 @@ pub(crate) fn respond(
     live_url: &str,
     content: Markup,
 ) -> Response {
+    let content = html! {
+        @if let Some(alert) = &frame.alert { p.error role="alert" { (alert) } }
+        (content)
+    };
     let fragment = live(live_url, &content);
     if is_fragment(headers) {
         return html_response(StatusCode::OK, &fragment);
     }
-    html_response(StatusCode::OK, &layout(title, frame, &fragment))
+    // The alert is in the live fragment (it comes and goes with the polls), not above it.
+    let frame = Frame { alert: None, ..frame.clone() };
+    html_response(StatusCode::OK, &layout(title, &frame, &fragment))
 }
 
 pub(crate) fn html_response(status: StatusCode, markup: &Markup) -> Response {

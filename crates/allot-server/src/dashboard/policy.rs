@@ -80,8 +80,16 @@ fn active(state: &AppState) -> Result<PolicyView, Box<Response>> {
     Ok(PolicyView { source: view.policy_source.clone(), text: view.policy_text.clone() })
 }
 
-fn page_response(status: StatusCode, principal: &Principal, data: &PolicyData) -> Response {
-    html_response(status, &layout("Policy", &Frame::of(Tab::Policy, principal), &render(data)))
+fn page_response(
+    state: &AppState,
+    status: StatusCode,
+    principal: &Principal,
+    data: &PolicyData,
+) -> Response {
+    html_response(
+        status,
+        &layout("Policy", &Frame::of(Tab::Policy, principal, state), &render(data)),
+    )
 }
 
 pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> Response {
@@ -93,7 +101,12 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
         Ok(a) => a,
         Err(r) => return *r,
     };
-    page_response(StatusCode::OK, &principal, &PolicyData { active, candidate: None, whatif: None })
+    page_response(
+        &state,
+        StatusCode::OK,
+        &principal,
+        &PolicyData { active, candidate: None, whatif: None },
+    )
 }
 
 pub(crate) async fn validate(
@@ -136,7 +149,7 @@ pub(crate) async fn upload(
         };
         let data =
             PolicyData { active, candidate: Some((String::new(), validation)), whatif: None };
-        page_response(status, &principal, &data)
+        page_response(&state, status, &principal, &data)
     };
     let too_large = || {
         format!(
@@ -219,7 +232,7 @@ async fn check(
         None
     };
     let data = PolicyData { active, candidate: Some((text, validation)), whatif };
-    page_response(StatusCode::OK, principal, &data)
+    page_response(state, StatusCode::OK, principal, &data)
 }
 
 async fn start_whatif(
@@ -315,7 +328,7 @@ pub(crate) async fn whatif_poll(
         StatusCode::OK,
         &layout(
             "What-if",
-            &Frame::of(Tab::Policy, &principal),
+            &Frame::of(Tab::Policy, &principal, &state),
             &html! { h1 { "What-if" } (section) },
         ),
     )

@@ -121,7 +121,13 @@ pub(crate) async fn page(
         Some(p) => format!("/projects?project={}", encode(p)),
         None => "/projects".to_string(),
     };
-    respond(&headers, "Projects", &Frame::of(Tab::Projects, &principal), &url, render(&data))
+    respond(
+        &headers,
+        "Projects",
+        &Frame::of(Tab::Projects, &principal, &state),
+        &url,
+        render(&data),
+    )
 }
 
 fn parse(text: &str) -> f64 {

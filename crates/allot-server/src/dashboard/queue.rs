@@ -75,7 +75,7 @@ pub(crate) async fn page(
         Some(p) => format!("/queue?project={}&offset={}", encode(p), data.offset),
         None => format!("/queue?offset={}", data.offset),
     };
-    respond(&headers, "Queue", &Frame::of(Tab::Queue, &principal), &url, render(&data))
+    respond(&headers, "Queue", &Frame::of(Tab::Queue, &principal, &state), &url, render(&data))
 }
 
 pub(crate) fn build<'a>(

@@ -21,7 +21,7 @@ const NOW: u64 = 1_796_040_000_000;
 const MIN: u64 = 60_000;
 
 fn frame(tab: Tab) -> Frame {
-    Frame { tab, user: "alice".into(), role: Role::Admin }
+    Frame { tab, user: "alice".into(), role: Role::Admin, alert: None }
 }
 
 fn workload(id: u64, project: &str, state: WorkloadState, code: &str, reason: &str) -> Workload {

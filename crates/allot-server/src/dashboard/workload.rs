@@ -99,7 +99,13 @@ pub(crate) async fn page(
         can_act,
     };
     let url = format!("/workload/{id}");
-    respond(&headers, &format!("#{id}"), &Frame::of(Tab::Workload, &principal), &url, render(&data))
+    respond(
+        &headers,
+        &format!("#{id}"),
+        &Frame::of(Tab::Workload, &principal, &state),
+        &url,
+        render(&data),
+    )
 }
 
 pub(crate) fn render(data: &WorkloadData) -> Markup {

@@ -195,6 +195,9 @@ pub enum DeferReason {
         available: Shares,
         /// Whether the borrow limit, not the cohort's free capacity, is what binds.
         borrow_limited: bool,
+        /// Quota reclaimed for the project's waiting pre-emptors that this workload does
+        /// not outrank (its victims are still stopping): not in `available`.
+        held_for_preemptors: Shares,
     },
     /// Quota allows it but no set of nodes has room now.
     NoPlacement(PlacementFacts),

@@ -1652,7 +1652,12 @@ impl Engine {
                 same_node: r.same_node,
             });
         }
-        if r.total > view.available {
+        // Quota a waiting pre-emptor of this project reclaimed (its victims are stopping) is
+        // not for work that does not outrank it: else that work takes the quota the victims
+        // free, the pre-emptor reclaims again, and the two take turns for ever.
+        let held = self.reserved_against(r, key).min(view.available);
+        let available = view.available.saturating_sub(held);
+        if r.total > available {
             return ModelCheck::Blocked {
                 reason: DeferReason::QuotaExhausted {
                     project,
@@ -1660,8 +1665,9 @@ impl Engine {
                     requested: r.total,
                     used: view.used,
                     guaranteed: view.guaranteed,
-                    available: view.available,
+                    available,
                     borrow_limited: view.borrow_limited,
+                    held_for_preemptors: held,
                 },
                 preempt_key: Some(key),
             };
@@ -1675,6 +1681,19 @@ impl Engine {
             reason: self.no_room(Some(m), r.shape, r.members, r.layout(), r.same_node),
             preempt_key: Some(key),
         }
+    }
+
+    /// The quota of `r`'s project line `key` held for its waiting pre-emptors that `r` does
+    /// not outrank (`r` itself aside).
+    fn reserved_against(&self, r: &Request, key: QuotaKey) -> Shares {
+        if self.reserved_by_line.get(&(r.project, key)).is_none_or(|s| *s == Shares::ZERO) {
+            return Shares::ZERO;
+        }
+        self.reservations
+            .iter()
+            .filter(|&(id, &(p, k, _))| *id != r.id && p == r.project && k == key)
+            .filter(|(id, _)| self.workloads.get(id).is_some_and(|w| w.priority >= r.priority))
+            .fold(Shares::ZERO, |sum, (_, &(_, _, s))| sum.saturating_add(s))
     }
 
     /// Why a request that passed quota finds no room: `NoPlacement` with the free capacity,
@@ -2122,6 +2141,8 @@ pub(crate) fn victim_cost(
 /// One pending request, as the checks see it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Request {
+    pub id: WorkloadId,
+    pub priority: i32,
     pub project: ProjectId,
     pub shape: MemberShape,
     pub members: u32,
@@ -2133,6 +2154,8 @@ pub(crate) struct Request {
 impl Request {
     pub(crate) fn of(w: &WorkloadState) -> Request {
         Request {
+            id: w.spec.id,
+            priority: w.priority,
             project: w.project,
             shape: w.shape(),
             members: w.spec.members,

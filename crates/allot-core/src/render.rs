@@ -214,14 +214,24 @@ impl Engine {
                 guaranteed,
                 available,
                 borrow_limited,
+                held_for_preemptors,
             } => format!(
-                "project {} uses {used}/{guaranteed} guaranteed {}; request {requested}; {}",
+                "project {} uses {used}/{guaranteed} guaranteed {}; request {requested}; {}{}",
                 self.project_name(*project),
                 self.key_name(*key),
                 if *borrow_limited {
                     format!("its borrow limit leaves {available}")
                 } else {
                     format!("{available} available incl. cohort lending")
+                },
+                if *held_for_preemptors > crate::ids::Shares::ZERO {
+                    format!(
+                        "; {held_for_preemptors} more held for {}'s work that pre-empted for \
+                         it (its victims are stopping)",
+                        self.project_name(*project)
+                    )
+                } else {
+                    String::new()
                 }
             ),
             DeferReason::NoMigProfile { model, profile } => {

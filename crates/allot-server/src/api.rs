@@ -3,9 +3,6 @@
 //! failure into an `ApiError` body with a 4xx/5xx status — never a panic, never a plain-text
 //! rejection from the framework.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use allot_api::{
     API_PREFIX, ApiError, HistoryExport, NodeList, PolicyValidation, PolicyView, ProjectList,
     Report, SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated, TokenRequest, Why,
@@ -14,27 +11,19 @@ use allot_api::{
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use utoipa::OpenApi;
 
-use crate::auth::{Principal, Tokens};
-use crate::entry::Entry;
-use crate::metrics::{CONTENT_TYPE, Metrics};
-use crate::runtime::{Handle, HttpError, Request, wall_ms};
-
-#[derive(Clone, Debug)]
-pub(crate) struct AppState {
-    pub handle: Handle,
-    pub tokens: Arc<Tokens>,
-    pub metrics: Arc<Metrics>,
-    pub data_dir: PathBuf,
-    /// Nodes of the inventory, for validating a candidate policy.
-    pub nodes: Arc<Vec<allot_core::NodeSpec>>,
-}
+use crate::ask::{Action, Ask};
+use crate::auth::Principal;
+use crate::metrics::CONTENT_TYPE;
+use crate::os::wall_ms;
+use crate::state::AppState;
+use crate::view::HttpError;
 
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
@@ -138,10 +127,8 @@ async fn submit(
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     let request: SubmitRequest = json_body(&body)?;
-    #[allow(clippy::disallowed_methods)] // the submit-to-admit histogram measures real time
-    let received = std::time::Instant::now();
-    let response =
-        state.handle.ask(|reply| Request::Submit { principal, request, reply, received }).await?;
+    let ask = Ask::Submit { principal, request: Box::new(request), received_ms: wall_ms() };
+    let response = state.handle.submit(ask).await?;
     Ok((StatusCode::CREATED, axum::Json(response)))
 }
 
@@ -210,14 +197,14 @@ async fn why(
 ) -> ApiResult<axum::Json<Why>> {
     let id = id_of(id)?;
     let principal = principal(&state, &headers)?;
-    state.handle.ask(|reply| Request::Why { principal, id, reply }).await.map(axum::Json)
+    state.handle.why(Ask::Why { principal, id }).await.map(axum::Json)
 }
 
 async fn act(
     state: AppState,
     headers: HeaderMap,
     id: u64,
-    entry: Entry,
+    action: Action,
 ) -> ApiResult<axum::Json<Workload>> {
     let principal = principal(&state, &headers)?;
     if principal.role == allot_api::Role::Viewer {
@@ -227,7 +214,7 @@ async fn act(
             Some("use a member or admin token"),
         ));
     }
-    state.handle.ask(|reply| Request::Action { principal, id, entry, reply }).await.map(axum::Json)
+    state.handle.act(Ask::Act { principal, id, action }).await.map(axum::Json)
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", params(("id" = u64, Path)),
@@ -238,7 +225,7 @@ async fn cancel(
     id: Result<Path<u64>, PathRejection>,
 ) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
-    act(state, headers, id, Entry::CancelRequested { id }).await
+    act(state, headers, id, Action::Cancel).await
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/suspend", params(("id" = u64, Path)),
@@ -249,7 +236,7 @@ async fn suspend(
     id: Result<Path<u64>, PathRejection>,
 ) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
-    act(state, headers, id, Entry::SuspendRequested { id }).await
+    act(state, headers, id, Action::Suspend).await
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/resume", params(("id" = u64, Path)),
@@ -260,7 +247,7 @@ async fn resume(
     id: Result<Path<u64>, PathRejection>,
 ) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
-    act(state, headers, id, Entry::ResumeRequested { id }).await
+    act(state, headers, id, Action::Resume).await
 }
 
 /// The workload reports a checkpoint made now (a program may instead touch the file in
@@ -273,7 +260,7 @@ async fn checkpoint(
     id: Result<Path<u64>, PathRejection>,
 ) -> ApiResult<axum::Json<Workload>> {
     let id = id_of(id)?;
-    act(state, headers, id, Entry::CheckpointReported { id, at_ms: wall_ms() }).await
+    act(state, headers, id, Action::Checkpoint { at_ms: wall_ms() }).await
 }
 
 #[utoipa::path(get, path = "/api/v1/workloads/{id}/logs", params(("id" = u64, Path), LogQuery),
@@ -377,7 +364,7 @@ async fn report(
     headers: HeaderMap,
 ) -> ApiResult<axum::Json<Report>> {
     let principal = principal(&state, &headers)?;
-    state.handle.ask(|reply| Request::Report { principal, reply }).await.map(axum::Json)
+    state.handle.report(Ask::Report { principal }).await.map(axum::Json)
 }
 
 #[utoipa::path(get, path = "/api/v1/policy", responses((status = 200, body = PolicyView)), security(("bearer" = [])))]
@@ -406,7 +393,11 @@ async fn validate_policy(
     let text = std::str::from_utf8(&body).map_err(|_| {
         HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is"))
     })?;
-    Ok(axum::Json(crate::validate_policy_text("candidate policy", text, &state.nodes)))
+    Ok(axum::Json(crate::policy_check::validate_policy_text(
+        "candidate policy",
+        text,
+        &state.node_specs(),
+    )))
 }
 
 #[derive(Debug, Deserialize)]
@@ -452,7 +443,7 @@ async fn apply_policy(
     })?;
     let source = query.source.unwrap_or_else(|| "applied policy".to_string());
     let text = text.to_string();
-    state.handle.ask(|reply| Request::ApplyPolicy { source, text, reply }).await.map(axum::Json)
+    state.handle.policy(Ask::ApplyPolicy { source, text }).await.map(axum::Json)
 }
 
 /// Device readings from a node agent (`allot agent`); admins only (give agents an admin
@@ -496,7 +487,7 @@ async fn post_telemetry(
             HttpError::new(400, e)
         })?);
     }
-    state.handle.send(Request::Telemetry(samples))?;
+    state.handle.post_samples(samples)?;
     Ok(StatusCode::ACCEPTED)
 }
 
@@ -591,7 +582,7 @@ async fn history(
             },
         ));
     }
-    state.handle.ask(|reply| Request::History { limit, reply }).await.map(axum::Json)
+    state.handle.history(Ask::History { limit }).await.map(axum::Json)
 }
 
 async fn healthz() -> &'static str {
@@ -631,7 +622,9 @@ impl utoipa::Modify for BearerScheme {
 )]
 pub(crate) struct ApiDoc;
 
-pub(crate) fn router(state: AppState) -> Router {
+/// The API's routes, `/metrics` and `/healthz`, with the JSON 404 for anything else (the
+/// dashboard's pages are merged beside them by `lib.rs`).
+pub(crate) fn routes() -> Router<AppState> {
     let api = Router::new()
         .route("/workloads", post(submit).get(list))
         .route("/workloads/{id}", get(get_workload))
@@ -654,9 +647,5 @@ pub(crate) fn router(state: AppState) -> Router {
         .nest(API_PREFIX, api)
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .merge(crate::dashboard::routes())
         .fallback(not_found)
-        .layer(axum::middleware::from_fn(crate::dashboard::cookie_as_bearer))
-        .layer(DefaultBodyLimit::max(limits::BODY_BYTES_MAX))
-        .with_state(state)
 }

@@ -1,24 +1,32 @@
 //! The allot daemon: `allot serve`.
 //!
-//! One main loop (a thread of its own, `runtime.rs`) owns the durable log (`allot-store`), the
-//! engine and the workload records (`daemon.rs`) and the backend; the HTTP API (`api.rs`, on
-//! tokio) authenticates, reads the loop's published view, and sends it requests. Every input is
-//! written to the log before it is acknowledged or acted on; a restart replays the log and asks
-//! the backend what became of the runs it says were live.
+//! The daemon is a sans-I/O state machine (`machine/`: inputs in, log entries, answers and
+//! backend commands out) with its log (`durable.rs`), started by `boot.rs`, driven in
+//! production by threads, SQLite, the backend and the wall clock (`driver.rs`,
+//! `executor.rs`, `telemetry.rs`) and in tests by a seeded simulation on a virtual clock
+//! (`simulation.rs`). The HTTP API and the dashboard (`api.rs`, `dashboard/`, on tokio)
+//! authenticate, read the published view (`view/`) and send requests (`handle.rs`). Every
+//! input is written to the log before it is acknowledged or acted on; a restart replays the
+//! log and asks the backend what became of the runs it says were live.
 
 mod api;
+mod ask;
 mod auth;
-mod daemon;
+mod boot;
 mod dashboard;
-mod entry;
-mod foreign;
-mod inventory;
+mod driver;
+mod durable;
+mod executor;
+mod handle;
+mod machine;
 mod metrics;
-mod runtime;
-mod snapshot;
-mod submit;
+mod os;
+mod policy_check;
+pub mod simulation;
+mod state;
 pub mod telemetry;
 mod tls;
+mod view;
 pub mod views;
 pub mod whatif;
 
@@ -26,9 +34,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use allot_api::{ApiError, PolicyValidation, Role, TokenCreated, TokenRequest};
+use allot_api::{Role, TokenCreated, TokenRequest};
 use allot_backend::Backend;
-use allot_core::Engine;
 use allot_core::NodeSpec;
 use allot_store::{SqliteStore, Store};
 use anyhow::{Context, Result, anyhow};
@@ -99,7 +106,7 @@ pub fn create_token(data_dir: &Path, request: &TokenRequest) -> Result<TokenCrea
         )
     })?;
     let mut store = SqliteStore::open_unlocked(data_dir)?;
-    auth::create(&mut store, request, runtime::wall_ms())
+    auth::create(&mut store, request, driver::wall_ms())
 }
 
 fn read_text(path: &Path) -> Result<String> {
@@ -112,41 +119,6 @@ fn diagnostics_error(diagnostics: &[allot_config::Diagnostic]) -> anyhow::Error 
         allot_config::render(diagnostics),
         diagnostics.len()
     )
-}
-
-/// Checks a policy text against `nodes`, as `POST /policy/validate` answers.
-pub(crate) fn validate_policy_text(name: &str, text: &str, nodes: &[NodeSpec]) -> PolicyValidation {
-    match allot_config::parse_policy(name, text) {
-        Err(diagnostics) => PolicyValidation {
-            ok: false,
-            summary: format!("{}: {} problem(s)", name, diagnostics.len()),
-            problems: diagnostics
-                .iter()
-                .map(|d| ApiError {
-                    error: format!("{}:{}:{}: {}", name, d.line, d.column, d.message),
-                    field: Some(d.field.clone()),
-                    fix: Some(d.fix.clone()),
-                })
-                .collect(),
-        },
-        Ok(policy) => match Engine::new(nodes, &policy) {
-            Err(e) => PolicyValidation {
-                ok: false,
-                summary: format!("{name}: 1 problem"),
-                problems: vec![ApiError { error: e.to_string(), field: None, fix: None }],
-            },
-            Ok(_) => PolicyValidation {
-                ok: true,
-                summary: format!(
-                    "{name}: ok — {} projects, {} priority classes, {} idle rules",
-                    policy.projects.len(),
-                    policy.priority_classes.len(),
-                    policy.idle.len()
-                ),
-                problems: Vec::new(),
-            },
-        },
-    }
 }
 
 fn checkpoint_signal(name: &str) -> Result<nix::sys::signal::Signal> {
@@ -204,14 +176,14 @@ pub struct Started {
     /// Fires when the main loop has ended (shutdown, or a failure: then the daemon must stop
     /// serving and exit, so that a supervisor restarts it and the log is replayed).
     pub loop_done: tokio::sync::oneshot::Receiver<()>,
-    sender: std::sync::mpsc::SyncSender<runtime::Request>,
+    sender: std::sync::mpsc::SyncSender<handle::Message>,
     loop_thread: std::thread::JoinHandle<Result<()>>,
 }
 
 impl Started {
     /// Stops the main loop and waits for it.
     pub fn stop(self) -> Result<()> {
-        let _ = self.sender.send(runtime::Request::Shutdown);
+        let _ = self.sender.send(handle::Message::Shutdown);
         self.loop_thread.join().map_err(|_| anyhow!("the main loop panicked"))?
     }
 }
@@ -219,7 +191,7 @@ impl Started {
 /// Recovers state from the log, starts the main loop, and returns the API's router.
 pub fn start(parts: Parts) -> Result<Started> {
     let Parts {
-        mut store,
+        store,
         mut token_store,
         mut backend,
         declared,
@@ -234,223 +206,92 @@ pub fn start(parts: Parts) -> Result<Started> {
         cluster_watch_ms,
         telemetry_sources,
     } = parts;
-    // A backend that does not answer at start (slurmctld restarting) does not stop a daemon
-    // with a log: it starts on the inventory it knew and recovers the runs once it answers.
-    let (discovered, unreachable) = match backend.inventory() {
-        Ok(nodes) => (Some(nodes), None),
-        Err(e) if e.is_transient() && store.last_seq()? > 0 => (None, Some(e.to_string())),
-        Err(e) => {
-            return Err(anyhow!(
-                "the {} backend's inventory cannot be read: {e}{}",
-                backend.name(),
-                if e.is_transient() {
-                    "; this data directory has no log yet, so allot needs the backend to answer \
-                     once to learn the cluster: start it when the controller is up"
-                } else {
-                    ""
-                }
-            ));
-        }
+    let config = boot::BootConfig {
+        declared,
+        inventory_source,
+        policy,
+        policy_source,
+        policy_text,
+        data_dir: data_dir.clone(),
+        cadence: machine::Cadence {
+            decide_interval_ms,
+            telemetry_round_ms: telemetry_round_ms.unwrap_or(TELEMETRY_ROUND_MS).max(1),
+        },
+        snapshot_every: snapshot_every.unwrap_or(durable::SNAPSHOT_EVERY).max(1),
     };
-    let inventory_source = match &discovered {
-        Some(nodes) if *nodes == declared => inventory_source,
-        Some(_) => format!("discovered by the {} backend", backend.name()),
-        None => format!("as last seen by the {} backend (unreachable at start)", backend.name()),
-    };
-    let LogStart { policy_source: log_source, policy_text: log_text, nodes: log_nodes } =
-        log_start(
-            store.as_mut(),
-            (&policy_source, &policy_text),
-            discovered.as_deref(),
-            &inventory_source,
-        )?;
-    let log_policy = if log_text == policy_text {
-        policy.clone()
-    } else {
-        allot_config::parse_policy(&log_source, &log_text).map_err(|d| {
-            anyhow!("the policy this data directory's log began with: {}", allot_config::render(&d))
-        })?
-    };
-    let daemon = daemon::Daemon::new(
-        log_nodes,
-        &log_policy,
-        (log_source.clone(), log_text.clone()),
-        data_dir.clone(),
-    )
-    .map_err(|e| anyhow!("{log_source}: {e}"))?;
+    let booted = boot::boot(store, backend.as_mut(), &config, driver::wall_ms())?;
+    let boot::Booted { mut durable, commands, replayed, inventory_source } = booted;
     let admin_token = if token_store.tokens()?.is_empty() {
         Some(auth::create(
             token_store.as_mut(),
             &TokenRequest { role: Role::Admin, name: "admin".into(), projects: Vec::new() },
-            runtime::wall_ms(),
+            driver::wall_ms(),
         )?)
     } else {
         None
     };
     let metrics = Arc::new(metrics::Metrics::new());
-    let initial_text = log_text.clone();
-    let view = Arc::new(RwLock::new(runtime::View {
+    let view = Arc::new(RwLock::new(view::View {
         backend: allot_api::BackendStatus {
             name: backend.name().to_string(),
             reachable: true,
             ..allot_api::BackendStatus::default()
         },
         inventory_source,
-        policy_source: log_source,
-        policy_text: log_text,
-        ..runtime::View::default()
+        ..view::View::default()
     }));
-    let mut main_loop = runtime::Loop::new(
-        store,
-        daemon,
-        backend,
-        metrics.clone(),
-        view.clone(),
-        decide_interval_ms,
-    );
-    if let Some(ms) = telemetry_round_ms {
-        main_loop.telemetry_round_ms = ms.max(1);
-    }
-    if let Some(every) = snapshot_every {
-        main_loop.snapshot_every = every.max(1);
-    }
-    if let Some(ms) = cluster_watch_ms {
-        main_loop.cluster_watch_ms = ms.max(1);
-    }
-    let replayed = main_loop.recover(discovered.as_deref(), unreachable)?;
-    let nodes = main_loop.daemon.nodes.clone();
-    // A policy file edited since the last start applies like `allot policy apply`; the same
-    // file as last time leaves the policy in effect alone (it may be one applied since).
-    const GIVEN_AT_LAST_START: &str = "last_start_policy_text";
-    let given_before = main_loop.store.meta(GIVEN_AT_LAST_START)?.unwrap_or(initial_text);
-    if policy_text != given_before {
-        main_loop.start_with_policy(&policy_source, &policy_text)?;
-    } else if main_loop.daemon.policy_text != policy_text {
-        runtime::tracing_log(&format!(
-            "{policy_source} is unchanged since the last start: the policy in effect ({}, \
-             applied since) stays; `allot policy show` prints it",
-            main_loop.daemon.policy_source
-        ));
-    }
-    main_loop.store.set_meta(GIVEN_AT_LAST_START, &policy_text)?;
-    let (sender, receiver) = std::sync::mpsc::sync_channel(runtime::QUEUE_MAX);
-    let handle = runtime::Handle { sender: sender.clone(), view };
+    let now = durable.machine.daemon.clamp(driver::wall_ms());
+    durable.machine.publish(now, true, &view, &metrics);
+    let (sender, receiver) = std::sync::mpsc::sync_channel(handle::QUEUE_MAX);
+    let handle = handle::Handle { sender: sender.clone(), view: view.clone() };
     let tokens = Arc::new(auth::Tokens::new(token_store));
-    let state = api::AppState { handle, tokens, metrics, data_dir, nodes: Arc::new(nodes) };
+    let state = state::AppState { handle, tokens, metrics: metrics.clone(), data_dir };
     if !telemetry_sources.is_empty() {
         let tx = sender.clone();
         std::thread::Builder::new()
             .name("allot-telemetry".into())
             .spawn(move || telemetry::run_collectors(telemetry_sources, &tx))?;
     }
+    let probes = telemetry::ProbeTable::default();
+    {
+        let (table, tx) = (probes.clone(), sender.clone());
+        std::thread::Builder::new()
+            .name("allot-prober".into())
+            .spawn(move || telemetry::run_probes(&table, &tx))?;
+    }
+    let heartbeat_dir = durable.machine.daemon.heartbeat_dir();
+    let watch_every = cluster_watch_ms.unwrap_or(CLUSTER_WATCH_MS).max(1);
+    let executor = executor::Executor::new(backend, watch_every, heartbeat_dir);
+    let executor = driver::spawn_executor(executor, commands, sender.clone())?;
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
-        let sender = sender.clone();
         move || {
-            let ended = main_loop.run(receiver, sender);
+            let ended = driver::main_loop(durable, &receiver, &executor, &view, &metrics, &probes);
             if let Err(e) = &ended {
-                runtime::tracing_log(&format!("the main loop stopped: {e:#}"));
+                driver::tracing_log(&format!("the main loop stopped: {e:#}"));
             }
             let _ = done_tx.send(());
             ended
         }
     })?;
-    Ok(Started {
-        router: api::router(state),
-        admin_token,
-        replayed,
-        loop_done,
-        sender,
-        loop_thread,
-    })
+    Ok(Started { router: router(state), admin_token, replayed, loop_done, sender, loop_thread })
 }
 
-/// What the log begins with: the policy (replay starts under it; snapshots and
-/// `PolicyApplied` entries carry later ones) and the inventory (snapshots and
-/// `InventoryReported` entries carry later ones). A first start records the given policy and
-/// the discovered inventory.
-struct LogStart {
-    policy_source: String,
-    policy_text: String,
-    nodes: Vec<NodeSpec>,
+/// The API, `/metrics`, `/healthz` and the dashboard: one router, one body limit, the
+/// dashboard's session cookie read as the bearer header where there is none.
+fn router(state: state::AppState) -> axum::Router {
+    api::routes()
+        .merge(dashboard::routes())
+        .layer(axum::middleware::from_fn(dashboard::cookie_as_bearer))
+        .layer(axum::extract::DefaultBodyLimit::max(allot_api::limits::BODY_BYTES_MAX))
+        .with_state(state)
 }
 
-fn log_start(
-    store: &mut dyn Store,
-    (given_source, given_text): (&str, &str),
-    discovered: Option<&[NodeSpec]>,
-    inventory_source: &str,
-) -> Result<LogStart> {
-    const INVENTORY: &str = "initial_inventory";
-    // Written by allot before the inventory itself was recorded: only its fingerprint.
-    const INVENTORY_SHA: &str = "inventory_sha256";
-    const SOURCE: &str = "initial_policy_source";
-    const TEXT: &str = "initial_policy_text";
-    // Written by allot before policy apply existed: policy and inventory in one fingerprint.
-    const COMBINED: &str = "configuration_sha256";
-    let used = store.last_seq()? > 0;
-    if let (Some(source), Some(text)) = (store.meta(SOURCE)?, store.meta(TEXT)?) {
-        let nodes = match store.meta(INVENTORY)? {
-            Some(json) => {
-                let saved: Vec<inventory::SavedNode> =
-                    serde_json::from_str(&json).with_context(|| {
-                        "the inventory this data directory's log began with cannot be read \
-                         (written by another allot version, or damaged); restore the data \
-                         directory from a backup"
-                    })?;
-                inventory::specs(&saved)
-            }
-            None => {
-                let Some(discovered) = discovered else {
-                    return Err(anyhow!(
-                        "the backend is unreachable and this data directory was written by an \
-                         allot that did not record its inventory: start once with the backend \
-                         answering"
-                    ));
-                };
-                // An older log: replay over today's inventory (its runs name nodes by name;
-                // the engine is told of any difference as an inventory change afterwards).
-                if used
-                    && store
-                        .meta(INVENTORY_SHA)?
-                        .is_some_and(|old| old != auth::hash(&format!("{discovered:?}")))
-                {
-                    runtime::tracing_log(&format!(
-                        "the inventory ({inventory_source}) differs from the one this data \
-                         directory's log began with, which an older allot kept only as a \
-                         fingerprint: replaying over today's inventory"
-                    ));
-                }
-                store
-                    .set_meta(INVENTORY, &serde_json::to_string(&inventory::saved(discovered))?)?;
-                discovered.to_vec()
-            }
-        };
-        return Ok(LogStart { policy_source: source, policy_text: text, nodes });
-    }
-    // No log yet, or one from before the policy was recorded: the backend answered (a start
-    // without a log needs it).
-    let discovered = discovered.ok_or_else(|| anyhow!("the backend's inventory is unknown"))?;
-    if used && let Some(old) = store.meta(COMBINED)? {
-        let combined = auth::hash(&format!("{given_text}\n--- inventory ---\n{discovered:?}"));
-        if old != combined {
-            return Err(anyhow!(
-                "the policy or the inventory ({inventory_source}) differs from the one this \
-                 data directory's log was written with (by an allot that did not record them \
-                 separately) — start once with the same files, then change the policy with \
-                 `allot policy apply`"
-            ));
-        }
-    }
-    store.set_meta(INVENTORY, &serde_json::to_string(&inventory::saved(discovered))?)?;
-    store.set_meta(SOURCE, given_source)?;
-    store.set_meta(TEXT, given_text)?;
-    Ok(LogStart {
-        policy_source: given_source.to_string(),
-        policy_text: given_text.to_string(),
-        nodes: discovered.to_vec(),
-    })
-}
+/// Node states and foreign work are read this often by default (on Slurm a `sinfo --json` and
+/// a `squeue --Format`, about 0.2 s at 1,000 jobs).
+const CLUSTER_WATCH_MS: u64 = 5_000;
+/// How often running workloads get a telemetry round by default.
+const TELEMETRY_ROUND_MS: u64 = 5_000;
 
 /// This data directory's short random id, made on its first start.
 fn instance_id(store: &mut dyn Store) -> Result<String> {
@@ -564,7 +405,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         let addr = listener.local_addr()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = format!("{scheme}://{addr}");
-        runtime::tracing_log(&format!(
+        driver::tracing_log(&format!(
             "listening on {base} (dashboard {base}/, API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics); data in {}; {replayed} log entries replayed",
             config.data_dir.display()
         ));
@@ -591,7 +432,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         }
         Ok(())
     });
-    let _ = sender.send(runtime::Request::Shutdown);
+    let _ = sender.send(handle::Message::Shutdown);
     let looped = loop_thread.join().map_err(|_| anyhow!("the main loop panicked"))?;
     served?;
     looped

@@ -152,7 +152,7 @@ async fn accept_loop(
             Ok(accepted) => accepted,
             Err(e) if client_side(&e) => continue,
             Err(e) => {
-                crate::runtime::tracing_log(&format!("accepting a connection failed: {e}"));
+                crate::os::tracing_log(&format!("accepting a connection failed: {e}"));
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
@@ -168,9 +168,9 @@ async fn accept_loop(
                     let _ = ready.send((stream, peer)).await;
                 }
                 Ok(Err(e)) => {
-                    crate::runtime::tracing_log(&format!("TLS handshake with {peer} failed: {e}"))
+                    crate::os::tracing_log(&format!("TLS handshake with {peer} failed: {e}"))
                 }
-                Err(_) => crate::runtime::tracing_log(&format!(
+                Err(_) => crate::os::tracing_log(&format!(
                     "TLS handshake with {peer} timed out after {} s",
                     HANDSHAKE_TIMEOUT.as_secs()
                 )),

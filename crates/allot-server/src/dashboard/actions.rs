@@ -1,5 +1,5 @@
 //! Suspend, resume and cancel from the dashboard: plain HTML forms posting to
-//! `/workload/{id}/{cancel|suspend|resume}`, which take the API's path (`Request::Action` on
+//! `/workload/{id}/{cancel|suspend|resume}`, which take the API's path (`Ask::Act` on
 //! the main loop, the same role rules: members only on their projects, viewers never) and then
 //! send the browser back to the page it came from.
 //!
@@ -17,9 +17,8 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{error_page, http_error_page, who};
-use crate::api::AppState;
-use crate::entry::Entry;
-use crate::runtime::Request as LoopRequest;
+use crate::ask::{self, Ask};
+use crate::state::AppState;
 
 /// Refuses a POST whose `Origin` (else `Referer`) is not this host (`Host`), or that names
 /// neither, unless it carries a bearer header: a form on another site cannot act with the
@@ -90,11 +89,11 @@ impl Action {
         }
     }
 
-    fn entry(self, id: u64) -> Entry {
+    fn asked(self) -> ask::Action {
         match self {
-            Action::Cancel => Entry::CancelRequested { id },
-            Action::Suspend => Entry::SuspendRequested { id },
-            Action::Resume => Entry::ResumeRequested { id },
+            Action::Cancel => ask::Action::Cancel,
+            Action::Suspend => ask::Action::Suspend,
+            Action::Resume => ask::Action::Resume,
         }
     }
 
@@ -138,8 +137,7 @@ pub(crate) async fn act(
         .and_then(|Form(f)| f.back)
         .filter(|b| b.starts_with('/') && !b.starts_with("//") && !b.contains('\\'))
         .unwrap_or_else(|| format!("/workload/{id}"));
-    let entry = action.entry(id);
-    match state.handle.ask(|reply| LoopRequest::Action { principal, id, entry, reply }).await {
+    match state.handle.act(Ask::Act { principal, id, action: action.asked() }).await {
         Ok(_) => (StatusCode::SEE_OTHER, [(header::LOCATION, back)]).into_response(),
         Err(e) => http_error_page(&e),
     }

@@ -10,9 +10,9 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
-use super::track::{FleetSample, is_warned};
 use super::{Frame, NO_TELEMETRY, Tab, chart, gpus, read_view, respond, who};
-use crate::api::AppState;
+use crate::state::AppState;
+use crate::view::{FleetSample, is_warned};
 
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct FleetData {
@@ -125,8 +125,8 @@ pub(crate) fn render(data: &FleetData) -> Markup {
         }
         h2 { "GPUs over time" }
         (chart(fleet_chart(data)))
-        p.note { "Samples: " (data.samples.len()) ", one per " (super::track::SAMPLE_MS / 1000) " s (the last "
-            (super::track::SAMPLES_MAX) " are kept in memory). Active GPUs: where telemetry had readings, else " (NO_TELEMETRY) "." }
+        p.note { "Samples: " (data.samples.len()) ", one per " (crate::view::SAMPLE_MS / 1000) " s (the last "
+            (crate::view::SAMPLES_MAX) " are kept in memory). Active GPUs: where telemetry had readings, else " (NO_TELEMETRY) "." }
         h2 { "Devices" }
         p.legend {
             span.cell.free { "free" } span.cell.part { "partly allocated (%)" }

@@ -9,7 +9,7 @@ use axum::response::Response;
 use maud::{Markup, html};
 
 use super::{Frame, Tab, duration, read_view, reason, respond, who};
-use crate::api::AppState;
+use crate::state::AppState;
 
 /// Reason codes of idle reclaim (`views::reason_code`).
 const IDLE_CODES: [&str; 4] = ["idle_warning", "idle", "idle_backoff", "awaiting_use"];

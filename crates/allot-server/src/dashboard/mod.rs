@@ -13,7 +13,6 @@
 //! in the browser; anything that changes state still needs the header.
 
 mod actions;
-pub(crate) mod derived;
 mod fleet;
 mod idle;
 mod policy;
@@ -21,7 +20,6 @@ mod projects;
 mod queue;
 #[cfg(test)]
 mod snapshots;
-pub(crate) mod track;
 mod workload;
 
 use std::sync::OnceLock;
@@ -37,11 +35,10 @@ use axum::routing::{get, post};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde::Deserialize;
 
-use crate::api::AppState;
 use crate::auth::Principal;
-use crate::runtime::{HttpError, View, wall_ms};
-
-pub(crate) use track::Tracker;
+use crate::os::wall_ms;
+use crate::state::AppState;
+use crate::view::{HttpError, View};
 
 /// The session cookie: the token itself (the server keeps no session table, so a revoked token
 /// ends every session that holds it).

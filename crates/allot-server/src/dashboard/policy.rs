@@ -18,9 +18,9 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{Frame, Tab, html_response, is_fragment, layout, read_view, who};
-use crate::api::AppState;
+use crate::ask::Ask;
 use crate::auth::Principal;
-use crate::runtime::Request;
+use crate::state::AppState;
 use crate::whatif::{
     RunStartError, RunState, Runs, WHATIF_JOBS_MAX, WHATIF_WAIT_MS, WhatIfResult, run_whatif,
     trace_jobs,
@@ -216,11 +216,11 @@ async fn check(
         Ok(a) => a,
         Err(r) => return *r,
     };
-    let nodes = state.nodes.clone();
+    let nodes = state.node_specs();
     let checked = text.clone();
     let checked_name = name.clone();
     let result = tokio::task::spawn_blocking(move || {
-        crate::validate_policy_text(&checked_name, &checked, &nodes)
+        crate::policy_check::validate_policy_text(&checked_name, &checked, &nodes)
     })
     .await;
     let Ok(validation) = result else {
@@ -248,13 +248,12 @@ async fn start_whatif(
             "the what-if replays every project's history: it needs a viewer or admin token".into(),
         );
     }
-    let export =
-        match state.handle.ask(|reply| Request::History { limit: WHATIF_JOBS_MAX, reply }).await {
-            Ok(e) => e,
-            Err(e) => {
-                return WhatIf::Failed(format!("the history could not be read: {}", e.body.error));
-            }
-        };
+    let export = match state.handle.history(Ask::History { limit: WHATIF_JOBS_MAX }).await {
+        Ok(e) => e,
+        Err(e) => {
+            return WhatIf::Failed(format!("the history could not be read: {}", e.body.error));
+        }
+    };
     let jobs = trace_jobs(&export);
     if jobs.is_empty() {
         return WhatIf::NotRun(
@@ -262,7 +261,7 @@ async fn start_whatif(
         );
     }
     let count = jobs.len();
-    let nodes = state.nodes.clone();
+    let nodes = state.node_specs();
     let (active_source, active_text) = (active.source.clone(), active.text.clone());
     let counts = export.counts;
     let work = move |stop: &std::sync::atomic::AtomicBool| {

@@ -11,14 +11,14 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
-use super::derived::PeriodRow;
-use super::track::is_warned;
 use super::{
     Frame, NO_TELEMETRY, ProjectQuery, QueryResult, Tab, chart, encode, gpus, hours,
     http_error_page, read_view, respond, who,
 };
-use crate::api::AppState;
-use crate::runtime::Request;
+use crate::ask::Ask;
+use crate::state::AppState;
+use crate::view::PeriodRow;
+use crate::view::is_warned;
 
 /// Warned workloads listed per project at most.
 const WARNED_SHOWN: usize = 10;
@@ -58,7 +58,7 @@ pub(crate) async fn page(
     let filter = query.project.filter(|p| principal.can_see(p));
     let report = {
         let principal = principal.clone();
-        match state.handle.ask(|reply| Request::Report { principal, reply }).await {
+        match state.handle.report(Ask::Report { principal }).await {
             Ok(r) => r,
             Err(e) => return http_error_page(&e),
         }
@@ -265,7 +265,7 @@ fn periods(data: &ProjectsData) -> Markup {
     html! {
         h2 #periods { "Ledger per period" @if let Some(p) = &data.project { " — project " (p) } }
         p.note { "GPU-hours in each of the daemon's ledger periods (one UTC day), newest first, the last "
-            (super::derived::PERIODS_MAX) " per scope. "
+            (crate::view::PERIODS_MAX) " per scope. "
             @if data.project.is_some() { a href="/projects#periods" { "All projects" } } @else { "Pick a project to see only its periods." } }
         @if data.periods.is_empty() { p.nodata { "no periods yet" } } @else {
             div.scroll { table.periods {

@@ -10,12 +10,12 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
-use super::derived::EtaView;
 use super::{
     Frame, ProjectQuery, QueryResult, Tab, actions, duration, encode, read_view, reason, respond,
     who,
 };
-use crate::api::AppState;
+use crate::state::AppState;
+use crate::view::EtaView;
 
 /// Rows per page: the page stays light with tens of thousands pending.
 pub(crate) const PAGE_ROWS: usize = 200;

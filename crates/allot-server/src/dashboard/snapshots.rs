@@ -11,10 +11,10 @@ use allot_api::{
 };
 use maud::Markup;
 
-use super::derived::{EtaView, PeriodRow};
-use super::track::{FleetSample, Step};
 use super::{Frame, Tab, fleet, idle, layout, live, policy, projects, queue, workload};
 use crate::auth::Principal;
+use crate::view::{EtaView, PeriodRow};
+use crate::view::{FleetSample, Step};
 
 /// 2026-11-30 12:00:00 UTC.
 const NOW: u64 = 1_796_040_000_000;
@@ -522,9 +522,9 @@ fn fleet_with_a_full_series_on_500_devices() {
     if std::env::var_os("ALLOT_DASHBOARD_BENCH").is_none() {
         return;
     }
-    let samples = (0..super::track::SAMPLES_MAX as u64)
+    let samples = (0..crate::view::SAMPLES_MAX as u64)
         .map(|k| FleetSample {
-            at_ms: NOW - k * super::track::SAMPLE_MS,
+            at_ms: NOW - k * crate::view::SAMPLE_MS,
             capacity_shares: 500_000,
             allocated_shares: 300_000 + (k * 7919) % 150_000,
             free_shares: 200_000 - (k * 7919) % 150_000,
@@ -563,7 +563,7 @@ fn fleet_with_a_full_series_on_500_devices() {
     {
         eprintln!(
             "fleet page, {} samples × 4 series, 500 devices: {ms:.1} ms to render, {} bytes",
-            super::track::SAMPLES_MAX,
+            crate::view::SAMPLES_MAX,
             page.0.len()
         );
     }

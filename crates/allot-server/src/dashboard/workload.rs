@@ -9,14 +9,14 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use maud::{Markup, html};
 
-use super::derived::EtaView;
-use super::track::Step;
 use super::{
     Frame, NO_TELEMETRY, Tab, duration, gpus, hours, http_error_page, read_view, reason, respond,
     who,
 };
-use crate::api::AppState;
-use crate::runtime::Request;
+use crate::ask::Ask;
+use crate::state::AppState;
+use crate::view::EtaView;
+use crate::view::Step;
 use crate::views::utc;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -70,7 +70,7 @@ pub(crate) async fn page(
     let can_act = principal.can_act(&workload.project);
     let why = {
         let principal = principal.clone();
-        match state.handle.ask(|reply| Request::Why { principal, id, reply }).await {
+        match state.handle.why(Ask::Why { principal, id }).await {
             Ok(w) => w,
             Err(e) => return http_error_page(&e),
         }
@@ -82,7 +82,7 @@ pub(crate) async fn page(
         None
     } else {
         let principal = principal.clone();
-        match state.handle.ask(|reply| Request::Report { principal, reply }).await {
+        match state.handle.report(Ask::Report { principal }).await {
             Ok(report) => report.rows.into_iter().find(|r| r.scope == scope),
             Err(e) => return http_error_page(&e),
         }
@@ -150,7 +150,7 @@ pub(crate) fn render(data: &WorkloadData) -> Markup {
                 }
             }
         }
-        p.note { "Steps are kept with the workload's record and survive restarts (the first and the latest " (super::track::TIMELINE_MAX) ")." }
+        p.note { "Steps are kept with the workload's record and survive restarts (the first and the latest " (crate::view::TIMELINE_MAX) ")." }
 
         h2 { "Ledger " a.note href="/api/v1/report" { "(JSON)" } }
         @if let Some(row) = &data.ledger {

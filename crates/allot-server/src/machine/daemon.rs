@@ -16,8 +16,8 @@ use allot_core::{NodeSpec, PolicySpec, WorkloadSpec};
 
 use serde::{Deserialize, Serialize};
 
-use crate::entry::Entry;
-use crate::submit::{self, Known};
+use super::entry::Entry;
+use super::submit::{self, Known};
 use crate::views;
 
 /// After SIGTERM (or the end of a checkpoint grace and SIGTERM), how long a member has before
@@ -66,7 +66,7 @@ pub(crate) struct Record {
     /// until a launch takes it or a cancel drops it.
     pub kept: Option<u32>,
     /// Its timeline, bounded (`dashboard::track::push_step`, from `record_steps`).
-    pub steps: Vec<crate::dashboard::track::Step>,
+    pub steps: Vec<crate::view::Step>,
 }
 
 /// A stop under way: when to escalate.
@@ -117,7 +117,7 @@ pub(crate) enum Command {
 }
 
 /// Counters for `/metrics`, all derived from the log (so they survive a restart).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Counters {
     /// Pre-emptions and reclaims by reason code.
     pub preemptions: BTreeMap<String, u64>,
@@ -162,7 +162,7 @@ pub(crate) struct Daemon {
     /// Nodes kept in an old shape for the work on them, with why (no new work there).
     pub kept_nodes: BTreeMap<String, String>,
     /// The backend does not answer (`Entry::BackendUnreachable`): no node takes new work.
-    pub backend_down: Option<crate::inventory::Unreachable>,
+    pub backend_down: Option<super::wire::Unreachable>,
     /// What the last inventory change did, for the operator.
     pub inventory_note: Option<String>,
 }
@@ -354,7 +354,7 @@ impl Daemon {
                     // Valid when logged, but the policy given at this start no longer has what it
                     // names: kept as rejected, never silently dropped.
                     Err(e) => {
-                        let spec = crate::snapshot::rejected_spec(*id, user, request);
+                        let spec = super::submit::rejected_spec(*id, user, request);
                         (
                             spec,
                             WorkloadState::Rejected,
@@ -517,15 +517,7 @@ impl Daemon {
             Entry::Exited { id, attempt, code, detail } => {
                 self.exited(now, *id, *attempt, *code, detail);
             }
-            Entry::Imported { id, user, request, handle, running, started_ms, refusal } => {
-                let found = crate::foreign::Found {
-                    handle,
-                    running,
-                    started_ms: *started_ms,
-                    refusal: refusal.as_deref(),
-                };
-                out.extend(self.import(now, *id, user, request, &found));
-            }
+            Entry::Imported { .. } => out.extend(self.imported(now, entry)),
             Entry::ForeignGone { id } => {
                 let Some(record) = self.workloads.get_mut(id) else { return out };
                 if record.state != WorkloadState::Pending {
@@ -568,7 +560,7 @@ impl Daemon {
                 self.dirty = true;
             }
             Entry::InventoryReported { nodes } => {
-                self.inventory_reported(now, crate::inventory::specs(nodes));
+                self.inventory_reported(now, super::wire::specs(nodes));
             }
             Entry::BackendUnreachable { error } => self.backend_health(now, Some(error)),
             Entry::BackendReachable => self.backend_health(now, None),
@@ -976,6 +968,32 @@ impl Daemon {
         out
     }
 
+    /// Everything the log made, as text (the readers' change list aside): a daemon rebuilt
+    /// from the log — snapshot and replay — equals the one that wrote it.
+    pub(crate) fn digest(&self) -> String {
+        format!(
+            "{:?}",
+            (
+                (&self.engine, &self.ledger, &self.nodes, &self.workloads, &self.stops),
+                (&self.counters, self.next_id, self.last_now, self.first_ms, self.dirty),
+                (self.last_cycle_ms, &self.policy_source, &self.policy_text, &self.unusable_nodes),
+                (&self.foreign_ids, &self.reported_nodes, &self.kept_nodes, &self.backend_down),
+                &self.inventory_note,
+            )
+        )
+    }
+
+    /// When the next escalation of a stop under way is due, if any.
+    pub(crate) fn next_signal_ms(&self) -> Option<u64> {
+        self.stops
+            .values()
+            .flat_map(|p| {
+                [(!p.term_sent).then_some(p.term_at), (!p.kill_sent).then_some(p.kill_at)]
+            })
+            .flatten()
+            .min()
+    }
+
     /// After a restart: the signal each stop under way is at (its first step may have been
     /// decided and logged but never sent before the crash).
     pub(crate) fn resend_stops(&self, now: u64) -> Vec<Command> {
@@ -1035,5 +1053,32 @@ impl Daemon {
             .filter(|(_, r)| r.state == WorkloadState::Running)
             .map(|(id, _)| *id)
             .collect()
+    }
+}
+
+impl Daemon {
+    /// Records the steps of the workloads an entry changed (`self.changed` holds exactly
+    /// those; `earlier` is what it held before the entry, put back). Called by `apply` after
+    /// every entry, so a replay writes the same steps again. At most `TIMELINE_MAX` per
+    /// workload: the first (submission) and the latest.
+    pub(crate) fn record_steps(&mut self, earlier: std::collections::BTreeSet<u64>) {
+        let touched = std::mem::replace(&mut self.changed, earlier);
+        let now = self.last_now;
+        for id in &touched {
+            if let Some(r) = self.workloads.get_mut(id) {
+                crate::view::push_step(
+                    &mut r.steps,
+                    now,
+                    r.submitted_ms,
+                    r.state,
+                    r.reason.as_ref(),
+                );
+            }
+        }
+        if self.changed.is_empty() {
+            self.changed = touched;
+        } else {
+            self.changed.extend(touched);
+        }
     }
 }

@@ -1,16 +1,14 @@
-//! What the dashboard remembers beyond the current view, kept in the `View` by the main loop
-//! and bounded: cluster samples over time (for the fleet chart, in memory only), per workload a
-//! copy of the steps its daemon record keeps (durable: `Record::steps`, written by
-//! `Daemon::record_steps` from `apply`, so they are in snapshots and rebuilt by a replay), and
-//! what `derived.rs` computes every few seconds.
+//! What the dashboard remembers beyond the current view, kept in the `View` by the machine's
+//! publishing and bounded: cluster samples over time (for the fleet chart, in memory only),
+//! per workload a copy of the steps its daemon record keeps (durable: `Record::steps`, written
+//! by `Daemon::record_steps` from `apply`, so they are in snapshots and rebuilt by a replay),
+//! and what `machine/derived.rs` computes every few seconds (`Derived`).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use allot_api::{Workload, WorkloadState};
 use allot_core::ledger::ClusterSnapshot;
 use serde::{Deserialize, Serialize};
-
-use crate::daemon::Daemon;
 
 /// One cluster sample every this many ms.
 pub(crate) const SAMPLE_MS: u64 = 5_000;
@@ -54,7 +52,7 @@ pub(crate) struct Tracker {
     /// Per workload, its record's steps as of the last view refresh.
     pub timelines: BTreeMap<u64, Vec<Step>>,
     /// Estimated starts, standings and the ledger per period (`derived.rs`).
-    pub derived: super::derived::Derived,
+    pub derived: super::Derived,
 }
 
 impl Tracker {
@@ -177,27 +175,6 @@ pub(crate) fn push_step(
     steps.push(Step { at_ms: now, state, what, code, detail });
     if steps.len() > TIMELINE_MAX {
         steps.remove(1);
-    }
-}
-
-impl Daemon {
-    /// Records the steps of the workloads an entry changed (`self.changed` holds exactly
-    /// those; `earlier` is what it held before the entry, put back). Called by `apply` after
-    /// every entry, so a replay writes the same steps again. At most `TIMELINE_MAX` per
-    /// workload: the first (submission) and the latest.
-    pub(crate) fn record_steps(&mut self, earlier: BTreeSet<u64>) {
-        let touched = std::mem::replace(&mut self.changed, earlier);
-        let now = self.last_now;
-        for id in &touched {
-            if let Some(r) = self.workloads.get_mut(id) {
-                push_step(&mut r.steps, now, r.submitted_ms, r.state, r.reason.as_ref());
-            }
-        }
-        if self.changed.is_empty() {
-            self.changed = touched;
-        } else {
-            self.changed.extend(touched);
-        }
     }
 }
 

@@ -59,7 +59,7 @@ pub(crate) enum Entry {
     /// least one reading carrying a signal; the others are in `TelemetryMissing`).
     Sampled {
         #[serde(with = "u64_keys")]
-        workloads: std::collections::BTreeMap<u64, Vec<crate::telemetry::Reading>>,
+        workloads: std::collections::BTreeMap<u64, Vec<super::attribution::Reading>>,
     },
     /// A telemetry round found no reading for these running workloads (no collector covers
     /// their devices yet): each idle rule's `missing_telemetry` says what that means.
@@ -111,7 +111,7 @@ pub(crate) enum Entry {
     /// The backend's inventory now, where it differs from the engine's (at a start, or seen
     /// by a cluster watch): taken as far as live work allows (`inventory.rs`).
     InventoryReported {
-        nodes: Vec<crate::inventory::SavedNode>,
+        nodes: Vec<super::wire::SavedNode>,
     },
     /// The backend stopped answering (Slurm's controller is down): no node takes new work
     /// until `BackendReachable`; running work runs on.
@@ -132,6 +132,34 @@ pub(crate) enum Entry {
         text: String,
     },
 }
+
+/// Every record kind, in declaration order: the round-trip property test generates each of
+/// them and fails on a kind it does not cover.
+#[cfg(test)]
+pub(crate) const ENTRY_KINDS: [&str; 22] = [
+    "submitted",
+    "cancel_requested",
+    "suspend_requested",
+    "resume_requested",
+    "started",
+    "launch_failed",
+    "exited",
+    "probed",
+    "checkpoint_reported",
+    "telemetry_missing",
+    "sampled",
+    "decided",
+    "policy_applied",
+    "imported",
+    "foreign_gone",
+    "node_state",
+    "devices_reported",
+    "kept",
+    "inventory_reported",
+    "backend_unreachable",
+    "backend_reachable",
+    "launch_deferred",
+];
 
 impl Entry {
     /// The store's record kind.

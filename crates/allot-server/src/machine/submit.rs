@@ -7,11 +7,31 @@ use allot_core::{Checkpointing, GpuRequest, WorkloadKind, WorkloadSpec};
 use allot_core::{MigProfile, WorkloadId};
 
 /// What a submission is checked against: the names the active policy and inventory know.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Known {
     pub projects: Vec<String>,
     pub classes: Vec<String>,
     pub models: Vec<String>,
+}
+
+impl Known {
+    /// These names and those `request` uses (its project, class and models).
+    pub(crate) fn with_names_of(&self, request: &SubmitRequest) -> Known {
+        let mut known = self.clone();
+        let add = |list: &mut Vec<String>, name: &str| {
+            if !list.iter().any(|k| k == name) {
+                list.push(name.to_string());
+            }
+        };
+        add(&mut known.projects, &request.project);
+        if let Some(class) = &request.priority_class {
+            add(&mut known.classes, class);
+        }
+        for model in &request.gpu_models {
+            add(&mut known.models, model);
+        }
+        known
+    }
 }
 
 fn bad(field: &str, error: impl Into<String>, fix: impl Into<String>) -> ApiError {
@@ -274,4 +294,11 @@ pub(crate) fn gpus_text(request: &GpuRequest) -> String {
         GpuRequest::Shares(s) => format!("{}", f64::from(*s) / 1000.0),
         GpuRequest::Mig(p) => p.to_string(),
     }
+}
+
+/// The spec kept for a submission its policy no longer accepts (as `Daemon::apply` does).
+pub(crate) fn rejected_spec(id: u64, user: &str, request: &SubmitRequest) -> WorkloadSpec {
+    let mut spec = WorkloadSpec::new(id, "", &request.project, allot_core::GpuRequest::Whole(0));
+    spec.user = user.to_string();
+    spec
 }

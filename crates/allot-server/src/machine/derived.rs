@@ -7,47 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 use allot_core::ledger::{Books, Scope};
-use allot_core::{Decision, Eta, EtaCause, EtaUnknown, Standing, Timestamp, WorkloadId};
+use allot_core::{Decision, Eta, EtaCause, EtaUnknown, Timestamp, WorkloadId};
 
-use crate::daemon::Daemon;
-use crate::runtime::View;
-
-/// At most one derivation per this many ms.
-pub(crate) const DERIVE_MS: u64 = 5_000;
-/// Periods kept per scope (newest first): two weeks of the daemon's one-day periods.
-pub(crate) const PERIODS_MAX: usize = 14;
-
-/// An estimated start, ready to show: `at_ms` `None` is "unknown", and `note` says why (or
-/// what the start waits for).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EtaView {
-    pub at_ms: Option<u64>,
-    pub note: String,
-}
-
-/// One scope's books in one ledger period, in GPU-hours.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PeriodRow {
-    /// `cluster` or `project:NAME`.
-    pub scope: String,
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub allocated: f64,
-    pub active: f64,
-    pub idle: f64,
-    pub useful: f64,
-    pub lost: f64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Derived {
-    /// When this was derived (`None`: not yet).
-    pub at_ms: Option<u64>,
-    pub etas: BTreeMap<u64, EtaView>,
-    pub standings: Vec<Standing>,
-    /// Cluster and project rows, per scope newest period first, `PERIODS_MAX` per scope.
-    pub periods: Vec<PeriodRow>,
-}
+use super::daemon::Daemon;
+use crate::view::{DERIVE_MS, Derived, EtaView, PERIODS_MAX, PeriodRow, View};
 
 /// Derives again if the last one is `DERIVE_MS` old: computed without the view's lock, then
 /// stored under it.
@@ -135,7 +98,7 @@ pub(crate) fn derive(daemon: &Daemon, now: u64) -> Derived {
 
 /// The cluster's and every project's rows per ledger period, newest first, bounded per scope.
 fn periods(daemon: &Daemon, now: u64) -> Vec<PeriodRow> {
-    let period_ms = crate::daemon::LEDGER_PERIOD_MS;
+    let period_ms = super::daemon::LEDGER_PERIOD_MS;
     let mut closed = daemon.ledger.clone();
     closed.close(Timestamp(now));
     let mut by_scope: BTreeMap<String, Vec<PeriodRow>> = BTreeMap::new();
@@ -171,8 +134,8 @@ mod tests {
     use allot_api::SubmitRequest;
 
     use super::derive;
-    use crate::daemon::{Daemon, LEDGER_PERIOD_MS};
-    use crate::entry::Entry;
+    use crate::machine::entry::Entry;
+    use crate::machine::{Daemon, LEDGER_PERIOD_MS};
 
     const CLUSTER: &str = include_str!("../../../../examples/cluster.yaml");
     const POLICY: &str = include_str!("../../../../examples/policy.yaml");

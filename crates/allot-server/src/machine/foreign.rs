@@ -10,9 +10,9 @@ use allot_core::{
     DeviceShare, Event, MemberPlacement, NodeId, Placement, SHARES_PER_GPU, Stage, WorkloadId,
 };
 
-use crate::daemon::{Command, Daemon, Record};
-use crate::entry::Entry;
-use crate::submit;
+use super::daemon::{Command, Daemon, Record};
+use super::entry::Entry;
+use super::submit;
 
 /// Reason code of an adoption the engine refused (the work went back to the queue, held).
 const REFUSED_ADOPTION: &str = "cannot_adopt";
@@ -90,7 +90,16 @@ impl Daemon {
     }
 
     /// Applies `Entry::Imported`.
-    pub(crate) fn import(
+    pub(crate) fn imported(&mut self, now: u64, entry: &Entry) -> Vec<Command> {
+        let Entry::Imported { id, user, request, handle, running, started_ms, refusal } = entry
+        else {
+            return Vec::new();
+        };
+        let found = Found { handle, running, started_ms: *started_ms, refusal: refusal.as_deref() };
+        self.import(now, *id, user, request, &found)
+    }
+
+    fn import(
         &mut self,
         now: u64,
         id: u64,
@@ -123,7 +132,7 @@ impl Daemon {
                 (spec, state, ("imported".to_string(), text))
             }
             (Err(e), _) => (
-                crate::snapshot::rejected_spec(id, user, request),
+                super::submit::rejected_spec(id, user, request),
                 WorkloadState::Rejected,
                 (
                     "invalid_import".to_string(),
@@ -136,7 +145,7 @@ impl Daemon {
                 ),
             ),
             (Ok(_), Err(why)) => (
-                crate::snapshot::rejected_spec(id, user, request),
+                super::submit::rejected_spec(id, user, request),
                 WorkloadState::Rejected,
                 ("invalid_import".to_string(), format!("{handle} cannot be governed: {why}")),
             ),

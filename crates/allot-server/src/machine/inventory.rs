@@ -10,98 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::{DeviceSpec, Event, NodeId, NodeSpec};
-use serde::{Deserialize, Serialize};
+use allot_core::{Event, NodeId, NodeSpec};
 
-use crate::daemon::Daemon;
-
-/// A node as the log and snapshots keep it (`NodeSpec` is the core's, not serialisable).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct SavedNode {
-    pub name: String,
-    pub cpu_millis: u64,
-    pub memory_mib: u64,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rack: Option<String>,
-    pub devices: Vec<SavedDevice>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct SavedDevice {
-    pub model: String,
-    pub memory_mib: u64,
-    #[serde(default)]
-    pub island: u32,
-    #[serde(default)]
-    pub mig: bool,
-}
-
-impl From<&NodeSpec> for SavedNode {
-    fn from(n: &NodeSpec) -> SavedNode {
-        SavedNode {
-            name: n.name.clone(),
-            cpu_millis: n.cpu_millis,
-            memory_mib: n.memory_mib,
-            labels: n.labels.clone(),
-            pool: n.pool.clone(),
-            rack: n.rack.clone(),
-            devices: n
-                .devices
-                .iter()
-                .map(|d| SavedDevice {
-                    model: d.model.clone(),
-                    memory_mib: d.memory_mib,
-                    island: d.island,
-                    mig: d.mig,
-                })
-                .collect(),
-        }
-    }
-}
-
-impl From<&SavedNode> for NodeSpec {
-    fn from(n: &SavedNode) -> NodeSpec {
-        NodeSpec {
-            name: n.name.clone(),
-            cpu_millis: n.cpu_millis,
-            memory_mib: n.memory_mib,
-            labels: n.labels.clone(),
-            pool: n.pool.clone(),
-            rack: n.rack.clone(),
-            devices: n
-                .devices
-                .iter()
-                .map(|d| DeviceSpec {
-                    model: d.model.clone(),
-                    memory_mib: d.memory_mib,
-                    island: d.island,
-                    mig: d.mig,
-                })
-                .collect(),
-        }
-    }
-}
-
-pub(crate) fn saved(nodes: &[NodeSpec]) -> Vec<SavedNode> {
-    nodes.iter().map(SavedNode::from).collect()
-}
-
-pub(crate) fn specs(nodes: &[SavedNode]) -> Vec<NodeSpec> {
-    nodes.iter().map(NodeSpec::from).collect()
-}
-
-/// The backend stopped answering: since when, and what it said.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Unreachable {
-    pub since_ms: u64,
-    pub error: String,
-}
+use super::daemon::Daemon;
+use super::wire::{Unreachable, saved};
 
 impl Daemon {
     /// `Entry::InventoryReported`: the backend's inventory now. Taken as far as live work
@@ -121,7 +33,7 @@ impl Daemon {
                 Ok(engine) => {
                     self.engine = engine;
                     self.nodes = change.nodes.clone();
-                    self.known = crate::daemon::known(&self.nodes, &self.policy);
+                    self.known = super::daemon::known(&self.nodes, &self.policy);
                     self.inventory_note = Some(change_note(&change));
                     self.changed.extend(self.workloads.keys().copied());
                     self.dirty = true;
@@ -141,9 +53,9 @@ impl Daemon {
 
     /// The entry that tells the engine of `nodes` (the backend's inventory now), when it
     /// differs from the last one taken or reported.
-    pub(crate) fn inventory_entry(&self, nodes: &[NodeSpec]) -> Option<crate::entry::Entry> {
+    pub(crate) fn inventory_entry(&self, nodes: &[NodeSpec]) -> Option<super::entry::Entry> {
         let latest = self.reported_nodes.as_deref().unwrap_or(&self.nodes);
-        (latest != nodes).then(|| crate::entry::Entry::InventoryReported { nodes: saved(nodes) })
+        (latest != nodes).then(|| super::entry::Entry::InventoryReported { nodes: saved(nodes) })
     }
 
     /// `Entry::BackendUnreachable` / `Entry::BackendReachable`.

@@ -1,0 +1,63 @@
+//! What users ask the daemon (through the API or the dashboard) and what it answers: the
+//! requests the machine takes (`Input::Ask`) and the answers it gives, in the words of the
+//! API's types. A leaf beside the view: readers build these and nothing else.
+
+use allot_api::{HistoryExport, PolicyView, Report, SubmitRequest, SubmitResponse, Why, Workload};
+
+use crate::auth::Principal;
+use crate::view::HttpError;
+
+/// What a user asks through the API or the dashboard.
+#[derive(Clone, Debug)]
+pub(crate) enum Ask {
+    Submit {
+        principal: Principal,
+        request: Box<SubmitRequest>,
+        /// When the API received it (ms since the Unix epoch; for the submit-to-admit figure).
+        received_ms: u64,
+    },
+    Act {
+        principal: Principal,
+        id: u64,
+        action: Action,
+    },
+    Why {
+        principal: Principal,
+        id: u64,
+    },
+    Report {
+        principal: Principal,
+    },
+    /// `allot policy apply` (admins only; the API checks the role).
+    ApplyPolicy {
+        source: String,
+        text: String,
+    },
+    /// The workloads as a job trace (`GET /api/v1/history`, the dashboard's what-if).
+    History {
+        limit: usize,
+    },
+}
+
+/// A user's action on one workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    Cancel,
+    Suspend,
+    Resume,
+    /// The workload reports a checkpoint made at `at_ms`.
+    Checkpoint {
+        at_ms: u64,
+    },
+}
+
+/// The answer to an `Ask`, of the kind asked.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Submitted(Result<SubmitResponse, HttpError>),
+    Workload(Result<Workload, HttpError>),
+    Why(Result<Why, HttpError>),
+    Report(Result<Report, HttpError>),
+    Policy(Result<PolicyView, HttpError>),
+    History(Result<HistoryExport, HttpError>),
+}

@@ -1,0 +1,634 @@
+//! The daemon as a sans-I/O state machine (as quinn-proto is to quinn): inputs go in — API
+//! requests, backend observations, telemetry readings, probe results, the clock — and outputs
+//! come out — log entries to make durable, answers, backend commands — from `Machine::step`.
+//! Nothing here reads a clock, a file, a socket or a thread: the production driver
+//! (`driver.rs`: threads, SQLite, the backend, the wall clock) and the whole-system simulation
+//! (`simulation.rs`: the same store, the fake backend, a seeded scheduler on a virtual clock)
+//! drive the very same code.
+//!
+//! One rule makes the daemon crash-safe: a step's `Output::entries` are durable before any of
+//! its answers or commands leave (`durable.rs` appends them first); if the append fails the
+//! driver stops, with memory ahead of the log and nothing acknowledged, and a restart replays.
+
+mod attribution;
+mod daemon;
+mod derived;
+mod entry;
+mod foreign;
+pub(crate) mod history;
+mod inventory;
+mod publish;
+mod records;
+#[cfg(test)]
+mod roundtrip;
+mod snapshot;
+mod submit;
+mod wire;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use allot_api::{PolicyView, Report, SubmitResponse, Why, WorkloadState};
+use allot_backend::{ClusterNews, MemberLaunch, Observation, RunId};
+use allot_core::{Timestamp, WorkloadId};
+use allot_telemetry::Sample;
+
+#[cfg(test)]
+pub(crate) use daemon::LEDGER_PERIOD_MS;
+pub(crate) use daemon::{Command, Daemon};
+pub(crate) use entry::Entry;
+pub(crate) use wire::{SavedNode, saved as saved_nodes};
+
+pub(crate) use crate::ask::{Action, Answer, Ask};
+use crate::auth::Principal;
+use crate::view::HttpError;
+
+/// Most inputs taken in one step (one transaction).
+pub(crate) const BATCH_MAX: usize = 1024;
+/// Most submissions timed to their admission at once (the rest are not timed).
+const AWAITING_ADMISSION_MAX: usize = 100_000;
+/// Most process-group entries kept from collectors (pid → group), pruned to running work.
+const GROUPS_MAX: usize = 100_000;
+
+/// Names an `Ask` so that its answer finds the asker (the driver keeps the reply channel).
+pub(crate) type Ticket = u64;
+
+/// The entry a user's action logs.
+fn action_entry(action: Action, id: u64) -> Entry {
+    match action {
+        Action::Cancel => Entry::CancelRequested { id },
+        Action::Suspend => Entry::SuspendRequested { id },
+        Action::Resume => Entry::ResumeRequested { id },
+        Action::Checkpoint { at_ms } => Entry::CheckpointReported { id, at_ms },
+    }
+}
+
+/// A probe file's modification time as the driver read it (`None`: absent, or dated at the
+/// epoch — made for a job run as another user and not touched yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileTimes {
+    pub id: u64,
+    pub heartbeat_ms: Option<u64>,
+    pub checkpoint_ms: Option<u64>,
+}
+
+/// Everything that reaches the machine.
+#[derive(Debug)]
+pub(crate) enum Input {
+    Ask(Ticket, Ask),
+    /// What the backend saw of allot's runs.
+    Observed(Vec<Observation>),
+    /// What the backend said of the runs live at start (asked once it answered).
+    Recovered(Vec<Observation>),
+    /// Node states, the inventory and foreign work on the cluster.
+    Cluster(ClusterNews),
+    /// Runs the backend keeps stopped work for (accepted requeues).
+    Kept(Vec<RunId>),
+    /// The devices started runs actually hold.
+    Placed(Vec<(RunId, Vec<MemberLaunch>)>),
+    /// The backend stopped answering (`Some(error)`) or answers again.
+    BackendHealth(Option<String>),
+    /// Device samples from a collector or a node agent, with the process groups of the
+    /// processes they list (pid → group id, read where the processes run; may be empty).
+    Telemetry {
+        samples: Vec<Sample>,
+        groups: BTreeMap<u32, u32>,
+    },
+    /// An application probe saw the workload in use.
+    Probed {
+        id: u64,
+        last_activity_ms: u64,
+    },
+    /// The running workloads' probe files (`Machine::watched_files`), as read now.
+    Files(Vec<FileTimes>),
+}
+
+/// What one step produced. `entries` must be durable before any answer or command leaves.
+#[derive(Debug, Default)]
+pub(crate) struct Output {
+    pub entries: Vec<Entry>,
+    pub answers: Vec<(Ticket, Answer)>,
+    pub commands: Vec<Command>,
+    /// A decision cycle ran in this step (the last entry is `Decided`: a snapshot may follow).
+    pub cycled: bool,
+    /// Submit-to-admit times (ms) of first admissions this step decided.
+    pub admitted_after_ms: Vec<u64>,
+}
+
+/// How often the machine does what it does on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cadence {
+    /// Least time between decision cycles.
+    pub decide_interval_ms: u64,
+    /// Running workloads get a telemetry round this often.
+    pub telemetry_round_ms: u64,
+}
+
+/// The machine: the daemon's durable state (`Daemon`, rebuilt by replaying the log) and what
+/// it keeps between steps that is not logged (the newest samples, probe files seen).
+#[derive(Debug)]
+pub(crate) struct Machine {
+    pub daemon: Daemon,
+    pub cadence: Cadence,
+    /// The newest sample per device, and the last round's attribution.
+    pub telemetry: attribution::Latest,
+    /// Process group of each process the collectors listed (pid → group).
+    groups: BTreeMap<u32, u32>,
+    /// Heartbeat file times already logged.
+    heartbeats: BTreeMap<u64, u64>,
+    /// The last activity each application probe reported (only news is logged).
+    probed: BTreeMap<u64, u64>,
+    /// Submissions waiting for their first admission: when they were received.
+    awaiting_admission: BTreeMap<u64, u64>,
+    last_telemetry_ms: u64,
+    /// When the readers' project and node views were last rebuilt (`publish`).
+    last_view_ms: u64,
+}
+
+/// An `Ask` whose entry is logged in this step: answered once the batch is applied.
+enum Waiting {
+    Submitted(Ticket, u64),
+    Acted(Ticket, u64),
+    Policy(Ticket),
+}
+
+impl Machine {
+    pub(crate) fn new(daemon: Daemon, cadence: Cadence) -> Machine {
+        Machine {
+            daemon,
+            cadence,
+            telemetry: attribution::Latest::default(),
+            groups: BTreeMap::new(),
+            heartbeats: BTreeMap::new(),
+            probed: BTreeMap::new(),
+            awaiting_admission: BTreeMap::new(),
+            last_telemetry_ms: 0,
+            last_view_ms: 0,
+        }
+    }
+
+    /// Applies entries made outside a step (at start: the inventory, recovery, a policy
+    /// file edited since the last start) and returns what they ask to be done.
+    pub(crate) fn apply_all(&mut self, now: u64, entries: &[Entry]) -> Vec<Command> {
+        entries.iter().flat_map(|e| self.daemon.apply(now, e)).collect()
+    }
+
+    /// One turn: takes `inputs` at wall time `now_wall` (ms since the Unix epoch; the
+    /// engine's time never goes back, whatever the clock does), logs and applies what they
+    /// say, runs the telemetry round and the cycle when due, and answers.
+    pub(crate) fn step(&mut self, now_wall: u64, inputs: Vec<Input>) -> Output {
+        let now = self.daemon.clamp(now_wall);
+        let mut out = Output::default();
+        let mut waiting = Vec::new();
+        let mut queries = Vec::new();
+        for input in inputs {
+            self.take(now, input, &mut out, &mut waiting, &mut queries);
+        }
+        if now.saturating_sub(self.last_telemetry_ms) >= self.cadence.telemetry_round_ms {
+            self.last_telemetry_ms = now;
+            for e in self.telemetry_round(now) {
+                self.log(now, e, &mut out);
+            }
+        }
+        if self.daemon.cycle_due(now, self.cadence.decide_interval_ms) {
+            self.log(now, Entry::Decided, &mut out);
+            out.cycled = true;
+        }
+        for w in waiting {
+            out.answers.push(match w {
+                Waiting::Submitted(ticket, id) => {
+                    let state =
+                        self.daemon.workloads.get(&id).map_or(WorkloadState::Pending, |r| r.state);
+                    (ticket, Answer::Submitted(Ok(SubmitResponse { id, state })))
+                }
+                Waiting::Acted(ticket, id) => {
+                    let w = self.daemon.workloads.get(&id).map(|r| records::workload(id, r));
+                    let w =
+                        w.ok_or_else(|| HttpError::plain(404, format!("no workload {id}"), None));
+                    (ticket, Answer::Workload(w))
+                }
+                Waiting::Policy(ticket) => (ticket, Answer::Policy(Ok(self.policy_view()))),
+            });
+        }
+        if out.cycled && !self.awaiting_admission.is_empty() {
+            out.admitted_after_ms = self.admitted_after(now);
+        }
+        out.commands.extend(self.daemon.due_signals(now));
+        for (ticket, ask) in queries {
+            out.answers.push((ticket, self.answer(now, ask)));
+        }
+        out
+    }
+
+    /// How long, from `now_wall`, until a step is due without any input (a cycle waiting out
+    /// its interval, the periodic cycle, a telemetry round, a stop to escalate); at most
+    /// `max_ms`.
+    pub(crate) fn wake_in_ms(&self, now_wall: u64, max_ms: u64) -> u64 {
+        let now = self.daemon.clamp(now_wall);
+        let cycle = self.daemon.cycle_wait_ms(now, self.cadence.decide_interval_ms);
+        let telemetry =
+            (self.last_telemetry_ms + self.cadence.telemetry_round_ms).saturating_sub(now);
+        let signal = self.daemon.next_signal_ms().map(|at| at.saturating_sub(now));
+        [cycle, Some(telemetry), signal, Some(max_ms)].into_iter().flatten().min().unwrap_or(max_ms)
+    }
+
+    /// Logs `entry` in this step and applies it; what it asks to be done waits for the append.
+    fn log(&mut self, now: u64, entry: Entry, out: &mut Output) {
+        out.commands.extend(self.daemon.apply(now, &entry));
+        out.entries.push(entry);
+    }
+
+    fn take(
+        &mut self,
+        now: u64,
+        input: Input,
+        out: &mut Output,
+        waiting: &mut Vec<Waiting>,
+        queries: &mut Vec<(Ticket, Ask)>,
+    ) {
+        match input {
+            Input::Ask(ticket, ask) => self.ask(now, ticket, ask, out, waiting, queries),
+            Input::Telemetry { samples, groups } => {
+                self.telemetry.take(samples);
+                if self.groups.len() + groups.len() > GROUPS_MAX {
+                    self.groups.clear();
+                }
+                self.groups.extend(groups);
+            }
+            Input::Probed { id, last_activity_ms } => {
+                if self.probed.get(&id).is_none_or(|last| last_activity_ms > *last)
+                    && self.daemon.running_ids().contains(&id)
+                {
+                    self.probed.insert(id, last_activity_ms);
+                    self.log(now, Entry::Probed { id, last_activity_ms }, out);
+                }
+            }
+            Input::Files(files) => {
+                for e in self.file_probes(&files) {
+                    self.log(now, e, out);
+                }
+            }
+            Input::Kept(runs) => {
+                for run in runs {
+                    self.log(now, Entry::Kept { id: run.workload, attempt: run.attempt }, out);
+                }
+            }
+            Input::Placed(placed) => {
+                for (run, reported) in placed {
+                    let Some(members) = self.daemon.bound_members(run, &reported) else {
+                        continue;
+                    };
+                    let e =
+                        Entry::DevicesReported { id: run.workload, attempt: run.attempt, members };
+                    self.log(now, e, out);
+                }
+            }
+            Input::Cluster(news) => {
+                // The shape first, so that node states can name nodes just added.
+                if let Some(e) =
+                    news.inventory.as_deref().and_then(|n| self.daemon.inventory_entry(n))
+                {
+                    self.log(now, e, out);
+                }
+                for e in self.daemon.cluster_entries(&news) {
+                    self.log(now, e, out);
+                }
+            }
+            Input::BackendHealth(down) => {
+                let e = match down {
+                    Some(error) => Entry::BackendUnreachable { error },
+                    None => Entry::BackendReachable,
+                };
+                self.log(now, e, out);
+            }
+            Input::Recovered(observations) => {
+                for e in recovered_entries(observations) {
+                    self.log(now, e, out);
+                }
+            }
+            Input::Observed(observations) => {
+                for o in observations {
+                    self.log(now, observation_entry(o), out);
+                }
+            }
+        }
+    }
+
+    fn ask(
+        &mut self,
+        now: u64,
+        ticket: Ticket,
+        ask: Ask,
+        out: &mut Output,
+        waiting: &mut Vec<Waiting>,
+        queries: &mut Vec<(Ticket, Ask)>,
+    ) {
+        match ask {
+            Ask::Submit { principal, request, received_ms } => {
+                if !principal.can_act(&request.project) {
+                    let denied = forbidden(&principal, &request.project);
+                    out.answers.push((ticket, Answer::Submitted(Err(denied))));
+                    return;
+                }
+                match self.daemon.prepare_submit(&principal.name, *request) {
+                    Ok(entry) => {
+                        let Entry::Submitted { id, .. } = &entry else { return };
+                        let id = *id;
+                        self.log(now, entry, out);
+                        waiting.push(Waiting::Submitted(ticket, id));
+                        if self.awaiting_admission.len() < AWAITING_ADMISSION_MAX {
+                            self.awaiting_admission.insert(id, received_ms);
+                        }
+                    }
+                    Err(e) => {
+                        out.answers.push((ticket, Answer::Submitted(Err(HttpError::new(400, e)))));
+                    }
+                }
+            }
+            Ask::Act { principal, id, action } => {
+                if let Some(project) =
+                    self.daemon.workloads.get(&id).map(|r| r.spec.project.clone())
+                    && !principal.can_act(&project)
+                {
+                    out.answers
+                        .push((ticket, Answer::Workload(Err(forbidden(&principal, &project)))));
+                    return;
+                }
+                match self.daemon.prepare_action(id, action_entry(action, id)) {
+                    Ok(entry) => {
+                        self.log(now, entry, out);
+                        waiting.push(Waiting::Acted(ticket, id));
+                    }
+                    Err(e) => {
+                        let status =
+                            if self.daemon.workloads.contains_key(&id) { 409 } else { 404 };
+                        out.answers
+                            .push((ticket, Answer::Workload(Err(HttpError::new(status, e)))));
+                    }
+                }
+            }
+            Ask::ApplyPolicy { source, text } => match self.daemon.prepare_policy(&source, &text) {
+                Ok(Some(entry)) => {
+                    self.log(now, entry, out);
+                    waiting.push(Waiting::Policy(ticket));
+                }
+                Ok(None) => out.answers.push((ticket, Answer::Policy(Ok(self.policy_view())))),
+                Err(problems) => {
+                    out.answers.push((ticket, Answer::Policy(Err(policy_refused(&problems)))));
+                }
+            },
+            query @ (Ask::Why { .. } | Ask::Report { .. } | Ask::History { .. }) => {
+                queries.push((ticket, query));
+            }
+        }
+    }
+
+    /// Submissions the last cycle decided on for good (admitted, or ended otherwise) stop
+    /// being timed; first admissions give their time since arrival.
+    fn admitted_after(&mut self, now: u64) -> Vec<u64> {
+        let daemon = &self.daemon;
+        let mut out = Vec::new();
+        self.awaiting_admission.retain(|id, received| {
+            let Some(r) = daemon.workloads.get(id) else { return false };
+            match r.state {
+                WorkloadState::Pending | WorkloadState::Suspended => true,
+                WorkloadState::Starting | WorkloadState::Running if r.attempt == 1 => {
+                    out.push(now.saturating_sub(*received));
+                    false
+                }
+                _ => false,
+            }
+        });
+        out
+    }
+
+    fn answer(&self, now: u64, ask: Ask) -> Answer {
+        match ask {
+            Ask::Why { principal, id } => Answer::Why(match self.daemon.workloads.get(&id) {
+                None => Err(HttpError::plain(
+                    404,
+                    format!("no workload {id}"),
+                    Some("list workloads with `allot ls`"),
+                )),
+                Some(r) if !principal.can_see(&r.spec.project) => {
+                    Err(forbidden(&principal, &r.spec.project))
+                }
+                Some(r) => Ok(self.why(now, id, r.state)),
+            }),
+            Ask::Report { principal } => {
+                let rows = records::report(&self.daemon.ledger, now)
+                    .into_iter()
+                    .filter(|row| self.row_visible(&principal, &row.scope))
+                    .collect();
+                Answer::Report(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }))
+            }
+            Ask::History { limit } => {
+                Answer::History(Ok(history::export(&self.daemon, now, limit)))
+            }
+            Ask::Submit { .. } => {
+                Answer::Submitted(Err(HttpError::plain(500, "not a query", None)))
+            }
+            Ask::Act { .. } => Answer::Workload(Err(HttpError::plain(500, "not a query", None))),
+            Ask::ApplyPolicy { .. } => {
+                Answer::Policy(Err(HttpError::plain(500, "not a query", None)))
+            }
+        }
+    }
+
+    fn row_visible(&self, principal: &Principal, scope: &str) -> bool {
+        if principal.role != allot_api::Role::Member {
+            return true;
+        }
+        match scope.split_once(':') {
+            None => true,
+            Some(("project", p)) => principal.can_see(p),
+            Some(("user", u)) => u == principal.name,
+            Some(("workload", id)) => id
+                .parse::<u64>()
+                .ok()
+                .and_then(|id| self.daemon.workloads.get(&id))
+                .is_some_and(|r| principal.can_see(&r.spec.project)),
+            Some(_) => false,
+        }
+    }
+
+    fn why(&self, now: u64, id: u64, state: WorkloadState) -> Why {
+        let engine = &self.daemon.engine;
+        let record = self.daemon.workloads.get(&id);
+        let mut lines = Vec::new();
+        let mut decision = None;
+        if let Some(e) = engine.explain(Timestamp(now), WorkloadId(id)) {
+            let text = engine.render_explanation(&e);
+            lines.extend(
+                text.lines()
+                    .map(|l| crate::views::humanize_times(l.trim()))
+                    .filter(|l| !l.is_empty()),
+            );
+            decision = e.decision.as_ref().map(|d| crate::views::decision_json(engine, d));
+        } else {
+            lines.push(format!(
+                "{} is {}.",
+                record.map_or("it", |r| r.spec.name.as_str()),
+                state.as_str()
+            ));
+            if let Some((_, reason)) = record.and_then(|r| r.reason.as_ref()) {
+                lines.push(reason.clone());
+            }
+        }
+        Why {
+            id,
+            name: record.map_or(String::new(), |r| r.spec.name.clone()),
+            state,
+            lines,
+            decision,
+        }
+    }
+
+    pub(crate) fn policy_view(&self) -> PolicyView {
+        PolicyView {
+            source: self.daemon.policy_source.clone(),
+            text: self.daemon.policy_text.clone(),
+        }
+    }
+
+    /// The probe files of the running workloads, for the driver to read: (workload, heartbeat
+    /// file, checkpoint file).
+    pub(crate) fn watched_files(&self) -> Vec<(u64, PathBuf, PathBuf)> {
+        self.daemon
+            .running_ids()
+            .into_iter()
+            .map(|id| (id, self.daemon.heartbeat_path(id), self.daemon.checkpoint_path(id)))
+            .collect()
+    }
+
+    /// The application probes of the running workloads, for the prober.
+    pub(crate) fn app_probes(&mut self) -> BTreeMap<u64, allot_api::Probe> {
+        let running: BTreeMap<u64, allot_api::Probe> = self
+            .daemon
+            .running_ids()
+            .into_iter()
+            .filter_map(|id| {
+                let probe = self.daemon.workloads.get(&id)?.request.probe.clone()?;
+                Some((id, probe))
+            })
+            .collect();
+        self.probed.retain(|id, _| running.contains_key(id));
+        running
+    }
+
+    /// Heartbeat files newer than last seen become probes; checkpoint files newer than the
+    /// last checkpoint, checkpoint reports.
+    fn file_probes(&mut self, files: &[FileTimes]) -> Vec<Entry> {
+        let running = self.daemon.running_ids();
+        self.heartbeats.retain(|id, _| running.contains(id));
+        let mut out = Vec::new();
+        for f in files.iter().filter(|f| running.contains(&f.id)) {
+            if let Some(ms) = f.heartbeat_ms
+                && self.heartbeats.get(&f.id) != Some(&ms)
+            {
+                self.heartbeats.insert(f.id, ms);
+                out.push(Entry::Probed { id: f.id, last_activity_ms: ms });
+            }
+        }
+        for f in files.iter().filter(|f| running.contains(&f.id)) {
+            let Some(ms) = f.checkpoint_ms else { continue };
+            let last = self.daemon.workloads.get(&f.id).and_then(|r| r.last_checkpoint_ms);
+            if last.is_none_or(|last| ms > last) {
+                out.push(Entry::CheckpointReported { id: f.id, at_ms: ms });
+            }
+        }
+        out
+    }
+
+    /// This round's readings of the running workloads' devices, and the workloads without any.
+    fn telemetry_round(&mut self, now: u64) -> Vec<Entry> {
+        let ids = self.daemon.running_ids();
+        if ids.is_empty() {
+            self.telemetry.readings.clear();
+            return Vec::new();
+        }
+        // Members run in their own process groups; their group ids are the pids they report.
+        let members: BTreeMap<u32, u64> = self
+            .daemon
+            .workloads
+            .iter()
+            .filter(|(_, r)| r.state == WorkloadState::Running)
+            .flat_map(|(id, r)| r.pids.iter().map(move |pid| (*pid, *id)))
+            .collect();
+        let groups = &self.groups;
+        let owner_of = |pid: u32| members.get(groups.get(&pid)?).copied();
+        let sampled = self.telemetry.attribute(now, &self.daemon.allocations(), owner_of);
+        let missing: Vec<u64> = ids.into_iter().filter(|id| !sampled.contains_key(id)).collect();
+        let mut out = Vec::new();
+        if !sampled.is_empty() {
+            let workloads = sampled
+                .into_iter()
+                .map(|(id, readings)| (id, readings.into_iter().map(Into::into).collect()))
+                .collect();
+            out.push(Entry::Sampled { workloads });
+        }
+        if !missing.is_empty() {
+            out.push(Entry::TelemetryMissing { ids: missing });
+        }
+        out
+    }
+}
+
+/// What the backend said of the runs the log says were live, after a restart: a launch it
+/// has no record of was cut short by the restart, so the work queues again.
+pub(crate) fn recovered_entries(observations: Vec<Observation>) -> Vec<Entry> {
+    observations
+        .into_iter()
+        .map(|o| match observation_entry(o) {
+            Entry::LaunchFailed { id, attempt, error, .. } => {
+                Entry::LaunchFailed { id, attempt, error, requeue: true }
+            }
+            other => other,
+        })
+        .collect()
+}
+
+fn observation_entry(o: Observation) -> Entry {
+    match o {
+        Observation::Started { run, pids } => {
+            Entry::Started { id: run.workload, attempt: run.attempt, pids }
+        }
+        Observation::LaunchFailed { run, error } => {
+            Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error, requeue: false }
+        }
+        Observation::Exited { run, code, detail } => {
+            Entry::Exited { id: run.workload, attempt: run.attempt, code, detail }
+        }
+        Observation::LaunchDeferred { run, error } => {
+            Entry::LaunchDeferred { id: run.workload, attempt: run.attempt, error }
+        }
+    }
+}
+
+fn forbidden(principal: &Principal, project: &str) -> HttpError {
+    HttpError::plain(
+        403,
+        format!(
+            "{} ({}) may not act on project {project:?}",
+            principal.name,
+            principal.role.as_str()
+        ),
+        Some("use a token of that project's member, or an admin token"),
+    )
+}
+
+/// A policy `allot policy apply` cannot move live work to: 422, every problem named.
+fn policy_refused(problems: &[String]) -> HttpError {
+    HttpError::new(
+        422,
+        allot_api::ApiError {
+            error: format!("the policy cannot be applied: {}", problems.join("; ")),
+            field: Some("policy".into()),
+            fix: Some(
+                "fix the policy file (see `allot policy validate`), or cancel or suspend the \
+                 work named, then apply again; nothing was changed"
+                    .into(),
+            ),
+        },
+    )
+}

@@ -1,0 +1,152 @@
+//! The daemon's records as the API shows them: workloads, projects, nodes and the ledger as
+//! `allot-api` types.
+
+use allot_api::{Device, LedgerRow, Node, Project, QuotaLine, Workload};
+use allot_core::ledger::{Books, Ledger, Scope};
+use allot_core::{Engine, ProjectId, Timestamp};
+
+use super::daemon::Record;
+use super::submit::gpus_text;
+
+pub(crate) fn workload(id: u64, r: &Record) -> Workload {
+    Workload {
+        id,
+        name: r.spec.name.clone(),
+        project: r.spec.project.clone(),
+        user: r.spec.user.clone(),
+        kind: r.spec.kind.as_str().to_string(),
+        state: r.state,
+        gpus: gpus_text(&r.spec.gpus_per_member),
+        members: r.spec.members,
+        command: r.request.command.clone(),
+        submitted_ms: r.submitted_ms,
+        started_ms: r.started_ms,
+        ended_ms: r.ended_ms,
+        exit_code: r.exit_code,
+        attempt: r.attempt,
+        reason: r.reason.as_ref().map(|(_, text)| text.clone()),
+        reason_code: r.reason.as_ref().map(|(code, _)| code.clone()),
+        placement: r.placement.clone(),
+        pids: r.pids.clone(),
+        last_checkpoint_ms: r.last_checkpoint_ms,
+        last_activity_ms: r.last_activity_ms,
+    }
+}
+
+pub(crate) fn projects<'a>(
+    engine: &Engine,
+    records: impl Iterator<Item = &'a Record>,
+) -> Vec<Project> {
+    let mut counts = vec![(0u64, 0u64); engine.project_count()];
+    for r in records {
+        if let Some(p) = engine.project_id(&r.spec.project) {
+            let c = &mut counts[p.0 as usize];
+            match r.state {
+                allot_api::WorkloadState::Pending => c.0 += 1,
+                allot_api::WorkloadState::Starting
+                | allot_api::WorkloadState::Running
+                | allot_api::WorkloadState::Stopping => c.1 += 1,
+                _ => {}
+            }
+        }
+    }
+    (0..engine.project_count())
+        .map(|p| {
+            let id = ProjectId(p as u32);
+            Project {
+                name: engine.project_name(id).to_string(),
+                cohort: engine.project_cohort(id).map(str::to_string),
+                department: engine.project_department(id).map(str::to_string),
+                quota: engine
+                    .project_lines(id)
+                    .into_iter()
+                    .map(|(k, used, g, b, l)| QuotaLine {
+                        model: engine.key_name(k).to_string(),
+                        used_gpus: used.to_string(),
+                        guaranteed_gpus: g.to_string(),
+                        borrow_limit_gpus: b.map(|b| b.to_string()),
+                        lend_limit_gpus: l.map(|l| l.to_string()),
+                    })
+                    .collect(),
+                pending: counts[p].0,
+                running: counts[p].1,
+            }
+        })
+        .collect()
+}
+
+/// Nodes and devices with what runs on them, from the records' placements.
+pub(crate) fn nodes<'a>(
+    engine: &Engine,
+    nodes: &[allot_core::NodeSpec],
+    unusable: &std::collections::BTreeMap<String, String>,
+    records: impl Iterator<Item = (&'a u64, &'a Record)>,
+) -> Vec<Node> {
+    let mut out: Vec<Node> = nodes
+        .iter()
+        .map(|n| Node {
+            unusable: unusable.get(&n.name).cloned(),
+            name: n.name.clone(),
+            devices: n
+                .devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| Device {
+                    index: i as u32,
+                    model: d.model.clone(),
+                    used_shares: 0,
+                    workloads: Vec::new(),
+                })
+                .collect(),
+        })
+        .collect();
+    for (id, _) in records {
+        let Some(placement) = engine.placement(allot_core::WorkloadId(*id)) else { continue };
+        for m in &placement.members {
+            let Some(node) = out.get_mut(m.node.0 as usize) else { continue };
+            for d in &m.devices {
+                if let Some(dev) = node.devices.get_mut(usize::from(d.device)) {
+                    dev.used_shares += u64::from(d.shares);
+                    if dev.workloads.last() != Some(id) {
+                        dev.workloads.push(*id);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn ledger_row(scope: String, b: &Books) -> LedgerRow {
+    let hours = |v: u128| Books::gpu_hours(v);
+    LedgerRow {
+        scope,
+        allocated_gpu_hours: hours(b.allocated),
+        active_gpu_hours: hours(b.active),
+        measured_gpu_hours: hours(b.measured),
+        idle_allocated_gpu_hours: hours(b.idle_allocated()),
+        lost_gpu_hours: hours(b.lost_to_preemption),
+        useful_gpu_hours: hours(b.useful()),
+        goodput: (b.allocated > 0).then(|| b.goodput()),
+    }
+}
+
+/// The ledger's totals per scope (cluster first, then projects, users, workloads) as of `now`:
+/// open books are closed on a copy.
+pub(crate) fn report(ledger: &Ledger, now: u64) -> Vec<LedgerRow> {
+    let mut closed = ledger.clone();
+    closed.close(Timestamp(now));
+    closed
+        .scopes()
+        .into_iter()
+        .map(|scope| {
+            let name = match &scope {
+                Scope::Cluster => "cluster".to_string(),
+                Scope::Project(p) => format!("project:{p}"),
+                Scope::User(u) => format!("user:{u}"),
+                Scope::Workload(w) => format!("workload:{}", w.0),
+            };
+            ledger_row(name, &closed.total(&scope))
+        })
+        .collect()
+}

@@ -177,9 +177,21 @@ up() {
   sinfo -N -o '%N %P %T %G'
 }
 
+# The controller alone, for tests of a slurmctld restart: stopped, then started again from its
+# saved state (no -c: the jobs it had are kept, as after a real controller restart).
+ctld_stop() { stop_pidfile "$STATE/run/slurmctld.pid"; echo "slurm-cluster: slurmctld stopped"; }
+ctld_start() {
+  export SLURM_CONF=$CONF
+  slurmctld -f "$CONF"
+  for _ in $(seq 1 120); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.25; done
+  echo "slurm-cluster: slurmctld started"
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) echo "usage: $0 up|down|env  (state in \$ALLOT_SLURM_DIR, default /tmp/allot-slurm)" >&2; exit 2 ;;
+  ctld-stop) ctld_stop ;;
+  ctld-start) ctld_start ;;
+  *) echo "usage: $0 up|down|env|ctld-stop|ctld-start  (state in \$ALLOT_SLURM_DIR, default /tmp/allot-slurm)" >&2; exit 2 ;;
 esac

@@ -317,6 +317,23 @@ impl SlurmBackend {
         self.config.runner.run(tool, args, &BTreeMap::new()).map_err(io)
     }
 
+    /// An error a `--json` listing reported. Slurm 22.05 says only "Unspecified error" when
+    /// the controller does not answer (and exits 0): `scontrol ping` tells that case, which is
+    /// transient, from an error that is not.
+    fn reported_error(&self, error: String) -> BackendError {
+        let down =
+            match self.config.runner.run(Tool::Scontrol, &["ping".to_string()], &BTreeMap::new()) {
+                Ok(out) => out.stdout.contains("DOWN"),
+                // `scontrol ping` exits 1 when a controller is DOWN (the words go to stdout).
+                Err(e) => !e.message.starts_with("cannot start it"),
+            };
+        if down {
+            BackendError::Unreachable(format!("{error} (scontrol ping: slurmctld is DOWN)"))
+        } else {
+            BackendError::Io(error)
+        }
+    }
+
     /// Reads the queue into the cache, the way `poll_query` says.
     fn refresh(&mut self) -> Result<(), BackendError> {
         match self.config.poll_query {
@@ -341,7 +358,7 @@ impl SlurmBackend {
     /// Reads `squeue --json` (every field) into the cache.
     fn refresh_json(&mut self) -> Result<(), BackendError> {
         let out = self.run(Tool::Squeue, &["--json".to_string()])?;
-        let jobs = parse::parse_squeue(&out.stdout).map_err(|e| BackendError::Io(e.0))?;
+        let jobs = parse::parse_squeue(&out.stdout).map_err(|e| self.reported_error(e.0))?;
         self.jobs = Some(jobs.into_iter().map(|j| (j.job_id, j)).collect());
         Ok(())
     }
@@ -400,7 +417,7 @@ impl SlurmBackend {
     /// one the daemon should take out of placement (an engine event), and back when usable.
     pub fn nodes(&mut self) -> Result<Vec<SinfoNode>, BackendError> {
         let out = self.run(Tool::Sinfo, &["--json".to_string()])?;
-        let mut nodes = parse::parse_sinfo(&out.stdout).map_err(|e| BackendError::Io(e.0))?;
+        let mut nodes = parse::parse_sinfo(&out.stdout).map_err(|e| self.reported_error(e.0))?;
         let mut seen = BTreeSet::new();
         nodes.retain(|n| seen.insert(n.name.clone()));
         Ok(nodes)

@@ -50,17 +50,20 @@ impl std::fmt::Debug for Executor {
 }
 
 impl Executor {
+    /// `down`: what the machine last heard of the backend (its `backend_down`), so that the
+    /// first call that succeeds tells it the backend answers again.
     pub(crate) fn new(
         backend: Box<dyn Backend>,
         watch_every_ms: u64,
         heartbeat_dir: std::path::PathBuf,
+        down: Option<String>,
     ) -> Executor {
         Executor {
             backend,
             heartbeat_dir,
             watch_every_ms: watch_every_ms.max(1),
             last_watch_ms: None,
-            down: None,
+            down,
             retry_at_ms: 0,
             backoff_ms: UNREACHABLE_RETRY_MIN_MS,
             owed: VecDeque::new(),

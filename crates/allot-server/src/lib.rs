@@ -261,7 +261,8 @@ pub fn start(parts: Parts) -> Result<Started> {
     }
     let heartbeat_dir = durable.machine.daemon.heartbeat_dir();
     let watch_every = cluster_watch_ms.unwrap_or(CLUSTER_WATCH_MS).max(1);
-    let executor = executor::Executor::new(backend, watch_every, heartbeat_dir);
+    let down = durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
+    let executor = executor::Executor::new(backend, watch_every, heartbeat_dir, down);
     let executor = driver::spawn_executor(executor, commands, sender.clone())?;
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({

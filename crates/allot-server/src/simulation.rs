@@ -188,6 +188,8 @@ struct World {
     daemon: Option<Daemon>,
     /// Inputs the executor produced, for the next step.
     inputs: Vec<Input>,
+    /// What the last start's recovery decided, for the executor's first run.
+    recovery_commands: Vec<crate::machine::Command>,
     /// Acknowledged submissions: id → the name submitted.
     acked: BTreeMap<u64, String>,
     /// Asks in flight this step: ticket → what was asked (for the answer).
@@ -245,6 +247,7 @@ impl World {
             config: boot_config,
             daemon: None,
             inputs: Vec::new(),
+            recovery_commands: Vec::new(),
             acked: BTreeMap::new(),
             asked: BTreeMap::new(),
             next_ticket: 0,
@@ -312,6 +315,13 @@ impl World {
                     .collect()
             })
             .unwrap_or_default();
+        if let Some(down) = daemon.and_then(|d| d.backend_down.as_ref()) {
+            return Err(self.violation(format!(
+                "liveness: the controller has answered for {LIVENESS_STEPS} steps, but the \
+                 daemon still holds it unreachable since {} ({})",
+                down.since_ms, down.error
+            )));
+        }
         if !stuck.is_empty() {
             return Err(self.violation(format!(
                 "liveness: after {LIVENESS_STEPS} quiet steps these are still starting or \
@@ -345,8 +355,11 @@ impl World {
         let booted = boot::recover(opened, backend.as_mut(), &self.config, self.wall_ms)
             .map_err(|e| self.violation(format!("the daemon does not recover: {e:#}")))?;
         let heartbeat_dir = booted.durable.machine.daemon.heartbeat_dir();
-        let mut executor = Executor::new(backend, 5_000, heartbeat_dir);
-        self.inputs.extend(executor.run(self.mono_ms, booted.commands));
+        let down = booted.durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
+        let executor = Executor::new(backend, 5_000, heartbeat_dir, down);
+        // The executor thread starts a moment after the start: the world may change before it
+        // runs what recovery decided (the next step's commands go after these).
+        self.recovery_commands = booted.commands;
         self.daemon = Some(Daemon {
             durable: booted.durable,
             executor,
@@ -359,6 +372,7 @@ impl World {
     fn crash(&mut self, digest: String) -> Result<(), Violation> {
         self.daemon = None;
         self.inputs.clear();
+        self.recovery_commands.clear();
         self.asked.clear();
         self.crashed = Some(digest);
         self.report.recoveries += 1;
@@ -719,8 +733,11 @@ impl World {
         for (ticket, answer) in turn.output.answers {
             answered.push((ticket, answer));
         }
-        let commands: Vec<String> = turn.output.commands.iter().map(command_note).collect();
-        let more = daemon.executor.run(self.mono_ms, turn.output.commands);
+        let commands: Vec<String> =
+            self.recovery_commands.iter().chain(&turn.output.commands).map(command_note).collect();
+        let mut commands_now = std::mem::take(&mut self.recovery_commands);
+        commands_now.extend(turn.output.commands);
+        let more = daemon.executor.run(self.mono_ms, commands_now);
         let polled = daemon.executor.poll(self.mono_ms);
         let seen: Vec<String> = more.iter().chain(&polled).map(input_note).collect();
         self.inputs.extend(more);

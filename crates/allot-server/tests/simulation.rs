@@ -43,13 +43,32 @@ fn seeded_runs_hold_every_invariant() {
     let seeds = env_u64("ALLOT_SIM_SEEDS", 16);
     let steps = env_u64("ALLOT_SIM_STEPS", 300);
     let first = env_u64("ALLOT_SIM_FIRST_SEED", 1);
+    // Seeds are independent: `ALLOT_SIM_THREADS` (default 2) run side by side.
+    let threads = env_u64("ALLOT_SIM_THREADS", 2).max(1);
+    let results: Vec<Result<SimReport, String>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    (first..first + seeds)
+                        .filter(|seed| seed % threads == t)
+                        .map(|seed| {
+                            run(&SimConfig { seed, steps, dir: None }).map_err(|v| v.to_string())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a simulation thread")).collect()
+    });
     let mut reports = Vec::new();
-    for seed in first..first + seeds {
-        match run(&SimConfig { seed, steps, dir: None }) {
+    let mut failures = Vec::new();
+    for r in results {
+        match r {
             Ok(report) => reports.push(report),
-            Err(violation) => panic!("{violation}"),
+            Err(violation) => failures.push(violation),
         }
     }
+    assert!(failures.is_empty(), "{} seed(s) failed:\n{}", failures.len(), failures.join("\n\n"));
     let total = summary(&reports);
     println!("simulation: {total}");
     // The scheduler reached every kind of happening it has.

@@ -32,6 +32,11 @@ struct Daemon {
 impl Daemon {
     /// Starts `allot serve` on a free port; returns it and the admin token if it printed one.
     fn start(data_dir: &Path) -> (Daemon, Option<String>) {
+        Daemon::start_with(data_dir, &[])
+    }
+
+    /// `start` with more arguments for `allot serve`.
+    fn start_with(data_dir: &Path, extra: &[String]) -> (Daemon, Option<String>) {
         let mut command = Command::new(BIN);
         command
             .args(["serve", "--data-dir"])
@@ -41,7 +46,8 @@ impl Daemon {
             .arg("--policy")
             .arg(repo_file("examples/policy.yaml"))
             // Frequent snapshots and compaction, so that kills land around them too.
-            .args(["--snapshot-every", "100"]);
+            .args(["--snapshot-every", "100"])
+            .args(extra);
         let (child, addr, token) = common::spawn_serve(command, "http");
         (Daemon { child, url: format!("http://{addr}"), addr }, token)
     }
@@ -246,6 +252,84 @@ fn the_exported_history_replays_with_sim_replay() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `key="…"` in a sample's label list set to `value`.
+fn set_label(labels: &str, key: &str, value: &str) -> String {
+    for start in ["{", ","] {
+        let needle = format!("{start}{key}=\"");
+        if let Some(i) = labels.find(&needle) {
+            let from = i + needle.len();
+            let to = from + labels[from..].find('"').expect("a closing quote");
+            return format!("{}{value}{}", &labels[..from], &labels[to..]);
+        }
+    }
+    panic!("no label {key} in {labels}");
+}
+
+/// A dcgm-exporter served on loopback: the real exporter's lines (from the shared fixture, an
+/// L40S's `GR_ENGINE_ACTIVE` and a V100's `GPU_UTIL`) with their `gpu`, `device` and
+/// `Hostname` labels set to every device of the example inventory, values varying per scrape.
+fn serve_exporter() -> String {
+    let fixture = std::fs::read_to_string(repo_file("../shared/fixtures/dcgm-exporter-sample.txt"))
+        .expect("the shared dcgm-exporter fixture");
+    let pick = |metric: &str, host: &str| {
+        fixture
+            .lines()
+            .find(|l| l.starts_with(metric) && l.contains(&format!("Hostname=\"{host}\"")))
+            .unwrap_or_else(|| panic!("no {metric} line of {host} in the fixture"))
+            .to_string()
+    };
+    let engine = pick("DCGM_FI_PROF_GR_ENGINE_ACTIVE{", "l40s.example.com");
+    let util = pick("DCGM_FI_DEV_GPU_UTIL{", "r6i3n0");
+    let relabel = |line: &str, node: &str, gpu: u32, value: &str| {
+        let (labels, _) = line.rsplit_once(' ').expect("a sample line");
+        let labels = set_label(labels, "gpu", &gpu.to_string());
+        let labels = set_label(&labels, "device", &format!("nvidia{gpu}"));
+        format!("{} {value}", set_label(&labels, "Hostname", node))
+    };
+    // The example inventory: node and device count.
+    let devices: [(&str, u32); 6] =
+        [("h100-0", 8), ("h100-1", 8), ("a100-0", 4), ("a100-1", 4), ("v100-0", 4), ("l4-0", 2)];
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        let mut scrape = 0u32;
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            scrape += 1;
+            let mut page = String::from(
+                "# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active.\n# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge\n",
+            );
+            for (node, count) in devices {
+                for gpu in 0..count {
+                    let busy = (gpu + scrape) % 3 != 0;
+                    page.push_str(&relabel(
+                        &engine,
+                        node,
+                        gpu,
+                        if busy { "0.610000" } else { "0.000000" },
+                    ));
+                    page.push('\n');
+                }
+            }
+            page.push_str("# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n");
+            for (node, count) in devices {
+                for gpu in 0..count {
+                    page.push_str(&relabel(&util, node, gpu, "55"));
+                    page.push('\n');
+                }
+            }
+            let mut request = [0u8; 2048];
+            let _ = std::io::Read::read(&mut stream, &mut request);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = std::io::Write::write_all(&mut stream, answer.as_bytes());
+        }
+    });
+    url
+}
+
 /// A tiny seeded generator (SplitMix64) so that a failing round can be replayed.
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -267,8 +351,11 @@ fn kill_9_during_submission_bursts_loses_and_duplicates_nothing() {
     let marker = format!("{}.{seed}", 3000 + std::process::id() % 1000);
     let mut acknowledged: Vec<u64> = Vec::new();
     let mut token = None;
+    // Telemetry on, as people run it: a dcgm-exporter page on loopback, read every 2 s.
+    let exporter = vec!["--telemetry".to_string(), format!("dcgm-exporter={}", serve_exporter())];
+    let mut sampled_rounds = 0;
     for round in 0..rounds {
-        let (daemon, first) = Daemon::start(&dir);
+        let (daemon, first) = Daemon::start_with(&dir, &exporter);
         if token.is_none() {
             token = first;
         }
@@ -342,6 +429,22 @@ fn kill_9_during_submission_bursts_loses_and_duplicates_nothing() {
             })
             .collect();
         std::thread::sleep(kill_after);
+        // Running workloads were sampled before the kill (the telemetry round is 5 s: wait for
+        // one in some rounds, so the log the next start reads holds `sampled` entries).
+        if round % 3 == 0 {
+            for _ in 0..150 {
+                let (_, metrics) =
+                    http(&daemon.addr, "GET", "/metrics", &token, None).unwrap_or_default();
+                if metrics
+                    .lines()
+                    .any(|l| l.starts_with("allot_measured_gpus{") && !l.ends_with(" 0.0"))
+                {
+                    sampled_rounds += 1;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         daemon.kill9();
         for t in threads {
             t.join().expect("submitter");
@@ -350,8 +453,9 @@ fn kill_9_during_submission_bursts_loses_and_duplicates_nothing() {
         eprintln!("round {round}: killed after {kill_after:?}, {} acknowledged", got.len());
         acknowledged.append(&mut got);
     }
+    assert!(sampled_rounds > 0, "no round had running workloads sampled before its kill");
     // Last restart: everything is there; then clean up.
-    let (daemon, _) = Daemon::start(&dir);
+    let (daemon, _) = Daemon::start_with(&dir, &exporter);
     let token = token.expect("token");
     let listed = workloads(&daemon.addr, &token);
     let ids: std::collections::BTreeSet<u64> =
@@ -360,7 +464,11 @@ fn kill_9_during_submission_bursts_loses_and_duplicates_nothing() {
     for id in &acknowledged {
         assert!(ids.contains(id), "acknowledged workload {id} is lost (SEED={seed})");
     }
-    eprintln!("{} acknowledged, {} listed after {rounds} kills", acknowledged.len(), listed.len());
+    eprintln!(
+        "{} acknowledged, {} listed after {rounds} kills; {sampled_rounds} rounds sampled by telemetry before the kill",
+        acknowledged.len(),
+        listed.len()
+    );
     daemon.kill9();
     kill_all(&marker);
     let _ = std::fs::remove_dir_all(&dir);

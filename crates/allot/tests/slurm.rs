@@ -388,3 +388,173 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     assert!(left.is_empty(), "jobs left behind: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `scripts/slurm-cluster.sh ctld-stop|ctld-start`: the controller alone (starting a running
+/// one does nothing).
+fn controller(what: &str) {
+    if what == "ctld-start"
+        && Command::new("scontrol").arg("ping").output().is_ok_and(|o| o.status.success())
+    {
+        return;
+    }
+    let out = Command::new("bash")
+        .arg(common::repo().join("scripts/slurm-cluster.sh"))
+        .arg(what)
+        .output()
+        .expect("slurm-cluster.sh runs");
+    assert!(out.status.success(), "ctld {what}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A start on an existing data directory (no admin token is printed; the first one works).
+fn restart(data_dir: &std::path::Path, token: &str) -> Serve {
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--policy")
+        .arg(common::repo().join("examples/slurm-policy.yaml"));
+    let (child, addr, _) = common::spawn_serve(command, "http");
+    Serve { child, addr, token: token.to_string() }
+}
+
+/// (id, state, attempt) of every workload, in id order.
+fn states(serve: &Serve) -> Vec<(u64, String, u64)> {
+    let list = serve.call("GET", "/api/v1/workloads", None);
+    list["workloads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["id"].as_u64().unwrap_or(0),
+                w["state"].as_str().unwrap_or("").to_string(),
+                w["attempt"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Issue 18 on the real cluster: `kill -9` of allot with jobs running (nodes `mixed` and
+/// `allocated`), queued and held, a slurmctld restart in between, and starts while the
+/// controller is down. Every workload comes back once, running jobs are re-adopted (same
+/// Slurm job, same attempt), nothing fails because the controller was away, and `/metrics`
+/// and `allot nodes` say when it is unreachable.
+#[test]
+fn kill_9_and_a_controller_restart_lose_nothing() {
+    if !enabled() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Killed daemons leave their jobs behind: cancelled at the start and at the end (also
+    // when an assertion fails), and the controller is left running.
+    struct Clean;
+    impl Drop for Clean {
+        fn drop(&mut self) {
+            controller("ctld-start");
+            let _ = Command::new("scancel").args(["--user", "root"]).status();
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+    drop(Clean);
+    let _clean = Clean;
+    let dir = std::env::temp_dir().join(format!("allot-slurm-kill9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let older: std::collections::BTreeSet<u64> = squeue().into_iter().map(|(id, ..)| id).collect();
+    let serve = start(&dir);
+    let token = serve.token.clone();
+    // Running: three 8-GPU jobs of team-a and a 4-GPU one of team-b (a node `mixed`); queued:
+    // two more 8-GPU jobs of team-a (4 GPUs are free); held: an 8-GPU job of team-a submitted
+    // to Slurm directly. Nobody waits within a guarantee, so nothing is reclaimed.
+    let mut running: Vec<u64> =
+        (0..3).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
+    running.push(serve.submit("team-b", 4, "batch", 600));
+    serve.wait("four jobs running", Duration::from_secs(90), |s| {
+        running.iter().all(|id| s.state(*id) == "running")
+    });
+    let queued: Vec<u64> = (0..2).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
+    let script = dir.join("held.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 30\n").expect("script");
+    let out = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            "--account=team-a",
+            "--nodes=1",
+            "--gpus-per-node=h100:8",
+            "--job-name=held-direct",
+            &format!("--chdir={}", dir.display()),
+            &script.display().to_string(),
+        ],
+    );
+    let direct: u64 = out.trim().split(';').next().and_then(|j| j.parse().ok()).expect("job id");
+    serve.wait("the direct job imported", Duration::from_secs(30), |s| {
+        states(s).len() == running.len() + queued.len() + 1
+    });
+    let nodes = slurm("sinfo", &["-h", "-N", "-p", "batch", "-o", "%N %T"]);
+    assert!(nodes.contains("mixed") || nodes.contains("allocated"), "nodes are in use: {nodes}");
+    std::thread::sleep(Duration::from_secs(3));
+    let jobs_before: Vec<Option<u64>> = running.iter().map(|id| job_of(&older, *id, 1)).collect();
+    let before = states(&serve);
+
+    // kill -9, then the controller restarts (its jobs kept), then allot starts again.
+    let mut serve = serve;
+    let _ = serve.child.kill();
+    let _ = serve.child.wait();
+    std::mem::forget(serve); // its Drop would cancel the work through a dead daemon
+    controller("ctld-stop");
+    std::thread::sleep(Duration::from_secs(3));
+    controller("ctld-start");
+    let serve = restart(&dir, &token);
+    serve.wait("running jobs re-adopted", Duration::from_secs(60), |s| {
+        running.iter().all(|id| s.state(*id) == "running")
+    });
+    let after = states(&serve);
+    assert_eq!(
+        after.iter().map(|(id, ..)| *id).collect::<Vec<_>>(),
+        before.iter().map(|(id, ..)| *id).collect::<Vec<_>>(),
+        "every workload once: {before:?} vs {after:?}"
+    );
+    for (id, state, attempt) in &after {
+        let was = before.iter().find(|(b, ..)| b == id).expect("listed before");
+        assert_eq!((state, attempt), (&was.1, &was.2), "workload {id}: {before:?} vs {after:?}");
+    }
+    let jobs_after: Vec<Option<u64>> = running.iter().map(|id| job_of(&older, *id, 1)).collect();
+    assert_eq!(jobs_before, jobs_after, "the same Slurm jobs, adopted again");
+    assert!(queued.iter().all(|id| serve.state(*id) == "pending"), "queued work still queued");
+
+    // The controller goes away while allot runs: nothing fails, and allot says so.
+    controller("ctld-stop");
+    serve.wait("the backend shown unreachable", Duration::from_secs(60), |s| {
+        s.call("GET", "/api/v1/nodes", None)["backend"]["reachable"] == false
+    });
+    let (_, metrics) = http(&serve.addr, "GET", "/metrics", &token, None).expect("metrics");
+    assert!(metrics.contains("allot_backend_up 0"), "{metrics}");
+    let late = serve.submit("team-b", 4, "batch", 60);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(serve.state(late), "pending", "queued while the controller is away");
+    let out = Command::new(BIN)
+        .args(["nodes", "--url", &format!("http://{}", serve.addr), "--token", &token])
+        .output()
+        .expect("allot nodes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("UNREACHABLE"), "allot nodes says so: {text}");
+    // And allot restarts while it is still away: it comes up on what it knew.
+    let mut serve = serve;
+    let _ = serve.child.kill();
+    let _ = serve.child.wait();
+    std::mem::forget(serve);
+    let serve = restart(&dir, &token);
+    assert_eq!(serve.state(late), "pending");
+    controller("ctld-start");
+    serve.wait("the late job runs once the controller is back", Duration::from_secs(120), |s| {
+        s.state(late) == "running"
+    });
+    let failed: Vec<(u64, String, u64)> =
+        states(&serve).into_iter().filter(|(_, s, _)| s == "failed").collect();
+    assert!(failed.is_empty(), "nothing failed for the controller's absence: {failed:?}");
+    assert!(running.iter().all(|id| serve.state(*id) == "running"), "{:?}", states(&serve));
+    let _ = Command::new("scancel").arg(direct.to_string()).status();
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}

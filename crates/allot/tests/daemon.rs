@@ -301,7 +301,7 @@ fn serve_exporter() -> String {
             );
             for (node, count) in devices {
                 for gpu in 0..count {
-                    let busy = (gpu + scrape) % 3 != 0;
+                    let busy = !(gpu + scrape).is_multiple_of(3);
                     page.push_str(&relabel(
                         &engine,
                         node,

@@ -150,8 +150,8 @@ fn trace_max() -> usize {
     std::env::var("ALLOT_SIM_TRACE").ok().and_then(|v| v.parse().ok()).unwrap_or(40)
 }
 /// Steps of the liveness phase, and its last part without new submissions.
-const LIVENESS_STEPS: u64 = 400;
-const SETTLE_STEPS: u64 = 100;
+const LIVENESS_STEPS: u64 = 200;
+const SETTLE_STEPS: u64 = 80;
 
 fn node(name: &str, gpus: u64, model: &str) -> NodeSpec {
     NodeSpec {

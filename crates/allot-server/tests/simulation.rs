@@ -3,7 +3,7 @@
 //! fake backend, with API traffic, backend and telemetry faults, crashes and clock jumps, and
 //! the invariants checked after every step.
 //!
-//! `cargo test` runs `ALLOT_SIM_SEEDS` seeds (default 16) of `ALLOT_SIM_STEPS` steps
+//! `cargo test` runs `ALLOT_SIM_SEEDS` seeds (default 8) of `ALLOT_SIM_STEPS` steps
 //! (default 300); `.ci/run`'s slow tier runs thousands. A failing seed prints the command that
 //! replays it: `ALLOT_SIM_SEED=N cargo test -p allot-server --test simulation -- one_seed`.
 
@@ -40,7 +40,7 @@ fn seeded_runs_hold_every_invariant() {
     if std::env::var("ALLOT_SIM_SEED").is_ok() {
         return; // `one_seed` runs it
     }
-    let seeds = env_u64("ALLOT_SIM_SEEDS", 16);
+    let seeds = env_u64("ALLOT_SIM_SEEDS", 8);
     let steps = env_u64("ALLOT_SIM_STEPS", 300);
     let first = env_u64("ALLOT_SIM_FIRST_SEED", 1);
     // Seeds are independent: `ALLOT_SIM_THREADS` (default 2) run side by side.

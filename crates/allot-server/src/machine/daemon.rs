@@ -180,10 +180,6 @@ pub(crate) fn known(nodes: &[NodeSpec], policy: &PolicySpec) -> Known {
     }
 }
 
-fn record_intent(workloads: &BTreeMap<u64, Record>, id: u64) -> Option<Intent> {
-    workloads.get(&id).and_then(|r| r.intent)
-}
-
 fn vendor_of(model: &str) -> Vendor {
     let m = model.to_ascii_lowercase();
     if m.starts_with("mi") || m.contains("instinct") || m.contains("amd") || m.contains("radeon") {
@@ -470,49 +466,12 @@ impl Daemon {
                 self.dirty = true;
             }
             Entry::LaunchFailed { id, attempt, error, requeue } => {
-                let Some(record) = self.workloads.get_mut(id) else { return out };
-                if record.attempt != *attempt || record.state.is_final() {
-                    return out;
-                }
-                // A run told to stop before it started ends as a stop would (the engine
-                // requeues or drops it by the stop's mode; a user's intent is honoured).
-                if *requeue && record.state == WorkloadState::Stopping {
-                    let detail = format!("never started: {error}");
-                    self.exited(now, *id, *attempt, None, &detail);
-                    return out;
-                }
-                if *requeue && record.state == WorkloadState::Starting && record.intent.is_none() {
-                    record.reason = Some((
-                        "relaunch".into(),
-                        format!("queued again: the daemon stopped while launching it ({error})"),
-                    ));
-                    self.event(
-                        now,
-                        Event::AllocationFailed {
-                            workload: WorkloadId(*id),
-                            reason: error.clone(),
-                        },
-                    );
-                    self.set_state(*id, WorkloadState::Pending, now);
-                    self.dirty = true;
-                    return out;
-                }
-                record.reason = Some(("launch_failed".into(), format!("could not start: {error}")));
-                self.stops.remove(id);
-                // A program that cannot start would fail the same way on every try: the
-                // workload ends here instead of cycling through the queue.
-                self.event(
-                    now,
-                    Event::AllocationFailed { workload: WorkloadId(*id), reason: error.clone() },
-                );
-                self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
-                let done = match self.workloads.get(id).and_then(|r| r.intent) {
-                    Some(Intent::Suspend) => WorkloadState::Suspended,
-                    Some(Intent::Cancel) => WorkloadState::Cancelled,
-                    None => WorkloadState::Failed,
-                };
-                self.set_state(*id, done, now);
-                self.dirty = true;
+                let again = requeue.then(|| {
+                    let why =
+                        format!("queued again: the daemon stopped while launching it ({error})");
+                    ("relaunch", why)
+                });
+                self.not_started(now, *id, *attempt, error, again);
             }
             Entry::Exited { id, attempt, code, detail } => {
                 self.exited(now, *id, *attempt, *code, detail);
@@ -565,50 +524,8 @@ impl Daemon {
             Entry::BackendUnreachable { error } => self.backend_health(now, Some(error)),
             Entry::BackendReachable => self.backend_health(now, None),
             Entry::LaunchDeferred { id, attempt, error } => {
-                let Some(record) = self.workloads.get_mut(id) else { return out };
-                if record.attempt != *attempt || record.state.is_final() {
-                    return out;
-                }
-                match record.state {
-                    // Told to stop before it started: it ends as a stop would.
-                    WorkloadState::Stopping => {
-                        let detail = format!("never started: {error}");
-                        self.exited(now, *id, *attempt, None, &detail);
-                    }
-                    WorkloadState::Starting if record.intent.is_none() => {
-                        record.reason = Some((
-                            "backend_unreachable".into(),
-                            format!("queued again: the backend could not take it ({error})"),
-                        ));
-                        self.event(
-                            now,
-                            Event::AllocationFailed {
-                                workload: WorkloadId(*id),
-                                reason: error.clone(),
-                            },
-                        );
-                        self.set_state(*id, WorkloadState::Pending, now);
-                        self.dirty = true;
-                    }
-                    WorkloadState::Starting => {
-                        // Cancelled or suspended while the launch waited: that intent ends it.
-                        self.event(
-                            now,
-                            Event::AllocationFailed {
-                                workload: WorkloadId(*id),
-                                reason: error.clone(),
-                            },
-                        );
-                        self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
-                        let done = match record_intent(&self.workloads, *id) {
-                            Some(Intent::Suspend) => WorkloadState::Suspended,
-                            _ => WorkloadState::Cancelled,
-                        };
-                        self.set_state(*id, done, now);
-                        self.dirty = true;
-                    }
-                    _ => {}
-                }
+                let why = format!("queued again: the backend could not take it ({error})");
+                self.not_started(now, *id, *attempt, error, Some(("backend_unreachable", why)));
             }
             Entry::Probed { id, last_activity_ms } => {
                 if let Some(r) = self.workloads.get_mut(id)
@@ -728,6 +645,52 @@ impl Daemon {
         }
         self.policy_engine(source, text)?;
         Ok(Some(Entry::PolicyApplied { source: source.to_string(), text: text.to_string() }))
+    }
+
+    /// A launch that did not start: `LaunchFailed`, or `LaunchDeferred` (the backend could not
+    /// take it). With `again` (a reason), the daemon or the backend is to blame: the work
+    /// queues again, or, told to stop meanwhile, ends as that stop would. Without, the
+    /// workload fails (a program that cannot start would fail the same way on every try),
+    /// or ends as the user's suspend or cancel asked.
+    fn not_started(
+        &mut self,
+        now: u64,
+        id: u64,
+        attempt: u32,
+        error: &str,
+        again: Option<(&str, String)>,
+    ) {
+        let Some(record) = self.workloads.get_mut(&id) else { return };
+        if record.attempt != attempt || record.state.is_final() {
+            return;
+        }
+        if again.is_some() && record.state == WorkloadState::Stopping {
+            let detail = format!("never started: {error}");
+            self.exited(now, id, attempt, None, &detail);
+            return;
+        }
+        let failed = Event::AllocationFailed { workload: WorkloadId(id), reason: error.into() };
+        if let Some((code, why)) = again
+            && record.state == WorkloadState::Starting
+            && record.intent.is_none()
+        {
+            record.reason = Some((code.to_string(), why));
+            self.event(now, failed);
+            self.set_state(id, WorkloadState::Pending, now);
+            self.dirty = true;
+            return;
+        }
+        record.reason = Some(("launch_failed".into(), format!("could not start: {error}")));
+        self.stops.remove(&id);
+        self.event(now, failed);
+        self.event(now, Event::WorkloadCancelled { workload: WorkloadId(id) });
+        let done = match self.workloads.get(&id).and_then(|r| r.intent) {
+            Some(Intent::Suspend) => WorkloadState::Suspended,
+            Some(Intent::Cancel) => WorkloadState::Cancelled,
+            None => WorkloadState::Failed,
+        };
+        self.set_state(id, done, now);
+        self.dirty = true;
     }
 
     fn exited(&mut self, now: u64, id: u64, attempt: u32, code: Option<i32>, detail: &str) {

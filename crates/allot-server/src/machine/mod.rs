@@ -256,9 +256,12 @@ impl Machine {
                 self.groups.extend(groups);
             }
             Input::Probed { id, last_activity_ms } => {
-                if self.probed.get(&id).is_none_or(|last| last_activity_ms > *last)
-                    && self.daemon.running_ids().contains(&id)
-                {
+                let running = self
+                    .daemon
+                    .workloads
+                    .get(&id)
+                    .is_some_and(|r| r.state == WorkloadState::Running);
+                if running && self.probed.get(&id).is_none_or(|last| last_activity_ms > *last) {
                     self.probed.insert(id, last_activity_ms);
                     self.log(now, Entry::Probed { id, last_activity_ms }, out);
                 }
@@ -519,7 +522,8 @@ impl Machine {
     /// Heartbeat files newer than last seen become probes; checkpoint files newer than the
     /// last checkpoint, checkpoint reports.
     fn file_probes(&mut self, files: &[FileTimes]) -> Vec<Entry> {
-        let running = self.daemon.running_ids();
+        let running: std::collections::BTreeSet<u64> =
+            self.daemon.running_ids().into_iter().collect();
         self.heartbeats.retain(|id, _| running.contains(id));
         let mut out = Vec::new();
         for f in files.iter().filter(|f| running.contains(&f.id)) {

@@ -94,6 +94,12 @@ impl std::fmt::Display for Violation {
 
 impl std::error::Error for Violation {}
 
+/// Turns the daemon's log lines off for the rest of the process: thousands of seeds' restarts
+/// and injected faults would bury the figures (replay one seed without it to read them).
+pub fn mute_daemon_log() {
+    crate::os::mute_log();
+}
+
 /// Runs one seed to its end, or to the first broken invariant.
 pub fn run(config: &SimConfig) -> Result<SimReport, Violation> {
     let mut world = World::new(config)?;
@@ -678,6 +684,9 @@ impl World {
                 if let Some(digest) = digest {
                     self.crash(digest)?;
                 }
+                // What the dead process's executor had seen dies with it: the new daemon
+                // hears only from its own executor (which starts from the log's view).
+                inputs.clear();
             }
             73 => {
                 crash_mid_step = true;

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_server::simulation::{SimConfig, SimReport, run};
+use allot_server::simulation::{SimConfig, SimReport, mute_daemon_log, run};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -45,6 +45,7 @@ fn seeded_runs_hold_every_invariant() {
     let first = env_u64("ALLOT_SIM_FIRST_SEED", 1);
     // Seeds are independent: `ALLOT_SIM_THREADS` (default 2) run side by side.
     let threads = env_u64("ALLOT_SIM_THREADS", 2).max(1);
+    mute_daemon_log(); // `one_seed` keeps them
     let results: Vec<Result<SimReport, String>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {

@@ -524,6 +524,14 @@ impl Daemon {
             Entry::BackendUnreachable { error } => self.backend_health(now, Some(error)),
             Entry::BackendReachable => self.backend_health(now, None),
             Entry::LaunchDeferred { id, attempt, error } => {
+                // Only a launch not yet started can have been deferred (a late report of an
+                // attempt that runs by now changes nothing).
+                let waiting = self.workloads.get(id).is_some_and(|r| {
+                    matches!(r.state, WorkloadState::Starting | WorkloadState::Stopping)
+                });
+                if !waiting {
+                    return out;
+                }
                 let why = format!("queued again: the backend could not take it ({error})");
                 self.not_started(now, *id, *attempt, error, Some(("backend_unreachable", why)));
             }
@@ -932,12 +940,19 @@ impl Daemon {
     }
 
     /// Everything the log made, as text (the readers' change list aside): a daemon rebuilt
-    /// from the log — snapshot and replay — equals the one that wrote it.
+    /// from the log — snapshot and replay — equals the one that wrote it. A stop's sent flags
+    /// are not in it: escalations are not logged, and a start resends each stop's current step
+    /// (`resend_stops`).
     pub(crate) fn digest(&self) -> String {
+        let stops: Vec<_> = self
+            .stops
+            .iter()
+            .map(|(id, p)| (id, p.run, p.term_at, p.kill_at, p.requeue_as))
+            .collect();
         format!(
             "{:?}",
             (
-                (&self.engine, &self.ledger, &self.nodes, &self.workloads, &self.stops),
+                (&self.engine, &self.ledger, &self.nodes, &self.workloads, stops),
                 (&self.counters, self.next_id, self.last_now, self.first_ms, self.dirty),
                 (self.last_cycle_ms, &self.policy_source, &self.policy_text, &self.unusable_nodes),
                 (&self.foreign_ids, &self.reported_nodes, &self.kept_nodes, &self.backend_down),

@@ -32,15 +32,27 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_restart_brings_every_workload_back_once_and_readopts_running_ones() {
-    let dir = std::env::temp_dir().join(format!("allot-recovery-{}", std::process::id()));
+/// A first start on a fresh data directory for the test `name` (with `snapshot_every`, if
+/// given): the directory, the fake cluster's control, the daemon and its admin token.
+fn first_start(
+    name: &str,
+    snapshot_every: Option<u64>,
+) -> (std::path::PathBuf, allot_backend::FakeControl, TestDaemon, String) {
+    let dir = std::env::temp_dir().join(format!("allot-recovery-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
     let (backend, control) = FakeBackend::new(nodes);
-    let started = start(parts(&dir, backend)).expect("first start");
+    let mut first = parts(&dir, backend);
+    first.snapshot_every = snapshot_every;
+    let started = start(first).expect("first start");
     let admin = started.admin_token.clone().expect("admin token").token;
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    (dir, control, d, admin)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_brings_every_workload_back_once_and_readopts_running_ones() {
+    let (dir, control, mut d, admin) = first_start("basic", None);
     let mut ids = Vec::new();
     for i in 0..40 {
         let project = ["vision", "nlp", "research"][i % 3];
@@ -90,14 +102,8 @@ async fn a_restart_brings_every_workload_back_once_and_readopts_running_ones() {
 
 #[test]
 fn a_restart_with_an_edited_policy_applies_it_or_is_refused_by_name() {
-    let dir = std::env::temp_dir().join(format!("allot-recovery-policy-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-    let (backend, control) = FakeBackend::new(nodes);
-    let started = start(parts(&dir, backend)).expect("first start");
-    let admin = started.admin_token.clone().expect("admin").token;
+    let (dir, control, mut d, admin) = first_start("policy", None);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
     let (status, v) = rt.block_on(d.call(
         "POST",
         "/api/v1/workloads",
@@ -141,15 +147,7 @@ fn a_restart_with_an_edited_policy_applies_it_or_is_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_from_a_snapshot_rebuilds_the_same_state_and_the_log_is_compacted() {
-    let dir = std::env::temp_dir().join(format!("allot-recovery-snap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-    let (backend, control) = FakeBackend::new(nodes);
-    let mut first = parts(&dir, backend);
-    first.snapshot_every = Some(15);
-    let started = start(first).expect("first start");
-    let admin = started.admin_token.clone().expect("admin token").token;
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (dir, control, mut d, admin) = first_start("snap", Some(15));
     let mut ids = Vec::new();
     for i in 0..60 {
         let project = ["vision", "nlp", "research", "speech"][i % 4];
@@ -205,13 +203,7 @@ async fn a_restart_from_a_snapshot_rebuilds_the_same_state_and_the_log_is_compac
 #[tokio::test(flavor = "multi_thread")]
 async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
     use allot_backend::{DeviceAssignment, ForeignWork, MemberLaunch, RunId, Vendor};
-    let dir = std::env::temp_dir().join(format!("allot-recovery-foreign-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-    let (backend, control) = FakeBackend::new(nodes);
-    let started = start(parts(&dir, backend)).expect("first start");
-    let admin = started.admin_token.clone().expect("admin token").token;
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (dir, control, mut d, admin) = first_start("foreign", None);
     let work = |handle: &str, running: Vec<MemberLaunch>| ForeignWork {
         handle: handle.into(),
         name: format!("sbatch-{handle}"),
@@ -268,13 +260,7 @@ async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
 /// again, or a daemon with telemetry cannot restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_that_logged_telemetry_restarts() {
-    let dir = std::env::temp_dir().join(format!("allot-recovery-sampled-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-    let (backend, control) = FakeBackend::new(nodes);
-    let started = start(parts(&dir, backend)).expect("first start");
-    let admin = started.admin_token.clone().expect("admin token").token;
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (dir, control, mut d, admin) = first_start("sampled", None);
     let (status, v) = d
         .call("POST", "/api/v1/workloads", Some(&admin), Some(&common::submit_body("vision", 1)))
         .await;
@@ -316,14 +302,8 @@ async fn a_daemon_that_logged_telemetry_restarts() {
 /// the same (unchanged) policy file; only a file edited since the last start is applied.
 #[test]
 fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
-    let dir = std::env::temp_dir().join(format!("allot-recovery-applied-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-    let (backend, control) = FakeBackend::new(nodes);
-    let started = start(parts(&dir, backend)).expect("first start");
-    let admin = started.admin_token.clone().expect("admin").token;
+    let (dir, control, mut d, admin) = first_start("applied", None);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
     let applied = POLICY.replacen("half_life: 7d", "half_life: 2d", 1);
     let uri = "/api/v1/policy?source=edited.yaml";
     let request = axum::http::Request::builder()
@@ -378,13 +358,7 @@ fn find_node<'a>(nodes: &'a Value, name: &str) -> Option<&'a Value> {
 /// start. Live work keeps its devices; the busy node keeps its old shape until its work ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_inventory_is_taken_at_restart_and_while_running() {
-    let dir = std::env::temp_dir().join(format!("allot-recovery-inventory-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-    let (backend, control) = FakeBackend::new(nodes.clone());
-    let started = start(parts(&dir, backend)).expect("first start");
-    let admin = started.admin_token.clone().expect("admin token").token;
-    let mut d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    let (dir, control, mut d, admin) = first_start("inventory", None);
     let body = serde_json::json!({"project": "vision", "gpus": 8, "kind": "training",
         "gpu_models": ["H100"], "command": ["sleep", "30"]});
     let (status, v) =
@@ -397,6 +371,7 @@ async fn a_changed_inventory_is_taken_at_restart_and_while_running() {
 
     // While it was down: every node relabelled (as Slurm's state label idle → mixed), a new
     // H100 node, v100-0 gone, and the busy node now reports 4 GPUs (4 drained).
+    let nodes = control.nodes();
     let mut changed = nodes.clone();
     for n in &mut changed {
         n.labels.insert("state".into(), "mixed".into());

@@ -46,6 +46,9 @@ PY
 fi
 
 start_daemon() { # $1: snapshot interval; prints seconds until it listens
+  # Emptied here, not by the background job's redirection: that may come after the first
+  # look for "listening on" and let the last run's lines answer it.
+  : > $WORK/err
   local t0=$(date +%s.%N)
   $BIN serve --data-dir $WORK/data --listen 127.0.0.1:$PORT --snapshot-every $1 \
     "${TELEMETRY[@]}" > $WORK/out 2> $WORK/err &

@@ -49,6 +49,8 @@ struct World {
     /// In launch order, so that observations come out in the order things happened.
     runs: Vec<WorldRun>,
     fail_next_launch: Option<String>,
+    /// The next launch is accepted but the cluster never runs it (lost), with this detail.
+    lose_next_launch: Option<String>,
     missing_programs: BTreeSet<String>,
     next_pid: u32,
     /// Nodes made unusable by a test, with the reason.
@@ -124,6 +126,12 @@ impl FakeControl {
     /// The next launch fails with `error` (reported as `LaunchFailed`).
     pub fn fail_next_launch(&self, error: impl Into<String>) {
         lock(&self.world).fail_next_launch = Some(error.into());
+    }
+
+    /// The next launch is accepted, but the cluster loses it before it runs: polls report it
+    /// ended (exit unknown) with `detail`, as a job that vanished from the queue.
+    pub fn lose_next_launch(&self, detail: impl Into<String>) {
+        lock(&self.world).lose_next_launch = Some(detail.into());
     }
 
     /// Every launch whose program (`command[0]`) is `program` fails: it does not exist here.
@@ -363,9 +371,13 @@ impl Backend for FakeBackend {
             Some(Ok(_)) => None,
             None => Self::refusal(&mut world, launch),
         };
-        let (state, pids) = match refusal {
-            Some(error) => (FakeRunState::LaunchFailed { error }, Vec::new()),
-            None => {
+        let lost = if refusal.is_none() { world.lose_next_launch.take() } else { None };
+        // A lost launch never started: its watch reports the end alone.
+        let never_started = lost.is_some();
+        let (state, pids) = match (refusal, lost) {
+            (Some(error), _) => (FakeRunState::LaunchFailed { error }, Vec::new()),
+            (None, Some(detail)) => (FakeRunState::Exited { code: None, detail }, Vec::new()),
+            (None, None) => {
                 let first = world.next_pid;
                 let count = u32::try_from(launch.members.len()).unwrap_or(u32::MAX);
                 world.next_pid = first.saturating_add(count);
@@ -379,7 +391,7 @@ impl Backend for FakeBackend {
         });
         self.watched.push(Watch {
             run: launch.run,
-            started_reported: false,
+            started_reported: never_started,
             adopted: false,
             done: false,
         });
@@ -709,6 +721,29 @@ mod tests {
                 Observation::LaunchFailed {
                     run: RunId { workload: 1, attempt: 1 },
                     error: "no GPUs left".to_string()
+                },
+                Observation::Started {
+                    run: RunId { workload: 2, attempt: 1 },
+                    pids: vec![1000, 1001]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lost_launch_is_accepted_and_then_reported_ended() {
+        let (mut backend, control) = FakeBackend::new(vec![node("n1")]);
+        control.lose_next_launch("lost by the cluster");
+        backend.launch(&launch(1, &["train"])).expect("the launch is accepted");
+        backend.launch(&launch(2, &["train"])).expect("launch");
+        let got = backend.poll().expect("poll");
+        assert_eq!(
+            got,
+            vec![
+                Observation::Exited {
+                    run: RunId { workload: 1, attempt: 1 },
+                    code: None,
+                    detail: "lost by the cluster".to_string()
                 },
                 Observation::Started {
                     run: RunId { workload: 2, attempt: 1 },

@@ -7,7 +7,7 @@
 //! Each step the scheduler picks what happens: API traffic (valid and invalid submissions,
 //! submissions a member may not make, cancel, suspend, resume, checkpoints, policy applies
 //! that are accepted or refused, queries), the world (runs ending, failing, vanishing;
-//! launches refused; the controller unreachable for a while; polls failing; nodes going
+//! launches refused or lost; the controller unreachable for a while; polls failing; nodes going
 //! down, drained and back; the inventory changing; foreign work appearing), telemetry
 //! (readings, gaps, unknown devices, sentinel-like empty samples, stale samples), probe
 //! files, crashes (between steps, or in the middle of one: memory ahead of the log) and
@@ -575,6 +575,11 @@ impl World {
                     self.injected("run_vanishes");
                     self.note(format!("run {run} vanishes"));
                 }
+            }
+            51 if self.rng.below(3) == 0 => {
+                self.control.lose_next_launch("lost: the cluster never ran it");
+                self.injected("launch_lost");
+                self.note("the next launch is lost");
             }
             51 => {
                 self.control.fail_next_launch("sbatch: error: Invalid account");

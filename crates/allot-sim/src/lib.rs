@@ -5,6 +5,7 @@
 //!
 //! - [`openb`]: Alibaba openb node and pod lists (FGD, ATC'23).
 //! - [`trace`]: Philly jobs, machines and virtual clusters; the allot trace format.
+//! - [`genai`]: Alibaba's GenAI serving trace 2026 (per-container duty cycle, memory, requests).
 //! - [`pack`]: the FGD packing experiment (arrival-only, inflated, metrics per 1 % of demand).
 //! - [`bound`]: an upper bound on what any placement can allocate (configuration LP).
 //! - [`replay`]: discrete-event replay with quotas, priorities, pre-emption and [`activity`].
@@ -17,6 +18,7 @@ pub mod bound;
 pub mod charts;
 pub mod csv;
 pub mod error;
+pub mod genai;
 pub mod idle;
 pub mod openb;
 pub mod outcome;

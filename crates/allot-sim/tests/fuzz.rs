@@ -6,6 +6,7 @@ use std::path::Path;
 
 use allot_core::packing::PackPolicy;
 use allot_sim::BadRows;
+use allot_sim::genai::parse_genai;
 use allot_sim::openb::{parse_nodes, parse_pods};
 use allot_sim::pack::{self, PackInput};
 use allot_sim::trace::{
@@ -67,6 +68,26 @@ proptest! {
                 check(parse_allot_trace(path, t, mode));
             }
             check(parse_philly_vcs(path, t));
+            check(parse_genai(Path::new("fuzz"), [t, t, t, t], BadRows::Fail));
+        }
+    }
+
+    #[test]
+    fn almost_valid_genai_folders_parse_or_fail_cleanly(
+        duty in rows("value,timestamp_anon,container_ip", 3),
+        memory in rows("timestamp_anon,value,container_ip", 3),
+        qps in rows("timestamp_anon,value,container_ip,request_type", 4),
+        predict in rows("timestamp_anon,value,container_ip", 3),
+    ) {
+        for mode in [BadRows::Fail, BadRows::Skip] {
+            let parsed = parse_genai(Path::new("fuzz"), [&duty, &memory, &qps, &predict], mode);
+            if let Ok(t) = &parsed {
+                for c in &t.containers {
+                    prop_assert!(c.first_slot <= c.last_slot && c.last_slot < t.slots);
+                    prop_assert_eq!(c.slots(), (c.last_slot - c.first_slot + 1) as usize);
+                }
+            }
+            check(parsed);
         }
     }
 

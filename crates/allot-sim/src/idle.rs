@@ -118,6 +118,7 @@ pub const FALSE_WINDOW_S: f64 = 900.0;
 /// Longest horizon the experiment accepts, hours (a limit on memory and time).
 pub const HOURS_MAX: f64 = 24.0 * 31.0;
 
+pub mod genai;
 mod policies;
 mod render;
 mod sim;

@@ -72,3 +72,69 @@ fn the_example_policy_files_are_the_simulators_policies() {
         );
     }
 }
+
+const GENAI: &str = "genai:../shared/traces/alibaba-genai-2026";
+
+#[test]
+fn the_real_telemetry_mode_reports_every_policy_and_the_oracle_byte_identically() {
+    let args = ["sim", "idle", "--trace", GENAI, "--output", "json", "--no-timing"];
+    let out = allot(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(out.stdout, allot(&args).stdout);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for label in ["allot", "amd_rm", "runai", "oracle"] {
+        let p = &json["policies"][label];
+        for key in [
+            "reclaimed_gpu_hours",
+            "false_reclaims",
+            "delayed_requests",
+            "cold_starts",
+            "missed_gpu_hours",
+        ] {
+            assert!(p[key].is_number(), "{label}.{key}: {p}");
+        }
+        assert_eq!(p["wall_ms"], 0, "{label}");
+    }
+    assert_eq!(json["trace"]["containers"], 96);
+    assert_eq!(json["trace"]["requests"], 14_454);
+    assert_eq!(json["cold_start_s"], 60.0);
+    assert_eq!(json["policies"]["oracle"]["delayed_requests"], 0);
+    assert!(json["goal"]["holds"].is_boolean());
+    // Without --sweep there is no sweep.
+    assert!(json["sweep"].is_null() && json["dominance"].is_null());
+}
+
+#[test]
+fn the_real_telemetry_table_takes_the_cold_start_flag() {
+    let out = allot(&["sim", "idle", "--trace", GENAI, "--cold-start", "2m"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rows = stdout
+        .lines()
+        .filter(|l| ["amd_rm ", "runai ", "allot ", "oracle "].iter().any(|p| l.starts_with(p)))
+        .count();
+    assert_eq!(rows, 4, "{stdout}");
+    assert!(stdout.contains("cold start 120 s") && stdout.contains("goal 1"), "{stdout}");
+}
+
+#[test]
+fn bad_real_telemetry_options_are_refused_with_the_fix() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--trace", "philly:x"], "genai:DIR"),
+        (&["--trace", "genai:no/such/folder"], "no such folder"),
+        (&["--trace", GENAI, "--cold-start", "soon"], "--cold-start"),
+        (&["--trace", GENAI, "--cold-start", "2h"], "--cold-start"),
+        (&["--sweep"], "--trace genai:DIR"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["sim", "idle"];
+        args.extend_from_slice(extra);
+        let out = allot(&args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(needle), "{extra:?}: {stderr}");
+    }
+    // --charts needs --sweep (a usage error).
+    let out = allot(&["sim", "idle", "--trace", GENAI, "--charts", "out"]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -99,6 +99,10 @@
 //!     policy: on_pressure             # on_pressure | always | report_only
 //!     action: suspend                 # suspend | requeue | delete
 //!     warn_before: 5m                 # a warning this long before the action, ≤ idle_timer
+//!     quiet_timer: 15m                # allot only: the timer while the rule's other workloads
+//!                                     #   in the project are quiet (0 < it ≤ idle_timer)
+//!     quiet_below: 25%                # allot only: quiet = fewer than this share of them active
+//!     quiet_window: 15m               # allot only: active = idle less than this (≤ 24h)
 //! ```
 //! Checked: unique project and class names; the default class exists; one quota line per
 //! model per project; GPU amounts ≥ 0 and not finer than 1/1000; `lend_limit ≤ guaranteed`;
@@ -118,6 +122,7 @@
 //! | `policy` | `on_pressure` | `on_pressure`; `report_only` refused | `always` |
 //! | `action` | `suspend` | `delete` | `suspend` |
 //! | `warn_before` | 5m (the timer if shorter) | 0; anything else refused | 0 |
+//! | `quiet_timer`, `quiet_below`, `quiet_window` | none, 25 %, 15m; the timer ≥ `warn_before`, the share > 0; a share or window without a timer refused | refused | refused |
 //!
 //! A setting a baseline does not have is refused rather than ignored, so that a comparison
 //! against `amd_rm` or `runai` always runs the product's own rule

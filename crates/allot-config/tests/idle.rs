@@ -257,6 +257,66 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "quiet timer: longer than the idle timer, zero, shorter than the warning",
+            text: with_rules(
+                "  - {name: a, kinds: [inference], idle_timer: 30m, quiet_timer: 1h}\n  \
+                 - {name: b, kinds: [service], quiet_timer: 0}\n  \
+                 - {name: c, kinds: [notebook], quiet_timer: 2m, warn_before: 5m}\n",
+            ),
+            want: vec![
+                (
+                    9,
+                    "idle[0].quiet_timer",
+                    "quiet_timer 1h is longer than idle_timer 30m",
+                    "set quiet_timer to at most 30m",
+                ),
+                (10, "idle[1].quiet_timer", "must be > 0", "e.g. `quiet_timer: 15m`"),
+                (
+                    11,
+                    "idle[2].quiet_timer",
+                    "quiet_timer 2m is shorter than warn_before 5m",
+                    "set warn_before to at most 2m",
+                ),
+            ],
+        },
+        Case {
+            name: "quiet share and window: out of range, or without a quiet timer",
+            text: with_rules(
+                "  - {name: a, kinds: [inference], quiet_timer: 10m, quiet_below: 0%, \
+                 quiet_window: 2d}\n  \
+                 - {name: b, kinds: [service], quiet_below: 30%, quiet_window: 10m}\n  \
+                 - {name: c, kinds: [batch], quiet_timer: 10m, quiet_below: 120%}\n",
+            ),
+            want: vec![
+                (9, "idle[0].quiet_below", "must be > 0 %", "e.g. `quiet_below: 25%`"),
+                (9, "idle[0].quiet_window", "2d is not in (0, 24h]", "`quiet_window: 15m`"),
+                (
+                    10,
+                    "idle[1].quiet_below",
+                    "has no effect without `quiet_timer`",
+                    "add `quiet_timer`",
+                ),
+                (
+                    10,
+                    "idle[1].quiet_window",
+                    "has no effect without `quiet_timer`",
+                    "add `quiet_timer`",
+                ),
+                (11, "idle[2].quiet_below", "between 0 and 100 %", "write a percentage"),
+            ],
+        },
+        Case {
+            name: "the baselines have no quiet timer",
+            text: with_rules(
+                "  - {name: a, model: amd_rm, kinds: [inference], quiet_timer: 15m}\n  \
+                 - {name: b, model: runai, kinds: [service], idle_timer: 30m, quiet_below: 20%}\n",
+            ),
+            want: vec![
+                (9, "idle[0].quiet_timer", "not of `amd_rm`", "use `model: allot`"),
+                (10, "idle[1].quiet_below", "not of `runai`", "use `model: allot`"),
+            ],
+        },
+        Case {
             name: "idle is not a list",
             text: with_rules("  name: a\n"),
             want: vec![(9, "idle", "expected a list, got a mapping", "one `- ` item per entry")],
@@ -364,6 +424,7 @@ fn allot_defaults() {
             sustain_ms: 5 * MIN,
             missing: MissingTelemetry::Idle,
             min_runtime_ms: 0,
+            ..IdleRule::allot_default()
         }
     );
     assert_eq!((written.when, written.action), (IdleWhen::Always, PreemptionMode::Requeue));
@@ -373,6 +434,19 @@ fn allot_defaults() {
         MissingTelemetry::Active
     );
     assert_eq!(only_rule("{name: a, policy: report_only}").when, IdleWhen::ReportOnly);
+
+    // No quiet timer unless written; with one, the share and window default to 25 % and 15m,
+    // and the default warning is never longer than the quiet timer.
+    assert_eq!(rule.rule.quiet_timer_ms, 0);
+    let quiet = only_rule("{name: a, idle_timer: 1h, quiet_timer: 3m}");
+    assert_eq!(quiet.rule.quiet_timer_ms, 3 * MIN);
+    assert_eq!((quiet.rule.quiet_below_permille, quiet.rule.quiet_window_ms), (250, 15 * MIN));
+    assert_eq!(quiet.warn_before_ms, 3 * MIN);
+    let written = only_rule(
+        "{name: a, idle_timer: 1h, quiet_timer: 20m, quiet_below: 40%, quiet_window: 30m}",
+    );
+    assert_eq!((written.rule.quiet_timer_ms, written.rule.quiet_below_permille), (20 * MIN, 400));
+    assert_eq!((written.rule.quiet_window_ms, written.warn_before_ms), (30 * MIN, 5 * MIN));
 }
 
 #[test]

@@ -116,10 +116,25 @@ pub struct IdleRule {
     pub missing: MissingTelemetry,
     /// No judgement this long after the start (`Allot`).
     pub min_runtime_ms: u64,
+    /// `Allot`: the timer while the rule's *other* workloads in the same project are quiet —
+    /// fewer than `quiet_below_permille` of them active — instead of `idle_timer_ms`; 0: none.
+    /// Replicas of one service share their traffic, so when most of them are idle the service
+    /// is in a quiet period and an idle one is likely to stay idle (the engine judges the
+    /// peers, `engine/idle.rs`; the tracker itself does not use these three fields).
+    pub quiet_timer_ms: u64,
+    /// The share of the other workloads (permille) below which they are quiet.
+    pub quiet_below_permille: u16,
+    /// A workload counts as active while its idle time is below this; one stopped for
+    /// idleness and waiting to be needed counts as quiet.
+    pub quiet_window_ms: u64,
 }
 
 /// Run:ai's accounting window.
 pub const RUNAI_WINDOW_MS: u64 = 30_000;
+/// `IdleRule::quiet_window_ms` by default: 15 minutes.
+pub const QUIET_WINDOW_DEFAULT_MS: u64 = 15 * 60_000;
+/// `IdleRule::quiet_below_permille` by default: 25 %.
+pub const QUIET_BELOW_DEFAULT_PERMILLE: u16 = 250;
 
 impl IdleRule {
     /// allot's defaults: 10 %, 15 min, sustained over 60 s, hold on gaps, 5 min start-up grace.
@@ -131,6 +146,9 @@ impl IdleRule {
             sustain_ms: 60_000,
             missing: MissingTelemetry::Hold,
             min_runtime_ms: 5 * 60_000,
+            quiet_timer_ms: 0,
+            quiet_below_permille: QUIET_BELOW_DEFAULT_PERMILLE,
+            quiet_window_ms: QUIET_WINDOW_DEFAULT_MS,
         }
     }
 
@@ -144,6 +162,8 @@ impl IdleRule {
             sustain_ms: 0,
             missing: MissingTelemetry::Idle,
             min_runtime_ms: 0,
+            // No quiet timer: the baselines have none.
+            ..IdleRule::allot_default()
         }
     }
 
@@ -156,6 +176,8 @@ impl IdleRule {
             sustain_ms: 0,
             missing: MissingTelemetry::Hold,
             min_runtime_ms: 0,
+            // No quiet timer: the baselines have none.
+            ..IdleRule::allot_default()
         }
     }
 }
@@ -426,7 +448,12 @@ impl IdleTracker {
 
     /// Whether the idle timer has run out.
     pub fn timer_expired(&self, now: Timestamp) -> bool {
-        !self.in_grace(now) && self.idle_ms >= self.rule.idle_timer_ms
+        self.expired_after(now, self.rule.idle_timer_ms)
+    }
+
+    /// Whether a timer of `timer_ms` has run out (the engine's timer may be the quiet one).
+    pub fn expired_after(&self, now: Timestamp, timer_ms: u64) -> bool {
+        !self.in_grace(now) && self.idle_ms >= timer_ms
     }
 }
 
@@ -441,6 +468,9 @@ crate::codec::codec_struct!(IdleRule {
     sustain_ms,
     missing,
     min_runtime_ms,
+    quiet_timer_ms,
+    quiet_below_permille,
+    quiet_window_ms,
 });
 crate::codec::codec_struct!(IdleTracker {
     rule,

@@ -111,7 +111,13 @@ pub struct IdlePolicySpec {
 impl IdlePolicySpec {
     /// Idle time from which a workload is warned: `warn_before` ahead of the timer.
     pub fn warn_from_ms(&self) -> u64 {
-        self.rule.idle_timer_ms.saturating_sub(self.warn_before_ms).max(1)
+        self.warn_from_timer_ms(self.rule.idle_timer_ms)
+    }
+
+    /// As [`IdlePolicySpec::warn_from_ms`] for the timer that judges a workload now (the
+    /// rule's quiet timer while its peers are quiet).
+    pub fn warn_from_timer_ms(&self, timer_ms: u64) -> u64 {
+        timer_ms.saturating_sub(self.warn_before_ms).max(1)
     }
 
     /// Whether the rule covers a workload of `project` and `kind`.

@@ -21,6 +21,7 @@ fn rule(model: IdleModel) -> IdleRule {
         sustain_ms: 60 * S,
         missing: MissingTelemetry::Hold,
         min_runtime_ms: 0,
+        ..IdleRule::allot_default()
     }
 }
 

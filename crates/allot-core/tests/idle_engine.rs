@@ -86,6 +86,11 @@ fn rule(r: &RawRule, i: usize) -> IdlePolicySpec {
         rule.min_runtime_ms = r.grace_s * 1000;
         rule.missing = [MissingTelemetry::Hold, MissingTelemetry::Idle, MissingTelemetry::Active]
             [r.missing as usize % 3];
+        // Half of allot's rules (odd grace) also have a quiet timer of half the idle timer.
+        if r.grace_s % 2 == 1 {
+            rule.quiet_timer_ms = timer / 2;
+            rule.quiet_below_permille = 500;
+        }
     }
     IdlePolicySpec {
         name: format!("r{i}"),

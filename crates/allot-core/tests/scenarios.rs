@@ -18,6 +18,8 @@
 //!              [missing=hold|idle|active] [grace=MS] [when=on_pressure|always|report_only]
 //!              [action=suspend|requeue|delete] [warn=MS]   # defaults: allot's (10 %, 15 min,
 //!                                      # 60 s, hold, 5 min grace, on_pressure, suspend, warn 0)
+//!              [quiet=MS] [quiet-below=PCT] [quiet-window=MS]  # allot's quiet timer (none,
+//!                                      # 25 %, 15 min)
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
 //! submit NAME PROJECT gpus=N|0.5|3g.40gb [members=N] [class=C] [models=A|B]
@@ -311,6 +313,15 @@ fn idle_rule(words: &[&str], args: &BTreeMap<&str, &str>) -> Result<IdlePolicySp
     }
     if let Some(g) = args.get("grace") {
         rule.min_runtime_ms = num(g)?;
+    }
+    if let Some(q) = args.get("quiet") {
+        rule.quiet_timer_ms = num(q)?;
+    }
+    if let Some(b) = args.get("quiet-below") {
+        rule.quiet_below_permille = (num(b)? * 10) as u16;
+    }
+    if let Some(w) = args.get("quiet-window") {
+        rule.quiet_window_ms = num(w)?;
     }
     if let Some(m) = args.get("missing") {
         rule.missing = match *m {

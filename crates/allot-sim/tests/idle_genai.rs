@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use allot_sim::BadRows;
 use allot_sim::genai::{GenaiTrace, load_genai, parse_genai};
 use allot_sim::idle::genai::{
-    GenaiConfig, GenaiMetrics, endpoint_rule, genai_json, genai_oracle, genai_policy, genai_text,
-    run_genai_experiment, run_genai_policy, with_endpoint_timer,
+    GRID_QUIET_MIN, GenaiConfig, GenaiMetrics, SWEEP_TIMERS_MIN, SweepPoint, endpoint_rule,
+    frontier, genai_json, genai_oracle, genai_policy, genai_text, run_genai_experiment,
+    run_genai_policy, with_endpoint_timer,
 };
 use allot_sim::idle::idle_policies;
 
@@ -211,24 +212,29 @@ fn the_books_hold_on_the_shared_trace_and_the_report_is_deterministic() {
 }
 
 #[test]
-fn the_sweep_runs_every_timer_and_judges_dominance() {
-    let t = first(6);
+fn the_sweep_runs_every_timer_and_the_allot_grid_and_judges_dominance() {
+    let t = first(3);
     let report = run_genai_experiment(&t, &idle_policies(), &config(), true, &|| 0).expect("runs");
     let sweep = report.sweep.as_ref().expect("swept");
-    let timers = |label: &str| -> Vec<u64> {
-        sweep
-            .0
-            .iter()
-            .find(|(l, _)| l == label)
-            .expect(label)
-            .1
-            .iter()
-            .map(|p| p.idle_timer_min)
-            .collect()
+    let family = |label: &str| -> &Vec<SweepPoint> {
+        &sweep.0.iter().find(|(l, _)| l == label).expect(label).1
     };
+    let timers =
+        |label: &str| -> Vec<u64> { family(label).iter().map(|p| p.idle_timer_min).collect() };
     assert_eq!(timers("allot"), [5, 10, 15, 20, 25, 30, 40, 45, 60, 90, 120]);
     assert_eq!(timers("amd_rm"), [15, 20, 25, 30, 40, 45, 60, 90, 120]);
     assert_eq!(timers("runai").len(), 11);
+    // allot's timer sweep keeps its quiet timer (cut to the timer); the grid adds every quiet
+    // timer shorter than the timer at every share, and the timer alone.
+    assert_eq!(family("allot")[0].setting, "idle_timer 5m, quiet_timer 5m, quiet_below 50%");
+    assert_eq!(family("allot")[8].setting, "idle_timer 60m, quiet_timer 5m, quiet_below 50%");
+    let grid = family("allot_grid");
+    let expected: usize = SWEEP_TIMERS_MIN
+        .iter()
+        .map(|&t| 1 + 4 * GRID_QUIET_MIN.iter().filter(|&&q| q < t).count())
+        .sum();
+    assert_eq!(grid.len(), expected);
+    assert!(grid.iter().any(|p| p.setting == "idle_timer 120m, quiet_timer 30m, quiet_below 70%"));
     let d = report.dominance.as_ref().expect("judged");
     assert_eq!(d.points.len(), 9 + 11);
     assert_eq!(d.dominated, d.points.iter().filter(|p| p.by.is_some()).count());
@@ -240,11 +246,75 @@ fn the_sweep_runs_every_timer_and_judges_dominance() {
             );
         }
     }
-    // A longer timer never delays more on the same endpoints (monotone within each sweep's
-    // extremes): the 5-minute setting delays at least as many as the 2-hour one.
-    for (label, points) in &sweep.0 {
+    // The frontier: more delayed, more GPU-hours, strictly, point by point; nothing in the
+    // allot sweeps beats a frontier point.
+    let f = report.allot_frontier.as_ref().expect("frontier");
+    for w in f.windows(2) {
+        assert!(w[0].delayed_requests < w[1].delayed_requests, "{w:?}");
+        assert!(w[0].reclaimed_gpu_hours < w[1].reclaimed_gpu_hours, "{w:?}");
+    }
+    for q in family("allot").iter().chain(grid) {
+        let covered = f.iter().any(|p| {
+            p.reclaimed_gpu_hours >= q.reclaimed_gpu_hours
+                && p.delayed_requests <= q.delayed_requests
+        });
+        assert!(covered, "{q:?}");
+    }
+    // A 5-minute timer delays at least as many as a 2-hour one and reclaims at least as much.
+    for label in ["amd_rm", "runai", "allot"] {
+        let points = family(label);
         let (a, b) = (&points[0], &points[points.len() - 1]);
         assert!(a.delayed_requests >= b.delayed_requests, "{label}");
         assert!(a.reclaimed_gpu_hours >= b.reclaimed_gpu_hours, "{label}");
     }
+}
+
+#[test]
+fn the_frontier_keeps_only_unbeaten_points() {
+    let p = |s: &str, r: f64, d: u64| SweepPoint {
+        setting: s.into(),
+        idle_timer_min: 0,
+        reclaimed_gpu_hours: r,
+        delayed_requests: d,
+        false_reclaims: 0,
+        cold_starts: 0,
+        missed_gpu_hours: 0.0,
+    };
+    let points = [
+        p("a", 10.0, 5),
+        p("b", 8.0, 5),
+        p("c", 12.0, 9),
+        p("d", 11.0, 9),
+        p("e", 9.0, 2),
+        p("f", 9.0, 7),
+    ];
+    let f: Vec<String> = frontier(&points).into_iter().map(|q| q.setting).collect();
+    assert_eq!(f, ["e", "a", "c"]);
+}
+
+#[test]
+fn quiet_peers_shorten_allots_timer_and_a_busy_peer_keeps_the_hour() {
+    let cfg = config();
+    let quiet = || {
+        let mut slots = vec![(Some(50.0), 1)];
+        slots.extend((1..40).map(|_| (Some(0.0), 0)));
+        slots
+    };
+    // Two endpoints idle after slot 0 (after the 5-min start-up grace, from the reading at
+    // 313.5 s). A peer counts as active until it has been idle 15 min (the quiet window), so
+    // each sees its peer active, and is judged by the hour, until 1,213.5 s; from then on it
+    // sees 0 of 1 peers active (below 50 %) and the 5-minute quiet timer judges it: warned at
+    // the next cycle (slot 22, 1,254 s; the warning is as long as the quiet timer), ready once
+    // warned 5 min ago (1,554 s), taken for backfill jobs at slot 28 (1,596 s), never needed
+    // again: 684 s each.
+    let t = trace(&[(0, quiet()), (0, quiet())]);
+    let m = run(&t, "allot", &cfg);
+    assert_eq!((m.reclaims, m.cold_starts, m.delayed_requests, m.warnings), (2, 0, 0, 2), "{m:?}");
+    assert!((m.reclaimed_gpu_hours - 2.0 * (2280.0 - 1596.0) / 3600.0).abs() < 1e-9, "{m:?}");
+    // A third endpoint busy throughout: each idle one sees 1 of 2 peers active (50 %, not
+    // below it), so the 60-minute timer judges them, and 38 idle minutes are not enough.
+    let busy: Vec<Slot> = (0..40).map(|_| (Some(80.0), 1)).collect();
+    let t = trace(&[(0, quiet()), (0, quiet()), (0, busy)]);
+    let m = run(&t, "allot", &cfg);
+    assert_eq!(m.reclaims, 0, "{m:?}");
 }

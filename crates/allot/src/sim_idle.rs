@@ -92,7 +92,8 @@ fn duration_s(flag: &str, text: &str) -> Result<f64> {
     match number.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 && v * unit <= COLD_START_MAX_S => Ok(v * unit),
         _ => Err(InvalidInput(format!(
-            "{flag}: '{text}' is not a duration in [0, {COLD_START_MAX_S} s]; write seconds              (60, 60s) or minutes (2m)\n"
+            "{flag}: '{text}' is not a duration in [0, {COLD_START_MAX_S} s]; write seconds \
+             (60, 60s) or minutes (2m)\n"
         ))
         .into()),
     }

@@ -5,7 +5,8 @@
 //! which are checked the way their products check them (`shared/docs/reference/products.md`
 //! §2.1–2.2): AMD Resource Manager's API refuses an idle timer under 15 minutes or not in whole
 //! minutes and has no warning and no report-only policy; Run:ai's threshold is fixed at 0 %.
-//! Settings only `allot` has (sustain window, missing telemetry, start-up grace) are refused on
+//! Settings only `allot` has (sustain window, missing telemetry, start-up grace, quiet timer)
+//! are refused on
 //! the baselines rather than ignored, so that a comparison never runs a baseline that is not one.
 
 use std::collections::BTreeMap;
@@ -24,7 +25,7 @@ use crate::workloads::KINDS;
 /// Most idle rules in one policy.
 const IDLE_RULES_MAX: usize = 1_000;
 
-const RULE_FIELDS: [&str; 13] = [
+const RULE_FIELDS: [&str; 16] = [
     "name",
     "projects",
     "kinds",
@@ -38,6 +39,9 @@ const RULE_FIELDS: [&str; 13] = [
     "policy",
     "action",
     "warn_before",
+    "quiet_timer",
+    "quiet_below",
+    "quiet_window",
 ];
 const RULE_EXAMPLE: &str =
     "`- {name: notebooks, kinds: [notebook], threshold: 10%, idle_timer: 15m}`";
@@ -62,8 +66,11 @@ const AMD_TIMER_MIN_MS: u64 = 15 * MINUTE_MS;
 const THRESHOLD_DEFAULT_PERMILLE: u16 = 100;
 /// The default idle timer of `allot` and `amd_rm`.
 const TIMER_DEFAULT_MS: u64 = 15 * MINUTE_MS;
-/// `allot`'s default warning before the action (shortened to the idle timer if that is less).
+/// `allot`'s default warning before the action (shortened to the idle timer, or the quiet
+/// timer, if that is less).
 const WARN_BEFORE_DEFAULT_MS: u64 = 5 * MINUTE_MS;
+/// Longest `quiet_window`: a day.
+const QUIET_WINDOW_MAX_MS: u64 = 24 * 60 * MINUTE_MS;
 
 /// `idle_resume_backoff:`: the first wait, at most `IDLE_BACKOFF_MAX_MS` (the engine doubles it
 /// up to that bound, so a longer first wait would be silently cut).
@@ -184,6 +191,9 @@ struct Written {
     when: Option<Option<IdleWhen>>,
     action: Option<Option<PreemptionMode>>,
     warn_before: Option<Option<u64>>,
+    quiet_timer: Option<Option<u64>>,
+    quiet_below: Option<Option<u16>>,
+    quiet_window: Option<Option<u64>>,
 }
 
 /// The judged part of a rule once the model has given its defaults and checked its limits.
@@ -237,6 +247,9 @@ fn decode_rule(
         when: field(ctx, &f, "policy", |ctx, n, p| decode::one_of(ctx, n, p, &WHENS)),
         action: field(ctx, &f, "action", |ctx, n, p| decode::one_of(ctx, n, p, &MODES)),
         warn_before: field(ctx, &f, "warn_before", decode::duration_ms),
+        quiet_timer: field(ctx, &f, "quiet_timer", decode::duration_ms),
+        quiet_below: field(ctx, &f, "quiet_below", decode::percent_permille),
+        quiet_window: field(ctx, &f, "quiet_window", decode::duration_ms),
     };
     // A broken `model` leaves the defaults and limits unknown: the rest is reported already.
     let judged = model.and_then(|model| judge(ctx, &f, model, &written));
@@ -340,7 +353,8 @@ fn judge(ctx: &mut Ctx, f: &Fields<'_>, model: IdleModel, w: &Written) -> Option
             None
         }
         (IdleModel::Allot, Some(None)) => {
-            Some(timer.map_or(WARN_BEFORE_DEFAULT_MS, |t| t.min(WARN_BEFORE_DEFAULT_MS)))
+            let quiet = w.quiet_timer.flatten().filter(|&q| q > 0).unwrap_or(u64::MAX);
+            Some(timer.map_or(WARN_BEFORE_DEFAULT_MS, |t| t.min(quiet).min(WARN_BEFORE_DEFAULT_MS)))
         }
         (_, warn) => warn.map(Option::unwrap_or_default),
     };
@@ -359,15 +373,23 @@ fn judge(ctx: &mut Ctx, f: &Fields<'_>, model: IdleModel, w: &Written) -> Option
         );
         ok = false;
     }
+    let quiet =
+        if model == IdleModel::Allot { quiet_timer(ctx, f, w, timer, warn_before) } else { None };
     let rule = match model {
-        IdleModel::Allot => IdleRule {
-            model,
-            threshold_permille: threshold?,
-            idle_timer_ms: timer?,
-            sustain_ms: w.sustain?.unwrap_or(IdleRule::allot_default().sustain_ms),
-            missing: w.missing?.unwrap_or_default(),
-            min_runtime_ms: w.min_runtime?.unwrap_or(IdleRule::allot_default().min_runtime_ms),
-        },
+        IdleModel::Allot => {
+            let (quiet_timer_ms, quiet_below_permille, quiet_window_ms) = quiet?;
+            IdleRule {
+                model,
+                threshold_permille: threshold?,
+                idle_timer_ms: timer?,
+                sustain_ms: w.sustain?.unwrap_or(IdleRule::allot_default().sustain_ms),
+                missing: w.missing?.unwrap_or_default(),
+                min_runtime_ms: w.min_runtime?.unwrap_or(IdleRule::allot_default().min_runtime_ms),
+                quiet_timer_ms,
+                quiet_below_permille,
+                quiet_window_ms,
+            }
+        }
         IdleModel::AmdRm => IdleRule::amd_rm(threshold?, timer?),
         IdleModel::RunAi => {
             threshold?;
@@ -376,6 +398,103 @@ fn judge(ctx: &mut Ctx, f: &Fields<'_>, model: IdleModel, w: &Written) -> Option
     };
     let judged = Judged { rule, when: when?, action: action?, warn_before_ms: warn_before? };
     ok.then_some(judged)
+}
+
+/// `quiet_timer`, `quiet_below`, `quiet_window` of an `allot` rule: (timer, share, window), the
+/// timer 0 when absent. The timer is above 0 and at most `idle_timer` (it is the shorter timer
+/// of a quiet service), and at least `warn_before`; the share in (0, 100 %]; the window in
+/// (0, 24 h]; a share or window without a timer is refused (it would do nothing). `None`
+/// when any is wrong (reported) or could not be read.
+fn quiet_timer(
+    ctx: &mut Ctx,
+    f: &Fields<'_>,
+    w: &Written,
+    timer: Option<u64>,
+    warn_before: Option<u64>,
+) -> Option<(u64, u16, u64)> {
+    let defaults = IdleRule::allot_default();
+    let (quiet, below, window) = (w.quiet_timer?, w.quiet_below?, w.quiet_window?);
+    let mut ok = true;
+    let Some(quiet) = quiet else {
+        for key in ["quiet_below", "quiet_window"] {
+            if let Some(n) = f.get(key) {
+                ctx.report(
+                    n.pos,
+                    &f.path(key),
+                    format!("`{key}` has no effect without `quiet_timer`"),
+                    format!("add `quiet_timer` (e.g. `quiet_timer: 15m`), or remove `{key}`"),
+                );
+                ok = false;
+            }
+        }
+        return ok.then_some((0, defaults.quiet_below_permille, defaults.quiet_window_ms));
+    };
+    let pos = |key: &str| f.get(key).map_or(f.pos, |n| n.pos);
+    let shown = decode::format_duration(quiet);
+    if quiet == 0 {
+        ctx.report(
+            pos("quiet_timer"),
+            &f.path("quiet_timer"),
+            "must be > 0: a zero quiet timer would reclaim a workload the moment it is idle",
+            "set the timer for quiet periods, e.g. `quiet_timer: 15m`, or remove it",
+        );
+        ok = false;
+    } else if let Some(t) = timer.filter(|&t| quiet > t) {
+        ctx.report(
+            pos("quiet_timer"),
+            &f.path("quiet_timer"),
+            format!(
+                "quiet_timer {shown} is longer than idle_timer {}: it is the shorter timer used \
+                 while the rule's other workloads are quiet",
+                decode::format_duration(t)
+            ),
+            format!(
+                "set quiet_timer to at most {}, or lengthen idle_timer",
+                decode::format_duration(t)
+            ),
+        );
+        ok = false;
+    } else if let Some(warn) = warn_before.filter(|&wb| wb > quiet) {
+        ctx.report(
+            pos("quiet_timer"),
+            &f.path("quiet_timer"),
+            format!(
+                "quiet_timer {shown} is shorter than warn_before {}: the warning would have to \
+                 come before the workload had been idle at all",
+                decode::format_duration(warn)
+            ),
+            format!("set warn_before to at most {shown}, or lengthen quiet_timer"),
+        );
+        ok = false;
+    }
+    let below = below.unwrap_or(defaults.quiet_below_permille);
+    if below == 0 {
+        ctx.report(
+            pos("quiet_below"),
+            &f.path("quiet_below"),
+            "must be > 0 %: fewer than 0 % of the other workloads can never be active, so the \
+             quiet timer would never apply",
+            "set the share of active workloads below which the service is quiet, e.g. \
+             `quiet_below: 25%`",
+        );
+        ok = false;
+    }
+    let window = window.unwrap_or(defaults.quiet_window_ms);
+    if window == 0 || window > QUIET_WINDOW_MAX_MS {
+        ctx.report(
+            pos("quiet_window"),
+            &f.path("quiet_window"),
+            format!(
+                "{} is not in (0, 24h]: a workload counts as active while its idle time is below \
+                 this",
+                decode::format_duration(window)
+            ),
+            "set how recently a workload must have been active to count, e.g. \
+             `quiet_window: 15m`",
+        );
+        ok = false;
+    }
+    ok.then_some((quiet, below, window))
 }
 
 /// Reports `sustain`, `missing_telemetry` and `min_runtime` on a baseline model; true if none.
@@ -395,6 +514,9 @@ fn no_allot_only_settings(ctx: &mut Ctx, f: &Fields<'_>, model: IdleModel) -> bo
                     "min_runtime",
                     "AMD Resource Manager judges a workload from its start, with no grace",
                 ),
+                ("quiet_timer", "AMD Resource Manager has one idle timer per project"),
+                ("quiet_below", "AMD Resource Manager has one idle timer per project"),
+                ("quiet_window", "AMD Resource Manager has one idle timer per project"),
             ],
         ),
         IdleModel::RunAi => (
@@ -406,6 +528,9 @@ fn no_allot_only_settings(ctx: &mut Ctx, f: &Fields<'_>, model: IdleModel) -> bo
                     "a Run:ai window without samples neither adds to nor resets the idle time",
                 ),
                 ("min_runtime", "Run:ai counts idle time from the workload's start, with no grace"),
+                ("quiet_timer", "Run:ai has one idle GPU time limit per workload type"),
+                ("quiet_below", "Run:ai has one idle GPU time limit per workload type"),
+                ("quiet_window", "Run:ai has one idle GPU time limit per workload type"),
             ],
         ),
     };

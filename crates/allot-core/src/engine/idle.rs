@@ -11,17 +11,23 @@
 //! pending workloads oldest first, idle victims longest-idle first until their GPU *count*
 //! covers the request, all or nothing, placement not checked.
 //!
+//! A rule with a quiet timer (`IdleRule::quiet_timer_ms`, model `allot`) uses it instead of its
+//! idle timer while fewer than `quiet_below` of the *other* workloads it judges in the same
+//! project are active (idle less than `quiet_window`; those stopped for idleness and waiting
+//! count as quiet): replicas of one service share their traffic, so a quiet service predicts
+//! that an idle replica stays idle ([`Peers`], computed once per pass).
+//!
 //! Work stopped for idleness and requeued waits a backoff before it may resume (first
 //! `idle_resume_backoff_ms`, doubled per further idle reclaim in a row, at most
 //! `IDLE_BACKOFF_MAX_MS`), so that a workload that comes back idle does not thrash; the count
 //! restarts once it shows sustained activity.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::decision::{Decision, DeferReason, IdleFacts, PreemptReason};
 use crate::engine::{Engine, Stage, StopKind, WorkloadState};
 use crate::idle::{IdleModel, IdleStatus, IdleTracker};
-use crate::ids::{SHARES_PER_GPU, Timestamp, WorkloadId};
+use crate::ids::{ProjectId, SHARES_PER_GPU, Timestamp, WorkloadId};
 use crate::model::{IDLE_BACKOFF_MAX_MS, IdlePolicySpec, IdleWhen};
 
 /// The idle state of one running workload.
@@ -38,7 +44,66 @@ pub(crate) struct IdleState {
     pub offered: bool,
 }
 
+/// Per (rule, project), for rules with a quiet timer: the workloads the rule judges — running
+/// and tracked, or stopped for idleness and waiting to be needed — and how many are active.
+#[derive(Debug, Default)]
+pub(crate) struct Peers(BTreeMap<(u32, ProjectId), (u32, u32)>);
+
 impl Engine {
+    /// The peers of every rule with a quiet timer (empty, and free, when no rule has one).
+    pub(crate) fn quiet_peers(&self) -> Peers {
+        let mut peers = Peers::default();
+        let quiet =
+            |rule: u32| self.idle_rules.get(rule as usize).filter(|r| r.rule.quiet_timer_ms > 0);
+        if !self.idle_rules.iter().any(|r| r.rule.quiet_timer_ms > 0) {
+            return peers;
+        }
+        for (id, state) in &self.idle {
+            let Some(spec) = quiet(state.rule) else { continue };
+            let Some(w) = self.workloads.get(id) else { continue };
+            let active = match (w.stage, w.stop_kind) {
+                (Stage::Running, _) => state.tracker.idle_ms() < spec.rule.quiet_window_ms,
+                // Told to stop for idleness: quiet, as it will be once stopped.
+                (Stage::Stopping, Some(StopKind::Idle(_))) => false,
+                _ => continue,
+            };
+            let e = peers.0.entry((state.rule, w.project)).or_default();
+            e.0 += 1;
+            e.1 += u32::from(active);
+        }
+        for w in self.workloads.values() {
+            if w.stage != Stage::Pending || w.idle_suspended_at.is_none() {
+                continue;
+            }
+            if let Some((rule, spec)) = self.idle_rule_for(w)
+                && spec.rule.quiet_timer_ms > 0
+            {
+                peers.0.entry((rule, w.project)).or_default().0 += 1;
+            }
+        }
+        peers
+    }
+
+    /// The timer that judges a tracked workload now: its rule's quiet timer while the other
+    /// workloads of the rule in its project are quiet, else its idle timer.
+    pub(crate) fn idle_timer_now(&self, id: WorkloadId, peers: &Peers) -> u64 {
+        let Some(state) = self.idle.get(&id) else { return u64::MAX };
+        let Some(spec) = self.idle_rules.get(state.rule as usize) else { return u64::MAX };
+        let r = &spec.rule;
+        let Some(w) = self.workloads.get(&id).filter(|_| r.quiet_timer_ms > 0) else {
+            return r.idle_timer_ms;
+        };
+        let Some(&(n, active)) = peers.0.get(&(state.rule, w.project)) else {
+            return r.idle_timer_ms;
+        };
+        let me_active = u32::from(state.tracker.idle_ms() < r.quiet_window_ms);
+        let (others, active_others) = (n.saturating_sub(1), active.saturating_sub(me_active));
+        let quiet = others > 0
+            && u64::from(active_others) * 1000
+                < u64::from(r.quiet_below_permille) * u64::from(others);
+        if quiet { r.quiet_timer_ms } else { r.idle_timer_ms }
+    }
+
     /// The rule that covers a workload, if any: the first in the policy's order.
     pub(crate) fn idle_rule_for(&self, w: &WorkloadState) -> Option<(u32, &IdlePolicySpec)> {
         let project = &self.projects[w.project.0 as usize].name;
@@ -100,15 +165,27 @@ impl Engine {
         }
     }
 
-    /// The facts behind a warning or reclaim of a tracked workload.
+    /// The facts behind a warning or reclaim of a tracked workload (`idle_timer_ms`: the
+    /// timer that judges it now, the quiet one while its peers are quiet).
     pub(crate) fn idle_facts(&self, id: WorkloadId) -> Option<IdleFacts> {
+        let spec = self.idle_rules.get(self.idle.get(&id)?.rule as usize)?;
+        let timer = if spec.rule.quiet_timer_ms > 0 {
+            self.idle_timer_now(id, &self.quiet_peers())
+        } else {
+            spec.rule.idle_timer_ms
+        };
+        self.idle_facts_with(id, timer)
+    }
+
+    /// [`Engine::idle_facts`] with the timer that judges the workload now already known.
+    fn idle_facts_with(&self, id: WorkloadId, idle_timer_ms: u64) -> Option<IdleFacts> {
         let state = self.idle.get(&id)?;
         let spec = self.idle_rules.get(state.rule as usize)?;
         Some(IdleFacts {
             rule: state.rule,
             model: spec.rule.model,
             idle_ms: state.tracker.idle_ms(),
-            idle_timer_ms: spec.rule.idle_timer_ms,
+            idle_timer_ms,
             threshold_permille: spec.rule.threshold_permille,
             signal: state.tracker.signal_used(),
             when: spec.when,
@@ -118,14 +195,20 @@ impl Engine {
     }
 
     /// Whether a tracked, running workload may be reclaimed now under a rule of `when`: not
-    /// exempt, timer run out, warned at least `warn_before` ago.
-    pub(crate) fn idle_ready(&self, now: Timestamp, id: WorkloadId, when: IdleWhen) -> bool {
+    /// exempt, its timer now (`idle_timer_now`) run out, warned at least `warn_before` ago.
+    pub(crate) fn idle_ready(
+        &self,
+        now: Timestamp,
+        id: WorkloadId,
+        when: IdleWhen,
+        peers: &Peers,
+    ) -> bool {
         let Some(state) = self.idle.get(&id) else { return false };
         let Some(spec) = self.idle_rules.get(state.rule as usize) else { return false };
         spec.when == when
             && !state.exempt
             && self.workloads.get(&id).is_some_and(|w| w.stage == Stage::Running && w.preemptible)
-            && state.tracker.timer_expired(now)
+            && state.tracker.expired_after(now, self.idle_timer_now(id, peers))
             && state.warned_at.is_some_and(|t| now.since(t) >= spec.warn_before_ms)
     }
 
@@ -144,6 +227,7 @@ impl Engine {
             self.backoffs.pop_first();
         }
         self.pressure_ready.clear();
+        let peers = self.quiet_peers();
         let ids: Vec<WorkloadId> = self.idle.keys().copied().collect();
         for id in ids {
             let Some(w) = self.workloads.get(&id) else { continue };
@@ -154,13 +238,13 @@ impl Engine {
             let Some(spec) = self.idle_rules.get(state.rule as usize) else { continue };
             let (when, action, warn_before) = (spec.when, spec.action, spec.warn_before_ms);
             let model = spec.rule.model;
-            let timer = spec.rule.idle_timer_ms;
+            let timer = self.idle_timer_now(id, &peers);
             let status = state.tracker.status(now);
             let idle_ms = match status {
                 IdleStatus::Idle { idle_ms } => idle_ms,
                 IdleStatus::Grace | IdleStatus::Active => 0,
             };
-            let warn_from = spec.warn_from_ms();
+            let warn_from = spec.warn_from_timer_ms(timer);
             let exempt = state.exempt;
             let warned_at = state.warned_at;
             if idle_ms < warn_from {
@@ -170,7 +254,7 @@ impl Engine {
                 }
                 continue;
             }
-            let Some(facts) = self.idle_facts(id) else { continue };
+            let Some(facts) = self.idle_facts_with(id, timer) else { continue };
             if warned_at.is_none() {
                 let acts = !exempt && when != IdleWhen::ReportOnly;
                 let action_at = acts.then(|| {
@@ -182,7 +266,7 @@ impl Engine {
                 }
             }
             if when == IdleWhen::OnPressure
-                && self.idle_ready(now, id, IdleWhen::OnPressure)
+                && self.idle_ready(now, id, IdleWhen::OnPressure, &peers)
                 && let Some(s) = self.idle.get_mut(&id)
             {
                 s.offered = true;
@@ -190,7 +274,7 @@ impl Engine {
                     self.pressure_ready.insert(id);
                 }
             }
-            if self.idle_ready(now, id, IdleWhen::Always) {
+            if self.idle_ready(now, id, IdleWhen::Always, &peers) {
                 let checkpoint_grace_ms =
                     self.workloads.get(&id).and_then(|w| w.spec.checkpointing).map(|c| c.grace_ms);
                 self.mark_stopping(id, StopKind::Idle(action));
@@ -209,6 +293,8 @@ impl Engine {
     /// longest idle first, until their GPUs (counted, any model, any node) cover its request;
     /// if they do not, nobody is taken for it. Victims taken for one are not counted again.
     pub(crate) fn amd_pressure_pass(&mut self, now: Timestamp, out: &mut Vec<Decision>) {
+        // `amd_rm` rules have no quiet timer.
+        let peers = Peers::default();
         let mut candidates: Vec<(std::cmp::Reverse<u64>, WorkloadId)> = self
             .idle
             .iter()
@@ -216,7 +302,7 @@ impl Engine {
                 self.idle_rules
                     .get(s.rule as usize)
                     .is_some_and(|r| r.rule.model == IdleModel::AmdRm)
-                    && self.idle_ready(now, **id, IdleWhen::OnPressure)
+                    && self.idle_ready(now, **id, IdleWhen::OnPressure, &peers)
             })
             .map(|(id, s)| (std::cmp::Reverse(s.tracker.idle_ms()), *id))
             .collect();
@@ -309,18 +395,19 @@ impl Engine {
             return true;
         }
         let pending = self.queues.iter().any(|q| !q.is_empty());
+        let peers = self.quiet_peers();
         self.idle.iter().any(|(&id, s)| {
             let Some(spec) = self.idle_rules.get(s.rule as usize) else { return false };
             if self.workloads.get(&id).is_none_or(|w| w.stage != Stage::Running) {
                 return false;
             }
             let idle_ms = s.tracker.idle_ms();
-            let warn_from = spec.warn_from_ms();
+            let warn_from = spec.warn_from_timer_ms(self.idle_timer_now(id, &peers));
             match s.warned_at {
                 None => idle_ms >= warn_from,
                 Some(_) if idle_ms < warn_from => true,
                 Some(_) => {
-                    self.idle_ready(now, id, spec.when)
+                    self.idle_ready(now, id, spec.when, &peers)
                         && (spec.when == IdleWhen::Always || (pending && !s.offered))
                 }
             }

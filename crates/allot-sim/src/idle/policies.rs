@@ -125,7 +125,11 @@ pub fn idle_policies() -> Vec<(String, PolicySpec)> {
         rule(
             "serving",
             &[Inference, Service],
-            allot_rule(100, 60, 60_000),
+            IdleRule {
+                quiet_timer_ms: minutes(5),
+                quiet_below_permille: 500,
+                ..allot_rule(100, 60, 60_000)
+            },
             IdleWhen::OnPressure,
             PreemptionMode::Suspend,
             minutes(5),

@@ -129,6 +129,9 @@ pub struct GenaiReport {
     /// Per policy, its sweep (with `--sweep`).
     pub sweep: Option<Ordered<Vec<SweepPoint>>>,
     pub dominance: Option<Dominance>,
+    /// allot's settings no other allot setting of the sweep beats (reclaims at least as much
+    /// with at most as many delayed requests), fewest delayed first.
+    pub allot_frontier: Option<Vec<SweepPoint>>,
     /// What the reader must know about a policy (a rule that covers no endpoint, …).
     pub notes: Vec<String>,
 }
@@ -141,7 +144,8 @@ pub fn endpoint_rule(policy: &PolicySpec) -> Option<usize> {
 
 /// `policy` with its endpoint rule's timer set to `timer_min`. A policy whose rules cover no
 /// endpoint (Run:ai's: no rule for inference) gets a copy of its first rule for inference in
-/// front; `None` without any rule.
+/// front; `None` without any rule. An `allot` rule keeps its quiet timer, cut to the new timer
+/// if longer (and its warning to the quiet timer).
 pub fn with_endpoint_timer(policy: &PolicySpec, timer_min: u64) -> Option<PolicySpec> {
     let mut p = policy.clone();
     let index = match endpoint_rule(&p) {
@@ -155,8 +159,83 @@ pub fn with_endpoint_timer(policy: &PolicySpec, timer_min: u64) -> Option<Policy
             0
         }
     };
-    p.idle[index].rule.idle_timer_ms = timer_min * 60_000;
+    let spec = &mut p.idle[index];
+    spec.rule.idle_timer_ms = timer_min * 60_000;
+    let quiet = spec.rule.quiet_timer_ms;
+    if quiet > 0 {
+        spec.rule.quiet_timer_ms = quiet.min(spec.rule.idle_timer_ms);
+    }
     Some(p)
+}
+
+/// `policy` with its endpoint rule (model `allot`) set to `timer_min` and, with `quiet`, the
+/// quiet timer (minutes) and share (percent); without, no quiet timer. The warning is cut to
+/// the shorter timer.
+pub fn with_endpoint_rule(
+    policy: &PolicySpec,
+    timer_min: u64,
+    quiet: Option<(u64, u16)>,
+) -> Option<PolicySpec> {
+    let mut p = with_endpoint_timer(policy, timer_min)?;
+    let index = endpoint_rule(&p)?;
+    let spec = &mut p.idle[index];
+    match quiet {
+        Some((q, below)) => {
+            spec.rule.quiet_timer_ms = q * 60_000;
+            spec.rule.quiet_below_permille = below * 10;
+        }
+        None => spec.rule.quiet_timer_ms = 0,
+    }
+    let shortest = match spec.rule.quiet_timer_ms {
+        0 => spec.rule.idle_timer_ms,
+        q => q,
+    };
+    spec.warn_before_ms = spec.warn_before_ms.min(shortest);
+    Some(p)
+}
+
+/// The grid of allot's settings goal 2 searches, besides its timer sweep: every timer of
+/// [`SWEEP_TIMERS_MIN`], without a quiet timer and with each of [`GRID_QUIET_MIN`] shorter than
+/// it at each share of [`GRID_QUIET_BELOW_PCT`].
+pub const GRID_QUIET_MIN: [u64; 4] = [5, 10, 15, 30];
+pub const GRID_QUIET_BELOW_PCT: [u16; 4] = [10, 25, 50, 70];
+
+/// One run of the experiment: the policy's index, for a sweep point its family, setting and
+/// timer (`None`: the policy as shipped), and the policy run.
+type Run = (usize, Option<(usize, String, u64)>, PolicySpec);
+
+/// One setting of a sweep: its label, timer, and quiet timer and share.
+type Setting = (String, u64, Option<(u64, u16)>);
+
+fn grid() -> Vec<Setting> {
+    let mut out = Vec::new();
+    for t in SWEEP_TIMERS_MIN {
+        out.push((format!("idle_timer {t}m, no quiet_timer"), t, None));
+        for q in GRID_QUIET_MIN.into_iter().filter(|&q| q < t) {
+            for b in GRID_QUIET_BELOW_PCT {
+                out.push((
+                    format!("idle_timer {t}m, quiet_timer {q}m, quiet_below {b}%"),
+                    t,
+                    Some((q, b)),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A sweep point's label: the timer, and an `allot` rule's quiet timer and share if it has one.
+fn setting_label(policy: &PolicySpec, timer_min: u64) -> String {
+    let quiet =
+        endpoint_rule(policy).map(|i| &policy.idle[i].rule).filter(|r| r.quiet_timer_ms > 0);
+    match quiet {
+        Some(r) => format!(
+            "idle_timer {timer_min}m, quiet_timer {}m, quiet_below {}%",
+            r.quiet_timer_ms / 60_000,
+            f64::from(r.quiet_below_permille) / 10.0
+        ),
+        None => format!("idle_timer {timer_min}m"),
+    }
 }
 
 /// The sweep's timers for a policy: AMD's from its 15-minute minimum.
@@ -167,8 +246,14 @@ fn timers_for(policy: &PolicySpec) -> Vec<u64> {
     SWEEP_TIMERS_MIN.iter().copied().filter(|&t| !amd || t >= AMD_TIMER_MIN_MIN).collect()
 }
 
+/// Whether a policy's endpoint rule is allot's (it gets the grid too).
+fn allot_rule(policy: &PolicySpec) -> bool {
+    endpoint_rule(policy).is_some_and(|i| policy.idle[i].rule.model == IdleModel::Allot)
+}
+
 /// Runs the shipped policies (labelled), the oracle and, with `sweep`, every policy at every
-/// timer of [`SWEEP_TIMERS_MIN`], in parallel. `now_ms` is the caller's clock for `wall_ms`
+/// timer of [`SWEEP_TIMERS_MIN`] (a policy with an `allot` endpoint rule also over the grid of
+/// quiet timers, as `LABEL_grid`), in parallel. `now_ms` is the caller's clock for `wall_ms`
 /// (`&|| 0` for byte-identical output).
 pub fn run_genai_experiment(
     trace: &GenaiTrace,
@@ -180,8 +265,9 @@ pub fn run_genai_experiment(
     let gpus = trace.containers.len();
     let (oracle_m, oracle) = genai_oracle(trace, config);
     let mut notes = Vec::new();
-    // (family, setting label, timer, policy); the shipped policies first.
-    let mut runs: Vec<(usize, Option<u64>, PolicySpec)> = Vec::new();
+    // Sweep families: (label, policy index).
+    let mut families: Vec<(String, usize)> = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
     for (i, (label, policy)) in policies.iter().enumerate() {
         if endpoint_rule(policy).is_none() {
             notes.push(format!(
@@ -190,10 +276,23 @@ pub fn run_genai_experiment(
             ));
         }
         runs.push((i, None, genai_policy(policy, gpus)));
-        if sweep {
-            for t in timers_for(policy) {
-                if let Some(p) = with_endpoint_timer(policy, t) {
-                    runs.push((i, Some(t), genai_policy(&p, gpus)));
+        if !sweep {
+            continue;
+        }
+        let family = families.len();
+        families.push((label.clone(), i));
+        for t in timers_for(policy) {
+            if let Some(p) = with_endpoint_timer(policy, t) {
+                let setting = setting_label(&p, t);
+                runs.push((i, Some((family, setting, t)), genai_policy(&p, gpus)));
+            }
+        }
+        if allot_rule(policy) {
+            let family = families.len();
+            families.push((format!("{label}_grid"), i));
+            for (setting, t, quiet) in grid() {
+                if let Some(p) = with_endpoint_rule(policy, t, quiet) {
+                    runs.push((i, Some((family, setting, t)), genai_policy(&p, gpus)));
                 }
             }
         }
@@ -209,16 +308,24 @@ pub fn run_genai_experiment(
         .collect();
     let mut shipped = Vec::new();
     let mut sweeps: Vec<(String, Vec<SweepPoint>)> =
-        policies.iter().map(|(l, _)| (l.clone(), Vec::new())).collect();
-    for ((i, timer, _), r) in runs.iter().zip(results) {
+        families.iter().map(|(l, _)| (l.clone(), Vec::new())).collect();
+    for ((i, point, _), r) in runs.into_iter().zip(results) {
         let m = r?;
-        match timer {
-            None => shipped.push((policies[*i].0.clone(), m)),
-            Some(t) => sweeps[*i].1.push(SweepPoint::of(format!("idle_timer {t}m"), *t, &m)),
+        match point {
+            None => shipped.push((policies[i].0.clone(), m)),
+            Some((family, setting, t)) => sweeps[family].1.push(SweepPoint::of(setting, t, &m)),
         }
     }
     let goal = GenaiGoal::of(&shipped);
     let dominance = sweep.then(|| dominance(&sweeps));
+    let allot_frontier = sweep.then(|| {
+        let points: Vec<SweepPoint> = sweeps
+            .iter()
+            .filter(|(l, _)| l == "allot" || l == "allot_grid")
+            .flat_map(|(_, s)| s.iter().cloned())
+            .collect();
+        frontier(&points)
+    });
     shipped.push(("oracle".to_owned(), oracle_m));
     Ok(GenaiReport {
         trace: trace_info(trace, config),
@@ -230,14 +337,36 @@ pub fn run_genai_experiment(
         goal,
         sweep: sweep.then_some(Ordered(sweeps)),
         dominance,
+        allot_frontier,
         notes,
     })
 }
 
+/// The points no other point beats (at least as many GPU-hours with at most as many delayed
+/// requests, one of them strictly), fewest delayed first; ties keep the first listed.
+pub fn frontier(points: &[SweepPoint]) -> Vec<SweepPoint> {
+    let mut sorted: Vec<&SweepPoint> = points.iter().collect();
+    sorted.sort_by(|a, b| {
+        a.delayed_requests
+            .cmp(&b.delayed_requests)
+            .then(b.reclaimed_gpu_hours.total_cmp(&a.reclaimed_gpu_hours))
+    });
+    let mut out: Vec<SweepPoint> = Vec::new();
+    for p in sorted {
+        if out.last().is_none_or(|last| p.reclaimed_gpu_hours > last.reclaimed_gpu_hours) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
 /// Goal 2: every point of the `amd_rm` and `runai` sweeps against allot's.
 fn dominance(sweeps: &[(String, Vec<SweepPoint>)]) -> Dominance {
-    let allot: &[SweepPoint] =
-        sweeps.iter().find(|(l, _)| l == "allot").map_or(&[], |(_, s)| s.as_slice());
+    let allot: Vec<&SweepPoint> = sweeps
+        .iter()
+        .filter(|(l, _)| l == "allot" || l == "allot_grid")
+        .flat_map(|(_, s)| s)
+        .collect();
     let mut points = Vec::new();
     for (label, sweep) in sweeps.iter().filter(|(l, _)| l == "amd_rm" || l == "runai") {
         for p in sweep {
@@ -252,7 +381,7 @@ fn dominance(sweeps: &[(String, Vec<SweepPoint>)]) -> Dominance {
                         .cmp(&b.delayed_requests)
                         .then(b.reclaimed_gpu_hours.total_cmp(&a.reclaimed_gpu_hours))
                 })
-                .cloned();
+                .map(|&q| q.clone());
             points.push(Domination {
                 policy: label.clone(),
                 setting: p.setting.clone(),
@@ -381,13 +510,21 @@ pub fn genai_text(report: &GenaiReport) -> String {
             "cold starts",
             "missed GPU-h",
         ];
-        let rows: Vec<Vec<String>> = sweep
+        let mut tables: Vec<(&str, &[SweepPoint])> = sweep
             .0
             .iter()
-            .flat_map(|(label, points)| {
+            .filter(|(label, _)| !label.ends_with("_grid"))
+            .map(|(label, points)| (label.as_str(), points.as_slice()))
+            .collect();
+        if let Some(f) = &report.allot_frontier {
+            tables.push(("allot frontier", f));
+        }
+        let rows: Vec<Vec<String>> = tables
+            .iter()
+            .flat_map(|&(label, points)| {
                 points.iter().map(move |p| {
                     vec![
-                        label.clone(),
+                        label.to_owned(),
                         p.setting.clone(),
                         format!("{:.1}", p.reclaimed_gpu_hours),
                         p.delayed_requests.to_string(),
@@ -398,7 +535,10 @@ pub fn genai_text(report: &GenaiReport) -> String {
                 })
             })
             .collect();
-        out.push_str("\nsweep:\n");
+        out.push_str(
+            "\nsweep (the allot grid in the JSON; here its frontier: the settings no other \
+             beats):\n",
+        );
         out.push_str(&report::table(&headers, &rows));
     }
     if let Some(d) = &report.dominance {
@@ -426,16 +566,30 @@ pub fn genai_text(report: &GenaiReport) -> String {
 /// `genai_tradeoff.svg` and `.png` in `dir`.
 pub fn write_genai_chart(dir: &Path, report: &GenaiReport) -> Result<Vec<PathBuf>, ChartError> {
     let mut series = Vec::new();
+    let line = |points: &[SweepPoint]| -> Vec<(f64, f64)> {
+        points.iter().map(|p| (p.delayed_requests as f64, p.reclaimed_gpu_hours)).collect()
+    };
     if let Some(sweep) = &report.sweep {
         for (label, points) in &sweep.0 {
-            series.push(Series {
-                label: format!("{label} (timer sweep)"),
-                points: points
+            if let Some(base) = label.strip_suffix("_grid") {
+                // The grid's fixed timers are the rule without its quiet timer.
+                let fixed: Vec<SweepPoint> = points
                     .iter()
-                    .map(|p| (p.delayed_requests as f64, p.reclaimed_gpu_hours))
-                    .collect(),
-            });
+                    .filter(|p| p.setting.ends_with("no quiet_timer"))
+                    .cloned()
+                    .collect();
+                series.push(Series {
+                    label: format!("{base}, no quiet timer"),
+                    points: line(&fixed),
+                });
+            } else {
+                series
+                    .push(Series { label: format!("{label} (timer sweep)"), points: line(points) });
+            }
         }
+    }
+    if let Some(f) = &report.allot_frontier {
+        series.push(Series { label: "allot, best of grid".into(), points: line(f) });
     }
     for (label, m) in &report.policies.0 {
         series.push(Series {

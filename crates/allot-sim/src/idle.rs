@@ -142,6 +142,8 @@ pub struct KindMetrics {
     pub false_by_activity_after: u64,
     pub reclaimed_idle_gpu_hours_gross: f64,
     pub reclaimed_idle_gpu_hours: f64,
+    /// The part of `reclaimed_idle_gpu_hours` other work held.
+    pub reused_gpu_hours: f64,
     pub lost_gpu_hours: f64,
     pub deleted: u64,
 }
@@ -158,6 +160,10 @@ pub struct PolicyMetrics {
     /// As `reclaimed_idle_gpu_hours` without the "holds GPUs again" cut: each reclaim counts
     /// the victim's whole idle future (counts it again after a resume).
     pub reclaimed_idle_gpu_hours_gross: f64,
+    /// Of `reclaimed_idle_gpu_hours`, the GPU-hours other work held on the devices given
+    /// back, inside each reclaim's window (at most the shares given back per device): a
+    /// reclaim that frees GPUs no pending work can use only costs its victim.
+    pub reused_gpu_hours: f64,
     /// Idle reclaims whose probe showed use within 15 min before, or whose activity model
     /// shows ≥ 10 % within 15 min after.
     pub false_reclaims: u64,

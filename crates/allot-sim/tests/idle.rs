@@ -59,6 +59,11 @@ fn check_books(label: &str, m: &PolicyMetrics) {
     assert!((0.0..=1.0).contains(&m.goodput), "{label}: goodput {}", m.goodput);
     assert!(m.reclaimed_idle_gpu_hours_gross >= 0.0 && m.reclaimed_idle_gpu_hours >= 0.0);
     assert!(m.reclaimed_idle_gpu_hours <= m.reclaimed_idle_gpu_hours_gross + 1e-9, "{label}");
+    // Reused: held by other work inside the reclaimed windows, so never more than reclaimed.
+    assert!(m.reused_gpu_hours >= 0.0, "{label}");
+    assert!(m.reused_gpu_hours <= m.reclaimed_idle_gpu_hours + 1e-9, "{label}");
+    let reused: f64 = m.by_kind.values().map(|k| k.reused_gpu_hours).sum();
+    assert!((reused - m.reused_gpu_hours).abs() < 1e-9, "{label}");
     assert!(m.lost_gpu_hours >= 0.0 && m.idle_allocated_gpu_hours >= -1e-9, "{label}");
     assert!(m.active_gpu_hours <= m.allocated_gpu_hours + 1e-9, "{label}");
     assert!(m.useful_gpu_hours <= m.active_gpu_hours + 1e-9, "{label}");
@@ -143,6 +148,10 @@ fn a_short_kernel_resets_amd_and_runai_timers_but_not_allot() {
     assert_eq!(allot.warnings, 1);
     assert_eq!(allot.deleted, 0);
     assert!((allot.reclaimed_idle_gpu_hours_gross - 1.5).abs() < 1e-9, "{allot:?}");
+    // The training job takes the GPU at the next tick (15 s later) and holds it to the end:
+    // all of the reclaimed 1.5 GPU-hours but those 15 s are reused.
+    assert!((allot.reclaimed_idle_gpu_hours - 1.5).abs() < 1e-9, "{allot:?}");
+    assert!((allot.reused_gpu_hours - (1.5 - 15.0 / 3600.0)).abs() < 1e-9, "{allot:?}");
     // It never ran anything, so nothing was lost; it waits until its session ends.
     assert!(allot.lost_gpu_hours.abs() < 1e-9);
     assert_eq!(allot.notebooks_ended_pending, 1);

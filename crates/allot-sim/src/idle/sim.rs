@@ -65,8 +65,8 @@ struct Run {
     is_restart: bool,
     /// Told to stop (mode); the stop is pending.
     stopping: Option<PreemptionMode>,
-    /// (node index, member, shares) per allocated device.
-    devices: Vec<(usize, u32, u32)>,
+    /// (node index, member, shares, device index on the node) per allocated device.
+    devices: Vec<(usize, u32, u32, u16)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -130,13 +130,22 @@ struct Sim<'a> {
     telemetry_rng: SimRng,
     dirty: bool,
     /// Per origin, the last idle reclaim not yet followed by a new admission: (time, GPUs,
-    /// end of its predicted idleness), for `reclaimed_idle_gpu_hours`.
-    open_reclaims: BTreeMap<usize, (u64, f64, f64)>,
+    /// end of its predicted idleness, the devices it gave back), for
+    /// `reclaimed_idle_gpu_hours` and `reused_gpu_hours`.
+    open_reclaims: BTreeMap<usize, (u64, f64, f64, Vec<UsedDevice>)>,
+    /// Closed reclaims: the kind, the devices given back, and the window (ms) their reclaimed
+    /// GPU-hours cover.
+    reclaim_windows: Vec<(usize, Vec<UsedDevice>, u64, u64)>,
+    /// Per device (node, index): every run's use of it, (from, to, shares, origin), ms.
+    device_use: BTreeMap<(usize, u16), Vec<(u64, u64, u32, usize)>>,
     reclaimed_origins: BTreeSet<usize>,
     /// The goodput ledger, folded over the same events and decisions as the engine.
     ledger: Ledger,
     m: PolicyMetrics,
 }
+
+/// One device a workload held: (node index, device index, shares).
+type UsedDevice = (usize, u16, u32);
 
 fn ms(s: f64) -> u64 {
     (s.max(0.0) * 1000.0).round() as u64
@@ -207,6 +216,8 @@ pub fn run_policy(
         telemetry_rng: SimRng::new(config.seed).fork(PURPOSE_TELEMETRY),
         dirty: false,
         open_reclaims: BTreeMap::new(),
+        reclaim_windows: Vec::new(),
+        device_use: BTreeMap::new(),
         reclaimed_origins: BTreeSet::new(),
         ledger: Ledger::new(LEDGER_PERIOD_MS),
         m: PolicyMetrics::default(),
@@ -578,6 +589,10 @@ impl Sim<'_> {
         let Some(r) = w.run.take() else { return };
         w.run_no += 1;
         self.sampled.remove(&wl);
+        for &(node, _, shares, device) in &r.devices {
+            let used = (r.admitted_ms, t, shares, origin);
+            self.device_use.entry((node, device)).or_default().push(used);
+        }
         let gpus = w.shares as f64 / SHARES_PER_GPU as f64;
         let started = r.started_ms.unwrap_or(t).min(t);
         let delay = secs(started.saturating_sub(r.admitted_ms));
@@ -660,7 +675,7 @@ impl Sim<'_> {
             let mut rng = tick_rng.fork(w.id);
             let mut readings = Vec::with_capacity(r.devices.len());
             let mut gaps = 0u64;
-            for &(node, member, shares) in &r.devices {
+            for &(node, member, shares, _) in &r.devices {
                 let noise = tel.sm_noise.0 + (tel.sm_noise.1 - tel.sm_noise.0) * rng.unit();
                 let spike_draw = rng.unit();
                 if self.down.get(node).copied().unwrap_or(false) {
@@ -811,7 +826,7 @@ impl Sim<'_> {
             .iter()
             .enumerate()
             .flat_map(|(m, mp)| {
-                mp.devices.iter().map(move |d| (mp.node.0 as usize, m as u32, d.shares))
+                mp.devices.iter().map(move |d| (mp.node.0 as usize, m as u32, d.shares, d.device))
             })
             .collect();
         w.fate = Fate::Holding;
@@ -837,11 +852,39 @@ impl Sim<'_> {
     /// The workload of `origin` holds GPUs again at `t` (or the run is over): its last idle
     /// reclaim gave back GPUs from the reclaim to `t` or to the end of its idleness.
     fn close_reclaim(&mut self, origin: usize, t: u64) {
-        let Some((at, gpus, until)) = self.open_reclaims.remove(&origin) else { return };
+        let Some((at, gpus, until, devices)) = self.open_reclaims.remove(&origin) else { return };
         let kind = self.origins[origin].kind;
-        let hours = gpus * (until.min(secs(t)) - secs(at)).max(0.0) / 3600.0;
+        let end_s = until.min(secs(t));
+        let hours = gpus * (end_s - secs(at)).max(0.0) / 3600.0;
         self.m.reclaimed_idle_gpu_hours += hours;
         self.kind_entry(kind).reclaimed_idle_gpu_hours += hours;
+        let end_ms = ms(end_s);
+        if end_ms > at {
+            self.reclaim_windows.push((origin, devices, at, end_ms));
+        }
+    }
+
+    /// Of each reclaim's window, the GPU time other work held on the devices it gave back (at
+    /// most the shares it gave back, per device): `reused_gpu_hours`.
+    fn reused(&mut self) {
+        for (origin, devices, from, to) in std::mem::take(&mut self.reclaim_windows) {
+            let mut reused_ms_shares: u128 = 0;
+            for (node, device, shares) in devices {
+                let Some(uses) = self.device_use.get(&(node, device)) else { continue };
+                // Share-ms other work used inside the window (not the victim itself, which
+                // holds its devices through its grace), capped by what was given back.
+                let used: u128 = uses
+                    .iter()
+                    .filter(|&&(a, b, _, o)| o != origin && a < to && b > from)
+                    .map(|&(a, b, sh, _)| u128::from(b.min(to) - a.max(from)) * u128::from(sh))
+                    .sum();
+                reused_ms_shares += used.min(u128::from(to - from) * u128::from(shares));
+            }
+            let hours = reused_ms_shares as f64 / SHARES_PER_GPU as f64 / 3_600_000.0;
+            let kind = self.origins[origin].kind;
+            self.m.reused_gpu_hours += hours;
+            self.kind_entry(kind).reused_gpu_hours += hours;
+        }
     }
 
     fn stop_requested(
@@ -906,7 +949,14 @@ impl Sim<'_> {
         let used_after = next.is_some_and(|n| n <= now + FALSE_WINDOW_S);
         let false_reclaim = used_before || used_after;
         self.close_reclaim(origin, t);
-        self.open_reclaims.insert(origin, (t, gpus, now + reclaimed_s));
+        let devices: Vec<UsedDevice> = self.wls[wl]
+            .run
+            .as_ref()
+            .map(|r| {
+                r.devices.iter().map(|&(node, _, shares, device)| (node, device, shares)).collect()
+            })
+            .unwrap_or_default();
+        self.open_reclaims.insert(origin, (t, gpus, now + reclaimed_s, devices));
         self.m.idle_reclaims += 1;
         if self.reclaimed_origins.insert(origin) {
             self.m.idle_reclaimed_workloads += 1;
@@ -933,6 +983,7 @@ impl Sim<'_> {
         for origin in open {
             self.close_reclaim(origin, h);
         }
+        self.reused();
         self.ledger.close(Timestamp(h));
         for scope in self.ledger.scopes() {
             let name = match &scope {

@@ -285,7 +285,6 @@ struct Wl {
     container: Option<usize>,
     fate: Fate,
     run_no: u32,
-    admitted_ms: u64,
     started: bool,
     /// Told to stop, with this mode.
     stopping: Option<PreemptionMode>,
@@ -460,7 +459,6 @@ impl Sim<'_> {
             container,
             fate: Fate::Queued,
             run_no: 0,
-            admitted_ms: 0,
             started: false,
             stopping: None,
             restart: container.is_some_and(|c| self.eps[c].deleted),
@@ -743,7 +741,6 @@ impl Sim<'_> {
         }
         w.fate = Fate::Holding;
         w.run_no += 1;
-        w.admitted_ms = t;
         w.started = false;
         let run = w.run_no;
         let restart = w.restart;

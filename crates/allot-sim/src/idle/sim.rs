@@ -136,8 +136,8 @@ struct Sim<'a> {
     /// Closed reclaims: the kind, the devices given back, and the window (ms) their reclaimed
     /// GPU-hours cover.
     reclaim_windows: Vec<(usize, Vec<UsedDevice>, u64, u64)>,
-    /// Per device (node, index): every run's use of it, (from, to, shares, origin), ms.
-    device_use: BTreeMap<(usize, u16), Vec<(u64, u64, u32, usize)>>,
+    /// Per device (node, index): every run's use of it.
+    device_use: BTreeMap<(usize, u16), Vec<DeviceUse>>,
     reclaimed_origins: BTreeSet<usize>,
     /// The goodput ledger, folded over the same events and decisions as the engine.
     ledger: Ledger,
@@ -146,6 +146,8 @@ struct Sim<'a> {
 
 /// One device a workload held: (node index, device index, shares).
 type UsedDevice = (usize, u16, u32);
+/// One run's use of a device: (from, to) in ms, shares, the run's origin.
+type DeviceUse = (u64, u64, u32, usize);
 
 fn ms(s: f64) -> u64 {
     (s.max(0.0) * 1000.0).round() as u64

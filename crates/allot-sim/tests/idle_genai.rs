@@ -318,3 +318,30 @@ fn quiet_peers_shorten_allots_timer_and_a_busy_peer_keeps_the_hour() {
     let m = run(&t, "allot", &cfg);
     assert_eq!(m.reclaims, 0, "{m:?}");
 }
+
+#[test]
+fn the_predictor_buckets_partition_the_points() {
+    let t = first(20);
+    let rows = allot_sim::idle::genai::return_predictors(&t, &config());
+    let all = rows.iter().find(|r| r.signal == "all").expect("all");
+    assert!(all.points > 0 && all.returned <= all.points);
+    let sum = |signal: &str| -> (u64, u64) {
+        rows.iter()
+            .filter(|r| r.signal == signal)
+            .fold((0, 0), |(n, k), r| (n + r.points, k + r.returned))
+    };
+    // Every point has an own rhythm and a memory bucket; the peer share needs other
+    // containers alive (20 here, always).
+    for signal in [
+        "own needed slots in the last hour",
+        "GPU memory during the idle run",
+        "other endpoints active in the last 15 min",
+    ] {
+        assert_eq!(sum(signal), (all.points, all.returned), "{signal}");
+    }
+    // A point is an endpoint 15 min (16 slots of 57 s) into an idle run with 16 slots after.
+    let one = one_endpoint();
+    let rows = allot_sim::idle::genai::return_predictors(&one, &config());
+    // Slots 1–30 idle: the 16th idle slot is slot 16, and slot 31 (needed) is 15 slots later.
+    assert_eq!((rows[0].points, rows[0].returned), (1, 1));
+}

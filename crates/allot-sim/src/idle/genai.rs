@@ -31,7 +31,9 @@ use allot_core::{
 use super::{ENDPOINT_PROJECT, IdleSimError};
 use crate::genai::{GenaiContainer, GenaiTrace};
 
+mod predictors;
 mod report;
+pub use predictors::*;
 pub use report::*;
 
 /// The project of the backfill jobs.

@@ -8,7 +8,10 @@ use allot_core::idle::IdleModel;
 use allot_core::{PolicySpec, WorkloadKind};
 use rayon::prelude::*;
 
-use super::{GenaiConfig, GenaiMetrics, genai_oracle, genai_policy, run_genai_policy};
+use super::{
+    GenaiConfig, GenaiMetrics, PredictorRow, genai_oracle, genai_policy, return_predictors,
+    run_genai_policy,
+};
 use crate::charts::{ChartError, Series, line_chart};
 use crate::genai::GenaiTrace;
 use crate::idle::{ENDPOINT_PROJECT, IdleSimError, Ordered};
@@ -132,6 +135,9 @@ pub struct GenaiReport {
     /// allot's settings no other allot setting of the sweep beats (reclaims at least as much
     /// with at most as many delayed requests), fewest delayed first.
     pub allot_frontier: Option<Vec<SweepPoint>>,
+    /// What predicts a return (`predictors.rs`): per signal and bucket, the points where an
+    /// endpoint has been unneeded for 15 min and the share needed within the next 15.
+    pub predictors: Vec<PredictorRow>,
     /// What the reader must know about a policy (a rule that covers no endpoint, …).
     pub notes: Vec<String>,
 }
@@ -338,6 +344,7 @@ pub fn run_genai_experiment(
         sweep: sweep.then_some(Ordered(sweeps)),
         dominance,
         allot_frontier,
+        predictors: return_predictors(trace, config),
         notes,
     })
 }
@@ -500,6 +507,22 @@ pub fn genai_text(report: &GenaiReport) -> String {
             yes(g.reclaimed_holds),
         );
     }
+    let headers = ["signal", "bucket", "points", "needed within 15 min", "share"];
+    let rows: Vec<Vec<String>> = report
+        .predictors
+        .iter()
+        .map(|r| {
+            vec![
+                r.signal.clone(),
+                r.bucket.clone(),
+                r.points.to_string(),
+                r.returned.to_string(),
+                format!("{:.0} %", 100.0 * r.return_share),
+            ]
+        })
+        .collect();
+    out.push_str("\nwhat predicts a return (endpoints unneeded for 15 min):\n");
+    out.push_str(&report::table(&headers, &rows));
     if let Some(sweep) = &report.sweep {
         let headers = [
             "policy",

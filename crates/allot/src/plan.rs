@@ -90,7 +90,7 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
             |names: Vec<&str>| if names.is_empty() { "all".to_string() } else { names.join(",") };
         let _ = writeln!(
             out,
-            "idle rule {}: {model}, projects {}, kinds {}, {}: {} after {} min idle{} ({}){}",
+            "idle rule {}: {model}, projects {}, kinds {}, {}: {} after {} min idle{}{} ({}){}",
             rule.name,
             scope(rule.projects.iter().map(String::as_str).collect()),
             scope(rule.kinds.iter().map(|k| k.as_str()).collect()),
@@ -109,6 +109,18 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
                 rule.action.as_str()
             },
             rule.rule.idle_timer_ms / 60_000,
+            if rule.rule.quiet_timer_ms > 0 {
+                format!(
+                    " ({} min while fewer than {}.{} % of its other workloads in the project were \
+                     active in the last {} min)",
+                    rule.rule.quiet_timer_ms / 60_000,
+                    rule.rule.quiet_below_permille / 10,
+                    rule.rule.quiet_below_permille % 10,
+                    rule.rule.quiet_window_ms / 60_000
+                )
+            } else {
+                String::new()
+            },
             if rule.warn_before_ms > 0 {
                 format!(", warned {} min before", rule.warn_before_ms / 60_000)
             } else {

@@ -138,3 +138,20 @@ fn bad_real_telemetry_options_are_refused_with_the_fix() {
     let out = allot(&["sim", "idle", "--trace", GENAI, "--charts", "out"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn policy_validate_lists_the_quiet_timer() {
+    let out = allot(&["policy", "validate", "examples/idle/allot.yaml"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let serving = stdout.lines().find(|l| l.starts_with("idle rule serving")).expect("serving");
+    assert!(
+        serving.contains(
+            "after 60 min idle (5 min while fewer than 50.0 % of its other workloads in the \
+             project were active in the last 15 min)"
+        ),
+        "{serving}"
+    );
+    let notebooks = stdout.lines().find(|l| l.starts_with("idle rule notebooks")).expect("nb");
+    assert!(!notebooks.contains("while fewer than"), "{notebooks}");
+}

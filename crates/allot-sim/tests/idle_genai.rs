@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use allot_sim::BadRows;
 use allot_sim::genai::{GenaiTrace, load_genai, parse_genai};
 use allot_sim::idle::genai::{
-    GRID_QUIET_MIN, GenaiConfig, GenaiMetrics, SWEEP_TIMERS_MIN, SweepPoint, endpoint_rule,
-    frontier, genai_json, genai_oracle, genai_policy, genai_text, run_genai_experiment,
-    run_genai_policy, with_endpoint_timer,
+    GRID_QUIET_BELOW_PCT, GRID_QUIET_MIN, GenaiConfig, GenaiMetrics, SWEEP_TIMERS_MIN, SweepPoint,
+    endpoint_rule, frontier, genai_json, genai_oracle, genai_policy, genai_text,
+    run_genai_experiment, run_genai_policy, with_endpoint_timer,
 };
 use allot_sim::idle::idle_policies;
 
@@ -231,7 +231,9 @@ fn the_sweep_runs_every_timer_and_the_allot_grid_and_judges_dominance() {
     let grid = family("allot_grid");
     let expected: usize = SWEEP_TIMERS_MIN
         .iter()
-        .map(|&t| 1 + 4 * GRID_QUIET_MIN.iter().filter(|&&q| q < t).count())
+        .map(|&t| {
+            1 + GRID_QUIET_BELOW_PCT.len() * GRID_QUIET_MIN.iter().filter(|&&q| q < t).count()
+        })
         .sum();
     assert_eq!(grid.len(), expected);
     assert!(grid.iter().any(|p| p.setting == "idle_timer 120m, quiet_timer 30m, quiet_below 70%"));

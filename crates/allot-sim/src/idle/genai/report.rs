@@ -204,7 +204,7 @@ pub fn with_endpoint_rule(
 /// [`SWEEP_TIMERS_MIN`], without a quiet timer and with each of [`GRID_QUIET_MIN`] shorter than
 /// it at each share of [`GRID_QUIET_BELOW_PCT`].
 pub const GRID_QUIET_MIN: [u64; 4] = [5, 10, 15, 30];
-pub const GRID_QUIET_BELOW_PCT: [u16; 4] = [10, 25, 50, 70];
+pub const GRID_QUIET_BELOW_PCT: [u16; 6] = [10, 25, 40, 50, 60, 70];
 
 /// One run of the experiment: the policy's index, for a sweep point its family, setting and
 /// timer (`None`: the policy as shipped), and the policy run.

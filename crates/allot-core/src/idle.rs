@@ -461,17 +461,41 @@ impl IdleTracker {
 crate::codec::codec_unit_enum!(Signal { SmActive, EngineActive, Utilisation });
 crate::codec::codec_unit_enum!(IdleModel { Allot, AmdRm, RunAi });
 crate::codec::codec_unit_enum!(MissingTelemetry { Hold, Idle, Active });
-crate::codec::codec_struct!(IdleRule {
-    model,
-    threshold_permille,
-    idle_timer_ms,
-    sustain_ms,
-    missing,
-    min_runtime_ms,
-    quiet_timer_ms,
-    quiet_below_permille,
-    quiet_window_ms,
-});
+// The quiet-timer fields are not encoded: the tracker does not use them, the engine reads them
+// from its rule (`Engine::from_state` puts them back), and snapshots written before they
+// existed still decode.
+impl crate::codec::Codec for IdleRule {
+    fn encode(&self, out: &mut Vec<u8>) {
+        use crate::codec::Codec;
+        self.model.encode(out);
+        self.threshold_permille.encode(out);
+        self.idle_timer_ms.encode(out);
+        self.sustain_ms.encode(out);
+        self.missing.encode(out);
+        self.min_runtime_ms.encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        use crate::codec::Codec;
+        Ok(IdleRule {
+            model: Codec::decode(input)?,
+            threshold_permille: Codec::decode(input)?,
+            idle_timer_ms: Codec::decode(input)?,
+            sustain_ms: Codec::decode(input)?,
+            missing: Codec::decode(input)?,
+            min_runtime_ms: Codec::decode(input)?,
+            ..IdleRule::allot_default()
+        })
+    }
+}
+
+impl IdleTracker {
+    /// After a restore: the quiet-timer fields of the rule the tracker was made from.
+    pub(crate) fn restore_quiet(&mut self, from: &IdleRule) {
+        self.rule.quiet_timer_ms = from.quiet_timer_ms;
+        self.rule.quiet_below_permille = from.quiet_below_permille;
+        self.rule.quiet_window_ms = from.quiet_window_ms;
+    }
+}
 crate::codec::codec_struct!(IdleTracker {
     rule,
     started_at,

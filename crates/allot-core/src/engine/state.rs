@@ -227,6 +227,12 @@ impl Engine {
             p.decayed_allocated = d;
         }
         engine.idle = saved.idle;
+        for state in engine.idle.values_mut() {
+            // In range: checked above.
+            if let Some(spec) = engine.idle_rules.get(state.rule as usize) {
+                state.tracker.restore_quiet(&spec.rule);
+            }
+        }
         engine.backoffs = saved.backoffs;
         engine.pressure_ready = saved.pressure_ready;
         engine.deadlines = saved.deadlines;

@@ -466,7 +466,6 @@ crate::codec::codec_unit_enum!(MissingTelemetry { Hold, Idle, Active });
 // existed still decode.
 impl crate::codec::Codec for IdleRule {
     fn encode(&self, out: &mut Vec<u8>) {
-        use crate::codec::Codec;
         self.model.encode(out);
         self.threshold_permille.encode(out);
         self.idle_timer_ms.encode(out);
@@ -475,14 +474,13 @@ impl crate::codec::Codec for IdleRule {
         self.min_runtime_ms.encode(out);
     }
     fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
-        use crate::codec::Codec;
         Ok(IdleRule {
-            model: Codec::decode(input)?,
-            threshold_permille: Codec::decode(input)?,
-            idle_timer_ms: Codec::decode(input)?,
-            sustain_ms: Codec::decode(input)?,
-            missing: Codec::decode(input)?,
-            min_runtime_ms: Codec::decode(input)?,
+            model: crate::codec::Codec::decode(input)?,
+            threshold_permille: crate::codec::Codec::decode(input)?,
+            idle_timer_ms: crate::codec::Codec::decode(input)?,
+            sustain_ms: crate::codec::Codec::decode(input)?,
+            missing: crate::codec::Codec::decode(input)?,
+            min_runtime_ms: crate::codec::Codec::decode(input)?,
             ..IdleRule::allot_default()
         })
     }

@@ -251,7 +251,16 @@ impl World {
         if rule.when != when {
             return Err(format!("{victim}: reclaimed as {when:?} under a {:?} rule", rule.when));
         }
-        if idle.idle_ms < rule.rule.idle_timer_ms {
+        // Judged by the rule's idle timer, or by its quiet timer (while the rule's other
+        // workloads in the project are quiet; the peer count itself is the scenarios' to check).
+        let quiet = (rule.rule.quiet_timer_ms > 0).then_some(rule.rule.quiet_timer_ms);
+        if idle.idle_timer_ms != rule.rule.idle_timer_ms && Some(idle.idle_timer_ms) != quiet {
+            return Err(format!(
+                "{victim}: judged by a {} ms timer; the rule has {} ms (quiet {quiet:?})",
+                idle.idle_timer_ms, rule.rule.idle_timer_ms
+            ));
+        }
+        if idle.idle_ms < idle.idle_timer_ms {
             return Err(format!("{victim}: idle {} ms < timer", idle.idle_ms));
         }
         if mode != rule.action {

@@ -31,6 +31,25 @@ pub(crate) fn run(command: SimCommand) -> anyhow::Result<String> {
     }
 }
 
+/// What `--charts` made of its directory: without a TrueType font the SVGs are written and the
+/// missing PNGs are a warning; any other failure is the flag's error.
+pub(crate) fn charts_written(
+    result: Result<Vec<std::path::PathBuf>, allot_sim::charts::ChartError>,
+) -> anyhow::Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(allot_sim::charts::ChartError::NoFont { written, .. }) => {
+            crate::print_err(&format!(
+                "warning: {} SVG chart(s) written, no PNG: no TrueType font found (install \
+                 fonts-dejavu-core)\n",
+                written.len()
+            ));
+            Ok(())
+        }
+        Err(e) => Err(InvalidInput(format!("--charts: {e}\n")).into()),
+    }
+}
+
 /// A trace file the user gave is wrong: exit 1 with file, line, field and fix.
 pub(crate) fn trace_error(e: TraceError) -> anyhow::Error {
     InvalidInput(format!("{e}\nnothing was run.\n")).into()

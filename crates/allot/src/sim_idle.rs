@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 use allot_core::PolicySpec;
 use allot_sim::BadRows;
-use allot_sim::charts::ChartError;
 use allot_sim::idle::genai::{
     COLD_START_MAX_S, GenaiConfig, genai_json, genai_text, run_genai_experiment, write_genai_chart,
 };
@@ -217,15 +216,7 @@ fn run_genai(args: &IdleArgs, trace: &str) -> Result<String> {
         },
     )?;
     if let Some(dir) = &args.charts {
-        match write_genai_chart(dir, &report) {
-            Ok(_) => {}
-            Err(ChartError::NoFont { written, .. }) => crate::print_err(&format!(
-                "warning: {} SVG chart(s) written, no PNG: no TrueType font found (install \
-                 fonts-dejavu-core)\n",
-                written.len()
-            )),
-            Err(e) => return Err(InvalidInput(format!("--charts: {e}\n")).into()),
-        }
+        crate::sim::charts_written(write_genai_chart(dir, &report))?;
     }
     Ok(match args.output {
         Output::Text => genai_text(&report),

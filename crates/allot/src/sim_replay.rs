@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use allot_core::{NodeSpec, PolicySpec};
-use allot_sim::charts::{self, ChartError};
+use allot_sim::charts;
 use allot_sim::progress::Progress;
 use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay_with_progress};
 use allot_sim::trace::{
@@ -180,15 +180,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
     progress.finish();
 
     if let Some(dir) = &args.charts {
-        match charts::write_replay_charts(dir, &reports) {
-            Ok(_) => {}
-            Err(ChartError::NoFont { written, .. }) => crate::print_err(&format!(
-                "warning: {} SVG chart(s) written, no PNG: no TrueType font found (install \
-                 fonts-dejavu-core)\n",
-                written.len()
-            )),
-            Err(e) => return Err(InvalidInput(format!("--charts: {e}\n")).into()),
-        }
+        crate::sim::charts_written(charts::write_replay_charts(dir, &reports))?;
     }
     Ok(match args.output {
         ReplayOutput::Text => report::replay_text(&reports),

@@ -479,26 +479,8 @@ impl Sim<'_> {
             }
             None => (WorkloadKind::Batch, BACKFILL_PROJECT, format!("backfill-{id}")),
         };
-        let spec = WorkloadSpec {
-            id: WorkloadId(id),
-            name,
-            kind,
-            project: project.into(),
-            user: String::new(),
-            priority_class: None,
-            members: 1,
-            gpus_per_member: GpuRequest::Whole(1),
-            gpu_models: Vec::new(),
-            cpu_millis_per_member: 0,
-            memory_mib_per_member: 0,
-            same_node: false,
-            prefer_same_node: false,
-            preemptible: None,
-            checkpointing: None,
-            min_runtime_ms: 0,
-            max_runtime_ms: None,
-            deadline: None,
-        };
+        let spec =
+            WorkloadSpec { kind, ..WorkloadSpec::new(id, &name, project, GpuRequest::Whole(1)) };
         self.tell(t, Event::WorkloadSubmitted(spec));
         self.dirty = true;
     }

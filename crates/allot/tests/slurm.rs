@@ -251,6 +251,32 @@ fn slurm(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A one-node job submitted to Slurm directly (not through allot) under `account`, asking GPUs
+/// by `gpus` (an sbatch flag), that sleeps `sleep_s`: its job id.
+fn sbatch_direct(
+    dir: &std::path::Path,
+    name: &str,
+    account: &str,
+    gpus: &str,
+    sleep_s: u32,
+) -> u64 {
+    let script = dir.join(format!("{name}.sh"));
+    std::fs::write(&script, format!("#!/bin/sh\nsleep {sleep_s}\n")).expect("script");
+    let out = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            &format!("--account={account}"),
+            "--nodes=1",
+            gpus,
+            &format!("--job-name={name}"),
+            &format!("--chdir={}", dir.display()),
+            &script.display().to_string(),
+        ],
+    );
+    out.trim().split(';').next().and_then(|j| j.parse().ok()).expect("job id")
+}
+
 /// `squeue` lines `id name state reason` of every job.
 fn squeue() -> Vec<(u64, String, String, String)> {
     slurm("squeue", &["--noheader", "--states=all", "--format=%i %j %T %r"])
@@ -316,22 +342,8 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
         a.iter().map(|id| (*id, job_of(&older, *id, 1))).collect();
 
     // 2. A job submitted to Slurm directly is held and imported under its account.
-    let script = dir.join("foreign.sh");
-    std::fs::write(&script, "#!/bin/sh\nsleep 20\n").expect("script");
-    let out = slurm(
-        "sbatch",
-        &[
-            "--parsable",
-            "--account=team-b",
-            "--nodes=1",
-            // GPUs asked per job (`--gpus`), not per node: read as 8 on its one node.
-            "--gpus=h100:8",
-            "--job-name=direct-sbatch",
-            &format!("--chdir={}", dir.display()),
-            &script.display().to_string(),
-        ],
-    );
-    let job: u64 = out.trim().split(';').next().and_then(|j| j.parse().ok()).expect("job id");
+    // GPUs asked per job (`--gpus`), not per node: read as 8 on its one node.
+    let job = sbatch_direct(&dir, "direct-sbatch", "team-b", "--gpus=h100:8", 20);
     let imported = || -> Option<u64> {
         let list = serve.call("GET", "/api/v1/workloads", None);
         list["workloads"].as_array()?.iter().find_map(|w| {
@@ -473,21 +485,7 @@ fn kill_9_and_a_controller_restart_lose_nothing() {
         running.iter().all(|id| s.state(*id) == "running")
     });
     let queued: Vec<u64> = (0..2).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
-    let script = dir.join("held.sh");
-    std::fs::write(&script, "#!/bin/sh\nsleep 30\n").expect("script");
-    let out = slurm(
-        "sbatch",
-        &[
-            "--parsable",
-            "--account=team-a",
-            "--nodes=1",
-            "--gpus-per-node=h100:8",
-            "--job-name=held-direct",
-            &format!("--chdir={}", dir.display()),
-            &script.display().to_string(),
-        ],
-    );
-    let direct: u64 = out.trim().split(';').next().and_then(|j| j.parse().ok()).expect("job id");
+    let direct = sbatch_direct(&dir, "held-direct", "team-a", "--gpus-per-node=h100:8", 30);
     serve.wait("the direct job imported", Duration::from_secs(30), |s| {
         states(s).len() == running.len() + queued.len() + 1
     });

@@ -20,7 +20,7 @@ trap 'kill $(cat $WORK/pid 2>/dev/null) 2>/dev/null || true; pkill -f "allot-ben
 
 start_daemon() {
   rm -rf $WORK/data
-  $BIN serve --data-dir $WORK/data --listen 127.0.0.1:$PORT > $WORK/out 2> $WORK/err &
+  $BIN serve --single-user --data-dir $WORK/data --listen 127.0.0.1:$PORT > $WORK/out 2> $WORK/err &
   echo $! > $WORK/pid
   for _ in $(seq 100); do grep -q allot_ $WORK/out 2>/dev/null && break; sleep 0.1; done
   TOKEN=$(grep allot_ $WORK/out)

@@ -50,7 +50,7 @@ start_daemon() { # $1: snapshot interval; prints seconds until it listens
   # look for "listening on" and let the last run's lines answer it.
   : > $WORK/err
   local t0=$(date +%s.%N)
-  $BIN serve --data-dir $WORK/data --listen 127.0.0.1:$PORT --snapshot-every $1 \
+  $BIN serve --single-user --data-dir $WORK/data --listen 127.0.0.1:$PORT --snapshot-every $1 \
     "${TELEMETRY[@]}" > $WORK/out 2> $WORK/err &
   echo $! > $WORK/pid
   for _ in $(seq 6000); do grep -q "listening on" $WORK/err 2>/dev/null && break; sleep 0.05; done

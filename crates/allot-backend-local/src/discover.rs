@@ -52,7 +52,9 @@ pub fn model_from_name(name: &str) -> String {
 /// `device/vendor` is `0x1002`, ordered by N. Memory from `device/mem_info_vram_total` (bytes),
 /// model from `device/product_name` when the driver exposes it, else `amd-<device id>`; xGMI
 /// hive from `device/xgmi_hive_info/xgmi_hive_id`.
-pub fn amd_gpus(sysfs_root: &Path) -> Vec<DiscoveredGpu> {
+/// The DRM cards under `sysfs_root` (`class/drm/cardN/device`), by N: AMD GPUs are numbered in
+/// this order among them.
+fn drm_cards(sysfs_root: &Path) -> Vec<(u32, std::path::PathBuf)> {
     let drm = sysfs_root.join("class/drm");
     let Ok(entries) = std::fs::read_dir(&drm) else { return Vec::new() };
     let mut cards: Vec<(u32, std::path::PathBuf)> = entries
@@ -64,6 +66,11 @@ pub fn amd_gpus(sysfs_root: &Path) -> Vec<DiscoveredGpu> {
         })
         .collect();
     cards.sort();
+    cards
+}
+
+pub fn amd_gpus(sysfs_root: &Path) -> Vec<DiscoveredGpu> {
+    let cards = drm_cards(sysfs_root);
     let read = |dir: &Path, file: &str| {
         std::fs::read_to_string(dir.join(file)).ok().map(|s| s.trim().to_string())
     };
@@ -219,6 +226,91 @@ pub fn node_spec(name: &str, gpus: &[DiscoveredGpu]) -> NodeSpec {
 }
 
 /// This host's name (`/proc/sys/kernel/hostname`, else `/etc/hostname`, else `localhost`).
+/// A device node through which a program reaches one GPU (`/dev/nvidiaN`; an AMD card's
+/// `/dev/dri/cardN` and `/dev/dri/renderDN`), for the filter that denies a member the GPUs it
+/// was not given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuDeviceNode {
+    pub vendor: Vendor,
+    /// The GPU's CUDA/HIP ordinal, as in [`DiscoveredGpu::index`].
+    pub index: u32,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// AMD's compute interface, one node for every AMD GPU (`/dev/kfd`): the driver cannot fence
+/// one GPU through it, so a member is denied it only when it was given no AMD GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedDeviceNode {
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// `MAJOR:MINOR` of a sysfs `dev` file.
+fn parse_dev(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.trim().split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The GPUs' device nodes on this host: NVIDIA's `nvidiaN` under `dev_root` (the driver numbers
+/// them by GPU: minor N is GPU N), and each AMD card's DRM nodes from sysfs, in the order
+/// [`amd_gpus`] numbers the cards; and `/dev/kfd` when AMD's compute driver is loaded.
+pub fn gpu_device_nodes(
+    sysfs_root: &Path,
+    dev_root: &Path,
+) -> (Vec<GpuDeviceNode>, Option<SharedDeviceNode>) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut nodes = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dev_root) {
+        for entry in entries.filter_map(Result::ok) {
+            let Some(n) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.strip_prefix("nvidia"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
+            if !meta.file_type().is_char_device() {
+                continue;
+            }
+            let rdev = meta.rdev();
+            nodes.push(GpuDeviceNode {
+                vendor: Vendor::Nvidia,
+                index: n,
+                major: u32::try_from(nix::sys::stat::major(rdev)).unwrap_or(u32::MAX),
+                minor: u32::try_from(nix::sys::stat::minor(rdev)).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    let mut amd_index = 0;
+    for (_, device) in drm_cards(sysfs_root) {
+        let vendor = std::fs::read_to_string(device.join("vendor")).unwrap_or_default();
+        if vendor.trim() != "0x1002" {
+            continue;
+        }
+        for entry in std::fs::read_dir(device.join("drm")).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("card") || name.starts_with("renderD")) {
+                continue;
+            }
+            if let Some((major, minor)) =
+                std::fs::read_to_string(entry.path().join("dev")).ok().and_then(|t| parse_dev(&t))
+            {
+                nodes.push(GpuDeviceNode { vendor: Vendor::Amd, index: amd_index, major, minor });
+            }
+        }
+        amd_index += 1;
+    }
+    nodes.sort_by_key(|n| (n.index, n.major, n.minor));
+    let kfd = std::fs::read_to_string(sysfs_root.join("class/kfd/kfd/dev"))
+        .ok()
+        .and_then(|t| parse_dev(&t))
+        .map(|(major, minor)| SharedDeviceNode { major, minor });
+    (nodes, kfd)
+}
+
 pub fn hostname() -> String {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
@@ -231,6 +323,31 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amd_device_nodes_come_from_sysfs_in_card_order() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let sys = root.path();
+        for (card, vendor, render) in [(0, "0x1002", 128), (1, "0x10de", 129), (2, "0x1002", 130)] {
+            let drm = sys.join(format!("class/drm/card{card}/device/drm"));
+            std::fs::create_dir_all(drm.join(format!("card{card}"))).expect("mkdir");
+            std::fs::create_dir_all(drm.join(format!("renderD{render}"))).expect("mkdir");
+            std::fs::write(sys.join(format!("class/drm/card{card}/device/vendor")), vendor)
+                .expect("vendor");
+            std::fs::write(drm.join(format!("card{card}/dev")), format!("226:{card}\n"))
+                .expect("dev");
+            std::fs::write(drm.join(format!("renderD{render}/dev")), format!("226:{render}\n"))
+                .expect("dev");
+        }
+        std::fs::create_dir_all(sys.join("class/kfd/kfd")).expect("mkdir");
+        std::fs::write(sys.join("class/kfd/kfd/dev"), "235:0\n").expect("kfd");
+        let (nodes, kfd) = gpu_device_nodes(sys, &sys.join("no-dev"));
+        let seen: Vec<(u32, u32, u32)> =
+            nodes.iter().map(|n| (n.index, n.major, n.minor)).collect();
+        // The NVIDIA card (card1) is not an AMD GPU: AMD's second GPU is card2.
+        assert_eq!(seen, [(0, 226, 0), (0, 226, 128), (1, 226, 2), (1, 226, 130)]);
+        assert_eq!(kfd, Some(SharedDeviceNode { major: 235, minor: 0 }));
+    }
 
     #[test]
     fn model_names() {

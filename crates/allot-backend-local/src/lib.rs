@@ -5,8 +5,8 @@
 //! workload. Everything recovery needs is on disk under `state_dir/runs/<workload>.<attempt>/`:
 //!
 //! - `launch.json` — what was launched, written and fsynced before anything is spawned;
-//! - `member-N.pid` — written by the member's own shell before it execs the program, so it exists
-//!   even if the daemon dies right after the fork;
+//! - `member-N.pid` — written by the forked member itself before it execs the program (and
+//!   before it drops to its account), so it exists even if the daemon dies right after the fork;
 //! - `member-N.start` — the process start time (`/proc/<pid>/stat` field 22), to tell our
 //!   process from a later one that reused the pid;
 //! - `exit` — the run's end as the daemon learned it (code and detail);
@@ -16,6 +16,7 @@
 //! children; they are watched with `kill(pid, 0)` and `/proc`, and their end is reported with
 //! code `None` (the status cannot be learned).
 
+pub mod cgroup;
 pub mod discover;
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use allot_backend::account::{self, Account};
 use allot_backend::{
     Backend, BackendError, DeviceAssignment, Launch, MemberLaunch, Observation, RunId, StopSignal,
     Vendor,
@@ -39,11 +41,18 @@ use nix::unistd::Pid;
 pub const DETAIL_UNKNOWN: &str =
     "exit status unknown: it ended while allot was restarting or after re-adoption";
 
-/// The member's shell writes its pid (`$$`, kept by `exec`) to the file named by `$0`, then —
-/// unless a restarted daemon has meanwhile given the launch up (the marker `$1` exists) —
-/// becomes the program. The check after the pid write closes the race with `recover`, which
-/// writes the marker before its last look at the pid files.
-const MEMBER_SHELL: &str = "echo $$ > \"$0\"; [ -e \"$1\" ] && exit 99; shift; exec \"$@\"";
+/// Who local workloads run as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunAs {
+    /// The daemon's own account (a personal machine, or `allot serve --single-user`).
+    Daemon,
+    /// The Unix account named like the allot user who submitted the workload (`ALLOT_USER`);
+    /// never root. The daemon must run as root.
+    Submitter,
+}
+
+/// What a refused account lookup tells the operator to do instead.
+const ACCOUNT_FIX: &str = "start allot with --single-user to run every workload as its own account";
 
 /// How long `recover` waits for a member's pid file that a shell may still be writing.
 const PID_FILE_WAIT: Duration = Duration::from_secs(1);
@@ -62,10 +71,18 @@ pub struct LocalConfig {
     pub sysfs_root: PathBuf,
     /// Ask NVML for NVIDIA GPUs (off in tests that must not see this host's GPUs).
     pub use_nvml: bool,
+    pub run_as: RunAs,
+    /// Enforce each member's CPU and memory request, a process limit and its GPU device nodes
+    /// with these cgroups (`None`: not enforced).
+    pub cgroups: Option<cgroup::Cgroups>,
+    /// The GPUs' device nodes the filter knows (`None`: found under `/dev` and `sysfs_root`).
+    pub gpu_device_nodes:
+        Option<(Vec<discover::GpuDeviceNode>, Option<discover::SharedDeviceNode>)>,
 }
 
 impl LocalConfig {
-    /// Defaults: SIGUSR1 for checkpoints, no declared inventory, `/sys`, NVML on.
+    /// Defaults: SIGUSR1 for checkpoints, no declared inventory, `/sys`, NVML on, members run
+    /// as the daemon's account, requests not enforced.
     pub fn new(state_dir: PathBuf, node_name: String) -> Self {
         LocalConfig {
             state_dir,
@@ -74,6 +91,9 @@ impl LocalConfig {
             node_name,
             sysfs_root: PathBuf::from("/sys"),
             use_nvml: true,
+            run_as: RunAs::Daemon,
+            cgroups: None,
+            gpu_device_nodes: None,
         }
     }
 }
@@ -109,6 +129,8 @@ pub struct LocalBackend {
     /// Nodes whose members run here: this host, or every node of a declared inventory (a host
     /// without GPUs stands in for the cluster it declares).
     hosted_nodes: std::collections::BTreeSet<String>,
+    /// The GPUs' device nodes, for each member's device filter.
+    device_nodes: (Vec<discover::GpuDeviceNode>, Option<discover::SharedDeviceNode>),
 }
 
 #[derive(Debug)]
@@ -121,6 +143,22 @@ struct LocalRun {
     end_order: Vec<usize>,
 }
 
+/// The cgroup of member `index` of `run` (`3f2a9c1e-12.1-m0`): one per member, for its own
+/// devices, prefixed by a digest of the state directory: every daemon on a host numbers its
+/// workloads from 1, and one must never remove (and kill) another's group.
+fn group_name(state_dir: &Path, run: RunId, index: usize) -> String {
+    // FNV-1a: stable across releases and restarts, unlike the standard library's hasher.
+    let digest =
+        state_dir.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{:08x}-{run}-m{index}", digest >> 32)
+}
+
+/// Processes and threads one member may have: enough for data loaders and thread pools, a
+/// stop for a fork bomb.
+pub const PIDS_PER_MEMBER: u64 = 16_384;
+
 #[derive(Debug)]
 struct Member {
     pid: u32,
@@ -129,12 +167,21 @@ struct Member {
     /// Start time of the process, when known, against pid reuse.
     start_time: Option<u64>,
     end: Option<MemberEnd>,
+    /// Its cgroup, when requests are enforced: removed (and what is left in it killed) once
+    /// the member ends.
+    group: Option<cgroup::MemberGroup>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum MemberEnd {
     Code(i32),
     Signal(String),
+    /// Failed after the kernel's OOM killer killed it or a process of it: it used more memory
+    /// than its cgroup's limit, its request. `how`: "was killed by SIGKILL", "exited with …".
+    OutOfMemory {
+        code: Option<i32>,
+        how: String,
+    },
     Unknown,
 }
 
@@ -208,6 +255,89 @@ fn signal_group(pgid: u32, signal: Signal) -> Result<(), BackendError> {
             Err(BackendError::Io(format!("cannot send {signal} to process group {pgid}: {e}")))
         }
     }
+}
+
+/// The device nodes a member must not open: every GPU's it was not given, and AMD's shared
+/// compute node when it was given no AMD GPU. A MIG instance or a share of a GPU opens the whole
+/// GPU's node (the driver fences MIG instances itself; a time-sliced share is not fenced).
+fn denied_devices(
+    (nodes, kfd): &(Vec<discover::GpuDeviceNode>, Option<discover::SharedDeviceNode>),
+    member: &MemberLaunch,
+) -> Vec<cgroup::DeniedDevice> {
+    let given = |vendor: Vendor, index: u32| {
+        member.devices.iter().any(|d| d.vendor == vendor && d.index == index)
+    };
+    let mut deny: Vec<cgroup::DeniedDevice> = nodes
+        .iter()
+        .filter(|n| !given(n.vendor, n.index))
+        .map(|n| cgroup::DeniedDevice { major: n.major, minor: n.minor })
+        .collect();
+    if let Some(kfd) = kfd
+        && !member.devices.iter().any(|d| d.vendor == Vendor::Amd)
+    {
+        deny.push(cgroup::DeniedDevice { major: kfd.major, minor: kfd.minor });
+    }
+    deny.sort();
+    deny.dedup();
+    deny
+}
+
+/// Opens (creating) a member's log for appending, for the member's stdout and stderr. Never
+/// through a link: the attempt's directory may belong to the workload's account, who must not
+/// point its log at a file the daemon may write. A log of another account is refused; a new
+/// one is given to `account`.
+fn open_log(log: &Path, account: &Account) -> Result<File, String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(log)
+        .map_err(|e| format!("cannot open log {}: {e}", log.display()))?;
+    let meta = file.metadata().map_err(|e| format!("cannot open log {}: {e}", log.display()))?;
+    let mine = nix::unistd::geteuid().as_raw();
+    if !meta.is_file() || (meta.uid() != mine && meta.uid() != account.uid) {
+        return Err(format!(
+            "log {} is not a regular file of {} or the daemon: not written",
+            log.display(),
+            account.name
+        ));
+    }
+    if meta.uid() != account.uid {
+        std::os::unix::fs::fchown(&file, Some(account.uid), Some(account.gid))
+            .map_err(|e| format!("cannot hand log {} to {}: {e}", log.display(), account.name))?;
+    }
+    Ok(file)
+}
+
+/// Writes this process's pid and a newline (the mark of a finished write) to `path`. For the
+/// forked child before exec: no allocation, only open, write and close.
+fn write_own_pid(path: &std::ffi::CStr) -> std::io::Result<()> {
+    use nix::fcntl::OFlag;
+    let mut digits = [0u8; 24];
+    let mut n = std::process::id();
+    let mut at = digits.len() - 1;
+    digits[at] = b'\n';
+    loop {
+        at -= 1;
+        // A digit: n % 10 < 10 fits a byte.
+        digits[at] = b'0' + u8::try_from(n % 10).unwrap_or(0);
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )?;
+    let bytes = &digits[at..];
+    if nix::unistd::write(&fd, bytes)? != bytes.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::EIO));
+    }
+    Ok(())
 }
 
 /// The device variables for one member. NVIDIA: UUIDs when every device has one, else indices
@@ -310,7 +440,12 @@ impl LocalBackend {
                 e,
             )
         })?;
+        let device_nodes = config
+            .gpu_device_nodes
+            .clone()
+            .unwrap_or_else(|| discover::gpu_device_nodes(&config.sysfs_root, Path::new("/dev")));
         Ok(LocalBackend {
+            device_nodes,
             config,
             runs: BTreeMap::new(),
             pending: Vec::new(),
@@ -371,11 +506,47 @@ impl LocalBackend {
                 ));
             }
         }
-        let path_var = launch.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok());
-        allot_backend::resolve_program(program, path_var.as_deref()).err()
+        let path_var = launch.env.get("PATH").map_or(account::DEFAULT_PATH, String::as_str);
+        allot_backend::resolve_program(program, Some(path_var)).err()
     }
 
-    fn member_env(&self, member: &MemberLaunch) -> Result<BTreeMap<String, String>, String> {
+    /// The account `launch`'s members run as.
+    fn account(&self, launch: &Launch) -> Result<Account, String> {
+        match self.config.run_as {
+            RunAs::Submitter => Account::of_user(
+                launch.env.get(account::USER_ENV).map_or("", String::as_str),
+                ACCOUNT_FIX,
+            ),
+            RunAs::Daemon => Ok(Account::current().unwrap_or_else(|_| Account {
+                // An account without a passwd entry (a container's bare uid): no home.
+                name: nix::unistd::geteuid().to_string(),
+                uid: nix::unistd::geteuid().as_raw(),
+                gid: nix::unistd::getegid().as_raw(),
+                home: PathBuf::from("/"),
+                groups: Vec::new(),
+            })),
+        }
+    }
+
+    /// Everything a member's process sees: the account's base environment, the launch's
+    /// variables, the device variables and the member's ids — none of the daemon's own.
+    fn member_env(
+        &self,
+        launch: &Launch,
+        index: usize,
+        member: &MemberLaunch,
+        account: &Account,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let mut env = account::base_env(account, &launch.env);
+        env.extend(launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.extend(self.device_vars(member)?);
+        env.insert("ALLOT_WORKLOAD_ID".to_string(), launch.run.workload.to_string());
+        env.insert("ALLOT_ATTEMPT".to_string(), launch.run.attempt.to_string());
+        env.insert("ALLOT_MEMBER".to_string(), index.to_string());
+        Ok(env)
+    }
+
+    fn device_vars(&self, member: &MemberLaunch) -> Result<BTreeMap<String, String>, String> {
         let devices: Vec<DeviceAssignment> = member
             .devices
             .iter()
@@ -390,38 +561,110 @@ impl LocalBackend {
         device_env(&devices)
     }
 
+    /// The cgroup member `index` of `launch` runs in, with its limits and device filter, when
+    /// requests are enforced.
+    fn member_group(
+        &self,
+        launch: &Launch,
+        index: usize,
+    ) -> Result<Option<cgroup::MemberGroup>, String> {
+        let Some(cgroups) = &self.config.cgroups else { return Ok(None) };
+        let Some(member) = launch.members.get(index) else { return Ok(None) };
+        let limits = cgroup::Limits {
+            cpu_millis: launch.resources.cpu_millis,
+            memory_mib: launch.resources.memory_mib,
+            pids_max: PIDS_PER_MEMBER,
+        };
+        let deny = denied_devices(&self.device_nodes, member);
+        cgroups
+            .create(&group_name(&self.config.state_dir, launch.run, index), &limits, &deny)
+            .map(Some)
+            .map_err(|e| format!("cannot make member {index}'s cgroup: {e}"))
+    }
+
+    /// Forks member `index` and execs its program, with the environment `env` only. Between the
+    /// fork and the exec the child (still the daemon's account) writes its pid file and — unless a
+    /// restarted daemon has meanwhile given the launch up (the marker `launch-failed` exists) —
+    /// moves into its cgroup (`cgroup_procs`) and drops to `account` when that is not the
+    /// daemon's: nothing of the program runs outside its limits or as the daemon. The marker check after the pid write
+    /// closes the race with `recover`, which writes the marker before its last look at the pid
+    /// files.
     fn spawn_member(
         &self,
         launch: &Launch,
         dir: &Path,
         index: usize,
         env: &BTreeMap<String, String>,
+        account: &Account,
+        cgroup_procs: Vec<File>,
     ) -> Result<Child, String> {
         use std::os::unix::process::CommandExt;
         let log = member_log(&launch.log_dir, index);
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(|e| format!("cannot open log {}: {e}", log.display()))?;
+        let out = open_log(&log, account)?;
         let err = out.try_clone().map_err(|e| format!("cannot open log {}: {e}", log.display()))?;
-        let mut command = Command::new("/bin/sh");
+        let (program, args) = launch.command.split_first().ok_or("empty command")?;
+        let path_var = env.get("PATH").map_or(account::DEFAULT_PATH, String::as_str);
+        let resolved = allot_backend::resolve_program(program, Some(path_var))?;
+        let c_path = |p: PathBuf| {
+            std::ffi::CString::new(p.into_os_string().into_encoded_bytes())
+                .map_err(|_| "a state path holds a NUL byte".to_string())
+        };
+        let pid_file = c_path(Self::pid_file(dir, index))?;
+        let marker = c_path(dir.join("launch-failed"))?;
+        let drop_to = (!account.is_current()).then(|| {
+            let groups: Vec<nix::unistd::Gid> =
+                account.groups.iter().map(|g| nix::unistd::Gid::from_raw(*g)).collect();
+            (
+                groups,
+                nix::unistd::Gid::from_raw(account.gid),
+                nix::unistd::Uid::from_raw(account.uid),
+            )
+        });
+        let mut command = Command::new(&resolved);
         command
-            .arg("-c")
-            .arg(MEMBER_SHELL)
-            .arg(Self::pid_file(dir, index))
-            .arg(dir.join("launch-failed"))
-            .args(&launch.command)
-            .envs(&launch.env)
+            .arg0(program)
+            .args(args)
+            .env_clear()
             .envs(env)
-            .env("ALLOT_WORKLOAD_ID", launch.run.workload.to_string())
-            .env("ALLOT_ATTEMPT", launch.run.attempt.to_string())
-            .env("ALLOT_MEMBER", index.to_string())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        command.spawn().map_err(|e| format!("cannot start member {index} (/bin/sh): {e}"))
+        if drop_to.is_some() {
+            let home = &account.home;
+            command.current_dir(if home.is_dir() { home.as_path() } else { Path::new("/") });
+        }
+        // SAFETY: the closure runs in the forked child before exec, so it must only make
+        // async-signal-safe calls: it allocates nothing (every path, list and cgroup file was
+        // made or opened above) and calls open, write, close, access, setgroups, setgid and
+        // setuid.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(move || {
+                write_own_pid(&pid_file)?;
+                if nix::unistd::access(marker.as_c_str(), nix::unistd::AccessFlags::F_OK).is_ok() {
+                    return Err(std::io::Error::from_raw_os_error(libc::ECANCELED));
+                }
+                cgroup::enter(&cgroup_procs)?;
+                if let Some((groups, gid, uid)) = &drop_to {
+                    nix::unistd::setgroups(groups)?;
+                    nix::unistd::setgid(*gid)?;
+                    nix::unistd::setuid(*uid)?;
+                }
+                Ok(())
+            });
+        }
+        command.spawn().map_err(|e| format!("cannot start member {index} ({program}): {e}"))
+    }
+
+    /// Removes the cgroups left by `run`'s `members` (killing what is in them), after a restart.
+    fn remove_groups(&self, run: RunId, members: usize) {
+        let Some(cgroups) = &self.config.cgroups else { return };
+        for i in 0..members {
+            if let Some(group) = cgroups.existing(&group_name(&self.config.state_dir, run, i)) {
+                let _ = group.remove();
+            }
+        }
     }
 
     /// What a restarted daemon says about `launch` from the disk and the process table. Runs
@@ -469,17 +712,23 @@ impl LocalBackend {
                     let _ = signal_group(*pid, Signal::SIGKILL);
                 }
             }
+            self.remove_groups(run, launch.members.len());
             return Observation::LaunchFailed { run, error };
         }
         let living: Vec<bool> = found.iter().map(|(_, pid, start)| alive(*pid, *start)).collect();
         if living.iter().all(|a| *a) {
             let members = found
                 .iter()
-                .map(|(_, pid, start)| Member {
+                .map(|(i, pid, start)| Member {
                     pid: *pid,
                     child: None,
                     start_time: *start,
                     end: None,
+                    group: self
+                        .config
+                        .cgroups
+                        .as_ref()
+                        .and_then(|c| c.existing(&group_name(&self.config.state_dir, run, *i))),
                 })
                 .collect();
             let pids: Vec<u32> = found.iter().map(|(_, pid, _)| *pid).collect();
@@ -499,6 +748,7 @@ impl LocalBackend {
         } else {
             DETAIL_UNKNOWN.to_string()
         };
+        self.remove_groups(run, launch.members.len());
         let _ = write_durably(&dir.join("exit"), &exit_record(None, &detail));
         Observation::Exited { run, code: None, detail }
     }
@@ -576,12 +826,35 @@ impl LocalBackend {
                     MemberEnd::Unknown
                 }
             };
+            let end = match &member.group {
+                Some(group) => {
+                    let oom = group.oom_killed();
+                    // What escaped the process group (a daemonised helper) ends with it.
+                    let _ = group.remove();
+                    match end {
+                        MemberEnd::Signal(sig) if oom => MemberEnd::OutOfMemory {
+                            code: None,
+                            how: format!("was killed by {sig}"),
+                        },
+                        // A process under the member's program was the one killed.
+                        MemberEnd::Code(c) if oom && c != 0 => MemberEnd::OutOfMemory {
+                            code: Some(c),
+                            how: format!("exited with code {c}"),
+                        },
+                        end => end,
+                    }
+                }
+                None => end,
+            };
             member.end = Some(end);
             run_state.end_order.push(i);
         }
         let failed = run_state.end_order.iter().any(|i| {
             matches!(run_state.members[*i].end, Some(MemberEnd::Code(c)) if c != 0)
-                || matches!(run_state.members[*i].end, Some(MemberEnd::Signal(_)))
+                || matches!(
+                    run_state.members[*i].end,
+                    Some(MemberEnd::Signal(_) | MemberEnd::OutOfMemory { .. })
+                )
         });
         if failed {
             // A gang runs whole or not at all: once one member failed, the rest cannot finish.
@@ -602,6 +875,14 @@ impl LocalBackend {
             None => (Some(0), "every member exited with code 0".to_string()),
             Some((i, MemberEnd::Code(c))) => (Some(c), format!("member {i} exited with code {c}")),
             Some((i, MemberEnd::Signal(sig))) => (None, format!("member {i} was killed by {sig}")),
+            Some((i, MemberEnd::OutOfMemory { code, how })) => (
+                code,
+                format!(
+                    "member {i} {how}: out of memory — it used more than its memory request, \
+                     its cgroup's limit, and the kernel's OOM killer ended it; ask for more \
+                     (--memory-mib)"
+                ),
+            ),
             Some((_, MemberEnd::Unknown)) => (None, DETAIL_UNKNOWN.to_string()),
         };
         Some(Observation::Exited { run, code, detail })
@@ -611,6 +892,33 @@ impl LocalBackend {
 impl Backend for LocalBackend {
     fn name(&self) -> &str {
         "local"
+    }
+
+    fn isolation(&self) -> Option<String> {
+        let who = match self.config.run_as {
+            RunAs::Submitter => "as its submitter's Unix account, its files its own",
+            RunAs::Daemon => "as the daemon's own Unix account, like every workload here",
+        };
+        let fence = if self.config.cgroups.is_some() {
+            format!(
+                "in its own cgroup: CPU and memory held to its request (none asked: not \
+                 limited), at most {PIDS_PER_MEMBER} processes, and only its own GPUs' device \
+                 nodes"
+            )
+        } else {
+            "with its CPU and memory requests and GPU devices not enforced (no usable cgroup \
+             on this host)"
+                .to_string()
+        };
+        Some(format!("runs {who}, {fence}; its environment holds only its own variables"))
+    }
+
+    fn submitter_check(&self) -> Option<allot_backend::SubmitterCheck> {
+        (self.config.run_as == RunAs::Submitter).then(|| {
+            let check: allot_backend::SubmitterCheck =
+                std::sync::Arc::new(|user: &str| Account::of_user(user, ACCOUNT_FIX).map(|_| ()));
+            check
+        })
     }
 
     fn inventory(&mut self) -> Result<Vec<NodeSpec>, BackendError> {
@@ -668,8 +976,19 @@ impl Backend for LocalBackend {
             self.fail_launch(run, &dir, error);
             return Ok(());
         }
-        let envs: Result<Vec<_>, String> =
-            launch.members.iter().map(|m| self.member_env(m)).collect();
+        let account = match self.account(launch) {
+            Ok(account) => account,
+            Err(error) => {
+                self.fail_launch(run, &dir, error);
+                return Ok(());
+            }
+        };
+        let envs: Result<Vec<_>, String> = launch
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| self.member_env(launch, i, m, &account))
+            .collect();
         let envs = match envs {
             Ok(envs) => envs,
             Err(error) => {
@@ -680,28 +999,46 @@ impl Backend for LocalBackend {
         std::fs::create_dir_all(&dir)
             .map_err(|e| io_error("cannot create run directory", &dir, e))?;
         write_durably(&dir.join("launch.json"), &launch_record(launch))?;
-        if let Err(e) = std::fs::create_dir_all(&launch.log_dir) {
-            let error = format!("cannot create log directory {}: {e}", launch.log_dir.display());
+        let owner = (!account.is_current()).then_some(&account);
+        if let Err(error) = allot_backend::files::prepare(launch, owner) {
             self.fail_launch(run, &dir, error);
             return Ok(());
         }
         let mut members: Vec<Member> = Vec::new();
         for (i, env) in envs.iter().enumerate() {
-            match self.spawn_member(launch, &dir, i, env) {
-                Ok(child) => {
+            let spawned = self.member_group(launch, i).and_then(|group| {
+                let procs = match &group {
+                    Some(g) => g.open_procs()?,
+                    None => Vec::new(),
+                };
+                match self.spawn_member(launch, &dir, i, env, &account, procs) {
+                    Ok(child) => Ok((child, group)),
+                    Err(error) => {
+                        if let Some(g) = &group {
+                            let _ = g.remove();
+                        }
+                        Err(error)
+                    }
+                }
+            });
+            match spawned {
+                Ok((child, group)) => {
                     let pid = child.id();
                     let start_time = proc_stat(pid).map(|(_, start)| start);
                     if let Some(start) = start_time {
                         // Best effort: without it, recovery trusts the pid alone.
                         let _ = write_durably(&Self::start_file(&dir, i), &start.to_string());
                     }
-                    members.push(Member { pid, child: Some(child), start_time, end: None });
+                    members.push(Member { pid, child: Some(child), start_time, end: None, group });
                 }
                 Err(error) => {
                     for m in &mut members {
                         let _ = signal_group(m.pid, Signal::SIGKILL);
                         if let Some(child) = &mut m.child {
                             let _ = child.wait();
+                        }
+                        if let Some(g) = &m.group {
+                            let _ = g.remove();
                         }
                     }
                     self.fail_launch(run, &dir, error);

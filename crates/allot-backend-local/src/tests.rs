@@ -2,6 +2,7 @@
 //! process groups, crash recovery from the files on disk.
 
 #![allow(clippy::disallowed_methods)] // deadlines for real processes
+#![allow(clippy::print_stderr)] // the real-cgroup tests say why they are skipped
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -106,6 +107,7 @@ fn launch_in(
         members,
         log_dir: run_log_dir(&h.state_dir(), run),
         adopt: None,
+        resources: Default::default(),
     }
 }
 
@@ -339,4 +341,114 @@ fn inventory_reads_amd_gpus_from_sysfs() {
     let devices: Vec<(&str, u64)> =
         nodes[0].devices.iter().map(|d| (d.model.as_str(), d.memory_mib)).collect();
     assert_eq!(devices, vec![("mi250x", 65520)]);
+}
+
+#[test]
+fn members_see_none_of_the_daemons_environment() {
+    let mut h = LocalHarness::new();
+    let mut backend = h.backend();
+    let r = run(40);
+    // Whatever the daemon's own environment holds (this test process's), only the documented
+    // variables and the launch's reach the member.
+    let mut launch = launch_in(&h, r, vec!["env".to_string()], vec![member(vec![])]);
+    launch.env.insert("LANG".to_string(), "de_DE.UTF-8".to_string());
+    backend.launch(&launch).expect("launch");
+    until_ended(&mut backend, r);
+    let mut keys: Vec<String> = log_lines(&h, r, 0)
+        .iter()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_string()))
+        .filter(|k| k != "PWD" && k != "SHLVL" && k != "_")
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "ALLOT_ATTEMPT",
+            "ALLOT_MEMBER",
+            "ALLOT_WORKLOAD_ID",
+            "CUDA_DEVICE_ORDER",
+            "CUDA_VISIBLE_DEVICES",
+            "EXTRA",
+            "HIP_VISIBLE_DEVICES",
+            "HOME",
+            "LANG",
+            "LOGNAME",
+            "PATH",
+            "ROCR_VISIBLE_DEVICES",
+            "USER",
+        ]
+    );
+    let lines = log_lines(&h, r, 0);
+    assert!(lines.iter().any(|l| l == "LANG=de_DE.UTF-8"), "{lines:?}");
+    assert!(lines.iter().any(|l| l == &format!("PATH={}", account::DEFAULT_PATH)), "{lines:?}");
+}
+
+/// Real cgroups (`ALLOT_CGROUP_TESTS=1`, root): a member's device filter and memory limit.
+fn cgroups_for_test() -> Option<cgroup::Cgroups> {
+    let wanted = std::env::var_os("ALLOT_CGROUP_TESTS").is_some();
+    if !wanted || !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs ALLOT_CGROUP_TESTS=1 and root");
+        return None;
+    }
+    Some(cgroup::Cgroups::detect().expect("ALLOT_CGROUP_TESTS is set: this host has cgroups"))
+}
+
+#[test]
+fn a_member_cannot_open_a_gpu_it_was_not_given() {
+    let Some(cgroups) = cgroups_for_test() else { return };
+    let h = LocalHarness::new();
+    // Stand-in device nodes for two NVIDIA GPUs (no driver: opening one that is allowed says
+    // ENXIO, one the filter denies says EPERM).
+    let dev = h.dir.path().join("dev");
+    std::fs::create_dir(&dev).expect("mkdir");
+    let mut nodes = Vec::new();
+    for index in 0..2 {
+        nix::sys::stat::mknod(
+            &dev.join(format!("nvidia{index}")),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, u64::from(index)),
+        )
+        .expect("mknod");
+        nodes.push(discover::GpuDeviceNode {
+            vendor: Vendor::Nvidia,
+            index,
+            major: 195,
+            minor: index,
+        });
+    }
+    let mut config = h.config();
+    config.cgroups = Some(cgroups);
+    config.gpu_device_nodes = Some((nodes, None));
+    let mut backend = LocalBackend::new(config).expect("backend");
+    let r = run(41);
+    let script = format!("cat {0}/nvidia0; cat {0}/nvidia1; exit 0", dev.display());
+    let launch = launch_in(&h, r, sh(&script, &[]), vec![member(vec![nvidia(0, None, 1000)])]);
+    backend.launch(&launch).expect("launch");
+    until_ended(&mut backend, r);
+    let lines = log_lines(&h, r, 0).join("\n");
+    assert!(lines.contains("nvidia0: No such device or address"), "given: {lines}");
+    assert!(lines.contains("nvidia1: Operation not permitted"), "not given: {lines}");
+}
+
+#[test]
+fn a_member_over_its_memory_request_is_killed_and_said_so() {
+    let Some(cgroups) = cgroups_for_test() else { return };
+    let h = LocalHarness::new();
+    let mut config = h.config();
+    config.cgroups = Some(cgroups);
+    let mut backend = LocalBackend::new(config).expect("backend");
+    let r = run(42);
+    // The shell itself grows past 64 MiB: a variable of ~256 MiB.
+    let script = "x=$(head -c 268435456 /dev/zero | tr '\\0' a); echo survived ${#x}";
+    let mut launch = launch_in(&h, r, sh(script, &[]), vec![member(vec![])]);
+    launch.resources = allot_backend::MemberResources { cpu_millis: 500, memory_mib: 64 };
+    backend.launch(&launch).expect("launch");
+    let seen = until_ended(&mut backend, r);
+    let Some(Observation::Exited { detail, .. }) = seen.last() else { panic!("{seen:?}") };
+    assert!(detail.contains("out of memory"), "{detail}");
+    assert!(!log_lines(&h, r, 0).iter().any(|l| l.starts_with("survived")));
+    // The member's group is gone with it.
+    let name = group_name(&h.state_dir(), r, 0);
+    assert!(backend.config.cgroups.as_ref().and_then(|c| c.existing(&name)).is_none());
 }

@@ -47,6 +47,7 @@ fn main() {
             }],
             log_dir: logs.join(run.to_string()),
             adopt: None,
+            resources: Default::default(),
         };
         backend.launch(&launch).expect("launch");
     }

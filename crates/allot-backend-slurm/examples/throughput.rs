@@ -73,6 +73,7 @@ fn backend_mode(n: u64, held: bool, tick: u64) -> Result<(), String> {
             }],
             log_dir: dir.path().join(run.to_string()),
             adopt: None,
+            resources: Default::default(),
         };
         backend.launch(&launch).map_err(|e| e.to_string())?;
         if tick > 0 && (i + 1) % tick == 0 {

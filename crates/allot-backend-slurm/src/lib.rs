@@ -57,16 +57,17 @@ pub use jobcomp::{JobcompError, JobcompGpuHours, JobcompRecord, jobcomp_gpu_hour
 pub use parse::{Gres, Partition, SinfoNode, SqueueJob};
 pub use runner::{CommandError, Runner, Tool};
 
+use allot_backend::account::Account;
+
 /// The launch environment variable naming the Slurm account (allot's project) of a run.
 pub const ACCOUNT_ENV: &str = "ALLOT_PROJECT";
 
 /// The launch environment variable naming the allot user who submitted the workload: with
 /// [`SlurmConfig::run_as_submitter`], the Unix account its job runs as.
-pub const USER_ENV: &str = "ALLOT_USER";
+pub use allot_backend::account::USER_ENV;
 
-/// The launch environment variables naming files the job writes besides its logs (heartbeat
-/// and checkpoint probes): handed to the job's user with its log directory.
-const PROBE_FILE_ENVS: [&str; 2] = ["ALLOT_HEARTBEAT_FILE", "ALLOT_CHECKPOINT_FILE"];
+/// What a refused account lookup tells the operator to do instead.
+const RUN_AS_SUBMITTER_FIX: &str = "run allot without --slurm-run-as-submitter";
 
 /// [`Backend::allocated_devices`] asks `scontrol show job -d` once per newly started job
 /// (~11 ms each) for up to this many, or one per 40 jobs in the queue if more; beyond, one
@@ -848,32 +849,48 @@ impl SlurmBackend {
     }
 
     fn submit(&mut self, launch: &Launch) -> Result<u64, SubmitError> {
-        std::fs::create_dir_all(&launch.log_dir).map_err(|e| {
-            SubmitError::Refused(format!(
-                "cannot create the log directory {}: {e}",
-                launch.log_dir.display()
-            ))
-        })?;
+        let owner = if self.config.run_as_submitter {
+            Some(
+                Account::of_user(
+                    launch.env.get(USER_ENV).map_or("", String::as_str),
+                    RUN_AS_SUBMITTER_FIX,
+                )
+                .map_err(SubmitError::Refused)?,
+            )
+        } else {
+            None
+        };
+        // The daemon's own directories first, and the script written while the log directory is
+        // still the daemon's; then the log directory and probe files go to the job's account.
+        allot_backend::files::prepare(launch, None).map_err(SubmitError::Refused)?;
         let script = launch.log_dir.join("allot-batch.sh");
         std::fs::write(&script, BATCH_SCRIPT).map_err(|e| {
             SubmitError::Refused(format!("cannot write the batch script {}: {e}", script.display()))
         })?;
+        if let Some(owner) = &owner {
+            allot_backend::files::prepare(launch, Some(owner)).map_err(SubmitError::Refused)?;
+        }
         let shape = node_shape(launch);
         let tasks_per_node = shape.values().next().map_or(1, |s| s.0);
-        let mut env = launch.env.clone();
+        // `--export=ALL` passes sbatch's environment to the job: only the account's identity,
+        // a known PATH and the launch's variables, never the daemon's (its token above all).
+        let account = match &owner {
+            Some(owner) => owner.clone(),
+            None => Account::current().map_err(SubmitError::Refused)?,
+        };
+        let mut env = allot_backend::account::base_env(&account, &launch.env);
+        env.extend(launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert("ALLOT_SLURM_TASKS".into(), launch.members.len().to_string());
         env.insert("ALLOT_SLURM_TASKS_PER_NODE".into(), tasks_per_node.to_string());
         env.insert("ALLOT_SLURM_LOG_DIR".into(), launch.log_dir.display().to_string());
         let mut args = self.sbatch_args(launch);
-        if self.config.run_as_submitter {
-            let owner = unix_account(launch).map_err(SubmitError::Refused)?;
-            hand_over(launch, &owner).map_err(SubmitError::Refused)?;
+        if let Some(owner) = &owner {
             args.push(format!("--uid={}", owner.uid));
             args.push(format!("--gid={}", owner.gid));
         }
         args.push(script.display().to_string());
         args.extend(launch.command.iter().cloned());
-        let out = self.config.runner.run(Tool::Sbatch, &args, &env).map_err(|e| {
+        let out = self.config.runner.run_clean(Tool::Sbatch, &args, &env).map_err(|e| {
             if e.is_unreachable() {
                 SubmitError::Unreachable(e.to_string())
             } else {
@@ -1159,81 +1176,6 @@ fn members_on(gpus_per_node: Vec<(String, parse::Gres)>) -> Vec<MemberLaunch> {
         .collect()
 }
 
-/// The Unix account a job runs as ([`SlurmConfig::run_as_submitter`]).
-#[derive(Debug)]
-struct Owner {
-    name: String,
-    uid: u32,
-    gid: u32,
-}
-
-/// The Unix account of the workload's user (`ALLOT_USER`), looked up through NSS as
-/// `getent passwd` would; root is refused.
-fn unix_account(launch: &Launch) -> Result<Owner, String> {
-    let Some(name) = launch.env.get(USER_ENV).filter(|n| !n.is_empty()) else {
-        return Err(format!(
-            "{} names no user ({USER_ENV} is not set): jobs run as their submitter here",
-            launch.run
-        ));
-    };
-    let user = nix::unistd::User::from_name(name)
-        .map_err(|e| format!("cannot look up the Unix account of {name:?}: {e}"))?
-        .ok_or_else(|| {
-            format!(
-                "the workload's user {name:?} has no Unix account on this host (getent passwd \
-                 {name}): create it here and on the nodes, or run allot without \
-                 --slurm-run-as-submitter"
-            )
-        })?;
-    if user.uid.is_root() {
-        return Err(format!("refusing to run {}'s job as root ({name:?} is uid 0)", launch.run));
-    }
-    Ok(Owner { name: name.clone(), uid: user.uid.as_raw(), gid: user.gid.as_raw() })
-}
-
-/// Hands the job's log directory and probe files to its user, so that the job (run as that
-/// user) can write them. A probe file made here is dated at the epoch: not a heartbeat or a
-/// checkpoint until the job touches it.
-fn hand_over(launch: &Launch, owner: &Owner) -> Result<(), String> {
-    let chown = |path: &std::path::Path| {
-        std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid)).map_err(|e| {
-            format!("cannot hand {} to {} (uid {}): {e}", path.display(), owner.name, owner.uid)
-        })
-    };
-    // slurmd opens the job's logs as the job's user: every directory above must let it pass.
-    for dir in launch.log_dir.ancestors().skip(1) {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(meta) = std::fs::metadata(dir) else { continue };
-        let mode = meta.mode();
-        let passes = mode & 0o001 != 0
-            || (meta.uid() == owner.uid && mode & 0o100 != 0)
-            || (meta.gid() == owner.gid && mode & 0o010 != 0);
-        if !passes {
-            return Err(format!(
-                "{} (uid {}) cannot reach its log directory: {} is mode {:o}; let others pass \
-                 (chmod o+x {}) or put allot's data directory elsewhere",
-                owner.name,
-                owner.uid,
-                dir.display(),
-                mode & 0o7777,
-                dir.display()
-            ));
-        }
-    }
-    chown(&launch.log_dir)?;
-    for key in PROBE_FILE_ENVS {
-        let Some(path) = launch.env.get(key).map(std::path::Path::new) else { continue };
-        if !path.exists() {
-            let file = std::fs::File::create(path)
-                .map_err(|e| format!("cannot create {} ({key}): {e}", path.display()))?;
-            file.set_modified(std::time::SystemTime::UNIX_EPOCH)
-                .map_err(|e| format!("cannot date {} ({key}): {e}", path.display()))?;
-        }
-        chown(path)?;
-    }
-    Ok(())
-}
-
 /// Members and GPUs per node of a launch, by node.
 fn node_shape(launch: &Launch) -> BTreeMap<String, (usize, usize)> {
     let mut shape: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -1248,6 +1190,15 @@ fn node_shape(launch: &Launch) -> BTreeMap<String, (usize, usize)> {
 impl Backend for SlurmBackend {
     fn name(&self) -> &str {
         "slurm"
+    }
+
+    fn submitter_check(&self) -> Option<allot_backend::SubmitterCheck> {
+        self.config.run_as_submitter.then(|| {
+            let check: allot_backend::SubmitterCheck = std::sync::Arc::new(|user: &str| {
+                Account::of_user(user, RUN_AS_SUBMITTER_FIX).map(|_| ())
+            });
+            check
+        })
     }
 
     /// Nodes of the managed partitions with their GPUs (one device per GPU of each `gpu`

@@ -122,6 +122,27 @@ impl Runner {
         args: &[String],
         env: &BTreeMap<String, String>,
     ) -> Result<Output, CommandError> {
+        self.run_with(tool, args, env, false)
+    }
+
+    /// [`Runner::run`] with `env` (and `SLURM_CONF`) as the whole environment: for `sbatch`,
+    /// which hands its environment to the job.
+    pub fn run_clean(
+        &self,
+        tool: Tool,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Result<Output, CommandError> {
+        self.run_with(tool, args, env, true)
+    }
+
+    fn run_with(
+        &self,
+        tool: Tool,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        clean: bool,
+    ) -> Result<Output, CommandError> {
         let program = self.program(tool);
         let shown = std::iter::once(program.display().to_string())
             .chain(args.iter().map(|a| shown_arg(a)))
@@ -134,6 +155,9 @@ impl Runner {
             timed_out: false,
         };
         let mut command = Command::new(&program);
+        if clean {
+            command.env_clear();
+        }
         command.args(args).envs(env).stdin(Stdio::null()).stdout(Stdio::piped());
         command.stderr(Stdio::piped());
         if let Some(conf) = &self.slurm_conf {

@@ -151,6 +151,7 @@ fn recover_after_restart_with_slurms_exit_codes() {
         members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
         adopt: None,
+        resources: Default::default(),
     };
     let running = launch_of(&h, still_running, h.program_sleep(30));
     let ending = launch_of(&h, ends_while_down, h.program_sleep(1));
@@ -300,6 +301,7 @@ fn adopt_launch(h: &SlurmHarness, run: RunId, job: &str, members: Vec<MemberLaun
         members,
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
         adopt: Some(job.to_string()),
+        resources: Default::default(),
     }
 }
 
@@ -319,6 +321,7 @@ fn requeue_runs_the_same_job_again_on_the_next_launchs_nodes() {
         members: vec![member("node2", 2)],
         log_dir: h.tmp_dir().join("logs"),
         adopt: None,
+        resources: Default::default(),
     };
     backend.launch(&launch).expect("launch");
     let mut seen = Vec::new();
@@ -612,6 +615,7 @@ fn jobcomp_gpu_hours_of_a_known_job() {
         members: vec![member("node1", 3)],
         log_dir: h.tmp_dir().join("logs"),
         adopt: None,
+        resources: Default::default(),
     };
     backend.launch(&launch).expect("launch");
     let mut seen = Vec::new();
@@ -786,6 +790,7 @@ fn allocated_devices_by_job_details_and_by_the_whole_listing_agree() {
             members: vec![member(node, 1)],
             log_dir: h.tmp_dir().join(format!("logs-{run}")),
             adopt: None,
+            resources: Default::default(),
         };
         backend.launch(&launch).expect("launch");
     }
@@ -854,6 +859,7 @@ fn jobs_run_as_the_workloads_user_who_writes_its_logs_and_probe_files() {
         members: vec![member(&h.node, 0)],
         log_dir: dir.join(format!("logs-{workload}")),
         adopt: None,
+        resources: Default::default(),
     };
     let ok = launch_as(50, "allot-user");
     backend.launch(&ok).expect("launch");
@@ -921,6 +927,7 @@ fn launch_places_members_on_the_chosen_nodes_with_gres_and_env() {
         members: vec![member("node3"), member("node4")],
         log_dir: log_dir.clone(),
         adopt: None,
+        resources: Default::default(),
     };
     backend.inventory().expect("inventory for the GRES type");
     let args = backend.sbatch_args(&launch);
@@ -971,6 +978,7 @@ fn uneven_members_and_fractional_gpus_fail_the_launch() {
         ],
         log_dir: h.tmp_dir().join("logs"),
         adopt: None,
+        resources: Default::default(),
     };
     backend.launch(&base).expect("launch");
     let mut half = gpu(0);
@@ -1008,6 +1016,7 @@ fn a_job_left_held_by_a_dead_daemon_is_released_on_adoption() {
         members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
         adopt: None,
+        resources: Default::default(),
     };
     {
         // Submitted held; the daemon dies before the poll that would release them.
@@ -1048,6 +1057,7 @@ fn stopping_a_run_not_yet_released_cancels_it() {
             members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
             log_dir: h.tmp_dir().join("logs"),
             adopt: None,
+            resources: Default::default(),
         })
         .expect("launch");
     // A checkpoint of a run that never ran does nothing; a terminate cancels the held job.

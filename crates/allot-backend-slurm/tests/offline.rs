@@ -32,6 +32,7 @@ fn launch(members: Vec<MemberLaunch>) -> Launch {
         members,
         log_dir: PathBuf::from("/shared/allot/logs/42.3"),
         adopt: None,
+        resources: Default::default(),
     }
 }
 

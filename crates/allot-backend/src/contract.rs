@@ -202,6 +202,7 @@ fn launch_of<H: Harness>(h: &H, run: RunId, command: Vec<String>) -> Launch {
         members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
         adopt: None,
+        resources: Default::default(),
     }
 }
 

@@ -705,6 +705,7 @@ mod tests {
             ],
             log_dir: PathBuf::from("/nonexistent"),
             adopt: None,
+            resources: Default::default(),
         }
     }
 

@@ -10,9 +10,11 @@ use std::path::PathBuf;
 
 use allot_core::NodeSpec;
 
+pub mod account;
 #[cfg(any(test, feature = "contract"))]
 pub mod contract;
 mod fake;
+pub mod files;
 
 pub use fake::{FakeBackend, FakeControl};
 
@@ -49,6 +51,20 @@ pub struct Launch {
     /// onto `members`' nodes and released. `command` is then informational.
     #[serde(default)]
     pub adopt: Option<String>,
+    /// What each member asked for besides GPUs, for a backend that enforces it (the local
+    /// backend's cgroups). Zero: not limited.
+    #[serde(default)]
+    pub resources: MemberResources,
+}
+
+/// [`Backend::submitter_check`]: `Err` says why the user's work cannot run, and what to do.
+pub type SubmitterCheck = std::sync::Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// CPU and memory of one member, as the workload requested them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemberResources {
+    pub cpu_millis: u64,
+    pub memory_mib: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -187,6 +203,19 @@ impl BackendError {
 pub trait Backend: Send {
     /// A short name for logs and metrics (`local`, `slurm`, `fake`).
     fn name(&self) -> &str;
+
+    /// Whether work of an allot user could run here at all, asked before a submission is
+    /// accepted: a backend that runs work as its submitter's Unix account needs that account.
+    /// `None` (the default): every user's can.
+    fn submitter_check(&self) -> Option<SubmitterCheck> {
+        None
+    }
+
+    /// What keeps one running workload from another and from the daemon here, in a sentence
+    /// for `allot why` (`None`, the default: nothing to say).
+    fn isolation(&self) -> Option<String> {
+        None
+    }
 
     /// The nodes and GPUs this backend governs, as the engine's specs. The local backend
     /// discovers this host's GPUs (NVML, AMD sysfs) and falls back to a declared inventory.

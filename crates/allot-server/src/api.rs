@@ -6,7 +6,7 @@
 use allot_api::{
     API_PREFIX, ApiError, HistoryExport, NodeList, PolicyValidation, PolicyView, ProjectList,
     Report, SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated, TokenRequest, Why,
-    Workload, WorkloadList, limits,
+    Workload, WorkloadList, WorkloadState, limits,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -127,6 +127,16 @@ async fn submit(
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     let request: SubmitRequest = json_body(&body)?;
+    if let Some(check) = &state.submitter_check {
+        // Work runs as its submitter's Unix account here: refuse now what could never start.
+        check(&principal.name).map_err(|e| {
+            HttpError::plain(
+                422,
+                e,
+                Some("an admin creates the account, or gives you a token named like yours"),
+            )
+        })?;
+    }
     let ask = Ask::Submit { principal, request: Box::new(request), received_ms: wall_ms() };
     let response = state.handle.submit(ask).await?;
     Ok((StatusCode::CREATED, axum::Json(response)))
@@ -197,7 +207,28 @@ async fn why(
 ) -> ApiResult<axum::Json<Why>> {
     let id = id_of(id)?;
     let principal = principal(&state, &headers)?;
-    state.handle.why(Ask::Why { principal, id }).await.map(axum::Json)
+    let mut why = state.handle.why(Ask::Why { principal, id }).await?;
+    let placed = matches!(
+        why.state,
+        WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
+    );
+    if placed && let Some(isolation) = &state.isolation {
+        why.lines.push(format!("Isolation: it {isolation}."));
+        let gpus = state
+            .handle
+            .view
+            .read()
+            .ok()
+            .and_then(|v| v.workloads.get(&id).map(|w| w.gpus.clone()));
+        if gpus.is_some_and(|g| g.parse::<f64>().is_ok_and(|n| n.fract() != 0.0)) {
+            why.lines.push(
+                "It holds a time-sliced share of a GPU: the programs sharing that GPU are not \
+                 isolated from each other's memory use or faults (a MIG instance would be)."
+                    .to_string(),
+            );
+        }
+    }
+    Ok(axum::Json(why))
 }
 
 async fn act(
@@ -285,14 +316,14 @@ async fn logs(
         ));
     }
     let member = query.member.unwrap_or(0);
-    let path = state
-        .data_dir
-        .join("logs")
-        .join(id.to_string())
-        .join(w.attempt.to_string())
-        .join(format!("member-{member}.log"));
+    // The attempt's directory is the workload's own: read through the daemon's `logs/` without
+    // following any link the workload may have put there.
+    let trusted =
+        allot_backend::files::WorkloadFiles::new(&state.workload_dir, id).dir.join("logs");
+    let relative =
+        std::path::PathBuf::from(w.attempt.to_string()).join(format!("member-{member}.log"));
     let tail = query.tail_bytes.unwrap_or(64 * 1024).min(16 * 1024 * 1024);
-    let text = tokio::task::spawn_blocking(move || read_tail(&path, tail))
+    let text = tokio::task::spawn_blocking(move || read_tail(&trusted, &relative, tail))
         .await
         .map_err(|e| HttpError::plain(500, format!("reading logs: {e}"), None))?
         .map_err(|e| {
@@ -305,9 +336,13 @@ async fn logs(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
 
-fn read_tail(path: &std::path::Path, tail: u64) -> Result<Vec<u8>, String> {
+fn read_tail(
+    trusted: &std::path::Path,
+    relative: &std::path::Path,
+    tail: u64,
+) -> Result<Vec<u8>, String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut file = allot_backend::files::open_workload_file(trusted, relative, None)?;
     let len = file.metadata().map_err(|e| e.to_string())?.len();
     file.seek(SeekFrom::Start(len.saturating_sub(tail))).map_err(|e| e.to_string())?;
     let mut out = Vec::new();

@@ -26,7 +26,7 @@ pub(crate) struct BootConfig {
     pub policy: PolicySpec,
     pub policy_source: String,
     pub policy_text: String,
-    pub data_dir: PathBuf,
+    pub workload_dir: PathBuf,
     pub cadence: Cadence,
     pub snapshot_every: u64,
 }
@@ -113,7 +113,7 @@ pub(crate) fn open(
         start.nodes,
         &log_policy,
         (start.policy_source.clone(), start.policy_text),
-        config.data_dir.clone(),
+        config.workload_dir.clone(),
     )
     .map_err(|e| anyhow!("{}: {e}", start.policy_source))?;
     let (durable, replayed) =

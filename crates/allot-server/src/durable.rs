@@ -67,8 +67,8 @@ impl Durable {
         let mut replayed = 0u64;
         if let Some(snapshot) = store.latest_snapshot()? {
             let nodes = machine.daemon.nodes.clone();
-            let data_dir = machine.daemon.data_dir.clone();
-            match Daemon::from_snapshot(nodes, data_dir, &snapshot.body) {
+            let workload_dir = machine.daemon.workload_dir.clone();
+            match Daemon::from_snapshot(nodes, workload_dir, &snapshot.body) {
                 Ok(daemon) => {
                     machine.daemon = daemon;
                     after = snapshot.seq;

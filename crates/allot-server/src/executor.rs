@@ -26,7 +26,6 @@ const UNREACHABLE_RETRY_MAX_MS: u64 = 30_000;
 pub(crate) struct Executor {
     backend: Box<dyn Backend>,
     /// Where workloads' heartbeat and checkpoint files go (made before the first launch).
-    heartbeat_dir: std::path::PathBuf,
     /// Node states and foreign work are read this often (ms).
     watch_every_ms: u64,
     last_watch_ms: Option<u64>,
@@ -55,12 +54,10 @@ impl Executor {
     pub(crate) fn new(
         backend: Box<dyn Backend>,
         watch_every_ms: u64,
-        heartbeat_dir: std::path::PathBuf,
         down: Option<String>,
     ) -> Executor {
         Executor {
             backend,
-            heartbeat_dir,
             watch_every_ms: watch_every_ms.max(1),
             last_watch_ms: None,
             down,
@@ -132,9 +129,6 @@ impl Executor {
         todo.extend(commands);
         if todo.is_empty() {
             return out;
-        }
-        if todo.iter().any(|c| matches!(c, Command::Launch(_))) {
-            let _ = std::fs::create_dir_all(&self.heartbeat_dir);
         }
         let (mut kept, mut recovered) = (Vec::new(), Vec::new());
         let mut unreachable: Option<String> = None;

@@ -88,6 +88,57 @@ pub struct ServeConfig {
     /// Telemetry source specs (`nvml`, `sysfs`, `dcgm-exporter=URL`, …); empty: this host's
     /// GPUs when NVML or amdgpu sysfs can read them; `none`: no source (agents may post).
     pub telemetry: Vec<String>,
+    /// Where workloads' logs, heartbeat and checkpoint files go (`None`: see
+    /// [`default_workload_dir`]).
+    pub workload_dir: Option<PathBuf>,
+    /// Run every local workload as the daemon's own account, on purpose: no warning that they
+    /// share it (and, as root, no per-submitter accounts).
+    pub single_user: bool,
+}
+
+/// Where workloads' own files go by default: inside the private data directory when they all
+/// run as the daemon's account, else beside it (`DATA_DIR-workloads`), since accounts that
+/// cannot enter the data directory must reach their own files.
+pub fn default_workload_dir(data_dir: &Path, several_accounts: bool) -> PathBuf {
+    if several_accounts {
+        let mut name = data_dir.file_name().map(std::ffi::OsString::from).unwrap_or_default();
+        name.push("-workloads");
+        data_dir.with_file_name(name)
+    } else {
+        data_dir.join("workloads")
+    }
+}
+
+/// This host's cgroups, if a member's group can be made here (root, or a delegated subtree):
+/// one is made and removed at start, so that a host that cannot is told now, not at a launch.
+fn enforcing_cgroups() -> std::result::Result<allot_backend_local::cgroup::Cgroups, String> {
+    use allot_backend_local::cgroup::{Cgroups, Limits};
+    let cgroups = Cgroups::detect()?;
+    let probe = format!("start-check-{}", std::process::id());
+    cgroups.create(&probe, &Limits::default(), &[])?.remove()?;
+    Ok(cgroups)
+}
+
+/// Who local workloads run as, said once at start: what isolates them and what does not.
+fn local_accounts_note(run_as_submitter: bool, single_user: bool) -> String {
+    let me = allot_backend::account::Account::current().map_or_else(
+        |e| format!("this daemon's account ({e})"),
+        |a| format!("{} (uid {})", a.name, a.uid),
+    );
+    if run_as_submitter {
+        "workloads run as the Unix account named like the allot user who submitted them (never \
+         root), their files in their own directories"
+            .to_string()
+    } else if single_user {
+        format!("--single-user: every workload runs as {me}, the daemon's own account")
+    } else {
+        format!(
+            "every workload runs as {me}, the daemon's own account: a workload can read and \
+             change the other workloads' logs, heartbeat and checkpoint files and this daemon's \
+             data directory. On a server several people use, start allot as root so that each \
+             workload runs as its submitter's account; pass --single-user if one account is meant"
+        )
+    }
 }
 
 /// The default data directory (`$XDG_DATA_HOME/allot`, else `~/.local/share/allot`).
@@ -142,7 +193,10 @@ pub struct Parts {
     pub policy: allot_core::PolicySpec,
     pub policy_source: String,
     pub policy_text: String,
-    pub data_dir: PathBuf,
+    /// Where workloads' own files go: logs, heartbeat and checkpoint files
+    /// (`allot_backend::files`). Outside the private data directory, so that workloads run as
+    /// other accounts can reach theirs.
+    pub workload_dir: PathBuf,
     pub decide_interval_ms: u64,
     /// How often running workloads get a telemetry round (`None`: every 5 s).
     pub telemetry_round_ms: Option<u64>,
@@ -160,7 +214,7 @@ impl std::fmt::Debug for Parts {
             .field("backend", &self.backend.name())
             .field("inventory_source", &self.inventory_source)
             .field("policy_source", &self.policy_source)
-            .field("data_dir", &self.data_dir)
+            .field("workload_dir", &self.workload_dir)
             .finish_non_exhaustive()
     }
 }
@@ -199,20 +253,22 @@ pub fn start(parts: Parts) -> Result<Started> {
         policy,
         policy_source,
         policy_text,
-        data_dir,
+        workload_dir,
         decide_interval_ms,
         telemetry_round_ms,
         snapshot_every,
         cluster_watch_ms,
         telemetry_sources,
     } = parts;
+    let submitter_check = backend.submitter_check();
+    let isolation = backend.isolation();
     let config = boot::BootConfig {
         declared,
         inventory_source,
         policy,
         policy_source,
         policy_text,
-        data_dir: data_dir.clone(),
+        workload_dir: workload_dir.clone(),
         cadence: machine::Cadence {
             decide_interval_ms,
             telemetry_round_ms: telemetry_round_ms.unwrap_or(TELEMETRY_ROUND_MS).max(1),
@@ -245,7 +301,14 @@ pub fn start(parts: Parts) -> Result<Started> {
     let (sender, receiver) = std::sync::mpsc::sync_channel(handle::QUEUE_MAX);
     let handle = handle::Handle { sender: sender.clone(), view: view.clone() };
     let tokens = Arc::new(auth::Tokens::new(token_store));
-    let state = state::AppState { handle, tokens, metrics: metrics.clone(), data_dir };
+    let state = state::AppState {
+        handle,
+        tokens,
+        metrics: metrics.clone(),
+        workload_dir,
+        submitter_check,
+        isolation,
+    };
     if !telemetry_sources.is_empty() {
         let tx = sender.clone();
         std::thread::Builder::new()
@@ -259,10 +322,9 @@ pub fn start(parts: Parts) -> Result<Started> {
             .name("allot-prober".into())
             .spawn(move || telemetry::run_probes(&table, &tx))?;
     }
-    let heartbeat_dir = durable.machine.daemon.heartbeat_dir();
     let watch_every = cluster_watch_ms.unwrap_or(CLUSTER_WATCH_MS).max(1);
     let down = durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
-    let executor = executor::Executor::new(backend, watch_every, heartbeat_dir, down);
+    let executor = executor::Executor::new(backend, watch_every, down);
     let executor = driver::spawn_executor(executor, commands, sender.clone())?;
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
@@ -353,7 +415,24 @@ pub fn run(config: ServeConfig) -> Result<()> {
         ),
     };
     let mut store = SqliteStore::open(&config.data_dir)?;
+    for path in store.tightened() {
+        driver::tracing_log(&format!(
+            "{} was readable by other accounts: made private (the data directory 0700, its files 0600)",
+            path.display()
+        ));
+    }
     let signal = checkpoint_signal(&config.checkpoint_signal)?;
+    let local_as_submitter = config.backend == BackendChoice::Local
+        && allot_backend::account::daemon_is_root()
+        && !config.single_user;
+    let several_accounts = local_as_submitter
+        || matches!(config.backend, BackendChoice::Slurm { run_as_submitter: true, .. });
+    let workload_dir = config
+        .workload_dir
+        .clone()
+        .unwrap_or_else(|| default_workload_dir(&config.data_dir, several_accounts));
+    allot_backend::files::prepare_root(&workload_dir, several_accounts)
+        .map_err(|e| anyhow!("{e} (--workload-dir)"))?;
     let backend: Box<dyn Backend> = match &config.backend {
         BackendChoice::Local => {
             let mut local = allot_backend_local::LocalConfig::new(
@@ -362,6 +441,27 @@ pub fn run(config: ServeConfig) -> Result<()> {
             );
             local.checkpoint_signal = signal;
             local.declared_inventory = Some(declared.clone());
+            local.run_as = if local_as_submitter {
+                allot_backend_local::RunAs::Submitter
+            } else {
+                allot_backend_local::RunAs::Daemon
+            };
+            driver::tracing_log(&local_accounts_note(local_as_submitter, config.single_user));
+            local.cgroups = match enforcing_cgroups() {
+                Ok(cgroups) => {
+                    driver::tracing_log(&format!(
+                        "each workload member runs in its own cgroup: {}",
+                        cgroups.describe()
+                    ));
+                    Some(cgroups)
+                }
+                Err(why) => {
+                    driver::tracing_log(&format!(
+                        "CPU and memory requests and GPU device nodes are NOT enforced: {why}"
+                    ));
+                    None
+                }
+            };
             Box::new(allot_backend_local::LocalBackend::new(local)?)
         }
         BackendChoice::Slurm { partition, unmanaged_partitions, slurm_conf, run_as_submitter } => {
@@ -388,7 +488,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         policy,
         policy_source,
         policy_text,
-        data_dir: config.data_dir.clone(),
+        workload_dir: workload_dir.clone(),
         decide_interval_ms: config.decide_interval_ms,
         telemetry_round_ms: None,
         snapshot_every: Some(config.snapshot_every),
@@ -407,8 +507,9 @@ pub fn run(config: ServeConfig) -> Result<()> {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let base = format!("{scheme}://{addr}");
         driver::tracing_log(&format!(
-            "listening on {base} (dashboard {base}/, API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics); data in {}; {replayed} log entries replayed",
-            config.data_dir.display()
+            "listening on {base} (dashboard {base}/, API {base}/api/v1, OpenAPI {base}/api/v1/openapi.json, metrics {base}/metrics); data in {}, workloads' files in {}; {replayed} log entries replayed",
+            config.data_dir.display(),
+            workload_dir.display()
         ));
         if let Some(t) = &first_token {
             #[allow(clippy::print_stdout)]

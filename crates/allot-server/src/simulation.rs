@@ -237,7 +237,7 @@ impl World {
             policy,
             policy_source: "policy.yaml".into(),
             policy_text: POLICY.into(),
-            data_dir: dir.clone(),
+            workload_dir: dir.clone(),
             cadence: Cadence { decide_interval_ms: 0, telemetry_round_ms: 5_000 },
             snapshot_every: 20 + shape.below(200),
         };
@@ -360,9 +360,8 @@ impl World {
         }
         let booted = boot::recover(opened, backend.as_mut(), &self.config, self.wall_ms)
             .map_err(|e| self.violation(format!("the daemon does not recover: {e:#}")))?;
-        let heartbeat_dir = booted.durable.machine.daemon.heartbeat_dir();
         let down = booted.durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
-        let executor = Executor::new(backend, 5_000, heartbeat_dir, down);
+        let executor = Executor::new(backend, 5_000, down);
         // The executor thread starts a moment after the start: the world may change before it
         // runs what recovery decided (the next step's commands go after these).
         self.recovery_commands = booted.commands;

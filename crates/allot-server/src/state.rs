@@ -7,12 +7,25 @@ use crate::auth::Tokens;
 use crate::handle::Handle;
 use crate::metrics::Metrics;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct AppState {
     pub handle: Handle,
     pub tokens: Arc<Tokens>,
     pub metrics: Arc<Metrics>,
-    pub data_dir: PathBuf,
+    pub workload_dir: PathBuf,
+    /// The backend's [`allot_backend::Backend::submitter_check`], asked before a submission.
+    pub submitter_check: Option<allot_backend::SubmitterCheck>,
+    /// The backend's [`allot_backend::Backend::isolation`], for `allot why`.
+    pub isolation: Option<String>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("workload_dir", &self.workload_dir)
+            .field("submitter_check", &self.submitter_check.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl AppState {

@@ -280,7 +280,8 @@ async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     let (busy, idle) = (ids[0], ids[1]);
     d.wait_state(busy, "running").await;
     d.wait_state(idle, "running").await;
-    let heartbeat = d.dir.join("heartbeat").join(busy.to_string());
+    let heartbeat = allot_backend::files::WorkloadFiles::new(&d.dir, busy).heartbeat();
+    std::fs::create_dir_all(heartbeat.parent().expect("dir")).expect("dir");
     let mut reclaimed = None;
     for _ in 0..100 {
         std::fs::write(&heartbeat, b"").expect("touch the heartbeat");
@@ -357,7 +358,7 @@ async fn a_running_workload_reports_checkpoints_by_api_or_file() {
 
     // The file the workload was given: a newer modification time is a newer checkpoint.
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let file = d.dir.join("heartbeat").join(format!("{id}.checkpoint"));
+    let file = allot_backend::files::WorkloadFiles::new(&d.dir, id).checkpoint();
     std::fs::create_dir_all(file.parent().expect("dir")).expect("dir");
     std::fs::write(&file, b"").expect("touch");
     let mut seen = by_api;

@@ -579,7 +579,7 @@ fn restart_parts(
         policy,
         policy_source: "policy.yaml".into(),
         policy_text: common::POLICY.into(),
-        data_dir: dir.to_path_buf(),
+        workload_dir: dir.to_path_buf(),
         decide_interval_ms: 0,
         telemetry_round_ms: Some(100),
         cluster_watch_ms: None,

@@ -57,7 +57,7 @@ async fn pages_with_ten_thousand_workloads_on_500_devices() {
         policy,
         policy_source: "bench-policy.yaml".into(),
         policy_text,
-        data_dir: dir.clone(),
+        workload_dir: dir.clone(),
         decide_interval_ms: 50,
         telemetry_round_ms: Some(5_000),
         cluster_watch_ms: None,

@@ -23,7 +23,7 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
         policy,
         policy_source: "policy.yaml".into(),
         policy_text: POLICY.into(),
-        data_dir: dir.to_path_buf(),
+        workload_dir: dir.to_path_buf(),
         decide_interval_ms: 0,
         telemetry_round_ms: Some(100),
         cluster_watch_ms: Some(50),

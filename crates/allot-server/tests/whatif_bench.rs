@@ -66,7 +66,7 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
         policy,
         policy_source: "bench-policy.yaml".into(),
         policy_text: active,
-        data_dir: dir.clone(),
+        workload_dir: dir.clone(),
         decide_interval_ms: 50,
         telemetry_round_ms: Some(5_000),
         cluster_watch_ms: None,

@@ -74,6 +74,11 @@ pub enum StoreError {
     /// The data directory could not be created.
     #[error("cannot create data dir {dir}: {source} — pass --data-dir to a writable folder")]
     CreateDir { dir: PathBuf, source: std::io::Error },
+    /// A part of the data directory other accounts could read, which could not be made private.
+    #[error(
+        "{path} is mode {mode:o}: other accounts could read the workloads' commands, tokens and logs, and it cannot be made private ({source}) — as its owner run `chmod {want:o} {path}`, or pass --data-dir to a folder of the daemon's own user"
+    )]
+    NotPrivate { path: PathBuf, mode: u32, want: u32, source: std::io::Error },
     /// The lock file could not be opened, locked or written.
     #[error("cannot use lock file {path}: {source} — pass --data-dir to a writable folder")]
     LockFile { path: PathBuf, source: std::io::Error },

@@ -71,6 +71,7 @@ pub struct SqliteStore {
     path: PathBuf,
     /// Held only for its lock, released when dropped (or when the process dies).
     _lock: Option<File>,
+    tightened: Vec<PathBuf>,
 }
 
 impl SqliteStore {
@@ -78,9 +79,11 @@ impl SqliteStore {
     /// exclusive lock on `dir/allot.lock` and writes our pid into it, then opens the database
     /// and brings its schema up to date.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        create_dir(dir)?;
+        let tightened = create_dir(dir)?;
         let lock = lock_data_dir(dir)?;
-        Self::open_db(dir, Some(lock))
+        let mut store = Self::open_db(dir, Some(lock))?;
+        store.tightened = tightened;
+        Ok(store)
     }
 
     /// Opens the store without the lock, for offline admin commands (`allot token create
@@ -89,6 +92,12 @@ impl SqliteStore {
     pub fn open_unlocked(dir: &Path) -> Result<Self, StoreError> {
         create_dir(dir)?;
         Self::open_db(dir, None)
+    }
+
+    /// What [`SqliteStore::open`] found readable by other accounts and made private, for the
+    /// daemon to say so.
+    pub fn tightened(&self) -> &[PathBuf] {
+        &self.tightened
     }
 
     /// The database file.
@@ -100,7 +109,7 @@ impl SqliteStore {
         let path = dir.join(DB_FILE_NAME);
         let conn = Connection::open(&path)
             .map_err(|source| StoreError::Open { path: path.clone(), source })?;
-        let mut store = Self { conn, path, _lock: lock };
+        let mut store = Self { conn, path, _lock: lock, tightened: Vec::new() };
         store.configure()?;
         store.migrate()?;
         Ok(store)
@@ -480,14 +489,59 @@ fn classify(path: &Path, action: &'static str, source: rusqlite::Error) -> Store
     }
 }
 
-fn create_dir(dir: &Path) -> Result<(), StoreError> {
-    std::fs::create_dir_all(dir)
-        .map_err(|source| StoreError::CreateDir { dir: dir.to_path_buf(), source })
+/// Creates the data directory private (`0700`) and keeps it so: the database holds every
+/// workload's command line and environment and the token hashes. A directory or file left wider
+/// (by an older allot, or by hand) is tightened; one we cannot change is refused.
+/// `allot.db` is made `0600` before SQLite first opens it, so that its `-wal` and `-shm` files,
+/// which SQLite creates with the database's mode, are private from the first write.
+fn create_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| StoreError::CreateDir { dir: dir.to_path_buf(), source })?;
+    let mut tightened = Vec::new();
+    make_private(dir, 0o700, &mut tightened)?;
+    let db = dir.join(DB_FILE_NAME);
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&db)
+        .map_err(|source| StoreError::CreateDir { dir: db.clone(), source })?;
+    for name in [DB_FILE_NAME, WAL_FILE_NAME, SHM_FILE_NAME, LOCK_FILE_NAME] {
+        let path = dir.join(name);
+        if path.exists() {
+            make_private(&path, 0o600, &mut tightened)?;
+        }
+    }
+    Ok(tightened)
+}
+
+const WAL_FILE_NAME: &str = "allot.db-wal";
+const SHM_FILE_NAME: &str = "allot.db-shm";
+
+/// Narrows `path` to `want` when group or others have any access; records what it changed.
+fn make_private(path: &Path, want: u32, tightened: &mut Vec<PathBuf>) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|source| StoreError::CreateDir { dir: path.to_path_buf(), source })?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(want)).map_err(|source| {
+        StoreError::NotPrivate { path: path.to_path_buf(), mode, want, source }
+    })?;
+    tightened.push(path.to_path_buf());
+    Ok(())
 }
 
 /// Takes the exclusive lock on `dir/allot.lock` and writes our pid into it. The lock is the
 /// operating system's (flock on Unix), so it goes away with the process, however that ends.
 fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let lock = dir.join(LOCK_FILE_NAME);
     let lock_err = |source| StoreError::LockFile { path: lock.clone(), source };
     // Not truncated on open: the pid in it belongs to the holder until we have the lock.
@@ -496,6 +550,7 @@ fn lock_data_dir(dir: &Path) -> Result<File, StoreError> {
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
         .open(&lock)
         .map_err(lock_err)?;
     match file.try_lock() {

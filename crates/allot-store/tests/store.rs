@@ -429,3 +429,39 @@ fn timed(work: impl FnOnce()) -> f64 {
     work();
     start.elapsed().as_secs_f64()
 }
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).expect("metadata").permissions().mode() & 0o7777
+}
+
+#[test]
+fn the_data_directory_is_private_from_the_first_write() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("nested").join("data");
+    let mut store = SqliteStore::open(&dir).expect("open");
+    store.append(&[record(1, "Submitted", "{}")]).expect("append");
+    assert_eq!(mode_of(&dir), 0o700, "the data directory");
+    for name in [DB_FILE_NAME, "allot.db-wal", "allot.db-shm", LOCK_FILE_NAME] {
+        let path = dir.join(name);
+        assert!(path.exists(), "{name} exists after a write");
+        assert_eq!(mode_of(&path), 0o600, "{name}");
+    }
+    assert!(store.tightened().is_empty(), "nothing needed tightening: {:?}", store.tightened());
+}
+
+#[test]
+fn a_data_directory_left_readable_is_tightened_and_said() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = tempfile::tempdir().expect("tempdir");
+    let dir = parent.path().join("data");
+    drop(SqliteStore::open(&dir).expect("first open"));
+    // What an older allot left: 755 and 644.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(dir.join(DB_FILE_NAME), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    let store = SqliteStore::open(&dir).expect("second open");
+    assert_eq!(mode_of(&dir), 0o700);
+    assert_eq!(mode_of(&dir.join(DB_FILE_NAME)), 0o600);
+    assert_eq!(store.tightened(), [dir.clone(), dir.join(DB_FILE_NAME)]);
+}

@@ -69,6 +69,17 @@ pub(crate) struct ServeArgs {
     /// submitted it (`sbatch --uid`; allot must run as root). Default: as allot's own user.
     #[arg(long)]
     pub(crate) slurm_run_as_submitter: bool,
+    /// Where workloads' own files go (logs, heartbeat and checkpoint files), outside the
+    /// private data directory. Default: DATA_DIR/workloads when every workload runs as allot's
+    /// own account, else DATA_DIR-workloads beside it (every directory above must let the
+    /// workloads' accounts pass).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workload_dir: Option<PathBuf>,
+    /// Run every local workload as allot's own Unix account on purpose. Without it, allot run
+    /// as root starts each workload as the account named like its submitter, and allot run as
+    /// another user warns at start that all workloads share its account.
+    #[arg(long)]
+    pub(crate) single_user: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -93,6 +104,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
         checkpoint_signal: args.checkpoint_signal,
         snapshot_every: args.snapshot_every,
         telemetry: args.telemetry,
+        workload_dir: args.workload_dir,
+        single_user: args.single_user,
         backend: match args.backend {
             BackendArg::Local => allot_server::BackendChoice::Local,
             BackendArg::Slurm => allot_server::BackendChoice::Slurm {

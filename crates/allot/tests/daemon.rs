@@ -39,7 +39,7 @@ impl Daemon {
     fn start_with(data_dir: &Path, extra: &[String]) -> (Daemon, Option<String>) {
         let mut command = Command::new(BIN);
         command
-            .args(["serve", "--data-dir"])
+            .args(["serve", "--single-user", "--data-dir"])
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0", "--inventory"])
             .arg(repo_file("examples/cluster.yaml"))

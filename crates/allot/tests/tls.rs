@@ -39,7 +39,7 @@ fn self_signed(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
 fn serve_command(data_dir: &Path, cert: &Path, key: &Path) -> Command {
     let mut command = Command::new(BIN);
     command
-        .arg("serve")
+        .args(["serve", "--single-user"])
         .arg("--tls-cert")
         .arg(cert)
         .arg("--tls-key")

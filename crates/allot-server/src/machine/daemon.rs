@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use allot_api::{ApiError, SubmitRequest, WorkloadState};
-use allot_backend::{DeviceAssignment, Launch, MemberLaunch, RunId, StopSignal, Vendor};
+use allot_backend::files::WorkloadFiles;
+use allot_backend::{
+    DeviceAssignment, Launch, MemberLaunch, MemberResources, RunId, StopSignal, Vendor,
+};
 use allot_core::ledger::Ledger;
 use allot_core::{
     Decision, Engine, Event, Placement, PreemptionMode, Stage, Timestamp, WorkloadId,
@@ -145,8 +148,8 @@ pub(crate) struct Daemon {
     /// Work changed since the last cycle.
     pub(crate) dirty: bool,
     pub(crate) last_cycle_ms: u64,
-    /// Where members' logs and heartbeat files go.
-    pub(crate) data_dir: PathBuf,
+    /// Where workloads' own files go (`allot_backend::files::WorkloadFiles`).
+    pub(crate) workload_dir: PathBuf,
     /// The policy in effect: the one the log started with, or the last one applied.
     pub policy_source: String,
     pub policy_text: String,
@@ -194,7 +197,7 @@ impl Daemon {
         nodes: Vec<NodeSpec>,
         policy: &PolicySpec,
         (policy_source, policy_text): (String, String),
-        data_dir: PathBuf,
+        workload_dir: PathBuf,
     ) -> Result<Daemon, allot_core::ConfigError> {
         let engine = Engine::new(&nodes, policy)?;
         let known = known(&nodes, policy);
@@ -212,7 +215,7 @@ impl Daemon {
             first_ms: None,
             dirty: false,
             last_cycle_ms: 0,
-            data_dir,
+            workload_dir,
             policy_source,
             policy_text,
             unusable_nodes: BTreeMap::new(),
@@ -235,21 +238,22 @@ impl Daemon {
     }
 
     /// Where members' heartbeat files live (`ALLOT_HEARTBEAT_FILE`).
-    pub(crate) fn heartbeat_dir(&self) -> PathBuf {
-        self.data_dir.join("heartbeat")
+    pub(crate) fn files(&self, id: u64) -> WorkloadFiles {
+        WorkloadFiles::new(&self.workload_dir, id)
     }
 
+    /// A workload touches its heartbeat file (`ALLOT_HEARTBEAT_FILE`) to say it is busy.
     pub(crate) fn heartbeat_path(&self, id: u64) -> PathBuf {
-        self.heartbeat_dir().join(id.to_string())
+        self.files(id).heartbeat()
     }
 
     /// A workload touches its checkpoint file (`ALLOT_CHECKPOINT_FILE`) after each checkpoint.
     pub(crate) fn checkpoint_path(&self, id: u64) -> PathBuf {
-        self.heartbeat_dir().join(format!("{id}.checkpoint"))
+        self.files(id).checkpoint()
     }
 
     pub(crate) fn log_dir(&self, id: u64, attempt: u32) -> PathBuf {
-        self.data_dir.join("logs").join(id.to_string()).join(attempt.to_string())
+        self.files(id).log_dir(attempt)
     }
 
     /// Checks a submission and makes its entry (with the next id); nothing is changed.
@@ -869,9 +873,10 @@ impl Daemon {
         let mut env = record.request.env.clone();
         env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());
         env.insert("ALLOT_CHECKPOINT_FILE".into(), checkpoint.display().to_string());
-        // The Slurm backend charges the job to this account (and may run it as this user).
+        // The Slurm backend charges the job to this account; backends that run work as its
+        // submitter run it as this user's account.
         env.insert("ALLOT_PROJECT".into(), record.spec.project.clone());
-        env.insert("ALLOT_USER".into(), record.spec.user.clone());
+        env.insert(allot_backend::account::USER_ENV.into(), record.spec.user.clone());
         let launch = Launch {
             run: RunId { workload: id, attempt: record.attempt },
             command: record.request.command.clone(),
@@ -879,6 +884,10 @@ impl Daemon {
             members,
             log_dir,
             adopt: record.foreign.clone(),
+            resources: MemberResources {
+                cpu_millis: record.spec.cpu_millis_per_member,
+                memory_mib: record.spec.memory_mib_per_member,
+            },
         };
         record.launch = Some(launch.clone());
         record.devices = None;

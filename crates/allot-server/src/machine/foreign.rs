@@ -157,6 +157,7 @@ impl Daemon {
             members: running.to_vec(),
             log_dir: self.log_dir(id, 1),
             adopt: Some(handle.to_string()),
+            resources: Default::default(),
         });
         self.workloads.insert(
             id,

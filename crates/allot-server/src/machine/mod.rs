@@ -500,7 +500,20 @@ impl Machine {
         self.daemon
             .running_ids()
             .into_iter()
-            .map(|id| (id, self.daemon.heartbeat_path(id), self.daemon.checkpoint_path(id)))
+            .map(|id| {
+                // The files its launch named: a run started by an older allot keeps its paths.
+                let launched = |key: &str| {
+                    let launch = self.daemon.workloads.get(&id)?.launch.as_ref()?;
+                    launch.env.get(key).map(PathBuf::from)
+                };
+                (
+                    id,
+                    launched("ALLOT_HEARTBEAT_FILE")
+                        .unwrap_or_else(|| self.daemon.heartbeat_path(id)),
+                    launched("ALLOT_CHECKPOINT_FILE")
+                        .unwrap_or_else(|| self.daemon.checkpoint_path(id)),
+                )
+            })
             .collect()
     }
 

@@ -153,7 +153,7 @@ impl Daemon {
     /// caller decides whether the log can be replayed instead.
     pub(crate) fn from_snapshot(
         nodes: Vec<NodeSpec>,
-        data_dir: PathBuf,
+        workload_dir: PathBuf,
         body: &str,
     ) -> anyhow::Result<Daemon> {
         let body: Body = serde_json::from_str(body).context("the snapshot cannot be read")?;
@@ -170,7 +170,7 @@ impl Daemon {
             nodes,
             &policy,
             (body.policy_source.clone(), body.policy_text.clone()),
-            data_dir,
+            workload_dir,
         )
         .map_err(|e| anyhow!("the snapshot's policy: {e}"))?;
         let engine_bytes = BASE64.decode(&body.engine).context("the snapshot's engine state")?;
@@ -277,15 +277,19 @@ mod tests {
             members(),
             text(),
             prop::option::of(text()),
+            (any::<u64>(), any::<u64>()),
         )
-            .prop_map(|(run, command, env, members, dir, adopt)| Launch {
-                run,
-                command,
-                env,
-                members,
-                log_dir: dir.into(),
-                adopt,
-            })
+            .prop_map(
+                |(run, command, env, members, dir, adopt, (cpu_millis, memory_mib))| Launch {
+                    run,
+                    command,
+                    env,
+                    members,
+                    log_dir: dir.into(),
+                    adopt,
+                    resources: allot_backend::MemberResources { cpu_millis, memory_mib },
+                },
+            )
     }
 
     fn step() -> impl Strategy<Value = Step> {

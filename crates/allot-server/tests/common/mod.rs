@@ -45,7 +45,7 @@ impl TestDaemon {
             policy,
             policy_source: "policy.yaml".into(),
             policy_text: policy_text.into(),
-            data_dir: dir.clone(),
+            workload_dir: dir.clone(),
             decide_interval_ms: 0,
             telemetry_round_ms: Some(100),
             cluster_watch_ms: Some(50),

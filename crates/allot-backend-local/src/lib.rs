@@ -52,7 +52,8 @@ pub enum RunAs {
 }
 
 /// What a refused account lookup tells the operator to do instead.
-const ACCOUNT_FIX: &str = "start allot with --single-user to run every workload as its own account";
+const ACCOUNT_FIX: &str =
+    "start allot with --single-user to run every workload as allot's own account";
 
 /// How long `recover` waits for a member's pid file that a shell may still be writing.
 const PID_FILE_WAIT: Duration = Duration::from_secs(1);
@@ -582,13 +583,13 @@ impl LocalBackend {
             .map_err(|e| format!("cannot make member {index}'s cgroup: {e}"))
     }
 
-    /// Forks member `index` and execs its program, with the environment `env` only. Between the
-    /// fork and the exec the child (still the daemon's account) writes its pid file and — unless a
-    /// restarted daemon has meanwhile given the launch up (the marker `launch-failed` exists) —
-    /// moves into its cgroup (`cgroup_procs`) and drops to `account` when that is not the
-    /// daemon's: nothing of the program runs outside its limits or as the daemon. The marker check after the pid write
-    /// closes the race with `recover`, which writes the marker before its last look at the pid
-    /// files.
+    /// Forks member `index` and execs its program, with the environment `env` only. Between
+    /// the fork and the exec the child (still the daemon's account) writes its pid file and —
+    /// unless a restarted daemon has meanwhile given the launch up (the marker `launch-failed`
+    /// exists) — moves into its cgroup (`cgroup_procs`) and drops to `account` when that is not
+    /// the daemon's: nothing of the program runs outside its limits or as the daemon. The marker
+    /// check after the pid write closes the race with `recover`, which writes the marker before
+    /// its last look at the pid files.
     fn spawn_member(
         &self,
         launch: &Launch,

@@ -27,7 +27,8 @@
 
 use std::collections::BTreeSet;
 
-use super::{Engine, Stage, VictimKey, WorkloadState, victim_cost};
+use super::preempt::{VictimKey, victim_cost};
+use super::{Engine, Stage, WorkloadState};
 use crate::capacity::Layout;
 use crate::decision::{Placement, PreemptReason, QuotaKey};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};

@@ -1,0 +1,549 @@
+//! Admission: steps 3 and 4 of the cycle (`admission_steps`, called by
+//! `Engine::admission_cycle`): waiting pre-emptors first, then the projects' queues in
+//! fair-share order one workload at a time, then idle-suspended work into what is left. Per
+//! workload (`try_schedule`), per accepted GPU model (`check_model`): quota line, max quota,
+//! MIG profile, ever placeable, quota available now (less what waiting pre-emptors of the
+//! project hold against it), placement → admit (`commit`, `book.rs`); else the arbiter
+//! (`preempt.rs`) or defragmentation (`defrag.rs`); else a typed deferral with the closest
+//! reason across models (`rank`). `check_model`, `facts` and `Request` are shared with
+//! `explain`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Engine, QueueKey, WorkloadState};
+use crate::capacity::{Layout, MemberShape};
+use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
+use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::model::{GpuRequest, Queueing};
+
+/// A cycle's memory of request shapes that found neither room nor victims. Capacity only
+/// shrinks and claimed victims only grow within a cycle, so such a shape fails again.
+type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, Layout);
+
+pub(crate) enum Outcome {
+    Admitted(Decision),
+    Preempting(Vec<Decision>),
+    Deferred(DeferReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutcomeKind {
+    Admitted,
+    Waiting,
+    Deferred,
+}
+
+impl Engine {
+    pub(super) fn admission_steps(
+        &mut self,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+        only: Option<WorkloadId>,
+    ) {
+        let mut failed_shapes: BTreeSet<ShapeKey> = BTreeSet::new();
+        let mut handled: BTreeSet<WorkloadId> = BTreeSet::new();
+
+        // Pre-emptors that did not start, per project: under strict FIFO they are heads that
+        // block everyone queued behind them in step 4.
+        let mut stuck: BTreeMap<usize, (QueueKey, WorkloadId)> = BTreeMap::new();
+
+        // 3. Pre-emptors: wait while a victim still holds devices; go first once all are gone.
+        for id in self.preemptors.clone() {
+            let still = self.victims_still_stopping(id);
+            let Some(w) = self.workloads.get(&id) else {
+                self.end_wait(id);
+                continue;
+            };
+            handled.insert(id);
+            let (p, key) = (w.project.0 as usize, w.queue_key());
+            let started = if still.is_empty() {
+                self.end_wait(id);
+                self.release_hold(id);
+                if let Some(w) = self.workloads.get_mut(&id) {
+                    w.waiting_for.clear();
+                }
+                self.schedule_one(now, id, &mut failed_shapes, out) == OutcomeKind::Admitted
+            } else {
+                let reason = DeferReason::WaitingForPreemption { victims: still };
+                out.push(Decision::Defer { workload: id, reason });
+                false
+            };
+            if !started && stuck.get(&p).is_none_or(|&(k, _)| key < k) {
+                stuck.insert(p, (key, id));
+            }
+            if only == Some(id) {
+                return;
+            }
+        }
+
+        // 4. Projects in fair-share order, one workload at a time.
+        let snapshot: Vec<Vec<WorkloadId>> = self
+            .queues
+            .iter()
+            .map(|q| q.iter().map(|k| k.2).filter(|id| !handled.contains(id)).collect())
+            .collect();
+        let mut cursor = vec![0usize; snapshot.len()];
+        let mut last_resumes: Vec<WorkloadId> = Vec::new();
+        let mut order: BTreeSet<(u8, u64, ProjectId)> = BTreeSet::new();
+        for (p, queue) in snapshot.iter().enumerate() {
+            if let Some(&head) = queue.first() {
+                order.insert(self.project_order_key(ProjectId(p as u32), head));
+            }
+        }
+        while let Some((_, _, project)) = order.pop_first() {
+            let p = project.0 as usize;
+            let strict = self.projects[p].queueing == Queueing::StrictFifo;
+            let id = snapshot[p][cursor[p]];
+            let stuck_head = stuck
+                .get(&p)
+                .filter(|&&(k, _)| strict && k < self.workloads[&id].queue_key())
+                .map(|&(_, head)| head);
+            let head = match stuck_head {
+                // Behind a pre-emptor that has not started: blocked like the rest below.
+                Some(head) => head,
+                None => {
+                    cursor[p] += 1;
+                    // Idle-suspended work past its backoff resumes after everyone else
+                    // (below), into room nobody in this cycle took.
+                    let resuming = self.workloads.get(&id).is_some_and(|w| {
+                        w.idle_suspended_at.is_some() && w.resume_at.is_none_or(|t| t <= now)
+                    });
+                    let awaiting_use = self
+                        .workloads
+                        .get(&id)
+                        .and_then(|w| w.idle_suspended_at.filter(|_| w.probed));
+                    if let Some(since) = awaiting_use {
+                        let reason = DeferReason::AwaitingUse { since };
+                        out.push(Decision::Defer { workload: id, reason });
+                        if only == Some(id) {
+                            return;
+                        }
+                        if let Some(&next) = snapshot[p].get(cursor[p]) {
+                            order.insert(self.project_order_key(project, next));
+                        }
+                        continue;
+                    }
+                    if resuming {
+                        last_resumes.push(id);
+                        if let Some(&next) = snapshot[p].get(cursor[p]) {
+                            order.insert(self.project_order_key(project, next));
+                        }
+                        continue;
+                    }
+                    let outcome = self.schedule_one(now, id, &mut failed_shapes, out);
+                    if only == Some(id) {
+                        return;
+                    }
+                    // Work waiting out an idle backoff is not a head that blocks its
+                    // project: it chose to wait, nobody behind it should.
+                    let backing_off = self
+                        .workloads
+                        .get(&id)
+                        .is_some_and(|w| w.resume_at.is_some_and(|t| t > now));
+                    if outcome == OutcomeKind::Admitted || backing_off {
+                        if let Some(&next) = snapshot[p].get(cursor[p]) {
+                            order.insert(self.project_order_key(project, next));
+                        }
+                        continue;
+                    }
+                    id
+                }
+            };
+            if strict {
+                for &behind in &snapshot[p][cursor[p]..] {
+                    let reason = DeferReason::BlockedByFifo { head };
+                    out.push(Decision::Defer { workload: behind, reason });
+                    if only == Some(behind) {
+                        return;
+                    }
+                }
+                cursor[p] = snapshot[p].len();
+            }
+            if let Some(&next) = snapshot[p].get(cursor[p]) {
+                order.insert(self.project_order_key(project, next));
+            }
+        }
+
+        // 5. Idle-suspended work resumes into what is left, oldest suspension first; it never
+        // pre-empts (`try_schedule`).
+        last_resumes.sort_by_key(|id| self.workloads.get(id).map(|w| (w.queued_at, *id)));
+        for id in last_resumes {
+            self.schedule_one(now, id, &mut failed_shapes, out);
+            if only == Some(id) {
+                return;
+            }
+        }
+    }
+
+    /// The GPU models a workload accepts, in order of preference: its own list, else all.
+    pub(crate) fn candidate_models<'a>(&'a self, w: &'a WorkloadState) -> &'a [ModelId] {
+        if w.models.is_empty() { &self.all_models } else { &w.models }
+    }
+
+    fn schedule_one(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        failed_shapes: &mut BTreeSet<ShapeKey>,
+        out: &mut Vec<Decision>,
+    ) -> OutcomeKind {
+        match self.try_schedule(now, id, failed_shapes) {
+            Outcome::Admitted(d) => {
+                out.push(d);
+                OutcomeKind::Admitted
+            }
+            Outcome::Preempting(decisions) => {
+                let victims = decisions.iter().map(Decision::workload).collect();
+                out.extend(decisions);
+                let reason = DeferReason::WaitingForPreemption { victims };
+                out.push(Decision::Defer { workload: id, reason });
+                OutcomeKind::Waiting
+            }
+            Outcome::Deferred(reason) => {
+                out.push(Decision::Defer { workload: id, reason });
+                OutcomeKind::Deferred
+            }
+        }
+    }
+
+    /// Admit, pre-empt for, or defer one pending workload, against the current state.
+    pub(crate) fn try_schedule(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        failed_shapes: &mut BTreeSet<ShapeKey>,
+    ) -> Outcome {
+        let w = &self.workloads[&id];
+        if let Some(reason) = self.in_idle_backoff(w, now) {
+            return Outcome::Deferred(reason);
+        }
+        let request = Request::of(w);
+        let Request { project, shape, members, same_node, total, .. } = request;
+        let shape_key: ShapeKey = (
+            project,
+            w.priority,
+            members,
+            shape.gpus,
+            w.models.clone(),
+            shape.cpu,
+            shape.mem,
+            request.layout(),
+        );
+        let known_failure = failed_shapes.contains(&shape_key);
+
+        if total == Shares::ZERO {
+            if !known_failure
+                && let Some(placement) = self.capacity.find(None, shape, members, request.layout())
+            {
+                self.commit(id, None, placement.clone());
+                return Outcome::Admitted(Decision::Admit {
+                    workload: id,
+                    placement,
+                    reason: AdmitReason::NoGpuRequested,
+                });
+            }
+            failed_shapes.insert(shape_key);
+            return Outcome::Deferred(self.no_room(
+                None,
+                shape,
+                members,
+                request.layout(),
+                same_node,
+            ));
+        }
+
+        let models: Vec<ModelId> = self.candidate_models(w).to_vec();
+        let mut best: Option<DeferReason> = None;
+        let mut preemptible_models = Vec::new();
+        let mut placement_blocked = Vec::new();
+        for &m in &models {
+            match self.check_model(&request, m, !known_failure) {
+                ModelCheck::Fits(key, placement) => {
+                    let before = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
+                    self.commit(id, Some(key), placement.clone());
+                    let (used, guaranteed) = self
+                        .quota
+                        .line(project, key)
+                        .map_or((Shares::ZERO, Shares::ZERO), |l| (l.used, l.guaranteed));
+                    let reason = if used > guaranteed {
+                        AdmitReason::Borrowing {
+                            project,
+                            key,
+                            borrowed: used.saturating_sub(guaranteed.max(before)),
+                            used,
+                            guaranteed,
+                        }
+                    } else {
+                        AdmitReason::WithinGuarantee { project, key, used, guaranteed }
+                    };
+                    return Outcome::Admitted(Decision::Admit { workload: id, placement, reason });
+                }
+                ModelCheck::Blocked { reason, preempt_key } => {
+                    if let Some(key) = preempt_key {
+                        preemptible_models.push((m, key));
+                        if reason.is_placement() {
+                            placement_blocked.push((m, key));
+                        }
+                    }
+                    if best.as_ref().is_none_or(|b| rank(&reason) > rank(b)) {
+                        best = Some(reason);
+                    }
+                }
+            }
+        }
+
+        // Idle-suspended work resumes only into free room: it was not using its GPUs.
+        let may_preempt = self.workloads.get(&id).is_some_and(|w| w.idle_suspended_at.is_none());
+        if !known_failure && may_preempt {
+            for (m, key) in preemptible_models {
+                if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
+                    return Outcome::Preempting(self.start_preemption(id, key, victims, placement));
+                }
+            }
+            // Defragmentation: quota allows it, placement does not, the model has the room
+            // in total (engine/defrag.rs).
+            if let Some(policy) = self.defrag {
+                for (m, key) in placement_blocked {
+                    if let Some((plan, victims, placement)) =
+                        self.plan_defrag(now, id, m, key, policy)
+                        && plan.allowed()
+                    {
+                        return Outcome::Preempting(
+                            self.start_preemption(id, key, victims, placement),
+                        );
+                    }
+                }
+            }
+        }
+        failed_shapes.insert(shape_key);
+        Outcome::Deferred(best.unwrap_or(DeferReason::NoQuotaForModel { project }))
+    }
+
+    /// The checks `decide` and `explain` share: may this request start on model `m` now?
+    /// Without `search`, a request that passes quota is reported as not placeable without a
+    /// search (the cycle already knows its shape fails).
+    pub(crate) fn check_model(&mut self, r: &Request, m: ModelId, search: bool) -> ModelCheck {
+        let project = r.project;
+        let Some(key) = self.quota.resolve(project, QuotaKey::Model(m)) else {
+            return ModelCheck::blocked(DeferReason::NoQuotaForModel { project });
+        };
+        let Some(view) = self.quota.view(project, key) else {
+            return ModelCheck::blocked(DeferReason::NoQuotaForModel { project });
+        };
+        if r.total > view.max {
+            return ModelCheck::blocked(DeferReason::ExceedsMaxQuota {
+                project,
+                key,
+                requested: r.total,
+                max: view.max,
+            });
+        }
+        if let GpuRequest::Mig(profile) = r.shape.gpus
+            && !self.capacity.offers_mig(m, profile)
+        {
+            return ModelCheck::blocked(DeferReason::NoMigProfile { model: m, profile });
+        }
+        if !self.ever_placeable(m, r.shape, r.members, r.same_node) {
+            return ModelCheck::blocked(DeferReason::NeverPlaceable {
+                model: Some(m),
+                members: r.members,
+                per_member: r.shape.gpus.shares(),
+                same_node: r.same_node,
+            });
+        }
+        // Quota a waiting pre-emptor of this project reclaimed (its victims are stopping) is
+        // not for work it outranks: else that work takes the quota the victims free, the
+        // pre-emptor reclaims again, and the two take turns for ever. Work of equal priority
+        // competes in queue order as ever (holding against it multiplied pre-emptions).
+        let held = self.reserved_against(r, key).min(view.available);
+        let available = view.available.saturating_sub(held);
+        if r.total > available {
+            // Blocked only by what waiting pre-emptors hold: it waits for them and reclaims
+            // nothing for itself (its own pre-emptions would stop more work for quota that is
+            // being freed already — at 3× the Philly trace's load, 14× the pre-emptions).
+            let only_held = r.total <= view.available;
+            return ModelCheck::Blocked {
+                reason: DeferReason::QuotaExhausted {
+                    project,
+                    key,
+                    requested: r.total,
+                    used: view.used,
+                    guaranteed: view.guaranteed,
+                    available,
+                    borrow_limited: view.borrow_limited,
+                    held_for_preemptors: held,
+                },
+                preempt_key: (!only_held).then_some(key),
+            };
+        }
+        if search
+            && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.layout())
+        {
+            return ModelCheck::Fits(key, placement);
+        }
+        ModelCheck::Blocked {
+            reason: self.no_room(Some(m), r.shape, r.members, r.layout(), r.same_node),
+            preempt_key: Some(key),
+        }
+    }
+
+    /// The quota of `r`'s project line `key` held for its waiting pre-emptors that outrank
+    /// `r`.
+    fn reserved_against(&self, r: &Request, key: QuotaKey) -> Shares {
+        if self.reserved_by_line.get(&(r.project, key)).is_none_or(|s| *s == Shares::ZERO) {
+            return Shares::ZERO;
+        }
+        self.reservations
+            .iter()
+            .filter(|&(id, &(p, k, _))| *id != r.id && p == r.project && k == key)
+            .filter(|(id, _)| self.workloads.get(id).is_some_and(|w| w.priority > r.priority))
+            .fold(Shares::ZERO, |sum, (_, &(_, _, s))| sum.saturating_add(s))
+    }
+
+    /// Why a request that passed quota finds no room: `NoPlacement` with the free capacity,
+    /// or `NodesUnavailable` naming the unavailable nodes a placement would use if they were
+    /// usable (a what-if search, made only while some node is unavailable).
+    fn no_room(
+        &mut self,
+        model: Option<ModelId>,
+        shape: MemberShape,
+        members: u32,
+        layout: Layout,
+        same_node: bool,
+    ) -> DeferReason {
+        let facts = self.facts(model, shape, members, same_node);
+        if self.unavailable.is_empty() {
+            return DeferReason::NoPlacement(facts);
+        }
+        let down: Vec<NodeId> = self.unavailable.keys().copied().collect();
+        let found =
+            self.capacity.with_nodes_usable(&down, |cap| cap.find(model, shape, members, layout));
+        let needed: BTreeSet<NodeId> =
+            found.iter().flat_map(|p| p.members.iter().map(|m| m.node)).collect();
+        let nodes: Vec<(NodeId, String)> = needed
+            .into_iter()
+            .filter_map(|n| self.unavailable.get(&n).map(|reason| (n, reason.clone())))
+            .collect();
+        if nodes.is_empty() {
+            DeferReason::NoPlacement(facts)
+        } else {
+            DeferReason::NodesUnavailable { facts, nodes }
+        }
+    }
+
+    fn ever_placeable(
+        &self,
+        m: ModelId,
+        shape: MemberShape,
+        members: u32,
+        same_node: bool,
+    ) -> bool {
+        let per_node = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        match shape.gpus {
+            GpuRequest::Whole(k) if same_node => k.saturating_mul(members) <= per_node,
+            GpuRequest::Whole(k) => k <= per_node,
+            GpuRequest::Shares(s) if same_node => {
+                u64::from(s) * u64::from(members) <= u64::from(per_node) * SHARES_PER_GPU
+            }
+            GpuRequest::Shares(_) => per_node > 0,
+            GpuRequest::Mig(profile) => {
+                self.capacity.mig_ever_placeable(m, profile, members, same_node)
+            }
+        }
+    }
+
+    pub(crate) fn facts(
+        &self,
+        model: Option<ModelId>,
+        shape: MemberShape,
+        members: u32,
+        same_node: bool,
+    ) -> PlacementFacts {
+        let (block, block_node) = model
+            .and_then(|m| self.capacity.largest_block(m))
+            .map_or((0, None), |(n, node)| (n, Some(node)));
+        let m = model.map(|m| m.0 as usize);
+        PlacementFacts {
+            model,
+            members,
+            per_member: shape.gpus.shares(),
+            same_node,
+            largest_free_block: block,
+            largest_free_block_node: block_node.filter(|_| block > 0),
+            free_whole_gpus: m.and_then(|m| self.capacity.free_whole.get(m).copied()).unwrap_or(0),
+            free_shares: Shares(
+                m.and_then(|m| self.capacity.free_shares.get(m).copied()).unwrap_or(0),
+            ),
+            nodes_with_free: model.map_or(0, |m| self.capacity.nodes_with_free(m)),
+            largest_device_free: Shares(u64::from(
+                model.map_or(0, |m| self.capacity.largest_share_gap(m)),
+            )),
+            mig: match shape.gpus {
+                GpuRequest::Mig(profile) => Some(profile),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// One pending request, as the checks see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request {
+    pub id: WorkloadId,
+    pub priority: i32,
+    pub project: ProjectId,
+    pub shape: MemberShape,
+    pub members: u32,
+    pub same_node: bool,
+    pub prefer_same_node: bool,
+    pub total: Shares,
+}
+
+impl Request {
+    pub(crate) fn of(w: &WorkloadState) -> Request {
+        Request {
+            id: w.spec.id,
+            priority: w.priority,
+            project: w.project,
+            shape: w.shape(),
+            members: w.spec.members,
+            same_node: w.spec.same_node,
+            prefer_same_node: w.spec.prefer_same_node,
+            total: w.spec.total_shares(),
+        }
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::of(self.same_node, self.prefer_same_node)
+    }
+}
+
+pub(crate) enum ModelCheck {
+    Fits(QuotaKey, Placement),
+    /// With `preempt_key`, removing victims charged to that line could help.
+    Blocked {
+        reason: DeferReason,
+        preempt_key: Option<QuotaKey>,
+    },
+}
+
+impl ModelCheck {
+    fn blocked(reason: DeferReason) -> ModelCheck {
+        ModelCheck::Blocked { reason, preempt_key: None }
+    }
+}
+
+/// How close a deferral came to starting; the closest reason across models is reported.
+fn rank(reason: &DeferReason) -> u8 {
+    match reason {
+        DeferReason::NoQuotaForModel { .. } => 0,
+        DeferReason::NeverPlaceable { .. } | DeferReason::NoMigProfile { .. } => 1,
+        DeferReason::ExceedsMaxQuota { .. } => 2,
+        DeferReason::QuotaExhausted { .. } => 3,
+        DeferReason::NoPlacement(_) | DeferReason::NodesUnavailable { .. } => 4,
+        DeferReason::BlockedByFifo { .. }
+        | DeferReason::WaitingForPreemption { .. }
+        | DeferReason::IdleBackoff { .. }
+        | DeferReason::AwaitingUse { .. } => 5,
+    }
+}

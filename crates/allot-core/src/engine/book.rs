@@ -1,0 +1,82 @@
+//! Booking allocations: `commit` admits a workload (out of its queue, devices and quota
+//! taken), `release` frees what it holds, and `book_resources` is the only code that moves
+//! devices, CPU, memory and quota, so that admission, release, a rebuilt state and the
+//! arbiter's what-if never disagree. `adjust_line_total` keeps the per-line running totals
+//! (shares of stopping work, pre-emptors' reservations).
+
+use std::collections::BTreeMap;
+
+use super::{Allocation, Engine, Stage};
+use crate::decision::{Placement, QuotaKey};
+use crate::ids::{ProjectId, Shares, Timestamp, WorkloadId};
+
+impl Engine {
+    pub(super) fn commit(&mut self, id: WorkloadId, key: Option<QuotaKey>, placement: Placement) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        let shares = w.spec.total_shares();
+        let p = &mut self.projects[w.project.0 as usize];
+        p.allocated = p.allocated.saturating_add(shares);
+        self.queues[w.project.0 as usize].remove(&w.queue_key());
+        w.stage = Stage::Assumed;
+        w.allocation = Some(Allocation { key, placement, shares, started_at: None });
+        w.idle_suspended_at = None;
+        self.book_resources(id, true);
+    }
+
+    /// Frees what the workload holds; it stays in the map (the caller decides its fate).
+    pub(super) fn release(&mut self, id: WorkloadId) {
+        self.book_resources(id, false);
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        let stopping = w.stage == Stage::Stopping;
+        let Some(alloc) = w.allocation.take() else { return };
+        let project = w.project;
+        if stopping && let Some(key) = alloc.key {
+            adjust_line_total(&mut self.stopping_shares, (project, key), |t| {
+                t.saturating_sub(alloc.shares)
+            });
+        }
+        if let (Some(max), Some(started)) = (w.spec.max_runtime_ms, alloc.started_at) {
+            self.deadlines.remove(&(Timestamp(started.0.saturating_add(max)), id));
+        }
+        let p = &mut self.projects[project.0 as usize];
+        p.allocated = p.allocated.saturating_sub(alloc.shares);
+        self.running[project.0 as usize].remove(&id);
+        self.idle.remove(&id);
+    }
+
+    /// Takes (`hold`) or gives back the devices, CPU, memory and quota of `v`'s allocation.
+    /// The only place that moves them, so admission, release and the arbiter's what-if can
+    /// never disagree.
+    pub(super) fn book_resources(&mut self, v: WorkloadId, hold: bool) {
+        let Some(w) = self.workloads.get(&v) else { return };
+        let Some(a) = &w.allocation else { return };
+        let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+        if hold {
+            self.capacity.take(&a.placement, cpu, mem);
+        } else {
+            self.capacity.give(&a.placement, cpu, mem);
+        }
+        if let Some(key) = a.key {
+            if hold {
+                self.quota.charge(w.project, key, a.shares);
+            } else {
+                self.quota.release(w.project, key, a.shares);
+            }
+        }
+    }
+}
+
+/// Updates a per-line running total, dropping the entry at zero so that totals compare equal
+/// to a recomputation in `audit`.
+pub(super) fn adjust_line_total(
+    totals: &mut BTreeMap<(ProjectId, QuotaKey), Shares>,
+    line: (ProjectId, QuotaKey),
+    f: impl FnOnce(Shares) -> Shares,
+) {
+    let next = f(totals.get(&line).copied().unwrap_or_default());
+    if next == Shares::ZERO {
+        totals.remove(&line);
+    } else {
+        totals.insert(line, next);
+    }
+}

@@ -1,0 +1,404 @@
+//! The pre-emption arbiter, the one place that stops running work for pending work: it picks
+//! the cheapest victim set (`plan_preemption`, judging who borrows by `committed` usage),
+//! tells the victims to stop and makes the claimant wait for them, its quota reserved
+//! (`start_preemption`, `mark_stopping`, `end_wait`), and holds the free part of the room it
+//! planned for while it waits (`hold_plan`/`release_hold`). Defragmentation (`defrag.rs`)
+//! uses the same victim order, cost, what-if (`lift`/`unlift`) and `start_preemption`.
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+
+use super::book::adjust_line_total;
+use super::{Engine, Stage, StopKind, WorkloadState};
+use crate::capacity::Layout;
+use crate::decision::{Decision, DeviceShare, MemberPlacement, Placement, PreemptReason, QuotaKey};
+use crate::ids::{ModelId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+
+/// Victim order (see `Engine::plan_preemption`): (own project, priority, work lost in GPU-ms,
+/// latest start first, id).
+pub(super) type VictimKey = (u8, i32, u64, Reverse<Timestamp>, WorkloadId);
+
+impl Engine {
+    /// The victims a pre-emptor waits for that still hold their devices.
+    pub(super) fn victims_still_stopping(&self, preemptor: WorkloadId) -> Vec<WorkloadId> {
+        self.workloads.get(&preemptor).map_or(Vec::new(), |w| {
+            w.waiting_for
+                .iter()
+                .copied()
+                .filter(|v| self.workloads.get(v).is_some_and(|v| v.stage == Stage::Stopping))
+                .collect()
+        })
+    }
+
+    /// Takes what is free now of the pre-emptor's planned placement, until `release_hold`.
+    pub(super) fn hold_plan(&mut self, preemptor: WorkloadId) {
+        let (Some(plan), Some(w)) = (self.planned.get(&preemptor), self.workloads.get(&preemptor))
+        else {
+            return;
+        };
+        let plan = plan.clone();
+        let (cpu, mem) = (w.spec.cpu_millis_per_member, w.spec.memory_mib_per_member);
+        for member in &plan.members {
+            let node = &self.capacity.nodes[member.node.0 as usize];
+            let devices: Vec<DeviceShare> = member
+                .devices
+                .iter()
+                .filter_map(|d| {
+                    let dev = node.devices.get(d.device as usize)?;
+                    let take = match d.mig {
+                        // A MIG instance is held whole, once its slot is free, or not at all.
+                        Some(slot) => {
+                            if dev.mig_fits_at(slot) {
+                                d.shares
+                            } else {
+                                0
+                            }
+                        }
+                        None => dev.free.min(d.shares),
+                    };
+                    (take > 0).then_some(DeviceShare { device: d.device, shares: take, mig: d.mig })
+                })
+                .collect();
+            let (c, m) = (node.free_cpu.min(cpu), node.free_mem.min(mem));
+            let part = Placement {
+                model: plan.model,
+                members: vec![MemberPlacement { node: member.node, devices }],
+            };
+            self.capacity.take(&part, c, m);
+            self.held.entry(preemptor).or_default().push((part, c, m));
+        }
+    }
+
+    /// Gives back what `hold_plan` took; an exact inverse.
+    pub(super) fn release_hold(&mut self, preemptor: WorkloadId) {
+        for (part, cpu, mem) in self.held.remove(&preemptor).unwrap_or_default() {
+            self.capacity.give(&part, cpu, mem);
+        }
+    }
+
+    /// Finds the cheapest victim set that lets `id` start on model `m` charged to `key`, or
+    /// `None`. Candidates, in this order (ARCHITECTURE.md, "Victim ordering"):
+    /// 1. work of other projects in the cohort that borrow on `key` (quota reclaim), only when
+    ///    the claimant ends within its guarantee, before the claimant's own work;
+    /// 2. lower priority first;
+    /// 3. less work lost first (GPU-ms since the last checkpoint, or since start);
+    /// 4. most recently started first;
+    /// 5. lower workload id.
+    ///
+    /// With `protect`, non-preemptible workloads and those younger than their min runtime are
+    /// never candidates; `explain` drops it to name who would have to go.
+    /// Greedy removal in that order until the workload fits, then every victim but the last
+    /// is put back if the workload still fits without it (Kueue's minimisation). The state is
+    /// unchanged on return.
+    pub(crate) fn plan_preemption(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        m: ModelId,
+        key: QuotaKey,
+        protect: bool,
+    ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
+        let w = &self.workloads[&id];
+        let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
+        let (shape, members) = (w.shape(), w.spec.members);
+        let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
+        let cohort = self.projects[project.0 as usize].cohort;
+
+        let eligible = |v: &WorkloadState| -> bool {
+            v.stage == Stage::Running
+                && v.allocation.as_ref().is_some_and(|a| a.placement.model == Some(m))
+                && (!protect
+                    || (v.preemptible
+                        && v.allocation
+                            .as_ref()
+                            .and_then(|a| a.started_at)
+                            .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
+        };
+        // Candidates with what makes them one: quota reclaim from a borrower, the claimant's
+        // own lower-priority work, or idle work past its timer under an `on_pressure` rule.
+        // Own and reclaim candidates come from disjoint projects; an idle candidate may also
+        // be one of them, and then counts as idle (the cheaper tier and reason).
+        let mut picked: Vec<(WorkloadId, VictimKind)> = Vec::new();
+        let mut own_shares = Shares::ZERO;
+        for &v in &self.running[project.0 as usize] {
+            let vw = &self.workloads[&v];
+            if eligible(vw) && vw.priority < priority {
+                own_shares = own_shares.saturating_add(vw.spec.total_shares());
+                picked.push((v, VictimKind::Own));
+            }
+        }
+        let guaranteed = self.quota.line(project, key)?.guaranteed;
+        let reclaim_possible =
+            self.committed(project, key, id).saturating_sub(own_shares).saturating_add(total)
+                <= guaranteed;
+        if reclaim_possible {
+            for (q, other) in self.projects.iter().enumerate() {
+                let q = ProjectId(q as u32);
+                if q == project || other.cohort != cohort || !self.borrows(q, key, id) {
+                    continue;
+                }
+                for &v in &self.running[q.0 as usize] {
+                    let vw = &self.workloads[&v];
+                    if eligible(vw) && vw.allocation.as_ref().is_some_and(|a| a.key == Some(key)) {
+                        picked.push((v, VictimKind::Reclaim));
+                    }
+                }
+            }
+        }
+        // Idle victims: any project, priority up to the claimant's; an exempt or
+        // non-preemptible workload is never ready. `pressure_ready` is this cycle's list
+        // (`idle_pass`), so a deep queue does not scan every tracked workload per claimant.
+        if !self.pressure_ready.is_empty() {
+            let idle: BTreeSet<WorkloadId> = self
+                .pressure_ready
+                .iter()
+                .copied()
+                .filter(|&v| {
+                    v != id
+                        && self
+                            .workloads
+                            .get(&v)
+                            .is_some_and(|vw| vw.priority <= priority && eligible(vw))
+                })
+                .collect();
+            picked.retain(|(v, _)| !idle.contains(v));
+            picked.extend(idle.into_iter().map(|v| (v, VictimKind::Idle)));
+        }
+        let mut candidates: Vec<(VictimKey, VictimKind)> = picked
+            .into_iter()
+            .map(|(v, kind)| {
+                let tier = u8::from(kind == VictimKind::Own);
+                (self.victim_key(now, &self.workloads[&v], tier), kind)
+            })
+            .collect();
+        candidates.sort();
+
+        let fits = |engine: &mut Engine| -> bool {
+            engine.quota.view(project, key).is_some_and(|v| v.available >= total)
+                && engine.capacity.can_place(Some(m), shape, members, layout)
+        };
+        // Two passes, as Kueue's classical algorithm: first with reclaim candidates (valid
+        // only if the claimant ends within its guarantee), then with the claimant's own
+        // lower-priority work alone, so that a failed reclaim never hides a priority
+        // pre-emption that works by itself.
+        for with_reclaim in [true, false] {
+            let pass: Vec<_> =
+                candidates.iter().filter(|c| with_reclaim || c.1 != VictimKind::Reclaim).collect();
+            if pass.is_empty() || (!with_reclaim && pass.len() == candidates.len()) {
+                continue;
+            }
+            let mut removed: Vec<(WorkloadId, VictimKind)> = Vec::new();
+            let mut fit = false;
+            for &&(k, kind) in &pass {
+                let v = k.4;
+                let v_project = self.workloads[&v].project;
+                // A borrower back within its guarantee is not reclaimed from any further.
+                if kind == VictimKind::Reclaim && !self.borrows(v_project, key, id) {
+                    continue;
+                }
+                self.lift(v);
+                removed.push((v, kind));
+                if fits(self) {
+                    fit = true;
+                    break;
+                }
+            }
+            let mut kept_out = vec![true; removed.len()];
+            if fit && removed.len() > 1 {
+                for i in (0..removed.len() - 1).rev() {
+                    self.unlift(removed[i].0);
+                    if fits(self) {
+                        kept_out[i] = false;
+                    } else {
+                        self.lift(removed[i].0);
+                    }
+                }
+            }
+            // Reclaim is only for a claimant that ends within its guarantee.
+            let uses_reclaim =
+                removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1 == VictimKind::Reclaim);
+            let within_after = self.committed(project, key, id).saturating_add(total) <= guaranteed;
+            let ok = fit && (!uses_reclaim || within_after);
+            // The room the workload will take once its victims are gone.
+            let placement =
+                if ok { self.capacity.find(Some(m), shape, members, layout) } else { None };
+            // Reasons are computed while the victims are still lifted, then the state is
+            // restored.
+            let mut victims = Vec::new();
+            for (i, &(v, kind)) in removed.iter().enumerate().rev() {
+                if !kept_out[i] {
+                    continue;
+                }
+                self.unlift(v);
+                if ok {
+                    let vw = &self.workloads[&v];
+                    let idle = (kind == VictimKind::Idle).then(|| self.idle_facts(v)).flatten();
+                    let reason = if let Some(idle) = idle {
+                        PreemptReason::Idle { idle, gpu_count_only: false }
+                    } else if kind == VictimKind::Reclaim {
+                        let line =
+                            self.quota.line(vw.project, key).map_or(Shares::ZERO, |l| l.guaranteed);
+                        PreemptReason::QuotaReclaim {
+                            borrower: vw.project,
+                            claimant: project,
+                            key,
+                            borrowed: self.committed(vw.project, key, id).saturating_sub(line),
+                        }
+                    } else {
+                        PreemptReason::Priority {
+                            project,
+                            victim_priority: vw.priority,
+                            preemptor_priority: priority,
+                        }
+                    };
+                    victims.push((v, reason));
+                }
+            }
+            if let Some(placement) = placement {
+                victims.sort_by_key(|(v, _)| *v);
+                return Some((victims, placement));
+            }
+        }
+        None
+    }
+
+    /// What a project's line will hold once the workloads told to stop are gone and its
+    /// waiting pre-emptors (other than `except`) have started: the usage by which the arbiter
+    /// judges who borrows and whether a claimant ends within its guarantee.
+    pub(super) fn committed(
+        &self,
+        project: ProjectId,
+        key: QuotaKey,
+        except: WorkloadId,
+    ) -> Shares {
+        let used = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
+        let stopping = self.stopping_shares.get(&(project, key)).copied().unwrap_or_default();
+        let reserved = self.reserved_by_line.get(&(project, key)).copied().unwrap_or_default();
+        let own = match self.reservations.get(&except) {
+            Some(&(p, k, s)) if p == project && k == key => s,
+            _ => Shares::ZERO,
+        };
+        used.saturating_sub(stopping).saturating_add(reserved.saturating_sub(own))
+    }
+
+    /// Whether `project` borrows on `key` by its committed usage (see `committed`).
+    fn borrows(&self, project: ProjectId, key: QuotaKey, except: WorkloadId) -> bool {
+        self.quota
+            .line(project, key)
+            .is_some_and(|l| self.committed(project, key, except) > l.guaranteed)
+    }
+
+    /// Tells an admitted workload to stop: it is no pre-emption candidate any more and no
+    /// lasting usage, though it holds its devices and quota until the backend reports the stop.
+    pub(super) fn mark_stopping(&mut self, id: WorkloadId, kind: StopKind) {
+        let Some(w) = self.workloads.get_mut(&id) else { return };
+        w.stage = Stage::Stopping;
+        w.stop_kind = Some(kind);
+        self.running[w.project.0 as usize].remove(&id);
+        if let Some(a) = &w.allocation
+            && let Some(key) = a.key
+        {
+            let shares = a.shares;
+            adjust_line_total(&mut self.stopping_shares, (w.project, key), |t| {
+                t.saturating_add(shares)
+            });
+        }
+    }
+
+    /// A pre-emptor stops waiting (its victims are gone, or it left the engine).
+    pub(super) fn end_wait(&mut self, id: WorkloadId) {
+        self.preemptors.remove(&id);
+        if let Some((p, k, s)) = self.reservations.remove(&id) {
+            adjust_line_total(&mut self.reserved_by_line, (p, k), |t| t.saturating_sub(s));
+        }
+        self.planned.remove(&id);
+    }
+
+    pub(super) fn victim_key(&self, now: Timestamp, v: &WorkloadState, tier: u8) -> VictimKey {
+        let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
+        let cost = victim_cost(now, v, self.idle_discount_ms(v.spec.id), self.restart_cost_ms);
+        (tier, v.priority, cost, Reverse(started), v.spec.id)
+    }
+
+    /// Temporarily frees a running workload's quota and devices (the arbiter's what-if).
+    pub(super) fn lift(&mut self, v: WorkloadId) {
+        self.book_resources(v, false);
+    }
+
+    /// Exact inverse of `lift`.
+    pub(super) fn unlift(&mut self, v: WorkloadId) {
+        self.book_resources(v, true);
+    }
+
+    pub(super) fn start_preemption(
+        &mut self,
+        preemptor: WorkloadId,
+        key: QuotaKey,
+        victims: Vec<(WorkloadId, PreemptReason)>,
+        placement: Placement,
+    ) -> Vec<Decision> {
+        let mut decisions = Vec::with_capacity(victims.len());
+        for (v, reason) in victims {
+            let Some(vw) = self.workloads.get(&v) else { continue };
+            let checkpoint_grace_ms = vw.spec.checkpointing.map(|c| c.grace_ms);
+            // An idle victim gets its rule's action and the idle backoff; others the mode of
+            // their project.
+            let (mode, kind) = match &reason {
+                PreemptReason::Idle { idle, .. } => (idle.action, StopKind::Idle(idle.action)),
+                _ => {
+                    let mode = self.projects[vw.project.0 as usize].mode;
+                    (mode, StopKind::Preempted(mode))
+                }
+            };
+            self.mark_stopping(v, kind);
+            decisions.push(Decision::Preempt {
+                victim: v,
+                for_workload: preemptor,
+                mode,
+                reason,
+                checkpoint_grace_ms,
+            });
+        }
+        if let Some(w) = self.workloads.get_mut(&preemptor) {
+            w.waiting_for = decisions.iter().map(Decision::workload).collect();
+            let shares = w.spec.total_shares();
+            self.reservations.insert(preemptor, (w.project, key, shares));
+            adjust_line_total(&mut self.reserved_by_line, (w.project, key), |t| {
+                t.saturating_add(shares)
+            });
+        }
+        self.preemptors.insert(preemptor);
+        self.planned.insert(preemptor, placement);
+        // Hold its free room for the rest of this cycle too.
+        self.hold_plan(preemptor);
+        decisions
+    }
+}
+
+/// Why a running workload is a pre-emption candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum VictimKind {
+    /// Its project borrows on the claimant's line and the claimant needs its guarantee.
+    Reclaim,
+    /// The claimant's own project, lower priority.
+    Own,
+    /// Idle past its `on_pressure` rule's timer and warned.
+    Idle,
+}
+
+/// The arbiter's one cost of stopping `v` now, in GPU-ms (ARCHITECTURE.md, "One cost"): the
+/// work lost since its last checkpoint (since its start if it has none) less the time it has
+/// been idle (idle time is no work), plus `restart_cost_ms`, both per GPU it holds — so a gang
+/// costs in proportion to its size.
+pub(crate) fn victim_cost(
+    now: Timestamp,
+    v: &WorkloadState,
+    idle_ms: u64,
+    restart_cost_ms: u64,
+) -> u64 {
+    let shares = v.spec.total_shares().0;
+    let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
+    let since = v.last_checkpoint_at.filter(|&c| c > started).unwrap_or(started);
+    let lost = now.since(since).saturating_sub(idle_ms);
+    shares.saturating_mul(lost.saturating_add(restart_cost_ms)) / SHARES_PER_GPU
+}

@@ -58,7 +58,7 @@ fail() {
 }
 
 # --- the daemon -------------------------------------------------------------------------------
-$BIN serve --data-dir $WORK/data --listen 127.0.0.1:$PORT --inventory examples/cluster.yaml \
+$BIN serve --single-user --data-dir $WORK/data --listen 127.0.0.1:$PORT --inventory examples/cluster.yaml \
   --policy examples/policy.yaml > $WORK/serve.out 2> $WORK/serve.err &
 SERVE_PID=$!
 for _ in $(seq 100); do grep -q '^allot_' $WORK/serve.out 2> /dev/null && break; sleep 0.1; done

@@ -231,13 +231,9 @@ fn run_command(
     recovered: &mut Vec<Observation>,
 ) -> Result<(), String> {
     let result = match command {
-        Command::Launch(launch) => {
-            if let Some(dir) = launch.log_dir.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let _ = std::fs::create_dir_all(&launch.log_dir);
-            backend.launch(launch)
-        }
+        // The backend makes the log directory, with the owner and mode its account needs
+        // (`allot_backend::files::prepare`).
+        Command::Launch(launch) => backend.launch(launch),
         Command::Signal(run, signal) => backend.signal(*run, *signal),
         Command::Requeue { run, next } => match backend.requeue(*run, *next) {
             Ok(true) => {

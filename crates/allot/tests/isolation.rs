@@ -244,7 +244,15 @@ fn a_members_workload_cannot_reach_the_daemon_or_another_members_work() {
         let meta = std::fs::metadata(&path).expect("metadata");
         assert_eq!((meta.uid(), mode_of(&path)), (alice_uid, mode), "{}", path.display());
     }
-    assert_eq!(std::fs::metadata(&alice_files.dir).expect("dir").uid(), 0, "the daemon's");
+    for dir in [alice_files.dir.clone(), alice_files.dir.join("logs")] {
+        let uid = std::fs::metadata(&dir).expect("dir").uid();
+        assert_eq!(
+            (uid, mode_of(&dir)),
+            (0, 0o711),
+            "the daemon's, not listable: {}",
+            dir.display()
+        );
+    }
 
     // The admin token is in no workload's environment or log.
     for id in [bob_id, alice_id] {

@@ -274,6 +274,8 @@ fn a_members_workload_cannot_reach_the_daemon_or_another_members_work() {
     )
     .expect("cancel");
     assert_eq!(status, 200);
+    // Ended before the daemon goes: no member of the test outlives it.
+    wait_for(&daemon, bob_id, &["cancelled", "failed", "succeeded"]);
 }
 
 #[test]

@@ -119,17 +119,7 @@ impl Engine {
 
     fn submit(&mut self, now: Timestamp, spec: WorkloadSpec) {
         let id = spec.id;
-        if self.workloads.contains_key(&id) {
-            self.rejected.push((id, spec.name.clone(), RejectReason::DuplicateId));
-            return;
-        }
-        let (project, priority, preemptible, models) = match self.resolve(&spec) {
-            Ok(resolved) => resolved,
-            Err(reason) => {
-                self.rejected.push((id, spec.name.clone(), reason));
-                return;
-            }
-        };
+        let Some((project, priority, preemptible, models)) = self.accept(&spec) else { return };
         self.note_demand(&spec);
         let state = WorkloadState::new(spec, (project, priority, preemptible, models), now);
         self.queues[project.0 as usize].insert(state.queue_key());
@@ -139,17 +129,7 @@ impl Engine {
     /// Work running outside allot, taken over where it runs (`Event::WorkloadAdopted`).
     fn adopt(&mut self, now: Timestamp, spec: WorkloadSpec, placement: Placement) {
         let id = spec.id;
-        if self.workloads.contains_key(&id) {
-            self.rejected.push((id, spec.name.clone(), RejectReason::DuplicateId));
-            return;
-        }
-        let (project, priority, preemptible, models) = match self.resolve(&spec) {
-            Ok(resolved) => resolved,
-            Err(reason) => {
-                self.rejected.push((id, spec.name.clone(), reason));
-                return;
-            }
-        };
+        let Some((project, priority, preemptible, models)) = self.accept(&spec) else { return };
         let key = match self.adoptable(project, &spec, &placement) {
             Ok(key) => key,
             Err(detail) => {
@@ -259,6 +239,20 @@ impl Engine {
 
     /// A request's project, priority, preemptibility and acceptable models under this
     /// engine's policy, or why it can never run here.
+    /// `resolve` for a new workload, or its rejection recorded (a duplicate id included).
+    fn accept(&mut self, spec: &WorkloadSpec) -> Option<(ProjectId, i32, bool, Vec<ModelId>)> {
+        let reason = if self.workloads.contains_key(&spec.id) {
+            RejectReason::DuplicateId
+        } else {
+            match self.resolve(spec) {
+                Ok(resolved) => return Some(resolved),
+                Err(reason) => reason,
+            }
+        };
+        self.rejected.push((spec.id, spec.name.clone(), reason));
+        None
+    }
+
     pub(super) fn resolve(
         &self,
         spec: &WorkloadSpec,

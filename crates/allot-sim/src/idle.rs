@@ -120,6 +120,15 @@ pub const HOURS_MAX: f64 = 24.0 * 31.0;
 
 pub mod genai;
 mod policies;
+
+/// Where one engine workload of a simulation stands: waiting in the engine's queue, holding
+/// devices (starting, running or stopping), or done for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Queued,
+    Holding,
+    Done,
+}
 mod render;
 mod sim;
 mod workload;

@@ -18,6 +18,7 @@
 //! requests arrive at its start, and the engine's cycle runs at slot starts (repeated within the
 //! instant while stops free GPUs, at most [`ROUNDS_MAX`] times).
 
+use super::Fate;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
@@ -270,13 +271,6 @@ fn uncovered_ms(a: &[(u64, u64)], b: &[(u64, u64)]) -> u64 {
 enum Happening {
     Stop { wl: usize, run: u32 },
     Start { wl: usize, run: u32 },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fate {
-    Queued,
-    Holding,
-    Done,
 }
 
 /// One engine workload: an endpoint's submission (or redeployment), or a backfill job.

@@ -1,6 +1,7 @@
 //! The simulation of one policy: happenings, telemetry, probes, the engine's decisions, and
 //! the books.
 
+use super::Fate;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
@@ -47,13 +48,6 @@ impl Happening {
             _ => 0,
         }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fate {
-    Queued,
-    Holding,
-    Done,
 }
 
 #[derive(Clone, Debug)]

@@ -539,7 +539,6 @@ impl LocalBackend {
         account: &Account,
     ) -> Result<BTreeMap<String, String>, String> {
         let mut env = account::base_env(account, &launch.env);
-        env.extend(launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.extend(self.device_vars(member)?);
         env.insert("ALLOT_WORKLOAD_ID".to_string(), launch.run.workload.to_string());
         env.insert("ALLOT_ATTEMPT".to_string(), launch.run.attempt.to_string());

@@ -879,7 +879,6 @@ impl SlurmBackend {
             None => Account::current().map_err(SubmitError::Refused)?,
         };
         let mut env = allot_backend::account::base_env(&account, &launch.env);
-        env.extend(launch.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env.insert("ALLOT_SLURM_TASKS".into(), launch.members.len().to_string());
         env.insert("ALLOT_SLURM_TASKS_PER_NODE".into(), tasks_per_node.to_string());
         env.insert("ALLOT_SLURM_LOG_DIR".into(), launch.log_dir.display().to_string());

@@ -90,23 +90,21 @@ pub fn daemon_is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// The environment a workload starts with, before the launch's own variables and the device
-/// variables: the account's identity and a known `PATH` and `LANG`, never the daemon's
-/// variables (its token, its credentials, its `PATH`). `declared` (the submission's variables)
-/// may set `PATH` and `LANG`.
+/// The environment a workload starts with, before the device variables: the account's
+/// identity and a known `PATH` and `LANG`, then `declared` (the launch's variables, which may
+/// set `PATH` and `LANG`); never the daemon's variables (its token, its credentials, its `PATH`).
 pub fn base_env(
     account: &Account,
     declared: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
-    let mut env = BTreeMap::new();
-    let declared_or = |key: &str, default: &str| {
-        declared.get(key).cloned().unwrap_or_else(|| default.to_string())
-    };
-    env.insert("PATH".to_string(), declared_or("PATH", DEFAULT_PATH));
-    env.insert("LANG".to_string(), declared_or("LANG", DEFAULT_LANG));
-    env.insert("HOME".to_string(), account.home.display().to_string());
-    env.insert("USER".to_string(), account.name.clone());
-    env.insert("LOGNAME".to_string(), account.name.clone());
+    let mut env = BTreeMap::from([
+        ("PATH".to_string(), DEFAULT_PATH.to_string()),
+        ("LANG".to_string(), DEFAULT_LANG.to_string()),
+        ("HOME".to_string(), account.home.display().to_string()),
+        ("USER".to_string(), account.name.clone()),
+        ("LOGNAME".to_string(), account.name.clone()),
+    ]);
+    env.extend(declared.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
 }
 

@@ -120,6 +120,9 @@ pub const HOURS_MAX: f64 = 24.0 * 31.0;
 
 pub mod genai;
 mod policies;
+mod render;
+mod sim;
+mod workload;
 
 /// Where one engine workload of a simulation stands: waiting in the engine's queue, holding
 /// devices (starting, running or stopping), or done for good.
@@ -129,9 +132,6 @@ enum Fate {
     Holding,
     Done,
 }
-mod render;
-mod sim;
-mod workload;
 
 pub use policies::idle_policies;
 pub use render::{idle_json, idle_text};

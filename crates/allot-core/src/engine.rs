@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::capacity::{Capacity, DeviceCap, MemberShape, MigDevice, NodeCap};
-use crate::decision::{Decision, Placement, QuotaKey, RejectReason, StopReason};
+use crate::decision::{Decision, DeferReason, Placement, QuotaKey, RejectReason, StopReason};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::MigGpu;
 use crate::model::{
@@ -327,6 +327,22 @@ pub struct Engine {
     /// The arbiter's restart cost per victim GPU.
     pub(crate) restart_cost_ms: u64,
     pub(crate) default_class_name: String,
+    /// The deferral last handed out per pending workload by `decide_changes`.
+    reported: Reported,
+    /// Cycles without the cycle's memory (`reference_cycles`): the reference the
+    /// incremental cycle is tested against.
+    pub(crate) reference: bool,
+}
+
+/// What `decide_changes` last reported per workload. Not part of the engine's state: a
+/// rebuilt engine reports each deferral once more, so its `Debug` shows nothing.
+#[derive(Clone, Default)]
+struct Reported(BTreeMap<WorkloadId, DeferReason>);
+
+impl std::fmt::Debug for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reported")
+    }
 }
 
 impl Engine {
@@ -527,6 +543,8 @@ impl Engine {
             pressure_ready: BTreeSet::new(),
             restart_cost_ms: policy.restart_cost_ms,
             default_class_name: policy.default_priority_class.clone(),
+            reported: Reported::default(),
+            reference: false,
         })
     }
 
@@ -624,6 +642,42 @@ impl Engine {
         self.admission_cycle(now, &mut out, None);
         self.amd_pressure_pass(now, &mut out);
         out
+    }
+
+    /// `decide`, less each deferral that repeats the one this method last reported for the
+    /// same workload: for callers that keep every workload's reason (the simulator), so that
+    /// a deep queue does not hand them each pending workload every cycle. Every other
+    /// decision, and the order of all, is `decide`'s.
+    pub fn decide_changes(&mut self, now: Timestamp) -> Vec<Decision> {
+        let mut decisions = self.decide(now);
+        let reported = &mut self.reported.0;
+        decisions.retain(|d| match d {
+            Decision::Defer { workload, reason } => {
+                if reported.get(workload) == Some(reason) {
+                    return false;
+                }
+                reported.insert(*workload, reason.clone());
+                true
+            }
+            other => {
+                reported.remove(&other.workload());
+                true
+            }
+        });
+        // Work that left the engine (finished, cancelled while pending) is reported no more.
+        if reported.len() > self.workloads.len() {
+            let workloads = &self.workloads;
+            reported.retain(|id, _| workloads.contains_key(id));
+        }
+        decisions
+    }
+
+    /// Makes every later cycle examine each pending workload from scratch, without the
+    /// cycle's memory of failed shapes: the reference the property tests hold the incremental
+    /// cycle to (`tests/properties.rs`). Slower; same decisions.
+    #[doc(hidden)]
+    pub fn reference_cycles(&mut self) {
+        self.reference = true;
     }
 
     /// Step 2, shared with `explain` so that it sees the state the cycle sees.

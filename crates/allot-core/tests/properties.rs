@@ -618,6 +618,9 @@ struct Checker<'a> {
     restore_each_cycle: bool,
     /// Nodes the history made unavailable (and that exist), by the test's own count.
     down: BTreeSet<NodeId>,
+    /// With `engine` running reference cycles: the engine as production runs it, fed the
+    /// same history and asked `decide_changes`, with the deferral last seen per workload.
+    incremental: Option<(Engine, BTreeMap<WorkloadId, DeferReason>)>,
 }
 
 /// Rounds of `settle`; each round admits or stops something, so this bounds a settle.
@@ -657,6 +660,7 @@ impl<'a> Checker<'a> {
             transcript: Vec::new(),
             restore_each_cycle: false,
             down: BTreeSet::new(),
+            incremental: None,
         }
     }
 
@@ -724,6 +728,9 @@ impl<'a> Checker<'a> {
     fn submit(&mut self, now: Timestamp, spec: &WorkloadSpec) {
         let held_before = self.engine.stage(spec.id).is_some();
         self.engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
+        if let Some((engine, _)) = &mut self.incremental {
+            engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
+        }
         if held_before || self.engine.stage(spec.id).is_none() {
             self.rejects_due.push(spec.id);
             return;
@@ -765,11 +772,11 @@ impl<'a> Checker<'a> {
                 }
                 _ => {}
             }
-            self.engine.apply(now, event);
+            self.apply_both(now, event);
             return;
         };
         let before = self.engine.stage(id);
-        self.engine.apply(now, event);
+        self.apply_both(now, event);
         let after = self.engine.stage(id);
         if before == Some(Stage::Assumed)
             && after == Some(Stage::Running)
@@ -781,6 +788,41 @@ impl<'a> Checker<'a> {
             self.known.remove(&id);
             self.waiting.remove(&id);
         }
+    }
+
+    fn apply_both(&mut self, now: Timestamp, event: Event) {
+        if let Some((engine, _)) = &mut self.incremental {
+            engine.apply(now, event.clone());
+        }
+        self.engine.apply(now, event);
+    }
+
+    /// The incremental cycle hands out exactly the reference cycle's decisions, less the
+    /// deferrals that repeat a workload's last one.
+    fn check_incremental(&mut self, now: Timestamp, reference: &[Decision]) -> Result<(), String> {
+        let Some((engine, seen)) = &mut self.incremental else { return Ok(()) };
+        let mut expected = Vec::new();
+        for d in reference {
+            match d {
+                Decision::Defer { workload, reason } => {
+                    if seen.get(workload) != Some(reason) {
+                        seen.insert(*workload, reason.clone());
+                        expected.push(d.clone());
+                    }
+                }
+                other => {
+                    seen.remove(&other.workload());
+                    expected.push(other.clone());
+                }
+            }
+        }
+        let got = engine.decide_changes(now);
+        if got != expected {
+            return Err(format!(
+                "the incremental cycle differs from the reference:\n{got:?}\n{expected:?}"
+            ));
+        }
+        Ok(())
     }
 
     /// Runs one decide and checks its decisions against the state before it.
@@ -808,6 +850,7 @@ impl<'a> Checker<'a> {
             .collect();
 
         let decisions = self.engine.decide(now);
+        self.check_incremental(now, &decisions)?;
         self.transcript.push(format!("{decisions:?}"));
         if self.restore_each_cycle {
             let bytes = self.engine.state().map_err(|e| format!("state: {e}"))?;
@@ -1142,10 +1185,13 @@ impl<'a> Checker<'a> {
     }
 }
 
-/// Runs the case twice: once checking every property, once more on a fresh engine to compare
-/// the decisions byte for byte.
+/// Runs the case twice: once checking every property on reference cycles, with the
+/// incremental cycle alongside, once more on a fresh engine to compare the decisions byte for
+/// byte.
 fn check_case(case: &Case) -> Result<(), String> {
     let mut first = Checker::new(case);
+    first.incremental = Some((first.engine.clone(), BTreeMap::new()));
+    first.engine.reference_cycles();
     first.run()?;
     // The replay goes on from a saved state after every cycle: same decisions.
     let mut again = Checker::new(case);

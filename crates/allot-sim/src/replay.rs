@@ -462,7 +462,7 @@ impl Sim<'_> {
                 self.last_decide_ms = Some(t_ms);
                 self.dirty = false;
                 self.decide_calls += 1;
-                let decisions = self.engine.decide(now);
+                let decisions = self.engine.decide_changes(now);
                 if self.config.audit {
                     self.engine
                         .audit()

@@ -16,9 +16,28 @@ use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFa
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::{GpuRequest, Queueing};
 
+/// A request's shape as the cycle's memory of failures knows it: everything a deferral
+/// depends on, down to whether the workload may pre-empt at all (idle-suspended work may not).
+type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, Layout, bool);
+
 /// A cycle's memory of request shapes that found neither room nor victims. Capacity only
-/// shrinks and claimed victims only grow within a cycle, so such a shape fails again.
-type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, Layout);
+/// shrinks and claimed victims only grow within a cycle, so such a shape fails again. Each
+/// failure keeps its deferral with the cycle's count of changes (`changes`, bumped by every
+/// admission, pre-emption and pre-emptor let go) when it was made: a deferral is a pure read
+/// of the state, so while nothing has changed the same shape gets the same reason, without
+/// the quota and placement checks being made again.
+#[derive(Default)]
+pub(crate) struct CycleMemory {
+    failed: BTreeMap<ShapeKey, (u64, DeferReason)>,
+    changes: u64,
+}
+
+impl CycleMemory {
+    /// The state moved (something was admitted, pre-empted for, or let go).
+    fn changed(&mut self) {
+        self.changes += 1;
+    }
+}
 
 pub(crate) enum Outcome {
     Admitted(Decision),
@@ -40,7 +59,7 @@ impl Engine {
         out: &mut Vec<Decision>,
         only: Option<WorkloadId>,
     ) {
-        let mut failed_shapes: BTreeSet<ShapeKey> = BTreeSet::new();
+        let mut memory = CycleMemory::default();
         let mut handled: BTreeSet<WorkloadId> = BTreeSet::new();
 
         // Pre-emptors that did not start, per project: under strict FIFO they are heads that
@@ -57,12 +76,13 @@ impl Engine {
             handled.insert(id);
             let (p, key) = (w.project.0 as usize, w.queue_key());
             let started = if still.is_empty() {
+                memory.changed();
                 self.end_wait(id);
                 self.release_hold(id);
                 if let Some(w) = self.workloads.get_mut(&id) {
                     w.waiting_for.clear();
                 }
-                self.schedule_one(now, id, &mut failed_shapes, out) == OutcomeKind::Admitted
+                self.schedule_one(now, id, &mut memory, out) == OutcomeKind::Admitted
             } else {
                 let reason = DeferReason::WaitingForPreemption { victims: still };
                 out.push(Decision::Defer { workload: id, reason });
@@ -130,7 +150,7 @@ impl Engine {
                         }
                         continue;
                     }
-                    let outcome = self.schedule_one(now, id, &mut failed_shapes, out);
+                    let outcome = self.schedule_one(now, id, &mut memory, out);
                     if only == Some(id) {
                         return;
                     }
@@ -168,7 +188,7 @@ impl Engine {
         // pre-empts (`try_schedule`).
         last_resumes.sort_by_key(|id| self.workloads.get(id).map(|w| (w.queued_at, *id)));
         for id in last_resumes {
-            self.schedule_one(now, id, &mut failed_shapes, out);
+            self.schedule_one(now, id, &mut memory, out);
             if only == Some(id) {
                 return;
             }
@@ -184,15 +204,17 @@ impl Engine {
         &mut self,
         now: Timestamp,
         id: WorkloadId,
-        failed_shapes: &mut BTreeSet<ShapeKey>,
+        memory: &mut CycleMemory,
         out: &mut Vec<Decision>,
     ) -> OutcomeKind {
-        match self.try_schedule(now, id, failed_shapes) {
+        match self.try_schedule(now, id, memory) {
             Outcome::Admitted(d) => {
+                memory.changed();
                 out.push(d);
                 OutcomeKind::Admitted
             }
             Outcome::Preempting(decisions) => {
+                memory.changed();
                 let victims = decisions.iter().map(Decision::workload).collect();
                 out.extend(decisions);
                 let reason = DeferReason::WaitingForPreemption { victims };
@@ -211,7 +233,7 @@ impl Engine {
         &mut self,
         now: Timestamp,
         id: WorkloadId,
-        failed_shapes: &mut BTreeSet<ShapeKey>,
+        memory: &mut CycleMemory,
     ) -> Outcome {
         let w = &self.workloads[&id];
         if let Some(reason) = self.in_idle_backoff(w, now) {
@@ -219,6 +241,8 @@ impl Engine {
         }
         let request = Request::of(w);
         let Request { project, shape, members, same_node, total, .. } = request;
+        // Idle-suspended work resumes only into free room: it was not using its GPUs.
+        let may_preempt = w.idle_suspended_at.is_none();
         let shape_key: ShapeKey = (
             project,
             w.priority,
@@ -228,8 +252,15 @@ impl Engine {
             shape.cpu,
             shape.mem,
             request.layout(),
+            may_preempt,
         );
-        let known_failure = failed_shapes.contains(&shape_key);
+        let known_failure = match memory.failed.get(&shape_key) {
+            Some((at, reason)) if *at == memory.changes && !self.reference => {
+                return Outcome::Deferred(reason.clone());
+            }
+            Some(_) => true,
+            None => false,
+        };
 
         if total == Shares::ZERO {
             if !known_failure
@@ -242,14 +273,9 @@ impl Engine {
                     reason: AdmitReason::NoGpuRequested,
                 });
             }
-            failed_shapes.insert(shape_key);
-            return Outcome::Deferred(self.no_room(
-                None,
-                shape,
-                members,
-                request.layout(),
-                same_node,
-            ));
+            let reason = self.no_room(None, shape, members, request.layout(), same_node);
+            memory.failed.insert(shape_key, (memory.changes, reason.clone()));
+            return Outcome::Deferred(reason);
         }
 
         let models: Vec<ModelId> = self.candidate_models(w).to_vec();
@@ -292,8 +318,6 @@ impl Engine {
             }
         }
 
-        // Idle-suspended work resumes only into free room: it was not using its GPUs.
-        let may_preempt = self.workloads.get(&id).is_some_and(|w| w.idle_suspended_at.is_none());
         if !known_failure && may_preempt {
             for (m, key) in preemptible_models {
                 if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
@@ -315,8 +339,9 @@ impl Engine {
                 }
             }
         }
-        failed_shapes.insert(shape_key);
-        Outcome::Deferred(best.unwrap_or(DeferReason::NoQuotaForModel { project }))
+        let reason = best.unwrap_or(DeferReason::NoQuotaForModel { project });
+        memory.failed.insert(shape_key, (memory.changes, reason.clone()));
+        Outcome::Deferred(reason)
     }
 
     /// The checks `decide` and `explain` share: may this request start on model `m` now?

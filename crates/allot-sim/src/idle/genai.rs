@@ -415,7 +415,7 @@ impl Sim<'_> {
             }
             self.dirty = false;
             self.m.decide_calls += 1;
-            for d in self.engine.decide(Timestamp(t)) {
+            for d in self.engine.decide_changes(Timestamp(t)) {
                 self.on_decision(t, d);
             }
             if self.cfg.audit {

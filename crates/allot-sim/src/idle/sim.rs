@@ -289,7 +289,7 @@ impl Sim<'_> {
             if self.dirty || self.engine.idle_attention(Timestamp(t)) {
                 self.dirty = false;
                 self.m.decide_calls += 1;
-                let decisions = self.engine.decide(Timestamp(t));
+                let decisions = self.engine.decide_changes(Timestamp(t));
                 for d in decisions {
                     self.ledger.decision(Timestamp(t), &d);
                     self.on_decision(t, d);

@@ -18,7 +18,29 @@ use crate::model::{GpuRequest, Queueing};
 
 /// A request's shape as the cycle's memory of failures knows it: everything a deferral
 /// depends on, down to whether the workload may pre-empt at all (idle-suspended work may not).
-type ShapeKey = (ProjectId, i32, u32, GpuRequest, Vec<ModelId>, u64, u64, Layout, bool);
+type ShapeKey = (ProjectId, i32, u32, GpuRequest, ModelList, u64, u64, Layout, bool);
+
+/// A workload's accepted models, in order, as a memory key: packed into one integer when
+/// short (nearly always: none, or a few), so looking a shape up allocates nothing.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum ModelList {
+    Packed(u128),
+    Long(Vec<ModelId>),
+}
+
+impl ModelList {
+    fn of(models: &[ModelId]) -> ModelList {
+        if models.len() > 7 {
+            return ModelList::Long(models.to_vec());
+        }
+        // Length in the low byte, then 16 bits per model: distinct lists, distinct numbers.
+        let packed = models
+            .iter()
+            .enumerate()
+            .fold(models.len() as u128, |acc, (i, m)| acc | (u128::from(m.0) << (8 + 16 * i)));
+        ModelList::Packed(packed)
+    }
+}
 
 /// A cycle's memory of request shapes that found neither room nor victims. Capacity only
 /// shrinks and claimed victims only grow within a cycle, so such a shape fails again. Each
@@ -37,6 +59,19 @@ impl CycleMemory {
     fn changed(&mut self) {
         self.changes += 1;
     }
+}
+
+/// A project's place in step 4's order (`project_order_key`).
+type OrderKey = (u8, u64, ProjectId);
+
+/// Queues a project under its next key, unless it goes first anyway: then it is returned, to
+/// be served at once.
+fn queue_next(order: &mut BTreeSet<OrderKey>, key: OrderKey) -> Option<OrderKey> {
+    if order.first().is_none_or(|first| key < *first) {
+        return Some(key);
+    }
+    order.insert(key);
+    None
 }
 
 pub(crate) enum Outcome {
@@ -104,13 +139,16 @@ impl Engine {
             .collect();
         let mut cursor = vec![0usize; snapshot.len()];
         let mut last_resumes: Vec<WorkloadId> = Vec::new();
-        let mut order: BTreeSet<(u8, u64, ProjectId)> = BTreeSet::new();
+        let mut order: BTreeSet<OrderKey> = BTreeSet::new();
         for (p, queue) in snapshot.iter().enumerate() {
             if let Some(&head) = queue.first() {
                 order.insert(self.project_order_key(ProjectId(p as u32), head));
             }
         }
-        while let Some((_, _, project)) = order.pop_first() {
+        // The project served next when its next workload still goes before every other
+        // project's head: taken without a round trip through `order`, the same sequence.
+        let mut next_up: Option<OrderKey> = None;
+        while let Some((_, _, project)) = next_up.take().or_else(|| order.pop_first()) {
             let p = project.0 as usize;
             let strict = self.projects[p].queueing == Queueing::StrictFifo;
             let id = snapshot[p][cursor[p]];
@@ -123,15 +161,17 @@ impl Engine {
                 Some(head) => head,
                 None => {
                     cursor[p] += 1;
+                    let w = self.workloads.get(&id);
                     // Idle-suspended work past its backoff resumes after everyone else
                     // (below), into room nobody in this cycle took.
-                    let resuming = self.workloads.get(&id).is_some_and(|w| {
+                    let resuming = w.is_some_and(|w| {
                         w.idle_suspended_at.is_some() && w.resume_at.is_none_or(|t| t <= now)
                     });
-                    let awaiting_use = self
-                        .workloads
-                        .get(&id)
-                        .and_then(|w| w.idle_suspended_at.filter(|_| w.probed));
+                    let awaiting_use = w.and_then(|w| w.idle_suspended_at.filter(|_| w.probed));
+                    // Work waiting out an idle backoff is not a head that blocks its
+                    // project: it chose to wait, nobody behind it should. (Scheduling does
+                    // not move a backoff: only events do.)
+                    let backing_off = w.is_some_and(|w| w.resume_at.is_some_and(|t| t > now));
                     if let Some(since) = awaiting_use {
                         let reason = DeferReason::AwaitingUse { since };
                         out.push(Decision::Defer { workload: id, reason });
@@ -139,14 +179,14 @@ impl Engine {
                             return;
                         }
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            order.insert(self.project_order_key(project, next));
+                            next_up = queue_next(&mut order, self.project_order_key(project, next));
                         }
                         continue;
                     }
                     if resuming {
                         last_resumes.push(id);
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            order.insert(self.project_order_key(project, next));
+                            next_up = queue_next(&mut order, self.project_order_key(project, next));
                         }
                         continue;
                     }
@@ -154,15 +194,9 @@ impl Engine {
                     if only == Some(id) {
                         return;
                     }
-                    // Work waiting out an idle backoff is not a head that blocks its
-                    // project: it chose to wait, nobody behind it should.
-                    let backing_off = self
-                        .workloads
-                        .get(&id)
-                        .is_some_and(|w| w.resume_at.is_some_and(|t| t > now));
                     if outcome == OutcomeKind::Admitted || backing_off {
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            order.insert(self.project_order_key(project, next));
+                            next_up = queue_next(&mut order, self.project_order_key(project, next));
                         }
                         continue;
                     }
@@ -180,7 +214,7 @@ impl Engine {
                 cursor[p] = snapshot[p].len();
             }
             if let Some(&next) = snapshot[p].get(cursor[p]) {
-                order.insert(self.project_order_key(project, next));
+                next_up = queue_next(&mut order, self.project_order_key(project, next));
             }
         }
 
@@ -248,7 +282,7 @@ impl Engine {
             w.priority,
             members,
             shape.gpus,
-            w.models.clone(),
+            ModelList::of(&w.models),
             shape.cpu,
             shape.mem,
             request.layout(),

@@ -190,6 +190,14 @@ fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool) {
         count(&churn, "admit"),
         count(&churn, "preempt")
     );
+    // A cycle with nothing new since the last: what a deep queue costs a daemon per tick.
+    let t = Instant::now();
+    let quiet = engine.decide(Timestamp(3_000_002));
+    println!(
+        "quiet cycle (no event since): {:.1} ms over {} pending",
+        t.elapsed().as_secs_f64() * 1e3,
+        count(&quiet, "defer")
+    );
     if let Some(id) = churn.iter().find(|d| d.action() == "defer").map(Decision::workload) {
         let t = Instant::now();
         let e = engine.explain(Timestamp(3_000_002), id);

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::preempt::EligibleLists;
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
 use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
@@ -51,6 +52,10 @@ impl ModelList {
 #[derive(Default)]
 pub(crate) struct CycleMemory {
     failed: BTreeMap<ShapeKey, (u64, DeferReason)>,
+    /// The arbiter's possible victims per project and model, made since change
+    /// `victims_at` (the same for every claimant until the state changes).
+    victims: EligibleLists,
+    victims_at: u64,
     changes: u64,
 }
 
@@ -353,8 +358,13 @@ impl Engine {
         }
 
         if !known_failure && may_preempt {
+            if self.reference || memory.victims_at != memory.changes {
+                memory.victims.clear();
+                memory.victims_at = memory.changes;
+            }
             for (m, key) in preemptible_models {
-                if let Some((victims, placement)) = self.plan_preemption(now, id, m, key, true) {
+                let plan = self.plan_preemption_with(now, id, m, key, true, &mut memory.victims);
+                if let Some((victims, placement)) = plan {
                     return Outcome::Preempting(self.start_preemption(id, key, victims, placement));
                 }
             }

@@ -98,33 +98,38 @@ impl Engine {
         key: QuotaKey,
         protect: bool,
     ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
+        self.plan_preemption_with(now, id, m, key, protect, &mut EligibleLists::new())
+    }
+
+    /// `plan_preemption` drawing its candidates from `lists`, filled as needed: the cycle
+    /// keeps them while nothing changes (`CycleMemory`), so that each failing shape does not
+    /// look up every running workload of the cohort again. They must have been made with
+    /// the same `now` and `protect`, since the last change of the state.
+    pub(super) fn plan_preemption_with(
+        &mut self,
+        now: Timestamp,
+        id: WorkloadId,
+        m: ModelId,
+        key: QuotaKey,
+        protect: bool,
+        lists: &mut EligibleLists,
+    ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
         let w = &self.workloads[&id];
         let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
         let (shape, members) = (w.shape(), w.spec.members);
         let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
         let cohort = self.projects[project.0 as usize].cohort;
 
-        let eligible = |v: &WorkloadState| -> bool {
-            v.stage == Stage::Running
-                && v.allocation.as_ref().is_some_and(|a| a.placement.model == Some(m))
-                && (!protect
-                    || (v.preemptible
-                        && v.allocation
-                            .as_ref()
-                            .and_then(|a| a.started_at)
-                            .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
-        };
         // Candidates with what makes them one: quota reclaim from a borrower, the claimant's
         // own lower-priority work, or idle work past its timer under an `on_pressure` rule.
         // Own and reclaim candidates come from disjoint projects; an idle candidate may also
         // be one of them, and then counts as idle (the cheaper tier and reason).
-        let mut picked: Vec<(WorkloadId, VictimKind)> = Vec::new();
+        let mut candidates: Vec<(VictimKey, VictimKind)> = Vec::new();
         let mut own_shares = Shares::ZERO;
-        for &v in &self.running[project.0 as usize] {
-            let vw = &self.workloads[&v];
-            if eligible(vw) && vw.priority < priority {
-                own_shares = own_shares.saturating_add(vw.spec.total_shares());
-                picked.push((v, VictimKind::Own));
+        for v in self.eligible_list(now, project, m, protect, lists) {
+            if v.priority < priority {
+                own_shares = own_shares.saturating_add(v.shares);
+                candidates.push((self.victim_key(now, &self.workloads[&v.id], 1), VictimKind::Own));
             }
         }
         let guaranteed = self.quota.line(project, key)?.guaranteed;
@@ -137,10 +142,10 @@ impl Engine {
                 if q == project || other.cohort != cohort || !self.borrows(q, key, id) {
                     continue;
                 }
-                for &v in &self.running[q.0 as usize] {
-                    let vw = &self.workloads[&v];
-                    if eligible(vw) && vw.allocation.as_ref().is_some_and(|a| a.key == Some(key)) {
-                        picked.push((v, VictimKind::Reclaim));
+                for v in self.eligible_list(now, q, m, protect, lists) {
+                    if v.line == Some(key) {
+                        let vw = &self.workloads[&v.id];
+                        candidates.push((self.victim_key(now, vw, 0), VictimKind::Reclaim));
                     }
                 }
             }
@@ -155,22 +160,17 @@ impl Engine {
                 .copied()
                 .filter(|&v| {
                     v != id
-                        && self
-                            .workloads
-                            .get(&v)
-                            .is_some_and(|vw| vw.priority <= priority && eligible(vw))
+                        && self.workloads.get(&v).is_some_and(|vw| {
+                            vw.priority <= priority && victim_eligible(vw, now, m, protect)
+                        })
                 })
                 .collect();
-            picked.retain(|(v, _)| !idle.contains(v));
-            picked.extend(idle.into_iter().map(|v| (v, VictimKind::Idle)));
+            candidates.retain(|(k, _)| !idle.contains(&k.4));
+            candidates.extend(
+                idle.into_iter()
+                    .map(|v| (self.victim_key(now, &self.workloads[&v], 0), VictimKind::Idle)),
+            );
         }
-        let mut candidates: Vec<(VictimKey, VictimKind)> = picked
-            .into_iter()
-            .map(|(v, kind)| {
-                let tier = u8::from(kind == VictimKind::Own);
-                (self.victim_key(now, &self.workloads[&v], tier), kind)
-            })
-            .collect();
         candidates.sort();
 
         let fits = |engine: &mut Engine| -> bool {
@@ -314,6 +314,31 @@ impl Engine {
         self.planned.remove(&id);
     }
 
+    /// Project `q`'s running work on model `m` that may be a victim at `now`, from `lists` or
+    /// made there.
+    fn eligible_list<'a>(
+        &self,
+        now: Timestamp,
+        q: ProjectId,
+        m: ModelId,
+        protect: bool,
+        lists: &'a mut EligibleLists,
+    ) -> &'a [Eligible] {
+        lists.entry((q, m)).or_insert_with(|| {
+            self.running[q.0 as usize]
+                .iter()
+                .map(|v| &self.workloads[v])
+                .filter(|vw| victim_eligible(vw, now, m, protect))
+                .map(|vw| Eligible {
+                    id: vw.spec.id,
+                    priority: vw.priority,
+                    shares: vw.spec.total_shares(),
+                    line: vw.allocation.as_ref().and_then(|a| a.key),
+                })
+                .collect()
+        })
+    }
+
     pub(super) fn victim_key(&self, now: Timestamp, v: &WorkloadState, tier: u8) -> VictimKey {
         let started = v.allocation.as_ref().and_then(|a| a.started_at).unwrap_or(now);
         let cost = victim_cost(now, v, self.idle_discount_ms(v.spec.id), self.restart_cost_ms);
@@ -374,6 +399,30 @@ impl Engine {
         decisions
     }
 }
+
+/// A running workload that may be stopped for work on its model: running there and, with
+/// `protect`, preemptible and past its min runtime.
+fn victim_eligible(v: &WorkloadState, now: Timestamp, m: ModelId, protect: bool) -> bool {
+    v.stage == Stage::Running
+        && v.allocation.as_ref().is_some_and(|a| a.placement.model == Some(m))
+        && (!protect
+            || (v.preemptible
+                && v.allocation
+                    .as_ref()
+                    .and_then(|a| a.started_at)
+                    .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
+}
+
+/// A possible victim as `EligibleList`s keep it.
+pub(super) struct Eligible {
+    id: WorkloadId,
+    priority: i32,
+    shares: Shares,
+    line: Option<QuotaKey>,
+}
+
+/// Possible victims per (project, model), made on demand (`Engine::eligible_list`).
+pub(super) type EligibleLists = std::collections::BTreeMap<(ProjectId, ModelId), Vec<Eligible>>;
 
 /// Why a running workload is a pre-emption candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

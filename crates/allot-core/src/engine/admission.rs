@@ -52,10 +52,9 @@ impl ModelList {
 #[derive(Default)]
 pub(crate) struct CycleMemory {
     failed: BTreeMap<ShapeKey, (u64, DeferReason)>,
-    /// The arbiter's possible victims per project and model, made since change
-    /// `victims_at` (the same for every claimant until the state changes).
+    /// The arbiter's possible victims per project and model, made since the last change
+    /// (the same for every claimant until the state changes).
     victims: EligibleLists,
-    victims_at: u64,
     changes: u64,
 }
 
@@ -63,6 +62,7 @@ impl CycleMemory {
     /// The state moved (something was admitted, pre-empted for, or let go).
     fn changed(&mut self) {
         self.changes += 1;
+        self.victims.clear();
     }
 }
 
@@ -358,9 +358,8 @@ impl Engine {
         }
 
         if !known_failure && may_preempt {
-            if self.reference || memory.victims_at != memory.changes {
+            if self.reference {
                 memory.victims.clear();
-                memory.victims_at = memory.changes;
             }
             for (m, key) in preemptible_models {
                 let plan = self.plan_preemption_with(now, id, m, key, true, &mut memory.victims);

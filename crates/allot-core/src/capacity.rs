@@ -17,6 +17,8 @@
 
 use std::collections::BTreeSet;
 
+mod gradient;
+
 use crate::decision::{DeviceShare, MemberPlacement, MigSlot, Placement};
 use crate::ids::{ModelId, NodeId, SHARES_PER_GPU};
 use crate::mig::{MigGpu, MigProfile, MigState};
@@ -93,6 +95,15 @@ impl NodeCap {
     }
 }
 
+/// Which placement `find_each` runs: the policy's gradient where it applies (the placement
+/// that is kept), or the indexed best fit (a feasibility check: whether members fit does not
+/// depend on where each goes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refine {
+    Gradient,
+    BestFit,
+}
+
 /// How a gang's members may be laid out over nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Layout {
@@ -148,6 +159,12 @@ pub(crate) struct Capacity {
     /// 0 until a GPU workload asks CPU. Placement uses it to avoid stranding GPUs on a node
     /// whose CPU is gone (the `allot` packing policy's term, `packing::TargetMix::cpu_stranded`).
     pub cpu_per_gpu: u64,
+    /// Per node: bumped by every change of what is free there (`gradient.rs`'s cache key).
+    node_version: gradient::NodeVersions,
+    /// Per model: the nodes that have it, in id order.
+    model_nodes: Vec<Vec<NodeId>>,
+    /// The placement gradient: target mix and cached scores (`capacity/gradient.rs`).
+    gradient: gradient::Gradient,
 }
 
 /// How many best-fit candidates placement weighs by CPU stranding: enough to step past a
@@ -168,7 +185,11 @@ impl Capacity {
             max_mig_devices_per_node: vec![0; model_count],
             domains: Domains::default(),
             cpu_per_gpu: 0,
+            node_version: gradient::NodeVersions::default(),
+            model_nodes: vec![Vec::new(); model_count],
+            gradient: gradient::Gradient::default(),
         };
+        cap.node_version = gradient::NodeVersions(vec![1; cap.nodes.len()]);
         cap.index_mig_devices();
         for (n, node) in cap.nodes.iter().enumerate() {
             let node_id = NodeId(n as u32);
@@ -186,6 +207,7 @@ impl Capacity {
             }
             for model in models {
                 let m = model.0 as usize;
+                cap.model_nodes[m].push(node_id);
                 let count = node.devices.iter().filter(|d| d.model == model).count() as u32;
                 cap.max_devices_per_node[m] = cap.max_devices_per_node[m].max(count);
                 cap.whole_index[m].insert((node.whole_free(model), node_id));
@@ -398,6 +420,7 @@ impl Capacity {
         if old_free == new_free {
             return;
         }
+        self.touch(node);
         let m = model.0 as usize;
         let old_whole = self.nodes[node.0 as usize].whole_free(model);
         if old_free > 0 {
@@ -428,6 +451,7 @@ impl Capacity {
     /// unavailable node, withheld: work adopted where it runs, or an allocation booked again).
     pub fn take(&mut self, placement: &Placement, cpu: u64, mem: u64) {
         for member in &placement.members {
+            self.touch(member.node);
             let node = &mut self.nodes[member.node.0 as usize];
             if node.unavailable {
                 node.withheld_cpu = node.withheld_cpu.saturating_sub(cpu);
@@ -450,6 +474,7 @@ impl Capacity {
     /// not freed.
     pub fn give(&mut self, placement: &Placement, cpu: u64, mem: u64) {
         for member in &placement.members {
+            self.touch(member.node);
             let node = &mut self.nodes[member.node.0 as usize];
             if node.unavailable {
                 node.withheld_cpu = (node.withheld_cpu + cpu).min(node.cpu_total);
@@ -500,6 +525,8 @@ impl Capacity {
         if n.unavailable {
             return;
         }
+        self.touch(node);
+        let n = &mut self.nodes[node.0 as usize];
         n.withheld_cpu = std::mem::take(&mut n.free_cpu);
         n.withheld_mem = std::mem::take(&mut n.free_mem);
         for d in 0..n.devices.len() {
@@ -519,6 +546,8 @@ impl Capacity {
         if !n.unavailable {
             return;
         }
+        self.touch(node);
+        let n = &mut self.nodes[node.0 as usize];
         n.unavailable = false;
         n.free_cpu = (n.free_cpu + std::mem::take(&mut n.withheld_cpu)).min(n.cpu_total);
         n.free_mem = (n.free_mem + std::mem::take(&mut n.withheld_mem)).min(n.mem_total);
@@ -563,7 +592,7 @@ impl Capacity {
         layout: Layout,
     ) -> Option<Placement> {
         if members <= 1 {
-            return self.find_each(model, shape, members);
+            return self.find_each(model, shape, members, Refine::Gradient);
         }
         match layout {
             Layout::SameNode => self.find_same_node(model, shape, members),
@@ -585,7 +614,7 @@ impl Capacity {
     ) -> bool {
         match layout {
             Layout::SameNode if members > 1 => self.find_same_node(model, shape, members).is_some(),
-            _ => self.find_each(model, shape, members).is_some(),
+            _ => self.find_each(model, shape, members, Refine::BestFit).is_some(),
         }
     }
 
@@ -598,14 +627,23 @@ impl Capacity {
         model: Option<ModelId>,
         shape: MemberShape,
         members: u32,
+        refine: Refine,
     ) -> Option<Placement> {
         let mut placed: Vec<MemberPlacement> = Vec::new();
         let mut ok = true;
-        for _ in 0..members {
-            match self.find_member(model, shape) {
+        for index in 0..members {
+            let found = match refine {
+                Refine::Gradient => self.gradient_member(model, shape),
+                Refine::BestFit => None,
+            };
+            match found.unwrap_or_else(|| self.find_member(model, shape)) {
                 Some(member) => {
-                    let one = Placement { model, members: vec![member.clone()] };
-                    self.take(&one, shape.cpu, shape.mem);
+                    // Taken only for the members after it to see; the last is not (a take
+                    // and give would mark the node changed for placement's cached scores).
+                    if index + 1 < members {
+                        let one = Placement { model, members: vec![member.clone()] };
+                        self.take(&one, shape.cpu, shape.mem);
+                    }
                     placed.push(member);
                 }
                 None => {
@@ -614,9 +652,10 @@ impl Capacity {
                 }
             }
         }
-        let partial = Placement { model, members: placed };
-        self.give(&partial, shape.cpu, shape.mem);
-        ok.then_some(partial)
+        let last_taken = if ok { placed.len().saturating_sub(1) } else { placed.len() };
+        let taken = Placement { model, members: placed[..last_taken].to_vec() };
+        self.give(&taken, shape.cpu, shape.mem);
+        ok.then_some(Placement { model, members: placed })
     }
 
     /// GPU shares on `node` that the demand could not feed with CPU if the node had `cpu_free`

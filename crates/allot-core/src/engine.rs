@@ -46,6 +46,7 @@ mod admission;
 mod audit;
 mod book;
 mod defrag;
+mod demand;
 mod eta;
 mod events;
 mod idle;
@@ -287,7 +288,7 @@ pub struct Engine {
     pub(crate) workloads: BTreeMap<WorkloadId, WorkloadState>,
     pub(crate) queues: Vec<BTreeSet<QueueKey>>,
     /// Started workloads per project: the only pre-emption candidates.
-    running: Vec<BTreeSet<WorkloadId>>,
+    running: Vec<book::RunningSet>,
     preemptors: BTreeSet<WorkloadId>,
     /// What each waiting pre-emptor will charge once its victims are gone: (project, line,
     /// shares). The arbiter counts it as the project's usage, as Kueue reserves a
@@ -314,6 +315,9 @@ pub struct Engine {
     /// submission: its ratio is the CPU per GPU placement keeps for free GPUs
     /// (`Capacity::cpu_per_gpu`).
     recent_demand: (u64, u64),
+    /// The member shapes submitted, and the target mix placement's gradient is measured
+    /// against (`engine/demand.rs`).
+    census: demand::DemandCensus,
     /// The policy's idle rules, in order (`engine/idle.rs`).
     pub(crate) idle_rules: Vec<IdlePolicySpec>,
     /// Idle state per running workload that a rule covers.
@@ -524,7 +528,7 @@ impl Engine {
             defrag: policy.defragmentation,
             workloads: BTreeMap::new(),
             queues: vec![BTreeSet::new(); project_count],
-            running: vec![BTreeSet::new(); project_count],
+            running: vec![book::RunningSet::default(); project_count],
             preemptors: BTreeSet::new(),
             reservations: BTreeMap::new(),
             reserved_by_line: BTreeMap::new(),
@@ -536,6 +540,7 @@ impl Engine {
             deadlines: BTreeSet::new(),
             clock: Timestamp(0),
             recent_demand: (0, 0),
+            census: demand::DemandCensus::default(),
             idle_rules: policy.idle.clone(),
             idle: BTreeMap::new(),
             backoffs: BTreeSet::new(),

@@ -295,15 +295,17 @@ impl NodeState {
         self.fully_free = u8::try_from(full).unwrap_or(u8::MAX);
     }
 
-    /// The GPUs a pod that does not share one takes: those with enough free, least free first,
-    /// lowest index among equals — for whole GPUs, the lowest-index fully free ones.
     fn exclusive_gpus(&self, pod: &PodShape) -> Vec<u8> {
-        let mut order: Vec<u8> = (0..self.gpu_free.len() as u8)
-            .filter(|&g| self.gpu_free[usize::from(g)] >= pod.gpu_milli)
-            .collect();
-        order.sort_by_key(|&g| self.gpu_free[usize::from(g)]);
-        order.truncate(usize::from(pod.gpus));
-        order
+        exclusive_gpus(&self.gpu_free, pod)
+    }
+
+    fn gradient_node(&self) -> GradientNode<'_> {
+        GradientNode {
+            cpu_free: self.cpu_free,
+            model: self.model,
+            gpu_free: &self.gpu_free,
+            fragment: self.fragment,
+        }
     }
 
     /// For a sharing pod: the fitting GPU with the least free, lowest index on ties.
@@ -311,6 +313,33 @@ impl NodeState {
         (0..self.gpu_free.len() as u8)
             .filter(|&g| self.gpu_free[usize::from(g)] >= pod.gpu_milli)
             .min_by_key(|&g| (self.gpu_free[usize::from(g)], g))
+    }
+}
+
+/// The GPUs a pod that does not share one takes: those with enough free, least free first,
+/// lowest index among equals — for whole GPUs, the lowest-index fully free ones.
+fn exclusive_gpus(gpu_free: &[u16], pod: &PodShape) -> Vec<u8> {
+    let mut order: Vec<u8> =
+        (0..gpu_free.len() as u8).filter(|&g| gpu_free[usize::from(g)] >= pod.gpu_milli).collect();
+    order.sort_by_key(|&g| gpu_free[usize::from(g)]);
+    order.truncate(usize::from(pod.gpus));
+    order
+}
+
+/// A node as the fragmentation gradient sees it: free CPU, GPU model, free shares of each of
+/// its GPUs, and its expected fragment now ([`TargetMix::node_fragment`] of the same state).
+/// `sim pack`'s cluster and the engine's capacity both score through this.
+#[derive(Clone, Copy, Debug)]
+pub struct GradientNode<'a> {
+    pub cpu_free: u64,
+    pub model: u8,
+    pub gpu_free: &'a [u16],
+    pub fragment: f64,
+}
+
+impl GradientNode<'_> {
+    fn free_total(&self) -> i64 {
+        self.gpu_free.iter().map(|&f| i64::from(f)).sum()
     }
 }
 
@@ -527,8 +556,8 @@ fn score(policy: PackPolicy, node: &NodeState, pod: &PodShape, mix: &TargetMix) 
             (base + bonus, best_gpu())
         }
         PackPolicy::Packing => (packing_score(node, pod), best_gpu()),
-        PackPolicy::Fgd => fgd_score(node, pod, mix),
-        PackPolicy::Allot => allot_score(node, pod, mix),
+        PackPolicy::Fgd => fgd_score(node.gradient_node(), pod, mix),
+        PackPolicy::Allot => allot_score(node.gradient_node(), pod, mix),
     }
 }
 
@@ -563,7 +592,7 @@ fn packing_score(node: &NodeState, pod: &PodShape) -> i64 {
 }
 
 /// FGD: score = trunc(100 · sigmoid((F_before − F_after) / 1000)), ties to the node order.
-fn fgd_score(node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
+fn fgd_score(node: GradientNode<'_>, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
     let before = node.fragment;
     best_candidate(node, pod, mix, |after| truncate(100.0 * sigmoid((before - after) / 1000.0)))
 }
@@ -578,7 +607,10 @@ fn fgd_score(node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
 /// weight. On the openb traces this removes almost all GPUs stranded on CPU-exhausted nodes.
 /// (Two things that did not help and were left out: finer quantisation of the same sum, and
 /// keeping whole nodes free for gangs; see docs/benchmarks.md.)
-fn allot_score(node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
+///
+/// The node is known to fit the pod; the result is the score and, for a pod sharing a GPU,
+/// the GPU it takes (an index into `node.gpu_free`).
+pub fn allot_score(node: GradientNode<'_>, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
     let gpu_free = node.free_total().max(0) as u64;
     let cpu_after = node.cpu_free.saturating_sub(pod.cpu_milli);
     let stranded_before = mix.cpu_stranded(node.cpu_free, gpu_free);
@@ -594,7 +626,7 @@ fn allot_score(node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {
 /// GPU (equal free shares rate equally, so each distinct value once; the lowest index wins
 /// ties); other pods have one way (the lowest-index GPUs with enough free).
 fn best_candidate(
-    node: &NodeState,
+    node: GradientNode<'_>,
     pod: &PodShape,
     mix: &TargetMix,
     rate: impl Fn(f64) -> i64,
@@ -602,11 +634,11 @@ fn best_candidate(
     let cpu_free = node.cpu_free.saturating_sub(pod.cpu_milli);
     let rate_state = |gpus: &[u16]| rate(mix.node_fragment(cpu_free, node.model, gpus));
     if pod.is_cpu_only() {
-        return (rate_state(&node.gpu_free), 0);
+        return (rate_state(node.gpu_free), 0);
     }
-    let mut after = node.gpu_free.clone();
+    let mut after = node.gpu_free.to_vec();
     if !pod.is_sharing() {
-        for gpu in node.exclusive_gpus(pod) {
+        for gpu in exclusive_gpus(node.gpu_free, pod) {
             let free = &mut after[usize::from(gpu)];
             *free -= (*free).min(pod.gpu_milli);
         }

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::capacity::{Capacity, MemberShape, pick_whole_devices};
+use crate::capacity::{Capacity, MemberShape, Refine, pick_whole_devices};
 use crate::decision::{DeviceShare, MemberPlacement, Placement};
 use crate::ids::{ModelId, NodeId};
 use crate::model::GpuRequest;
@@ -182,7 +182,7 @@ impl Capacity {
         shape: MemberShape,
         members: u32,
     ) -> Option<Placement> {
-        let global = self.find_each(model, shape, members)?;
+        let global = self.find_each(model, shape, members, Refine::Gradient)?;
         let Some(model) = model else { return Some(global) };
         // MIG gangs keep their best-fit placement: their slots are not counted per domain.
         if matches!(shape.gpus, GpuRequest::Whole(0) | GpuRequest::Mig(_)) {

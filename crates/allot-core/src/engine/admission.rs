@@ -317,31 +317,34 @@ impl Engine {
             return Outcome::Deferred(reason);
         }
 
+        // Work that names its models takes the first that fits, in its order of preference;
+        // work that accepts any model goes where placement rates best over all of them (within
+        // guarantee before borrowing), not to the fleet's first model.
+        let weigh_models = w.models.is_empty() && self.capacity.gradient_active();
         let models: Vec<ModelId> = self.candidate_models(w).to_vec();
         let mut best: Option<DeferReason> = None;
         let mut preemptible_models = Vec::new();
         let mut placement_blocked = Vec::new();
+        // ((within guarantee, placement rank), line, placement) of the best model so far.
+        type Candidate = ((bool, (i64, i64)), QuotaKey, Placement);
+        let mut best_fit: Option<Candidate> = None;
         for &m in &models {
             match self.check_model(&request, m, !known_failure) {
                 ModelCheck::Fits(key, placement) => {
-                    let before = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
-                    self.commit(id, Some(key), placement.clone());
-                    let (used, guaranteed) = self
+                    if !weigh_models {
+                        return Outcome::Admitted(self.admit(id, project, key, placement));
+                    }
+                    let within = self
                         .quota
-                        .line(project, key)
-                        .map_or((Shares::ZERO, Shares::ZERO), |l| (l.used, l.guaranteed));
-                    let reason = if used > guaranteed {
-                        AdmitReason::Borrowing {
-                            project,
-                            key,
-                            borrowed: used.saturating_sub(guaranteed.max(before)),
-                            used,
-                            guaranteed,
-                        }
-                    } else {
-                        AdmitReason::WithinGuarantee { project, key, used, guaranteed }
-                    };
-                    return Outcome::Admitted(Decision::Admit { workload: id, placement, reason });
+                        .view(project, key)
+                        .is_some_and(|v| v.used.saturating_add(request.total) <= v.guaranteed);
+                    let rank = self
+                        .capacity
+                        .placement_rank(Some(m), request.shape, &placement)
+                        .unwrap_or((i64::MIN, i64::MIN));
+                    if best_fit.as_ref().is_none_or(|(r, _, _)| (within, rank) > *r) {
+                        best_fit = Some(((within, rank), key, placement));
+                    }
                 }
                 ModelCheck::Blocked { reason, preempt_key } => {
                     if let Some(key) = preempt_key {
@@ -357,6 +360,9 @@ impl Engine {
             }
         }
 
+        if let Some((_, key, placement)) = best_fit {
+            return Outcome::Admitted(self.admit(id, project, key, placement));
+        }
         if !known_failure && may_preempt {
             if self.reference {
                 memory.victims.clear();
@@ -385,6 +391,34 @@ impl Engine {
         let reason = best.unwrap_or(DeferReason::NoQuotaForModel { project });
         memory.failed.insert(shape_key, (memory.changes, reason.clone()));
         Outcome::Deferred(reason)
+    }
+
+    /// Books `placement` for `id` on quota line `key` and says why it is admitted.
+    fn admit(
+        &mut self,
+        id: WorkloadId,
+        project: ProjectId,
+        key: QuotaKey,
+        placement: Placement,
+    ) -> Decision {
+        let before = self.quota.line(project, key).map_or(Shares::ZERO, |l| l.used);
+        self.commit(id, Some(key), placement.clone());
+        let (used, guaranteed) = self
+            .quota
+            .line(project, key)
+            .map_or((Shares::ZERO, Shares::ZERO), |l| (l.used, l.guaranteed));
+        let reason = if used > guaranteed {
+            AdmitReason::Borrowing {
+                project,
+                key,
+                borrowed: used.saturating_sub(guaranteed.max(before)),
+                used,
+                guaranteed,
+            }
+        } else {
+            AdmitReason::WithinGuarantee { project, key, used, guaranteed }
+        };
+        Decision::Admit { workload: id, placement, reason }
     }
 
     /// The checks `decide` and `explain` share: may this request start on model `m` now?

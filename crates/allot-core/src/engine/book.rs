@@ -29,7 +29,7 @@ impl Engine {
         let Some(w) = self.workloads.get_mut(&id) else { return };
         let stopping = w.stage == Stage::Stopping;
         let Some(alloc) = w.allocation.take() else { return };
-        let project = w.project;
+        let (project, priority) = (w.project, w.priority);
         if stopping && let Some(key) = alloc.key {
             adjust_line_total(&mut self.stopping_shares, (project, key), |t| {
                 t.saturating_sub(alloc.shares)
@@ -40,7 +40,7 @@ impl Engine {
         }
         let p = &mut self.projects[project.0 as usize];
         p.allocated = p.allocated.saturating_sub(alloc.shares);
-        self.running[project.0 as usize].remove(&id);
+        self.running[project.0 as usize].remove(id, priority);
         self.idle.remove(&id);
     }
 
@@ -78,5 +78,50 @@ pub(super) fn adjust_line_total(
         totals.remove(&line);
     } else {
         totals.insert(line, next);
+    }
+}
+
+/// One project's started workloads (the only pre-emption candidates), with how many run at
+/// each priority: the arbiter skips the project's own work at once when none of it runs
+/// below the claimant, instead of reading every running workload.
+#[derive(Clone, Debug, Default)]
+pub(super) struct RunningSet {
+    ids: std::collections::BTreeSet<WorkloadId>,
+    priorities: std::collections::BTreeMap<i32, u32>,
+}
+
+impl RunningSet {
+    pub fn insert(&mut self, id: WorkloadId, priority: i32) {
+        if self.ids.insert(id) {
+            *self.priorities.entry(priority).or_default() += 1;
+        }
+    }
+
+    pub fn remove(&mut self, id: WorkloadId, priority: i32) {
+        if self.ids.remove(&id)
+            && let Some(count) = self.priorities.get_mut(&priority)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.priorities.remove(&priority);
+            }
+        }
+    }
+
+    /// Whether some workload here runs at a priority below `priority`.
+    pub fn any_below(&self, priority: i32) -> bool {
+        self.priorities.first_key_value().is_some_and(|(&p, _)| p < priority)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &WorkloadId> {
+        self.ids.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a RunningSet {
+    type Item = &'a WorkloadId;
+    type IntoIter = std::collections::btree_set::Iter<'a, WorkloadId>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.ids.iter()
     }
 }

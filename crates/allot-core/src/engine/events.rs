@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 use super::{
     Allocation, Engine, MEMBERS_MAX, Stage, StopKind, WHOLE_GPUS_PER_MEMBER_MAX, WorkloadState,
+    demand,
 };
 use crate::decision::{Placement, QuotaKey, RejectReason, StopReason};
 use crate::event::Event;
@@ -25,7 +26,33 @@ pub(super) fn cpu_per_gpu((cpu, shares): (u64, u64)) -> u64 {
     u64::try_from(ratio).unwrap_or(u64::MAX)
 }
 
+/// How the target mix counts one member of `spec` (accepting `models`); `None` for MIG
+/// requests, which the gradient does not place.
+fn demand_class(spec: &WorkloadSpec, models: &[ModelId]) -> Option<demand::DemandClass> {
+    let (gpus, gpu_milli) = match spec.gpus_per_member {
+        GpuRequest::Whole(0) => (0, 0),
+        GpuRequest::Whole(k) => (u8::try_from(k).ok()?, SHARES_PER_GPU as u16),
+        GpuRequest::Shares(s) => (1, u16::try_from(s).ok()?),
+        GpuRequest::Mig(_) => return None,
+    };
+    let mut mask = if models.is_empty() { u64::MAX } else { 0 };
+    for m in models {
+        mask |= if m.0 < 64 { 1u64 << m.0 } else { u64::MAX };
+    }
+    let models = if gpus == 0 { u64::MAX } else { mask };
+    Some(demand::DemandClass { cpu_millis: spec.cpu_millis_per_member, gpus, gpu_milli, models })
+}
+
 impl Engine {
+    /// The target mix placement uses: the census's, while the fleet has no more models than
+    /// a mix tells apart (else placement is best fit).
+    pub(super) fn placement_mix(&self) -> Option<crate::packing::TargetMix> {
+        if self.models.len() > crate::packing::ModelSet::MODELS_MAX {
+            return None;
+        }
+        self.census.mix()
+    }
+
     /// Applies one fact. Events about unknown workloads or nodes are ignored, so duplicated or
     /// late acknowledgements are harmless.
     pub fn apply(&mut self, now: Timestamp, event: Event) {
@@ -44,7 +71,7 @@ impl Engine {
                     if let Some(max) = w.spec.max_runtime_ms {
                         self.deadlines.insert((Timestamp(now.0.saturating_add(max)), workload));
                     }
-                    self.running[w.project.0 as usize].insert(workload);
+                    self.running[w.project.0 as usize].insert(workload, w.priority);
                     self.start_idle_tracking(workload, now);
                 }
             }
@@ -120,7 +147,7 @@ impl Engine {
     fn submit(&mut self, now: Timestamp, spec: WorkloadSpec) {
         let id = spec.id;
         let Some((project, priority, preemptible, models)) = self.accept(&spec) else { return };
-        self.note_demand(&spec);
+        self.note_demand(&spec, &models);
         let state = WorkloadState::new(spec, (project, priority, preemptible, models), now);
         self.queues[project.0 as usize].insert(state.queue_key());
         self.workloads.insert(id, state);
@@ -148,7 +175,7 @@ impl Engine {
         self.book_resources(id, true);
         let p = &mut self.projects[project.0 as usize];
         p.allocated = p.allocated.saturating_add(shares);
-        self.running[project.0 as usize].insert(id);
+        self.running[project.0 as usize].insert(id, priority);
         self.start_idle_tracking(id, now);
     }
 
@@ -283,8 +310,14 @@ impl Engine {
         Ok((project, class_spec.value, preemptible, models))
     }
 
-    /// Fold a valid GPU submission into the recent demand and the CPU per GPU placement uses.
-    fn note_demand(&mut self, spec: &WorkloadSpec) {
+    /// Fold a valid submission into the target mix placement measures fragmentation against
+    /// and, when it asks GPUs, the recent demand and the CPU per GPU placement keeps.
+    fn note_demand(&mut self, spec: &WorkloadSpec, models: &[ModelId]) {
+        if let Some(class) = demand_class(spec, models)
+            && self.census.note(class, spec.members)
+        {
+            self.capacity.set_target_mix(self.placement_mix());
+        }
         let shares = spec.total_shares().0;
         if shares == 0 {
             return;

@@ -126,7 +126,9 @@ impl Engine {
         // be one of them, and then counts as idle (the cheaper tier and reason).
         let mut candidates: Vec<(VictimKey, VictimKind)> = Vec::new();
         let mut own_shares = Shares::ZERO;
-        for v in self.eligible_list(now, project, m, protect, lists) {
+        let own_below = self.running[project.0 as usize].any_below(priority);
+        let own = if own_below { self.eligible_list(now, project, m, protect, lists) } else { &[] };
+        for v in own {
             if v.priority < priority {
                 own_shares = own_shares.saturating_add(v.shares);
                 candidates.push((self.victim_key(now, &self.workloads[&v.id], 1), VictimKind::Own));
@@ -294,7 +296,7 @@ impl Engine {
         let Some(w) = self.workloads.get_mut(&id) else { return };
         w.stage = Stage::Stopping;
         w.stop_kind = Some(kind);
-        self.running[w.project.0 as usize].remove(&id);
+        self.running[w.project.0 as usize].remove(id, w.priority);
         if let Some(a) = &w.allocation
             && let Some(key) = a.key
         {

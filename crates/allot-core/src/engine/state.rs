@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::demand::DemandCensus;
 use super::idle::IdleState;
 use super::{Allocation, Engine, Stage, StopKind, WorkloadState};
 use crate::codec::{self, Codec, CodecError, bad, codec_struct, codec_unit_enum};
@@ -63,8 +64,9 @@ impl Codec for StopKind {
 }
 
 /// Bumped whenever the saved fields change meaning. Version 2 appends the unavailable nodes
-/// after `Saved`; version 1 (no unavailable nodes) is still read.
-const STATE_VERSION: u32 = 2;
+/// after `Saved`, version 3 the demand census after those; versions 1 (neither) and 2 (no
+/// census: placement starts learning the mix again) are still read.
+const STATE_VERSION: u32 = 3;
 
 /// What `Engine::state` writes: the configuration's names (to refuse a foreign state) and
 /// the event-made fields; from version 2 followed by the unavailable nodes
@@ -168,6 +170,7 @@ impl Engine {
         };
         let mut bytes = codec::to_bytes(&saved);
         self.unavailable.encode(&mut bytes);
+        self.census.encode(&mut bytes);
         Ok(bytes)
     }
 
@@ -183,14 +186,21 @@ impl Engine {
             .map_err(|e| StateError::Mismatch(format!("the configuration: {e}")))?;
         let mut input = bytes;
         let saved = Saved::decode(&mut input).map_err(StateError::Codec)?;
-        let unavailable: BTreeMap<NodeId, String> = match saved.version {
-            1 => BTreeMap::new(),
-            STATE_VERSION => Codec::decode(&mut input).map_err(StateError::Codec)?,
-            other => {
-                return Err(StateError::Mismatch(format!(
-                    "state version {other} (this allot reads 1 and {STATE_VERSION})"
-                )));
-            }
+        if !(1..=STATE_VERSION).contains(&saved.version) {
+            return Err(StateError::Mismatch(format!(
+                "state version {} (this allot reads 1 to {STATE_VERSION})",
+                saved.version
+            )));
+        }
+        let unavailable: BTreeMap<NodeId, String> = if saved.version >= 2 {
+            Codec::decode(&mut input).map_err(StateError::Codec)?
+        } else {
+            BTreeMap::new()
+        };
+        let census: DemandCensus = if saved.version >= 3 {
+            Codec::decode(&mut input).map_err(StateError::Codec)?
+        } else {
+            DemandCensus::default()
         };
         if !input.is_empty() {
             return Err(StateError::Codec(bad("bytes left over")));
@@ -223,6 +233,7 @@ impl Engine {
         engine.planned = saved.planned;
         engine.clock = saved.clock;
         engine.recent_demand = saved.recent_demand;
+        engine.census = census;
         for (p, d) in engine.projects.iter_mut().zip(saved.decayed_allocated) {
             p.decayed_allocated = d;
         }
@@ -298,12 +309,12 @@ impl Engine {
                     self.queues[p].insert(key);
                 }
                 (stage, Some(a)) => {
-                    let (stage, shares, key) = (*stage, a.shares, a.key);
+                    let (stage, shares, key, priority) = (*stage, a.shares, a.key, w.priority);
                     self.book_resources(id, true);
                     let pr = &mut self.projects[p];
                     pr.allocated = pr.allocated.saturating_add(shares);
                     if stage == Stage::Running {
-                        self.running[p].insert(id);
+                        self.running[p].insert(id, priority);
                     }
                     if stage == Stage::Stopping
                         && let Some(key) = key
@@ -320,6 +331,7 @@ impl Engine {
             super::adjust_line_total(&mut self.reserved_by_line, (p, k), |t| t.saturating_add(s));
         }
         self.capacity.cpu_per_gpu = super::cpu_per_gpu(self.recent_demand);
+        self.capacity.set_target_mix(self.placement_mix());
     }
 
     /// This engine's live work carried into an engine over `nodes` (the same cluster) and
@@ -435,6 +447,10 @@ impl Engine {
         }
         next.clock = self.clock;
         next.recent_demand = self.recent_demand;
+        if next.models == self.models {
+            // Model masks are indexes into the model list: another list starts over.
+            next.census = self.census.clone();
+        }
         for p in &mut next.projects {
             if let Some(old) = self.projects.iter().find(|o| o.name == p.name) {
                 p.decayed_allocated = old.decayed_allocated;

@@ -5,6 +5,9 @@
 //! arrival-only run to 130 % of capacity per policy. Prints placement decisions per second
 //! (every arriving pod is one decision: placed or failed) and the allocation reached. Figures,
 //! not assertions: the machine is shared. Options: `-- --nodes N --seed N --policy NAME`.
+//! Policy `engine` (also run by default, last) is the experiment through allot's engine
+//! (`pack::run_seed_engine`: a submission and a cycle per pod); its time includes the cycle
+//! and the measuring cluster beside it.
 
 #![allow(clippy::print_stdout, clippy::disallowed_methods, clippy::unwrap_used)]
 
@@ -23,6 +26,7 @@ fn main() {
     };
     let nodes_wanted: usize = flag("--nodes").and_then(|v| v.parse().ok()).unwrap_or(5000);
     let seed: u64 = flag("--seed").and_then(|v| v.parse().ok()).unwrap_or(42);
+    let engine = flag("--policy").is_none_or(|name| name == pack::ENGINE_PLACEMENT);
     let policies: Vec<PackPolicy> = match flag("--policy") {
         Some(name) => PackPolicy::parse(name).into_iter().collect(),
         None => PackPolicy::ALL.to_vec(),
@@ -60,17 +64,24 @@ fn main() {
         "{:>11} {:>10} {:>10} {:>14} {:>12}",
         "policy", "decisions", "seconds", "decisions/s", "alloc % @end"
     );
-    for policy in policies {
-        let started = Instant::now();
-        let run = pack::run_seed(&input, policy, 1.3, seed, ArrivalOrder::Online);
-        let seconds = started.elapsed().as_secs_f64();
+    let row = |name: &str, run: &pack::SeedRun, seconds: f64| {
         println!(
             "{:>11} {:>10} {:>10.3} {:>14.0} {:>12.2}",
-            policy.name(),
+            name,
             run.pods_arrived,
             seconds,
             run.pods_arrived as f64 / seconds,
             run.final_allocation_pct
         );
+    };
+    for policy in policies {
+        let started = Instant::now();
+        let run = pack::run_seed(&input, policy, 1.3, seed, ArrivalOrder::Online);
+        row(policy.name(), &run, started.elapsed().as_secs_f64());
+    }
+    if engine {
+        let started = Instant::now();
+        let run = pack::run_seed_engine(&input, 1.3, seed).unwrap();
+        row(pack::ENGINE_PLACEMENT, &run, started.elapsed().as_secs_f64());
     }
 }

@@ -31,6 +31,12 @@ use crate::error::TraceError;
 use crate::openb::{OpenbNode, OpenbPod};
 use crate::rng::SimRng;
 
+mod engine;
+pub use engine::run_seed_engine;
+
+/// The name `sim pack --engine` reports its runs under.
+pub const ENGINE_PLACEMENT: &str = "engine";
+
 /// FGD's target workload keeps the most common pod classes until they cover this share of pods.
 const TARGET_COVERAGE: f64 = 0.95;
 /// A run never appends more copies than this many times the trace (guards a trace whose GPU
@@ -290,20 +296,46 @@ pub fn run_seed(
         // Stable: equal pods keep their seeded order.
         sequence.sort_by_key(|p| std::cmp::Reverse((p.total_milli(), p.cpu_milli)));
     }
-    let mut order = input.nodes.clone();
-    root.fork(STREAM_NODES).shuffle(&mut order);
-    let mut cluster = PackCluster::new(&order, input.mix.clone());
+    let order = node_order(input, seed);
     let mut draws = Draws(root.fork(STREAM_POLICY));
+    run_sequence(input, seed, &order, &sequence, inflate, |pod, cluster| {
+        match cluster.choose(policy, pod, &mut draws) {
+            Some(placement) => {
+                cluster.commit(pod, &placement);
+                true
+            }
+            None => false,
+        }
+    })
+}
+
+/// The nodes in one seed's tie-break order (the order node ids are given in).
+fn node_order(input: &PackInput, seed: u64) -> Vec<PackNodeSpec> {
+    let mut order = input.nodes.clone();
+    SimRng::new(seed).fork(STREAM_NODES).shuffle(&mut order);
+    order
+}
+
+/// Runs `sequence` over the nodes `order`: `place` puts each pod (booking it in the
+/// cluster it is given, which measures allocation and fragmentation) or says it fits nowhere.
+fn run_sequence(
+    input: &PackInput,
+    seed: u64,
+    order: &[PackNodeSpec],
+    sequence: &[PodShape],
+    inflate: f64,
+    mut place: impl FnMut(&PodShape, &mut PackCluster) -> bool,
+) -> SeedRun {
+    let mut cluster = PackCluster::new(order, input.mix.clone());
     let capacity_gpus = input.capacity_milli as f64 / 1000.0;
     let columns = column_count(inflate);
     let mut bins = Bins::new(columns + 2);
     let mut arrived: u64 = 0;
     let mut failed = 0;
-    for pod in &sequence {
+    for pod in sequence {
         arrived += pod.total_milli();
-        match cluster.choose(policy, pod, &mut draws) {
-            Some(placement) => cluster.commit(pod, &placement),
-            None => failed += 1,
+        if !place(pod, &mut cluster) {
+            failed += 1;
         }
         let used = cluster.used_milli();
         let fragment = cluster.fragment_total();
@@ -351,6 +383,37 @@ pub fn run_with_progress(
             run
         })
         .collect();
+    report(input, policy.name(), order, inflate, seeds, per_seed)
+}
+
+/// The experiment run through allot's engine ([`run_seed_engine`]) over several seeds, in
+/// parallel; reported as placement [`ENGINE_PLACEMENT`].
+pub fn run_engine_with_progress(
+    input: &PackInput,
+    inflate: f64,
+    seeds: &[u64],
+    seed_done: &(dyn Fn() + Sync),
+) -> Result<PackReport, String> {
+    let per_seed: Vec<SeedRun> = seeds
+        .par_iter()
+        .map(|&seed| {
+            let run = run_seed_engine(input, inflate, seed);
+            seed_done();
+            run
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(report(input, ENGINE_PLACEMENT, ArrivalOrder::Online, inflate, seeds, per_seed))
+}
+
+/// Per-column means over the seeds' runs.
+fn report(
+    input: &PackInput,
+    placement: &str,
+    order: ArrivalOrder,
+    inflate: f64,
+    seeds: &[u64],
+    per_seed: Vec<SeedRun>,
+) -> PackReport {
     let columns = column_count(inflate);
     let mean = |pick: fn(&SeedRun) -> &Vec<Option<f64>>| -> Vec<Option<f64>> {
         (0..=columns)
@@ -363,7 +426,7 @@ pub fn run_with_progress(
             .collect()
     };
     PackReport {
-        placement: policy.name().to_owned(),
+        placement: placement.to_owned(),
         arrival_order: match order {
             ArrivalOrder::Online => "online",
             ArrivalOrder::Decreasing => "decreasing",

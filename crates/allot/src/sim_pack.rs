@@ -56,6 +56,11 @@ pub(crate) struct PackArgs {
     /// to each placement at the final column.
     #[arg(long)]
     bound: bool,
+    /// Also run the experiment through allot's engine — each pod submitted to an `Engine`, one
+    /// cycle, its `Admit` booked; the engine learns the target mix from the submissions — and
+    /// report it as placement `engine` beside `--placement`'s.
+    #[arg(long)]
+    engine: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -147,9 +152,17 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
             "give a factor in (0, 10], e.g. 1.3",
         ));
     }
+    if args.engine && args.hindsight {
+        return Err(usage(
+            "--engine",
+            "with --hindsight",
+            "the engine places pods as they arrive; drop --hindsight or --engine",
+        ));
+    }
     let mode = if args.skip_bad_rows { BadRows::Skip } else { BadRows::Fail };
     let input = load(&args.nodes, &args.pods, mode)?;
-    let progress = Progress::new((policies.len() * seeds.len()) as u64, "packing");
+    let runs = policies.len() + usize::from(args.engine);
+    let progress = Progress::new((runs * seeds.len()) as u64, "packing");
     let mut reports = Vec::new();
     for policy in policies {
         let started = wall_clock();
@@ -158,6 +171,15 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
             pack::run_with_progress(&input, policy, args.inflate, &seeds, order, &|| {
                 progress.inc(1);
             });
+        report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
+        reports.push(report);
+    }
+    if args.engine {
+        let started = wall_clock();
+        let mut report = pack::run_engine_with_progress(&input, args.inflate, &seeds, &|| {
+            progress.inc(1);
+        })
+        .map_err(|e| anyhow::anyhow!("sim pack --engine: {e}"))?;
         report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
         reports.push(report);
     }

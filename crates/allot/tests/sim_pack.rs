@@ -15,6 +15,21 @@ fn pack(extra: &[&str]) -> std::process::Output {
 }
 
 #[test]
+fn engine_runs_beside_the_policies_and_refuses_hindsight() {
+    let out = pack(&["--engine", "--inflate", "0.3", "--output", "json", "--no-timing"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let names: Vec<&str> = json["placements"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["placement"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["allot", "engine"]);
+    let out = pack(&["--engine", "--hindsight"]);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--engine"), "{}", text(&out.stderr));
+}
+
+#[test]
 fn the_acceptance_command_prints_the_curves_as_json() {
     // The command, with two seeds instead of ten to keep `cargo test` fast.
     let args = [

@@ -32,6 +32,8 @@ pub struct Explanation {
     pub deadline: Option<Timestamp>,
     /// Running under an idle rule: what the rule sees now, and when it warned.
     pub idle: Option<(crate::decision::IdleFacts, Option<Timestamp>)>,
+    /// Warned and not exempt: when the rule acts if the workload stays idle.
+    pub idle_action_at: Option<Timestamp>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +77,7 @@ impl Engine {
             preemptions: w.preemptions,
             deadline: w.spec.deadline,
             idle: self.idle_facts(id).map(|f| (f, self.idle.get(&id).and_then(|s| s.warned_at))),
+            idle_action_at: self.idle_action_at(now, id),
         };
         if w.stage != Stage::Pending {
             return Some(explanation);

@@ -409,7 +409,13 @@ impl Engine {
         }
         if let Some((idle, warned)) = &e.idle {
             let warned = warned.map(|t| format!("; warned at t={} ms", t.0)).unwrap_or_default();
-            lines.push(format!("  {}{warned}", self.render_idle(idle)));
+            let action = e
+                .idle_action_at
+                .map(|t| {
+                    format!("; will {} at t={} ms unless active again", idle.action.as_str(), t.0)
+                })
+                .unwrap_or_default();
+            lines.push(format!("  {}{warned}{action}", self.render_idle(idle)));
         }
         if let Some(q) = &e.queue {
             let ahead: Vec<String> = q.ahead.iter().map(|w| self.wl(*w)).collect();

@@ -31,6 +31,10 @@ async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
         d.call("GET", &format!("/api/v1/workloads/{id}/why"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{why}");
     assert!(why["lines"].as_array().is_some_and(|l| !l.is_empty()), "{why}");
+    // The header (`name`, `state`) is not repeated as the first line (issue 25).
+    let first = why["lines"][0].as_str().unwrap_or_default();
+    assert!(!first.ends_with(": running"), "{why}");
+    assert!(first.starts_with("placed on"), "{why}");
     let (status, report) = d.call("GET", "/api/v1/report", Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
@@ -74,7 +78,10 @@ async fn suspend_and_resume_start_a_new_attempt() {
     let (status, v) =
         d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    d.wait_state(id, "suspended").await;
+    let v = d.wait_state(id, "suspended").await;
+    // Said as a suspension, not as the cancel the engine sees (issue 25).
+    assert_eq!(v["reason_code"], "suspended", "{v}");
+    assert!(v["reason"].as_str().is_some_and(|r| r.contains("suspended by its user")), "{v}");
     let (status, v) =
         d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");

@@ -47,6 +47,22 @@ pub(crate) fn run(remote: &RemoteArgs, command: &HistoryCommand) -> Result<Strin
 }
 
 fn export(remote: &RemoteArgs, args: &ExportArgs) -> Result<String> {
+    // Everywhere else `--output` names a format: a bare format name here is that mistake,
+    // not a file the user wants created.
+    if let Some(file) = &args.output
+        && let Some(name) = file.to_str()
+        && ["json", "text", "csv", "jsonl", "yaml"].contains(&name)
+    {
+        return Err(Failure::new(
+            EXIT_INVALID,
+            format!(
+                "--output: '{name}' would be written as a file named {name}; here --output \
+                 takes a FILE (the trace goes to stdout without it) — for the API's JSON add \
+                 --json, and give a path such as ./{name} if a file of that name is meant\n"
+            ),
+        )
+        .into());
+    }
     let path = match args.limit {
         Some(n) => format!("/history?limit={n}"),
         None => "/history".to_string(),

@@ -178,26 +178,34 @@ fn utc(ms: u64) -> String {
 }
 
 pub(crate) fn report(report: &Report) -> String {
-    let hours = |h: f64| format!("{h:.1}");
+    // Two decimals: a short demo workload's 0.04 GPU-hours must not read as nothing.
+    let hours = |h: f64| format!("{h:.2}");
     let rows: Vec<Vec<String>> = report
         .rows
         .iter()
         .map(|r| {
+            // What only telemetry can tell is unknown, not 0, where none covered the scope.
+            let unmeasured = r.measured_gpu_hours <= 0.0 && r.allocated_gpu_hours > 0.0;
+            let measured = |h: f64| if unmeasured { "-".to_string() } else { hours(h) };
             vec![
                 r.scope.clone(),
                 hours(r.allocated_gpu_hours),
-                hours(r.active_gpu_hours),
+                measured(r.active_gpu_hours),
                 hours(r.measured_gpu_hours),
-                hours(r.idle_allocated_gpu_hours),
+                measured(r.idle_allocated_gpu_hours),
                 hours(r.lost_gpu_hours),
-                hours(r.useful_gpu_hours),
-                r.goodput.map_or("-".to_string(), |g| format!("{:.0}%", g * 100.0)),
+                measured(r.useful_gpu_hours),
+                match r.goodput {
+                    Some(g) if !unmeasured => format!("{:.0}%", g * 100.0),
+                    _ => "-".to_string(),
+                },
             ]
         })
         .collect();
     let mut out = format!(
         "goodput ledger over the last {} (GPU-hours; MEASURED: covered by telemetry, the rest \
-         unmeasured)\n",
+         unmeasured; -: no telemetry covered it, so active, idle, useful and goodput are \
+         unknown)\n",
         duration(report.now_ms.saturating_sub(report.since_ms))
     );
     out.push_str(&table(
@@ -218,6 +226,30 @@ pub(crate) fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_without_telemetry_says_unknown_not_zero() {
+        let row = |scope: &str, measured: f64| allot_api::LedgerRow {
+            scope: scope.into(),
+            allocated_gpu_hours: 0.04,
+            active_gpu_hours: 0.0,
+            measured_gpu_hours: measured,
+            idle_allocated_gpu_hours: 0.04,
+            lost_gpu_hours: 0.0,
+            useful_gpu_hours: 0.0,
+            goodput: Some(0.0),
+        };
+        let text = report(&Report {
+            since_ms: 0,
+            now_ms: 60_000,
+            rows: vec![row("project:research", 0.0), row("project:vision", 0.04)],
+        });
+        let research = text.lines().find(|l| l.starts_with("project:research")).unwrap_or("");
+        let cells: Vec<&str> = research.split_whitespace().collect();
+        assert_eq!(cells, ["project:research", "0.04", "-", "0.00", "-", "0.00", "-", "-"]);
+        let vision = text.lines().find(|l| l.starts_with("project:vision")).unwrap_or("");
+        assert!(vision.split_whitespace().any(|c| c == "0%"), "{text}");
+    }
 
     #[test]
     fn durations_read_like_a_person_writes_them() {

@@ -177,3 +177,22 @@ fn readme_idle_rules_are_a_valid_policy() {
         assert!(stdout.contains(rule), "{rule} missing from:\n{stdout}");
     }
 }
+
+/// `--output` names a format everywhere but in `history export`, where it takes a file: a bare
+/// format name is refused before anything is fetched or written (issue 25).
+#[test]
+fn history_export_refuses_a_format_name_as_its_output_file() {
+    let dir = std::env::temp_dir().join(format!("allot-history-output-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allot"))
+        .args(["history", "export", "--output", "json"])
+        .current_dir(&dir)
+        .env("ALLOT_URL", "http://127.0.0.1:9")
+        .env("ALLOT_TOKEN", "allot_x")
+        .output()
+        .expect("run allot");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--json"), "{}", text(&out.stderr));
+    assert!(!dir.join("json").exists(), "a file named json was written");
+    let _ = std::fs::remove_dir_all(&dir);
+}

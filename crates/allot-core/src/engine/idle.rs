@@ -167,6 +167,22 @@ impl Engine {
 
     /// The facts behind a warning or reclaim of a tracked workload (`idle_timer_ms`: the
     /// timer that judges it now, the quiet one while its peers are quiet).
+    /// When a warned workload's rule acts if it stays idle: the warning's notice has run
+    /// (`warn_before` since the warning) and its idle time has reached the timer — what the
+    /// warning promised. `None` when not warned, exempt or report-only.
+    pub(crate) fn idle_action_at(&self, now: Timestamp, id: WorkloadId) -> Option<Timestamp> {
+        let state = self.idle.get(&id)?;
+        let warned = state.warned_at?;
+        let spec = self.idle_rules.get(state.rule as usize)?;
+        if state.exempt || spec.when == IdleWhen::ReportOnly {
+            return None;
+        }
+        let facts = self.idle_facts(id)?;
+        let left = facts.idle_timer_ms.saturating_sub(facts.idle_ms);
+        let notice_over = warned.0.saturating_add(spec.warn_before_ms);
+        Some(Timestamp(notice_over.max(now.0.saturating_add(left))))
+    }
+
     pub(crate) fn idle_facts(&self, id: WorkloadId) -> Option<IdleFacts> {
         let spec = self.idle_rules.get(self.idle.get(&id)?.rule as usize)?;
         let timer = if spec.rule.quiet_timer_ms > 0 {

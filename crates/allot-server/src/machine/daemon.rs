@@ -13,7 +13,7 @@ use allot_backend::{
 };
 use allot_core::ledger::Ledger;
 use allot_core::{
-    Decision, Engine, Event, Placement, PreemptionMode, Stage, Timestamp, WorkloadId,
+    Decision, Engine, Event, Placement, PreemptionMode, Stage, StopReason, Timestamp, WorkloadId,
 };
 use allot_core::{NodeSpec, PolicySpec, WorkloadSpec};
 
@@ -423,6 +423,7 @@ impl Daemon {
                 }
                 match state {
                     WorkloadState::Pending => {
+                        record.reason = Some(user_action_reason(intent));
                         self.event(now, Event::WorkloadCancelled { workload: WorkloadId(*id) });
                         let done = match intent {
                             Intent::Cancel => WorkloadState::Cancelled,
@@ -431,6 +432,7 @@ impl Daemon {
                         self.set_state(*id, done, now);
                     }
                     WorkloadState::Suspended if intent == Intent::Cancel => {
+                        record.reason = Some(user_action_reason(intent));
                         self.set_state(*id, WorkloadState::Cancelled, now);
                     }
                     WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping => {
@@ -807,7 +809,7 @@ impl Daemon {
                     let resumes = *mode != PreemptionMode::Delete;
                     out.extend(self.stop(now, id, *checkpoint_grace_ms, reason, resumes));
                 }
-                Decision::Stop { .. } => {
+                Decision::Stop { reason: stop, .. } => {
                     let grace = self.workloads.get(&id).and_then(|r| {
                         (r.intent == Some(Intent::Suspend))
                             .then(|| r.spec.checkpointing.map(|c| c.grace_ms))
@@ -816,6 +818,13 @@ impl Daemon {
                     // A suspension resumes later; a cancel or a max-runtime stop does not.
                     let resumes =
                         self.workloads.get(&id).is_some_and(|r| r.intent == Some(Intent::Suspend));
+                    // The engine knows only that the user stopped it (a cancel of admitted
+                    // work): a suspension is said as one, not as a cancel.
+                    let reason = if resumes && *stop == StopReason::Cancelled {
+                        user_action_reason(Intent::Suspend)
+                    } else {
+                        reason
+                    };
                     out.extend(self.stop(now, id, grace, reason, resumes));
                 }
                 Decision::Defer { .. } | Decision::Warn { .. } => {
@@ -1040,6 +1049,16 @@ impl Daemon {
             .filter(|(_, r)| r.state == WorkloadState::Running)
             .map(|(id, _)| *id)
             .collect()
+    }
+}
+
+/// The reason a workload the user stopped shows (code, words): a suspension or a cancel.
+fn user_action_reason(intent: Intent) -> (String, String) {
+    match intent {
+        Intent::Suspend => {
+            ("suspended".into(), "suspended by its user; `allot resume` queues it again".into())
+        }
+        Intent::Cancel => ("cancelled".into(), "cancelled by its user".into()),
     }
 }
 

@@ -462,8 +462,15 @@ impl Machine {
         let mut decision = None;
         if let Some(e) = engine.explain(Timestamp(now), WorkloadId(id)) {
             let text = engine.render_explanation(&e);
+            // The explanation's first line is "name: stage", which every reader of `Why`
+            // already shows from `name` and `state`; what it adds is the pre-emption count.
+            if e.preemptions > 0 {
+                let s = if e.preemptions == 1 { "" } else { "s" };
+                lines.push(format!("pre-empted {} time{s}", e.preemptions));
+            }
             lines.extend(
                 text.lines()
+                    .skip(1)
                     .map(|l| crate::views::humanize_times(l.trim()))
                     .filter(|l| !l.is_empty()),
             );

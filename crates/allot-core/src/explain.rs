@@ -130,7 +130,15 @@ impl Engine {
                             placement_keys.push((m, key));
                         }
                     }
-                    explanation.blocking.push(reason);
+                    // A model the project holds no quota for blocks nothing the user can act
+                    // on (the reason names no model, and says "any" model): it is the reason
+                    // only when no model has quota, and then it is the decision's. Equal
+                    // reasons from several models are listed once.
+                    if !matches!(reason, DeferReason::NoQuotaForModel { .. })
+                        && !explanation.blocking.contains(&reason)
+                    {
+                        explanation.blocking.push(reason);
+                    }
                 }
                 // Fits only after the cycle's order changed nothing for it: report no block.
                 ModelCheck::Fits(..) => {}

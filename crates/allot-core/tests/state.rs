@@ -176,7 +176,10 @@ fn a_new_policy_below_a_projects_running_use_is_refused() {
     let Err(StateError::Incompatible(problems)) = old.with_policy(&nodes(), &config) else {
         panic!("a runs above its new maximum");
     };
-    assert!(problems.iter().any(|p| p.contains("project a holds 6000")), "{problems:?}");
+    // In GPUs, naming the work that holds the line (issue 25: it spoke in shares, named none).
+    let line = problems.iter().find(|p| p.contains("project a holds 6 GPUs")).expect("a's line");
+    assert!(line.contains("above the 2 "), "{line}");
+    assert!(line.contains("workload 1 (w1)"), "{line}");
 }
 
 // ----- adoption ---------------------------------------------------------------------------

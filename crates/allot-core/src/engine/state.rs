@@ -398,10 +398,10 @@ impl Engine {
                     };
                     if key_gone {
                         problems.push(format!(
-                            "workload {id} ({}) holds {} GPU shares of project {}'s {} quota \
-                             line, which the new policy removes",
+                            "workload {id} ({}) holds {} GPUs of project {}'s {} quota line, \
+                             which the new policy removes",
                             w.spec.name,
-                            a.shares.0,
+                            a.shares,
                             w.spec.project,
                             a.key.map_or("?".to_string(), |k| self.key_name(k).to_string()),
                         ));
@@ -484,14 +484,33 @@ impl Engine {
                 if let Some(view) = next.quota.view(ProjectId(p as u32), *key)
                     && line.used > view.max
                 {
+                    // The work holding the line, largest first: what the fix asks to stop.
+                    let mut holders: Vec<(Shares, WorkloadId, &str)> = next
+                        .workloads
+                        .iter()
+                        .filter(|(_, w)| w.project.0 as usize == p)
+                        .filter_map(|(id, w)| {
+                            let a = w.allocation.as_ref()?;
+                            (a.key == Some(*key)).then_some((a.shares, *id, w.spec.name.as_str()))
+                        })
+                        .collect();
+                    holders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                    let named: Vec<String> = holders
+                        .iter()
+                        .take(5)
+                        .map(|(s, id, name)| format!("workload {id} ({name}) {s}"))
+                        .collect();
+                    let more = holders.len().saturating_sub(named.len());
+                    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
                     problems.push(format!(
-                        "project {} holds {} GPU shares on its {} line, above the {} the new \
-                         policy allows (guarantee plus borrowing); stop or suspend some of its \
-                         work first",
+                        "project {} holds {} GPUs on its {} line, above the {} the new policy \
+                         allows (guarantee plus borrowing); stop or suspend some of its work \
+                         first: {}{more}",
                         next.projects[p].name,
-                        line.used.0,
+                        line.used,
                         next.key_name(*key),
-                        view.max.0
+                        view.max,
+                        named.join(", ")
                     ));
                 }
             }

@@ -125,6 +125,9 @@ fn render(etas: &BTreeMap<allot_core::WorkloadId, Eta>) -> String {
                 Eta::Unknown(EtaUnknown::NeverFits { reason: r }) => {
                     format!("unknown: never fits, {}", reason(r))
                 }
+                Eta::Unknown(EtaUnknown::Never { reason: r }) => {
+                    format!("never, {}", reason(&Some(r.clone())))
+                }
                 Eta::Unknown(EtaUnknown::AwaitingUse) => "unknown: awaiting use".to_string(),
                 Eta::Unknown(EtaUnknown::BeyondHorizon { ends }) => {
                     format!("unknown: still waiting after {ends} ends")
@@ -149,6 +152,13 @@ fn check(script: &str, expected: &str) {
         .map(|l| format!("{l}\n"))
         .collect();
     assert_eq!(got, want, "scenario:\n{script}");
+}
+
+/// Issue 25: a gang larger than its project may ever hold (guarantee 4 in a cohort of 8) said
+/// "unknown: it waits for running work"; it is never, with the reason.
+#[test]
+fn work_larger_than_its_project_may_ever_hold_never_starts() {
+    check("gpus 8\nproject a 4\nproject b 4\nrun 1 b 2\npend 2 a 16", "w2: never, ExceedsMaxQuota");
 }
 
 #[test]
@@ -191,7 +201,7 @@ fn running_work_without_a_max_runtime_makes_it_unknown() {
 
 #[test]
 fn work_over_its_quota_on_an_empty_cluster_never_fits() {
-    check("gpus 8\nproject a 2\npend 1 a 4", "w1: unknown: never fits, ExceedsMaxQuota");
+    check("gpus 8\nproject a 2\npend 1 a 4", "w1: never, ExceedsMaxQuota");
 }
 
 #[test]

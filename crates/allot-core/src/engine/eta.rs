@@ -67,6 +67,9 @@ pub enum EtaUnknown {
     /// Nothing is left running and it is still not admitted: it does not fit the cluster or its
     /// quota as they are; `reason` is the last cycle's.
     NeverFits { reason: Option<DeferReason> },
+    /// It can never start under this policy and fleet, whatever ends: larger than its project
+    /// may ever hold, placeable on no node, or no quota for any model it accepts.
+    Never { reason: DeferReason },
     /// It waits for its user to come back (idle-suspended with a probe): not foreseeable.
     AwaitingUse,
     /// Still waiting after `ends` simulated ends (the bound was reached).
@@ -167,7 +170,9 @@ impl Engine {
             .collect();
         for id in waiting {
             let reason = last_reason.remove(&id);
-            let unknown = if horizon {
+            let unknown = if let Some(reason) = reason.clone().filter(never_starts) {
+                EtaUnknown::Never { reason }
+            } else if horizon {
                 EtaUnknown::BeyondHorizon { ends }
             } else if matches!(reason, Some(DeferReason::AwaitingUse { .. })) {
                 EtaUnknown::AwaitingUse
@@ -180,4 +185,16 @@ impl Engine {
         }
         out
     }
+}
+
+/// Whether a cycle's reason holds whatever running work ends: the request exceeds what its
+/// project may ever hold, fits no node as built, or finds no quota line or MIG profile.
+fn never_starts(reason: &DeferReason) -> bool {
+    matches!(
+        reason,
+        DeferReason::ExceedsMaxQuota { .. }
+            | DeferReason::NeverPlaceable { .. }
+            | DeferReason::NoQuotaForModel { .. }
+            | DeferReason::NoMigProfile { .. }
+    )
 }

@@ -81,6 +81,12 @@ pub(crate) fn derive(daemon: &Daemon, now: u64) -> Derived {
                         EtaUnknown::NeverFits { reason: None } => {
                             "it does not fit even after all running work ends".to_string()
                         }
+                        EtaUnknown::Never { reason } => format!(
+                            "never under this policy: {}",
+                            crate::views::humanize_times(
+                                &engine.render_reason(&Decision::Defer { workload: id, reason })
+                            )
+                        ),
                         EtaUnknown::AwaitingUse => {
                             "it waits for its user to come back (idle-suspended)".to_string()
                         }

@@ -94,6 +94,19 @@ fn bar(used_shares: u64) -> String {
     bar
 }
 
+/// The device panel's title; says how many rows fit when not all do.
+fn devices_title(view: &View, device_count: usize, height: u16) -> String {
+    let shown = usize::from(height.saturating_sub(3));
+    if shown < device_count {
+        format!(
+            " devices ({}) — {shown} of {device_count} shown; `allot nodes` lists all ",
+            view.nodes.source
+        )
+    } else {
+        format!(" devices ({}) ", view.nodes.source)
+    }
+}
+
 fn draw(frame: &mut Frame<'_>, view: &View) {
     let count = |state: WorkloadState| view.workloads.iter().filter(|w| w.state == state).count();
     let pending: Vec<&Workload> =
@@ -111,10 +124,13 @@ fn draw(frame: &mut Frame<'_>, view: &View) {
         header = format!("{header} — refresh failed: {error}");
     }
     let device_count: usize = view.nodes.nodes.iter().map(|n| n.devices.len()).sum();
-    let [top, middle, bottom] = Layout::vertical([
+    // Devices take at most half the screen, so running and pending work stay in view.
+    let device_height = (device_count + 3).min(usize::from(frame.area().height / 2).max(4));
+    let [top, middle, running_area, bottom] = Layout::vertical([
         Constraint::Length(1),
-        Constraint::Length(u16::try_from(device_count + 3).unwrap_or(u16::MAX)),
-        Constraint::Min(4),
+        Constraint::Length(u16::try_from(device_height).unwrap_or(u16::MAX)),
+        Constraint::Fill(1),
+        Constraint::Fill(1),
     ])
     .areas(frame.area());
     frame.render_widget(Paragraph::new(Line::from(header)), top);
@@ -150,8 +166,42 @@ fn draw(frame: &mut Frame<'_>, view: &View) {
         ],
     )
     .header(Row::new(["NODE", "DEV", "MODEL", "USED", "", "WORKLOADS"]).style(bold))
-    .block(Block::bordered().title(format!(" devices ({}) ", view.nodes.source)));
+    .block(Block::bordered().title(devices_title(view, device_count, middle.height)));
     frame.render_widget(devices, middle);
+
+    let running: Vec<&Workload> = view
+        .workloads
+        .iter()
+        .filter(|w| matches!(w.state, WorkloadState::Running | WorkloadState::Starting))
+        .collect();
+    let running_rows: Vec<Row<'_>> = running
+        .iter()
+        .map(|w| {
+            let ran = w.started_ms.map(|s| render::duration(view.now_ms.saturating_sub(s)));
+            Row::new(vec![
+                w.id.to_string(),
+                w.name.clone(),
+                w.project.clone(),
+                render::gpus(w),
+                ran.unwrap_or_else(|| "starting".to_string()),
+                w.placement.join(" "),
+            ])
+        })
+        .collect();
+    let running_table = Table::new(
+        running_rows,
+        [
+            Constraint::Length(8),
+            Constraint::Length(20),
+            Constraint::Length(14),
+            Constraint::Length(6),
+            Constraint::Length(9),
+            Constraint::Min(20),
+        ],
+    )
+    .header(Row::new(["ID", "NAME", "PROJECT", "GPUS", "RUNNING", "ON"]).style(bold))
+    .block(Block::bordered().title(format!(" running ({}) ", running.len())));
+    frame.render_widget(running_table, running_area);
 
     let pending_rows: Vec<Row<'_>> = pending
         .iter()
@@ -201,13 +251,17 @@ mod tests {
             members: 1,
             command: vec!["train".to_string()],
             submitted_ms: 1_000,
-            started_ms: None,
+            started_ms: (state == WorkloadState::Running).then_some(1_000),
             ended_ms: None,
             exit_code: None,
             attempt: 1,
             reason: reason.map(str::to_string),
             reason_code: None,
-            placement: Vec::new(),
+            placement: if state == WorkloadState::Running {
+                vec!["gpu-a: 0".to_string()]
+            } else {
+                Vec::new()
+            },
             pids: Vec::new(),
             last_checkpoint_ms: None,
             last_activity_ms: None,
@@ -264,6 +318,41 @@ mod tests {
         assert!(screen.contains("███······· 25%"), "{screen}");
         assert!(screen.contains("quota exhausted in vision"), "{screen}");
         assert!(screen.contains("1m"), "{screen}");
+        // The running panel (issue 25: the help promised one), with where it runs.
+        assert!(screen.contains(" running (1) "), "{screen}");
+        assert!(screen.contains("gpu-a: 0"), "{screen}");
+    }
+
+    #[test]
+    fn a_device_list_taller_than_half_the_screen_says_how_much_is_shown() {
+        let device =
+            |index| Device { index, model: "H100".to_string(), used_shares: 0, workloads: vec![] };
+        let view = View {
+            url: "http://127.0.0.1:7380".to_string(),
+            nodes: NodeList {
+                source: "inventory.yaml".to_string(),
+                backend: allot_api::BackendStatus::default(),
+                inventory_note: None,
+                nodes: vec![Node {
+                    unusable: None,
+                    name: "gpu-a".to_string(),
+                    devices: (0..64).map(device).collect(),
+                }],
+            },
+            workloads: Vec::new(),
+            now_ms: 0,
+            error: None,
+        };
+        let mut terminal = Terminal::new(TestBackend::new(120, 30)).expect("test terminal");
+        terminal.draw(|frame| draw(frame, &view)).expect("draw");
+        let screen: String = terminal
+            .backend()
+            .buffer()
+            .content()
+            .chunks(120)
+            .map(|row| row.iter().map(|c| c.symbol()).collect::<String>() + "\n")
+            .collect();
+        assert!(screen.contains("12 of 64 shown"), "{screen}");
     }
 
     #[test]

@@ -316,6 +316,13 @@ async fn logs(
         ));
     }
     let member = query.member.unwrap_or(0);
+    if member >= w.members {
+        return Err(HttpError::plain(
+            404,
+            format!("workload {id} has no member {member}"),
+            Some(&format!("its members are numbered 0 to {}", w.members.saturating_sub(1))),
+        ));
+    }
     // The attempt's directory is the workload's own: read through the daemon's `logs/` without
     // following any link the workload may have put there.
     let trusted =
@@ -323,14 +330,21 @@ async fn logs(
     let relative =
         std::path::PathBuf::from(w.attempt.to_string()).join(format!("member-{member}.log"));
     let tail = query.tail_bytes.unwrap_or(64 * 1024).min(16 * 1024 * 1024);
+    let (attempt, started) = (w.attempt, w.started_ms.is_some());
     let text = tokio::task::spawn_blocking(move || read_tail(&trusted, &relative, tail))
         .await
         .map_err(|e| HttpError::plain(500, format!("reading logs: {e}"), None))?
-        .map_err(|e| {
+        .map_err(|_| {
+            // Not the daemon's own path: the user cannot act on it, and it is not theirs.
+            let fix = if started {
+                "a member that has written nothing yet has no log".to_string()
+            } else {
+                format!("attempt {attempt} never started: see `allot why {id}`")
+            };
             HttpError::plain(
                 404,
-                format!("no log: {e}"),
-                Some("member numbers start at 0; a member that has written nothing yet has no log"),
+                format!("no log for member {member} of workload {id}, attempt {attempt}"),
+                Some(&fix),
             )
         })?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())

@@ -31,6 +31,12 @@ async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
         d.call("GET", &format!("/api/v1/workloads/{id}/why"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{why}");
     assert!(why["lines"].as_array().is_some_and(|l| !l.is_empty()), "{why}");
+    // A member it does not have: said so, without the daemon's paths (issue 25).
+    let (status, v) =
+        d.call("GET", &format!("/api/v1/workloads/{id}/logs?member=5"), Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert!(v["fix"].as_str().is_some_and(|f| f.contains("numbered 0 to 0")), "{v}");
+    assert!(!v.to_string().contains('/'), "no path in {v}");
     // The header (`name`, `state`) is not repeated as the first line (issue 25).
     let first = why["lines"][0].as_str().unwrap_or_default();
     assert!(!first.ends_with(": running"), "{why}");

@@ -26,6 +26,11 @@ async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
     let running = d.wait_state(id, "running").await;
     assert_eq!(running["project"], "vision");
     assert_eq!(running["attempt"], 1);
+    // The admission's usage figures are dated, not passed off as today's (issue 25).
+    assert!(
+        running["reason"].as_str().is_some_and(|r| r.starts_with("at admission: ")),
+        "{running}"
+    );
     assert!(!running["placement"].as_array().expect("placement").is_empty(), "{running}");
     let (status, why) =
         d.call("GET", &format!("/api/v1/workloads/{id}/why"), Some(&d.admin), None).await;

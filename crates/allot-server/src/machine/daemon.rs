@@ -800,7 +800,9 @@ impl Daemon {
                         out.push(Command::Launch(launch));
                     }
                     if let Some(r) = self.workloads.get_mut(&id) {
-                        r.reason = Some(reason);
+                        // Its usage figures are the project's then, not now: say so, or a
+                        // running workload reads "22 used" while its project uses 7.
+                        r.reason = Some((reason.0, format!("at admission: {}", reason.1)));
                     }
                 }
                 Decision::Preempt { checkpoint_grace_ms, mode, .. }

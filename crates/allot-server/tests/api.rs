@@ -93,6 +93,8 @@ async fn suspend_and_resume_start_a_new_attempt() {
     // Said as a suspension, not as the cancel the engine sees (issue 25).
     assert_eq!(v["reason_code"], "suspended", "{v}");
     assert!(v["reason"].as_str().is_some_and(|r| r.contains("suspended by its user")), "{v}");
+    // It holds no devices: no placement shown (the last run's is history).
+    assert!(v["placement"].is_null(), "{v}");
     let (status, v) =
         d.call("POST", &format!("/api/v1/workloads/{id}/resume"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");

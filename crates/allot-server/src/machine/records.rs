@@ -26,7 +26,12 @@ pub(crate) fn workload(id: u64, r: &Record) -> Workload {
         attempt: r.attempt,
         reason: r.reason.as_ref().map(|(_, text)| text.clone()),
         reason_code: r.reason.as_ref().map(|(code, _)| code.clone()),
-        placement: r.placement.clone(),
+        // Pending again (requeued, resumed) or suspended, it holds no devices: the last run's
+        // placement is history, not where it runs (its `started_ms` stays that run's start).
+        placement: match r.state {
+            allot_api::WorkloadState::Pending | allot_api::WorkloadState::Suspended => Vec::new(),
+            _ => r.placement.clone(),
+        },
         pids: r.pids.clone(),
         last_checkpoint_ms: r.last_checkpoint_ms,
         last_activity_ms: r.last_activity_ms,

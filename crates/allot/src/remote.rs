@@ -195,6 +195,9 @@ pub(crate) fn read_local(path: &Path) -> Result<String> {
     })
 }
 
+/// What the daemon calls the policy text `POST /policy/validate` is sent.
+const CANDIDATE: &str = "candidate policy";
+
 /// `policy validate --remote`: the daemon checks the file against its inventory.
 pub(crate) fn policy_validate(remote: &RemoteArgs, file: &Path, output: Output) -> Result<String> {
     let text = read_local(file)?;
@@ -202,22 +205,44 @@ pub(crate) fn policy_validate(remote: &RemoteArgs, file: &Path, output: Output) 
         Client::new(remote)?.post_text::<PolicyValidation>("/policy/validate", &text)?;
     let rendered = match output {
         Output::Json => validation.pretty(),
-        Output::Text => {
-            let mut out = String::new();
-            for p in &validation.value.problems {
-                let field = p.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
-                let fix = p.fix.as_deref().map(|f| format!(" — fix: {f}")).unwrap_or_default();
-                let _ = writeln!(out, "{}: {field}{}{fix}", file.display(), p.error);
-            }
-            let _ = writeln!(out, "{}", validation.value.summary.trim_end());
-            out
-        }
+        Output::Text => validation_text(file, &validation.value),
     };
     if validation.value.ok {
         Ok(rendered)
     } else {
         Err(Failure::new(EXIT_INVALID, rendered).into())
     }
+}
+
+/// `policy validate --remote`'s text: each problem at `file:line:col`, then the summary.
+fn validation_text(file: &Path, validation: &PolicyValidation) -> String {
+    let mut out = String::new();
+    for p in &validation.problems {
+        let field = p.field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default();
+        let fix = p.fix.as_deref().map(|f| format!(" — fix: {f}")).unwrap_or_default();
+        // The daemon names the text it was sent "candidate policy"; here it is this file, so
+        // its problems read file:line:col as a local validate's do.
+        let located = p
+            .error
+            .strip_prefix(CANDIDATE)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|rest| rest.split_once(": "));
+        match located {
+            Some((at, message)) => {
+                let _ = writeln!(out, "{}:{at}: {field}{message}{fix}", file.display());
+            }
+            None => {
+                let _ = writeln!(out, "{}: {field}{}{fix}", file.display(), p.error);
+            }
+        }
+    }
+    let summary = validation.summary.trim_end();
+    let summary = match summary.strip_prefix(CANDIDATE) {
+        Some(rest) => format!("{}{rest}", file.display()),
+        None => summary.to_string(),
+    };
+    let _ = writeln!(out, "{summary}");
+    out
 }
 
 pub(crate) fn policy_show(remote: &RemoteArgs, output: Output) -> Result<String> {
@@ -271,6 +296,25 @@ pub(crate) fn policy_diff(remote: &RemoteArgs, file: &Path) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_validation_problems_read_file_line_col() {
+        let validation = PolicyValidation {
+            ok: false,
+            summary: "candidate policy: 1 problem(s)".into(),
+            problems: vec![allot_api::ApiError {
+                error: "candidate policy:7:5: unknown field `gpu`".into(),
+                field: Some("projects[0].quota".into()),
+                fix: Some("write `gpus`".into()),
+            }],
+        };
+        let text = validation_text(Path::new("policy.yaml"), &validation);
+        assert_eq!(
+            text,
+            "policy.yaml:7:5: projects[0].quota: unknown field `gpu` — fix: write `gpus`\n\
+             policy.yaml: 1 problem(s)\n"
+        );
+    }
 
     #[test]
     fn follow_prints_only_what_was_appended() {

@@ -77,6 +77,22 @@ fn principal(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal> {
     })
 }
 
+/// The field a JSON body error is about: serde's path, with a missing field's name added
+/// (serde reports it at its parent); none for a syntax error (path `?`) or the whole body.
+fn error_field(path: &str, message: &str) -> Option<String> {
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(name, _)| name);
+    match (path, missing) {
+        ("?", _) => None,
+        (".", Some(name)) => Some(name.to_string()),
+        (".", None) => None,
+        (parent, Some(name)) => Some(format!("{parent}.{name}")),
+        (path, None) => Some(path.to_string()),
+    }
+}
+
 /// Parses a JSON body into `T`, naming the field at fault (serde's path) on failure.
 fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     let invalid = |error: String, field: Option<String>| {
@@ -92,7 +108,8 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
-        invalid(e.inner().to_string(), (path != ".").then_some(path))
+        let message = e.inner().to_string();
+        invalid(message.clone(), error_field(&path, &message))
     })?;
     de.end().map_err(|e| invalid(e.to_string(), None))?;
     Ok(value)

@@ -184,6 +184,8 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
     let cases: Vec<(String, u16, Option<&str>)> = vec![
         ("{".into(), 400, None),
         ("[]".into(), 400, None),
+        // A missing field is named (issue 25: it had no field).
+        (r#"{"command": ["true"]}"#.into(), 400, Some("project")),
         (r#"{"project": "vision", "command": ["true"], "gpu": 1}"#.into(), 400, None),
         (r#"{"project": "vision", "command": ["true"], "gpus": -1}"#.into(), 400, Some("gpus")),
         (r#"{"project": "vision", "command": ["true"], "gpus": 1e12}"#.into(), 400, Some("gpus")),
@@ -238,6 +240,8 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
         if let Some(f) = field {
             assert_eq!(v["field"].as_str(), Some(*f), "{shown}: {v}");
         }
+        // Never a placeholder for "unknown" (issue 25: malformed JSON said "field": "?").
+        assert_ne!(v["field"], "?", "{shown}: {v}");
     }
     let (status, v) = d
         .call(

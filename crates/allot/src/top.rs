@@ -174,62 +174,60 @@ fn draw(frame: &mut Frame<'_>, view: &View) {
         .iter()
         .filter(|w| matches!(w.state, WorkloadState::Running | WorkloadState::Starting))
         .collect();
-    let running_rows: Vec<Row<'_>> = running
-        .iter()
-        .map(|w| {
-            let ran = w.started_ms.map(|s| render::duration(view.now_ms.saturating_sub(s)));
-            Row::new(vec![
-                w.id.to_string(),
-                w.name.clone(),
-                w.project.clone(),
-                render::gpus(w),
-                ran.unwrap_or_else(|| "starting".to_string()),
-                w.placement.join(" "),
-            ])
-        })
-        .collect();
-    let running_table = Table::new(
-        running_rows,
-        [
-            Constraint::Length(8),
-            Constraint::Length(20),
-            Constraint::Length(14),
-            Constraint::Length(6),
-            Constraint::Length(9),
-            Constraint::Min(20),
-        ],
-    )
-    .header(Row::new(["ID", "NAME", "PROJECT", "GPUS", "RUNNING", "ON"]).style(bold))
-    .block(Block::bordered().title(format!(" running ({}) ", running.len())));
+    let running_rows = running.iter().map(|w| {
+        let ran = w.started_ms.map(|s| render::duration(view.now_ms.saturating_sub(s)));
+        (*w, ran.unwrap_or_else(|| "starting".to_string()), w.placement.join(" "))
+    });
+    let title = format!(" running ({}) ", running.len());
+    let running_table = workload_table(running_rows, ["RUNNING", "ON"], 9, title, bold);
     frame.render_widget(running_table, running_area);
 
-    let pending_rows: Vec<Row<'_>> = pending
-        .iter()
-        .map(|w| {
+    let pending_rows = pending.iter().map(|w| {
+        let waited = render::duration(view.now_ms.saturating_sub(w.submitted_ms));
+        (*w, waited, w.reason.clone().unwrap_or_default())
+    });
+    let pending_table =
+        workload_table(pending_rows, ["WAIT", "REASON"], 7, " pending ".to_string(), bold);
+    frame.render_widget(pending_table, bottom);
+}
+
+/// A panel of workloads: id, name, project and GPUs, then a time column (`time_width` wide)
+/// and a detail column, headed by `headers`.
+fn workload_table<'a>(
+    rows: impl Iterator<Item = (&'a Workload, String, String)>,
+    headers: [&'a str; 2],
+    time_width: u16,
+    title: String,
+    header_style: Style,
+) -> Table<'a> {
+    let rows: Vec<Row<'a>> = rows
+        .map(|(w, time, detail)| {
             Row::new(vec![
                 w.id.to_string(),
                 w.name.clone(),
                 w.project.clone(),
                 render::gpus(w),
-                render::duration(view.now_ms.saturating_sub(w.submitted_ms)),
-                w.reason.clone().unwrap_or_default(),
+                time,
+                detail,
             ])
         })
         .collect();
-    let pending_table = Table::new(
-        pending_rows,
+    let [time_header, detail_header] = headers;
+    Table::new(
+        rows,
         [
             Constraint::Length(8),
             Constraint::Length(20),
             Constraint::Length(14),
             Constraint::Length(6),
-            Constraint::Length(7),
+            Constraint::Length(time_width),
             Constraint::Min(20),
         ],
     )
-    .header(Row::new(["ID", "NAME", "PROJECT", "GPUS", "WAIT", "REASON"]).style(bold))
-    .block(Block::bordered().title(" pending "));
-    frame.render_widget(pending_table, bottom);
+    .header(
+        Row::new(["ID", "NAME", "PROJECT", "GPUS", time_header, detail_header]).style(header_style),
+    )
+    .block(Block::bordered().title(title))
 }
 
 #[cfg(test)]

@@ -17,6 +17,16 @@ pub mod limits {
     /// Largest request body, in bytes.
     pub const BODY_BYTES_MAX: usize = 256 * 1024;
     pub const NAME_CHARS_MAX: usize = 200;
+    /// A probe's URL.
+    pub const URL_CHARS_MAX: usize = 2000;
+    /// A probe's JSON pointer.
+    pub const POINTER_CHARS_MAX: usize = 1000;
+    /// A probe command's program and arguments.
+    pub const PROBE_ARGS_MAX: usize = 64;
+    /// A device's index on its node (and a MIG instance's or AMD partition's).
+    pub const DEVICE_INDEX_MAX: u32 = 1023;
+    /// Latest time a reading may carry: the end of year 9999, in ms since the epoch.
+    pub const TIME_MS_MAX: u64 = 253_402_300_799_999;
     pub const MEMBERS_MAX: u32 = 1024;
     pub const GPUS_PER_MEMBER_MAX: u32 = 64;
     pub const COMMAND_ARGS_MAX: usize = 4096;
@@ -27,6 +37,8 @@ pub mod limits {
     pub const MEMORY_MIB_MAX: u64 = 1 << 40;
     /// Device readings in one `POST /api/v1/telemetry`.
     pub const TELEMETRY_SAMPLES_MAX: usize = 1024;
+    /// Most of a log one `GET /api/v1/workloads/{id}/logs` returns (`?tail_bytes=`).
+    pub const LOG_TAIL_BYTES_MAX: u64 = 16 * 1024 * 1024;
     /// Jobs in one `GET /api/v1/history` (the newest; `?limit=` asks for fewer).
     pub const HISTORY_JOBS_MAX: usize = 100_000;
 }

@@ -170,7 +170,7 @@ use allot_core::{NodeSpec, PolicySpec};
 
 pub use cluster::parse_cluster;
 pub use diagnostic::{Diagnostic, render};
-pub use policy::parse_policy;
+pub use policy::{not_a_mapping, parse_policy};
 pub use workloads::{WorkloadFile, check_workloads, parse_workloads};
 
 /// Largest config file read (workload traces as JSON lines are the big ones).

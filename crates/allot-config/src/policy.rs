@@ -423,3 +423,15 @@ fn decode_quotas(
     }
     ok.then_some(quotas)
 }
+
+/// What the document is when it parses but is not a mapping (`"nothing"`, `"a list"`, …):
+/// not a policy at all, before any field is judged. `None` for a mapping, or for text that
+/// does not parse (whose syntax error `parse_policy` reports with its position).
+pub fn not_a_mapping(text: &str) -> Option<&'static str> {
+    let mut ctx = Ctx::new("");
+    let root = tree::parse(&mut ctx, text)?;
+    match root.value {
+        tree::Value::Map(_) => None,
+        _ => Some(root.kind()),
+    }
+}

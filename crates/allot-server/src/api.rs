@@ -105,17 +105,60 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
             },
         )
     };
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
+    let refuse = |e: serde_path_to_error::Error<serde_json::Error>| {
         let message = e.inner().to_string();
-        invalid(message.clone(), error_field(&path, &message))
-    })?;
+        invalid(message.clone(), error_field(&e.path().to_string(), &message))
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let direct: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let value = match direct {
+        Ok(value) => value,
+        Err(e) => {
+            // JSON has one kind of number: `104.0` is the integer 104 to JSON Schema (and to
+            // the OpenAPI document), so an integer field written with a fraction of zero is
+            // read again with such numbers made integers. Only then: the first reading keeps
+            // line and column in its errors and refuses duplicate fields.
+            let tree = (e.inner().to_string())
+                .starts_with("invalid type: floating point")
+                .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
+                .flatten()
+                .and_then(|mut tree| integral_numbers_as_integers(&mut tree).then_some(tree));
+            let Some(tree) = tree else { return Err(refuse(e)) };
+            return serde_path_to_error::deserialize(tree).map_err(refuse);
+        }
+    };
     de.end().map_err(|e| invalid(e.to_string(), None))?;
     Ok(value)
 }
 
+/// Makes every number with no fractional part (and exact in an `f64`) an integer; true if
+/// it changed any.
+fn integral_numbers_as_integers(tree: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    match tree {
+        Value::Number(n) if n.is_f64() => {
+            let Some(x) = n.as_f64().filter(|x| x.fract() == 0.0 && x.abs() <= EXACT) else {
+                return false;
+            };
+            // Exact by the filter above: |x| <= 2^53 and whole.
+            #[allow(clippy::cast_possible_truncation)]
+            let whole = x as i64;
+            *tree = Value::from(whole);
+            true
+        }
+        Value::Array(items) => {
+            items.iter_mut().fold(false, |c, v| integral_numbers_as_integers(v) | c)
+        }
+        Value::Object(fields) => {
+            fields.values_mut().fold(false, |c, v| integral_numbers_as_integers(v) | c)
+        }
+        _ => false,
+    }
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     /// Only this project's workloads.
@@ -125,6 +168,7 @@ pub(crate) struct ListQuery {
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LogQuery {
     /// Gang member (default 0).
@@ -134,7 +178,8 @@ pub(crate) struct LogQuery {
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads", request_body = SubmitRequest,
-    responses((status = 201, body = SubmitResponse), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError)),
+    responses((status = 201, body = SubmitResponse), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError),
+        (status = 422, description = "the request names what the policy does not have (project, class, GPU model), or its fields disagree", body = ApiError)),
     security(("bearer" = [])))]
 async fn submit(
     State(state): State<AppState>,
@@ -266,7 +311,8 @@ async fn act(
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/cancel", params(("id" = u64, Path)),
-    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+    responses((status = 200, body = Workload), (status = 403, description = "a viewer token, or another project's workload", body = ApiError),
+        (status = 409, description = "the workload's state does not allow it", body = ApiError)), security(("bearer" = [])))]
 async fn cancel(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -277,7 +323,8 @@ async fn cancel(
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/suspend", params(("id" = u64, Path)),
-    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+    responses((status = 200, body = Workload), (status = 403, description = "a viewer token, or another project's workload", body = ApiError),
+        (status = 409, description = "the workload's state does not allow it", body = ApiError)), security(("bearer" = [])))]
 async fn suspend(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -288,7 +335,8 @@ async fn suspend(
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/resume", params(("id" = u64, Path)),
-    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+    responses((status = 200, body = Workload), (status = 403, description = "a viewer token, or another project's workload", body = ApiError),
+        (status = 409, description = "the workload's state does not allow it", body = ApiError)), security(("bearer" = [])))]
 async fn resume(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -301,7 +349,8 @@ async fn resume(
 /// The workload reports a checkpoint made now (a program may instead touch the file in
 /// `$ALLOT_CHECKPOINT_FILE`): a stop then loses only the work after it.
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/checkpoint", params(("id" = u64, Path)),
-    responses((status = 200, body = Workload), (status = 409, body = ApiError)), security(("bearer" = [])))]
+    responses((status = 200, body = Workload), (status = 403, description = "a viewer token, or another project's workload", body = ApiError),
+        (status = 409, description = "the workload's state does not allow it", body = ApiError)), security(("bearer" = [])))]
 async fn checkpoint(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -346,7 +395,17 @@ async fn logs(
         allot_backend::files::WorkloadFiles::new(&state.workload_dir, id).dir.join("logs");
     let relative =
         std::path::PathBuf::from(w.attempt.to_string()).join(format!("member-{member}.log"));
-    let tail = query.tail_bytes.unwrap_or(64 * 1024).min(16 * 1024 * 1024);
+    let tail = query.tail_bytes.unwrap_or(64 * 1024);
+    if tail > limits::LOG_TAIL_BYTES_MAX {
+        return Err(HttpError::new(
+            400,
+            ApiError {
+                error: format!("tail_bytes {tail} is above {}", limits::LOG_TAIL_BYTES_MAX),
+                field: Some("tail_bytes".into()),
+                fix: Some(format!("ask for at most {} bytes (16 MiB)", limits::LOG_TAIL_BYTES_MAX)),
+            },
+        ));
+    }
     let (attempt, started) = (w.attempt, w.started_ms.is_some());
     let text = tokio::task::spawn_blocking(move || read_tail(&trusted, &relative, tail))
         .await
@@ -447,6 +506,8 @@ async fn policy(
     }))
 }
 
+/// Checks a candidate policy (its YAML text) as `allot policy validate` does: 200 with the
+/// problems (file:line:col) whether or not it is valid; 400 if the body is not a mapping at all.
 #[utoipa::path(post, path = "/api/v1/policy/validate", request_body(content = String, content_type = "application/yaml"),
     responses((status = 200, body = PolicyValidation)), security(("bearer" = [])))]
 async fn validate_policy(
@@ -456,14 +517,35 @@ async fn validate_policy(
 ) -> ApiResult<axum::Json<PolicyValidation>> {
     let body = bytes_of(body)?;
     principal(&state, &headers)?;
-    let text = std::str::from_utf8(&body).map_err(|_| {
-        HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is"))
-    })?;
+    let text = policy_text(&body)?;
     Ok(axum::Json(crate::policy_check::validate_policy_text(
         "candidate policy",
         text,
         &state.node_specs(),
     )))
+}
+
+/// A policy body as text, if it is one at all: UTF-8, and a YAML mapping (or text whose syntax
+/// error the validation reports with its position).
+fn policy_text(body: &Bytes) -> ApiResult<&str> {
+    let text = std::str::from_utf8(body).map_err(|_| {
+        HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is"))
+    })?;
+    if let Some(kind) = allot_config::not_a_mapping(text) {
+        return Err(HttpError::new(
+            400,
+            ApiError {
+                error: format!("the body is {kind}, not a policy"),
+                field: Some("policy".into()),
+                fix: Some(
+                    "send the policy file: a YAML mapping with `priority_classes:`, \
+                     `default_priority_class:` and `projects:` sections"
+                        .into(),
+                ),
+            },
+        ));
+    }
+    Ok(text)
 }
 
 #[derive(Debug, Deserialize)]
@@ -504,9 +586,7 @@ async fn apply_policy(
             },
         )
     })?;
-    let text = std::str::from_utf8(&body).map_err(|_| {
-        HttpError::plain(400, "the policy is not UTF-8 text", Some("send the YAML file as it is"))
-    })?;
+    let text = policy_text(&body)?;
     let source = query.source.unwrap_or_else(|| "applied policy".to_string());
     let text = text.to_string();
     state.handle.policy(Ask::ApplyPolicy { source, text }).await.map(axum::Json)
@@ -558,7 +638,8 @@ async fn post_telemetry(
 }
 
 #[utoipa::path(post, path = "/api/v1/tokens", request_body = TokenRequest,
-    responses((status = 201, body = TokenCreated), (status = 403, body = ApiError)), security(("bearer" = [])))]
+    responses((status = 201, body = TokenCreated), (status = 403, body = ApiError),
+        (status = 422, description = "the projects do not fit the role, or name an unknown project", body = ApiError)), security(("bearer" = [])))]
 async fn create_token(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -580,7 +661,7 @@ async fn create_token(
         .read()
         .map(|v| v.projects.iter().map(|p| p.name.clone()).collect())
         .unwrap_or_default();
-    crate::auth::check_request(&request, &projects).map_err(|e| HttpError::new(400, e))?;
+    crate::auth::check_request(&request, &projects)?;
     let tokens = state.tokens.clone();
     let created = tokio::task::spawn_blocking(move || tokens.create(&request, wall_ms()))
         .await
@@ -603,6 +684,7 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> ApiResult
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct HistoryQuery {
     /// Only the newest this many workloads (default and most: 100,000).
@@ -655,14 +737,6 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        ApiDoc::openapi().to_pretty_json().unwrap_or_default(),
-    )
-        .into_response()
-}
-
 async fn not_found() -> HttpError {
     HttpError::plain(404, "no such endpoint", Some("see /api/v1/openapi.json"))
 }
@@ -689,7 +763,7 @@ impl utoipa::Modify for BearerScheme {
 pub(crate) struct ApiDoc;
 
 /// The API's routes, `/metrics` and `/healthz`, with the JSON 404 for anything else (the
-/// dashboard's pages are merged beside them by `lib.rs`).
+/// dashboard's pages and the OpenAPI document are merged beside them by `lib.rs`).
 pub(crate) fn routes() -> Router<AppState> {
     let api = Router::new()
         .route("/workloads", post(submit).get(list))
@@ -707,8 +781,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/policy", get(policy).put(apply_policy))
         .route("/policy/validate", post(validate_policy))
         .route("/tokens", post(create_token))
-        .route("/telemetry", post(post_telemetry))
-        .route("/openapi.json", get(openapi));
+        .route("/telemetry", post(post_telemetry));
     Router::new()
         .nest(API_PREFIX, api)
         .route("/metrics", get(metrics))

@@ -7,6 +7,8 @@ use std::sync::Mutex;
 
 use allot_api::{Role, TokenCreated, TokenRequest};
 use allot_store::{Store, TokenRecord};
+
+use crate::view::HttpError;
 use sha2::{Digest, Sha256};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,20 +54,24 @@ fn random_hex(bytes: usize) -> anyhow::Result<String> {
 }
 
 /// Checks a token request (names, projects) against the known projects.
-pub(crate) fn check_request(
-    request: &TokenRequest,
-    projects: &[String],
-) -> Result<(), allot_api::ApiError> {
-    let bad = |field: &str, error: String, fix: &str| allot_api::ApiError {
-        error,
-        field: Some(field.to_string()),
-        fix: Some(fix.to_string()),
+pub(crate) fn check_request(request: &TokenRequest, projects: &[String]) -> Result<(), HttpError> {
+    // 400 for what the API's schema bounds (the name), 422 for what only the policy can say.
+    let refuse = |status: u16, field: &str, error: String, fix: &str| {
+        let body = allot_api::ApiError {
+            error,
+            field: Some(field.to_string()),
+            fix: Some(fix.to_string()),
+        };
+        HttpError::new(status, body)
     };
-    if request.name.is_empty()
-        || request.name.len() > 200
+    let bad = |field: &str, error: String, fix: &str| refuse(422, field, error, fix);
+    let chars = request.name.chars().count();
+    if chars == 0
+        || chars > allot_api::limits::NAME_CHARS_MAX
         || request.name.chars().any(char::is_control)
     {
-        return Err(bad(
+        return Err(refuse(
+            400,
             "name",
             "a token needs a printable name of 1 to 200 characters".into(),
             "name who holds it, e.g. --name alice",

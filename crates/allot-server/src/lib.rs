@@ -20,6 +20,7 @@ mod executor;
 mod handle;
 mod machine;
 mod metrics;
+mod openapi;
 mod os;
 mod policy_check;
 pub mod simulation;
@@ -149,6 +150,7 @@ pub fn default_data_dir() -> Result<PathBuf> {
 /// Makes a token offline in `data_dir` (works while the daemon runs).
 pub fn create_token(data_dir: &Path, request: &TokenRequest) -> Result<TokenCreated> {
     auth::check_request(request, &[]).map_err(|e| {
+        let e = e.body;
         anyhow!(
             "{}: {}{}",
             e.field.unwrap_or_default(),
@@ -344,6 +346,7 @@ pub fn start(parts: Parts) -> Result<Started> {
 /// dashboard's session cookie read as the bearer header where there is none.
 fn router(state: state::AppState) -> axum::Router {
     api::routes()
+        .route(openapi::PATH, axum::routing::get(openapi::serve))
         .merge(dashboard::routes())
         .layer(axum::middleware::from_fn(dashboard::cookie_as_bearer))
         .layer(axum::extract::DefaultBodyLimit::max(allot_api::limits::BODY_BYTES_MAX))

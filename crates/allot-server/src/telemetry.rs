@@ -35,12 +35,53 @@ pub(crate) fn from_wire(w: &TelemetrySample) -> Result<Sample, ApiError> {
             return Err(bad(field, format!("{field} {} is above 1000", v.unwrap_or(0))));
         }
     }
-    if w.hostname.is_empty() || w.hostname.len() > limits::NAME_CHARS_MAX {
+    let chars = w.hostname.chars().count();
+    if chars == 0 || chars > limits::NAME_CHARS_MAX {
         return Err(ApiError {
-            error: "hostname must be 1 to 200 characters".into(),
+            error: format!("hostname must be 1 to {} characters", limits::NAME_CHARS_MAX),
             field: Some("hostname".into()),
             fix: Some("send the node's name as the inventory has it".into()),
         });
+    }
+    let out_of_range = |field: &str, value: u64, max: u64, fix: &str| ApiError {
+        error: format!("{field} {value} is above {max}"),
+        field: Some(field.to_string()),
+        fix: Some(fix.to_string()),
+    };
+    let index_max = u64::from(limits::DEVICE_INDEX_MAX);
+    for (field, v) in [
+        ("gpu_index", Some(w.gpu_index)),
+        ("mig_instance", w.mig_instance),
+        ("amd_partition", w.amd_partition),
+    ] {
+        if let Some(v) = v.filter(|v| u64::from(*v) > index_max) {
+            return Err(out_of_range(
+                field,
+                v.into(),
+                index_max,
+                "send the index the driver reports",
+            ));
+        }
+    }
+    if w.at_ms > limits::TIME_MS_MAX {
+        return Err(out_of_range(
+            "at_ms",
+            w.at_ms,
+            limits::TIME_MS_MAX,
+            "send milliseconds since the Unix epoch",
+        ));
+    }
+    for (field, v) in
+        [("memory_used_mib", w.memory_used_mib), ("memory_total_mib", w.memory_total_mib)]
+    {
+        if let Some(v) = v.filter(|v| *v > limits::MEMORY_MIB_MAX) {
+            return Err(out_of_range(
+                field,
+                v,
+                limits::MEMORY_MIB_MAX,
+                "send the device's memory in MiB",
+            ));
+        }
     }
     let mut identity = DeviceIdentity::new(Vendor::Nvidia);
     identity.hostname = Some(w.hostname.clone());

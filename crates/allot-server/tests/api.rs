@@ -70,6 +70,16 @@ async fn a_submission_is_admitted_started_explained_and_in_the_ledger() {
     let (status, doc) = d.call("GET", "/api/v1/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["paths"]["/api/v1/workloads"]["post"].is_object(), "{doc}");
+    // The document's example submission is one the default policy takes.
+    let example = &doc["paths"]["/api/v1/workloads"]["post"]["requestBody"]["content"]["application/json"]
+        ["example"];
+    let (status, v) =
+        d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(&example.to_string())).await;
+    assert_eq!(status, StatusCode::CREATED, "{example}: {v}");
+    let (status, v) = d
+        .call("POST", &format!("/api/v1/workloads/{}/cancel", v["id"]), Some(&d.admin), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
 
     // Cancel a running workload: it is stopped through the backend, then cancelled.
     let (status, v) =
@@ -181,6 +191,8 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
     let d = TestDaemon::new();
     let before = count(&d).await;
     let big = format!(r#"{{"project": "vision", "command": ["{}"]}}"#, "x".repeat(300 * 1024));
+    // 400: the request breaks the OpenAPI schema (shape, type, a stated bound); 422: it is
+    // well-formed but names what this cluster does not have or combines fields wrongly.
     let cases: Vec<(String, u16, Option<&str>)> = vec![
         ("{".into(), 400, None),
         ("[]".into(), 400, None),
@@ -189,7 +201,7 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
         (r#"{"project": "vision", "command": ["true"], "gpu": 1}"#.into(), 400, None),
         (r#"{"project": "vision", "command": ["true"], "gpus": -1}"#.into(), 400, Some("gpus")),
         (r#"{"project": "vision", "command": ["true"], "gpus": 1e12}"#.into(), 400, Some("gpus")),
-        (r#"{"project": "vision", "command": ["true"], "gpus": 1.5}"#.into(), 400, Some("gpus")),
+        (r#"{"project": "vision", "command": ["true"], "gpus": 1.5}"#.into(), 422, Some("gpus")),
         (
             r#"{"project": "vision", "command": ["true"], "members": 0}"#.into(),
             400,
@@ -205,7 +217,7 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
             400,
             Some("max_runtime_s"),
         ),
-        (r#"{"project": "nope", "command": ["true"]}"#.into(), 400, Some("project")),
+        (r#"{"project": "nope", "command": ["true"]}"#.into(), 422, Some("project")),
         (r#"{"project": "vision", "command": []}"#.into(), 400, Some("command")),
         (
             r#"{"project": "vision", "command": ["true"], "kind": "party"}"#.into(),
@@ -214,21 +226,21 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
         ),
         (
             r#"{"project": "vision", "command": ["true"], "gpu_models": ["Z9"]}"#.into(),
-            400,
+            422,
             Some("gpu_models[0]"),
         ),
         (
             r#"{"project": "vision", "command": ["true"], "priority_class": "vip"}"#.into(),
-            400,
+            422,
             Some("priority_class"),
         ),
         (
             r#"{"project": "vision", "command": ["true"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}"#
                 .into(),
-            400,
+            422,
             Some("env.CUDA_VISIBLE_DEVICES"),
         ),
-        (r#"{"project": "vision", "command": ["true"], "mig": "9g.1tb"}"#.into(), 400, Some("mig")),
+        (r#"{"project": "vision", "command": ["true"], "mig": "9g.1tb"}"#.into(), 422, Some("mig")),
         (r#"{"project": 7, "command": ["true"]}"#.into(), 400, Some("project")),
         (big, 413, None),
     ];
@@ -275,7 +287,7 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
             Some(r#"{"role": "member", "name": "x", "projects": ["nope"]}"#),
         )
         .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
     assert_eq!(v["field"], "projects[0]");
     let (status, v) =
         d.call("POST", "/api/v1/policy/validate", Some(&d.admin), Some("projects: [")).await;
@@ -512,4 +524,20 @@ async fn application_probes_report_when_a_workload_was_last_used() {
     assert_eq!(seen[0], 1_796_032_800_000, "the status page's last_activity");
     let now = std::time::SystemTime::UNIX_EPOCH.elapsed().expect("clock").as_millis() as u64;
     assert!(now.abs_diff(seen[1]) < 60_000, "exec probe: in use now ({} vs {now})", seen[1]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_integer_written_with_a_zero_fraction_is_that_integer() {
+    // JSON Schema (and so the OpenAPI document) counts 600.0 as the integer 600; schemathesis
+    // sends such numbers, and a client in a language with one number type may too.
+    let d = TestDaemon::new();
+    let body =
+        r#"{"project": "vision", "command": ["true"], "max_runtime_s": 600.0, "members": 1.0}"#;
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    // A real fraction is still refused, naming the field.
+    let body = r#"{"project": "vision", "command": ["true"], "max_runtime_s": 600.5}"#;
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(&d.admin), Some(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["field"], "max_runtime_s", "{v}");
 }

@@ -261,8 +261,8 @@ impl Daemon {
         &self,
         user: &str,
         request: SubmitRequest,
-    ) -> Result<Entry, ApiError> {
-        submit::to_spec(self.next_id, user, &request, &self.known)?;
+    ) -> Result<Entry, crate::view::HttpError> {
+        submit::checked_spec(self.next_id, user, &request, &self.known)?;
         Ok(Entry::Submitted { id: self.next_id, user: user.to_string(), request })
     }
 

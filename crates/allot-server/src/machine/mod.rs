@@ -344,7 +344,7 @@ impl Machine {
                         }
                     }
                     Err(e) => {
-                        out.answers.push((ticket, Answer::Submitted(Err(HttpError::new(400, e)))));
+                        out.answers.push((ticket, Answer::Submitted(Err(e))));
                     }
                 }
             }

@@ -1,10 +1,14 @@
 //! A `SubmitRequest` checked and turned into the engine's `WorkloadSpec`. Everything the engine
-//! would reject for good (unknown project, class or model; impossible sizes) is refused here with
-//! a 400 naming the field, so a bad submission is never logged.
+//! would reject for good (unknown project, class or model; impossible sizes) is refused here,
+//! naming the field, so a bad submission is never logged: a 400 where the API's schema states
+//! the bound (`allot_api`'s `#[schema]` attributes, kept equal to these checks), a 422 where only
+//! the live policy or a rule across fields can say it.
 
 use allot_api::{ApiError, SubmitRequest, limits};
 use allot_core::{Checkpointing, GpuRequest, WorkloadKind, WorkloadSpec};
 use allot_core::{MigProfile, WorkloadId};
+
+use crate::view::HttpError;
 
 /// What a submission is checked against: the names the active policy and inventory know.
 #[derive(Clone, Debug, Default)]
@@ -34,8 +38,16 @@ impl Known {
     }
 }
 
-fn bad(field: &str, error: impl Into<String>, fix: impl Into<String>) -> ApiError {
-    ApiError { error: error.into(), field: Some(field.to_string()), fix: Some(fix.into()) }
+/// A request outside a bound the schema states (400).
+fn bad(field: &str, error: impl Into<String>, fix: impl Into<String>) -> HttpError {
+    let body =
+        ApiError { error: error.into(), field: Some(field.to_string()), fix: Some(fix.into()) };
+    HttpError::new(400, body)
+}
+
+/// A well-formed request that names what the policy does not have, or whose fields disagree (422).
+fn refuse(field: &str, error: impl Into<String>, fix: impl Into<String>) -> HttpError {
+    HttpError { status: 422, ..bad(field, error, fix) }
 }
 
 const KINDS: [(&str, WorkloadKind); 5] = [
@@ -46,7 +58,7 @@ const KINDS: [(&str, WorkloadKind); 5] = [
     ("service", WorkloadKind::Service),
 ];
 
-fn seconds_ms(field: &str, value: Option<u64>) -> Result<Option<u64>, ApiError> {
+fn seconds_ms(field: &str, value: Option<u64>) -> Result<Option<u64>, HttpError> {
     match value {
         Some(s) if s > limits::DURATION_S_MAX => Err(bad(
             field,
@@ -59,15 +71,15 @@ fn seconds_ms(field: &str, value: Option<u64>) -> Result<Option<u64>, ApiError> 
 }
 
 /// The per-member GPU request from `gpus` / `mig`.
-fn gpu_request(request: &SubmitRequest) -> Result<GpuRequest, ApiError> {
+fn gpu_request(request: &SubmitRequest) -> Result<GpuRequest, HttpError> {
     match (request.gpus, &request.mig) {
-        (Some(_), Some(_)) => Err(bad(
+        (Some(_), Some(_)) => Err(refuse(
             "mig",
             "both `gpus` and `mig` are given",
             "ask either for GPUs (`gpus`) or for a MIG instance (`mig`), not both",
         )),
         (None, Some(profile)) => MigProfile::parse(profile).map(GpuRequest::Mig).ok_or_else(|| {
-            bad(
+            refuse(
                 "mig",
                 format!("{profile:?} is not a MIG profile"),
                 "write a profile as NVIDIA names it, e.g. 1g.10gb, 3g.40gb, 1g.10gb+me",
@@ -80,7 +92,7 @@ fn gpu_request(request: &SubmitRequest) -> Result<GpuRequest, ApiError> {
             }
             if gpus >= 1.0 {
                 if gpus.fract() != 0.0 {
-                    return Err(bad(
+                    return Err(refuse(
                         "gpus",
                         format!("{gpus} GPUs: more than one GPU must be a whole number"),
                         "ask for whole GPUs (2), or a share below 1 (0.5)",
@@ -100,7 +112,7 @@ fn gpu_request(request: &SubmitRequest) -> Result<GpuRequest, ApiError> {
             }
             let shares = (gpus * 1000.0).round();
             if gpus > 0.0 && !(1.0..=999.0).contains(&shares) {
-                return Err(bad(
+                return Err(refuse(
                     "gpus",
                     format!("{gpus} GPUs is less than a thousandth of a GPU"),
                     "ask for at least 0.001 of a GPU",
@@ -114,7 +126,7 @@ fn gpu_request(request: &SubmitRequest) -> Result<GpuRequest, ApiError> {
     }
 }
 
-fn name_ok(field: &str, text: &str) -> Result<(), ApiError> {
+fn name_ok(field: &str, text: &str) -> Result<(), HttpError> {
     if text.chars().count() > limits::NAME_CHARS_MAX || text.chars().any(char::is_control) {
         return Err(bad(
             field,
@@ -125,11 +137,11 @@ fn name_ok(field: &str, text: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn one_of(field: &str, value: &str, known: &[String], what: &str) -> Result<(), ApiError> {
+fn one_of(field: &str, value: &str, known: &[String], what: &str) -> Result<(), HttpError> {
     if known.iter().any(|k| k == value) {
         return Ok(());
     }
-    Err(bad(field, format!("no {what} {value:?}"), format!("known: {}", known.join(", "))))
+    Err(refuse(field, format!("no {what} {value:?}"), format!("known: {}", known.join(", "))))
 }
 
 /// Checks `request` and builds the spec the engine is told.
@@ -139,10 +151,27 @@ pub(crate) fn to_spec(
     request: &SubmitRequest,
     known: &Known,
 ) -> Result<WorkloadSpec, ApiError> {
+    checked_spec(id, user, request, known).map_err(|e| e.body)
+}
+
+/// [`to_spec`] with the status its refusal answers with.
+pub(crate) fn checked_spec(
+    id: u64,
+    user: &str,
+    request: &SubmitRequest,
+    known: &Known,
+) -> Result<WorkloadSpec, HttpError> {
     name_ok("project", &request.project)?;
     one_of("project", &request.project, &known.projects, "project")?;
-    if request.command.is_empty() || request.command[0].is_empty() {
+    if request.command.is_empty() {
         return Err(bad("command", "no command", "give the program and its arguments"));
+    }
+    if request.command[0].is_empty() {
+        return Err(refuse(
+            "command",
+            "the program (its first element) is empty",
+            "give the program and its arguments",
+        ));
     }
     if request.command.len() > limits::COMMAND_ARGS_MAX {
         return Err(bad(
@@ -158,7 +187,7 @@ pub(crate) fn to_spec(
         None => {}
         Some(allot_api::Probe::Http { url, pointer }) => {
             if !(url.starts_with("http://") || url.starts_with("https://"))
-                || url.len() > limits::NAME_CHARS_MAX * 10
+                || url.chars().count() > limits::URL_CHARS_MAX
             {
                 return Err(bad(
                     "probe.http.url",
@@ -166,7 +195,9 @@ pub(crate) fn to_spec(
                     "give the URL of the application's status page",
                 ));
             }
-            if !(pointer.is_empty() || pointer.starts_with('/')) || pointer.len() > 1000 {
+            if !(pointer.is_empty() || pointer.starts_with('/'))
+                || pointer.chars().count() > limits::POINTER_CHARS_MAX
+            {
                 return Err(bad(
                     "probe.http.pointer",
                     format!("{pointer:?} is not a JSON pointer"),
@@ -175,14 +206,21 @@ pub(crate) fn to_spec(
             }
         }
         Some(allot_api::Probe::Exec { command })
-            if command.first().is_none_or(String::is_empty)
-                || command.len() > 64
+            if command.is_empty()
+                || command.len() > limits::PROBE_ARGS_MAX
                 || command.iter().any(|a| a.contains('\0')) =>
         {
             return Err(bad(
                 "probe.exec.command",
                 "the probe command is empty, too long or contains a NUL byte",
-                "give the program and at most 63 arguments",
+                format!("give the program and at most {} arguments", limits::PROBE_ARGS_MAX - 1),
+            ));
+        }
+        Some(allot_api::Probe::Exec { command }) if command[0].is_empty() => {
+            return Err(refuse(
+                "probe.exec.command",
+                "the probe's program (its first element) is empty",
+                "give the program and its arguments",
             ));
         }
         Some(allot_api::Probe::Exec { .. }) => {}
@@ -209,7 +247,7 @@ pub(crate) fn to_spec(
             || ["CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"]
                 .contains(&key.as_str())
         {
-            return Err(bad(
+            return Err(refuse(
                 &format!("env.{key}"),
                 "set by allot for every member",
                 "leave it out: allot sets the devices and its own variables",

@@ -523,6 +523,58 @@ fn cut(text: &str, max: usize) -> String {
     short
 }
 
+/// A legend label on at most two lines of [`LABEL_CHARS_MAX`] characters, broken at a space
+/// (a word longer than a line is broken inside); only what two lines cannot hold is cut.
+fn legend_lines(label: &str) -> Vec<String> {
+    let clean: String = label.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let chars: Vec<char> = clean.chars().collect();
+    if chars.len() <= LABEL_CHARS_MAX {
+        return vec![clean];
+    }
+    // The last space that leaves the first line within bounds, else a hard break.
+    let limit = LABEL_CHARS_MAX.min(chars.len());
+    let split = (1..=limit).rev().find(|&i| chars.get(i) == Some(&' ')).unwrap_or(limit);
+    let first: String = chars[..split].iter().collect();
+    let rest: String = chars[split..].iter().collect();
+    vec![first.trim_end().to_string(), cut(rest.trim_start(), LABEL_CHARS_MAX)]
+}
+
+/// Width a key entry (swatch, gap, label) takes, from its characters alone (no font metrics,
+/// so the SVG is the same everywhere): 15 px text averages under 8.5 px a character.
+fn key_entry_px(label: &str) -> u32 {
+    let chars = u32::try_from(label.chars().count()).unwrap_or(u32::MAX);
+    chars.saturating_mul(17).div_ceil(2).saturating_add(20 + 24)
+}
+
+/// Where each key entry of a bar chart goes: rows of entries centred in `width`, a new row
+/// when the next entry would pass the edge. Returns `(x, row)` per entry.
+fn key_layout(labels: &[String], width: u32) -> Vec<(u32, u32)> {
+    let usable = width.saturating_sub(40).max(1);
+    let mut rows: Vec<Vec<(usize, u32)>> = vec![Vec::new()];
+    let mut used = 0u32;
+    for (i, label) in labels.iter().enumerate() {
+        let w = key_entry_px(label).min(usable);
+        if used > 0 && used.saturating_add(w) > usable {
+            rows.push(Vec::new());
+            used = 0;
+        }
+        if let Some(row) = rows.last_mut() {
+            row.push((i, w));
+        }
+        used = used.saturating_add(w);
+    }
+    let mut out = vec![(0, 0); labels.len()];
+    for (row, entries) in rows.iter().enumerate() {
+        let total: u32 = entries.iter().map(|(_, w)| *w).sum();
+        let mut x = (width.saturating_sub(total)) / 2;
+        for (i, w) in entries {
+            out[*i] = (x, u32::try_from(row).unwrap_or(u32::MAX));
+            x = x.saturating_add(*w);
+        }
+    }
+    out
+}
+
 fn px(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
@@ -681,17 +733,33 @@ impl LinePlot {
         let room = usize::try_from(height.saturating_sub(TITLE_HEIGHT + 40) / LEGEND_ROW_PX)
             .unwrap_or(0)
             .max(1);
-        let fits = self.lines.len() <= room;
-        let shown = if fits { self.lines.len() } else { room - 1 };
+        // Rows each entry takes (a long label wraps onto a second line).
+        let labels: Vec<Vec<String>> = self.lines.iter().map(|l| legend_lines(&l.label)).collect();
+        let shown = if labels.iter().map(Vec::len).sum::<usize>() <= room {
+            labels.len()
+        } else {
+            // The last row is kept for "… and N more".
+            let mut rows = 0;
+            labels
+                .iter()
+                .take_while(|l| {
+                    rows += l.len();
+                    rows < room
+                })
+                .count()
+        };
+        let fits = shown == self.lines.len();
         let mut y = top;
-        for line in &self.lines[..shown] {
+        for (line, text) in self.lines[..shown].iter().zip(&labels) {
             draw_swatch(area, (8, y), &line.colour, line.dashed)?;
-            area.draw(&Text::new(
-                cut(&line.label, LABEL_CHARS_MAX),
-                (46, y),
-                text_style(15, &BLACK, HPos::Left, VPos::Center),
-            ))?;
-            y += px(LEGEND_ROW_PX);
+            for part in text {
+                area.draw(&Text::new(
+                    part.clone(),
+                    (46, y),
+                    text_style(15, &BLACK, HPos::Left, VPos::Center),
+                ))?;
+                y += px(LEGEND_ROW_PX);
+            }
         }
         if !fits {
             area.draw(&Text::new(
@@ -709,33 +777,42 @@ const BAR_ROW_PX: u32 = 28;
 const BAR_LABELS_PX: u32 = 190;
 const BAR_PANEL_MIN_PX: u32 = 260;
 const BAR_HEADER_PX: u32 = 80;
+const KEY_ROW_PX: u32 = 22;
 
 impl BarPlot {
+    /// Title and key: one key row in [`BAR_HEADER_PX`], each further row [`KEY_ROW_PX`] more.
+    fn header_px(&self, width: u32) -> u32 {
+        let names: Vec<String> = self.measures.iter().map(|(n, _)| n.clone()).collect();
+        let rows = key_layout(&names, width).iter().map(|(_, r)| r + 1).max().unwrap_or(1);
+        BAR_HEADER_PX.saturating_add(rows.saturating_sub(1).saturating_mul(KEY_ROW_PX))
+    }
+
     fn size(&self) -> (u32, u32) {
         let panels = u32::try_from(self.panels.len().max(1)).unwrap_or(u32::MAX);
         let rows = u32::try_from(self.rows.len().max(1)).unwrap_or(u32::MAX);
         let width =
             CHART_SIZE.0.max(BAR_LABELS_PX.saturating_add(panels.saturating_mul(BAR_PANEL_MIN_PX)));
-        let height = CHART_SIZE.1.max(BAR_HEADER_PX + 80 + rows.saturating_mul(BAR_ROW_PX));
+        let height = CHART_SIZE.1.max(self.header_px(width) + 80 + rows.saturating_mul(BAR_ROW_PX));
         (width, height)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         draw_title(root, &self.title)?;
         let (width, height) = root.dim_in_pixel();
-        // The measures' key, in one line under the title.
-        let mut x = px(width) / 2 - 150;
-        for (name, colour) in &self.measures {
-            root.draw(&Rectangle::new([(x, 52), (x + 14, 66)], colour.filled()))?;
+        // The measures' key under the title, in as many rows as its labels need.
+        let names: Vec<String> = self.measures.iter().map(|(n, _)| n.clone()).collect();
+        let places = key_layout(&names, width);
+        for ((name, colour), (x, row)) in self.measures.iter().zip(&places) {
+            let (x, y) = (px(*x), 59 + px(*row * KEY_ROW_PX));
+            root.draw(&Rectangle::new([(x, y - 7), (x + 14, y + 7)], colour.filled()))?;
             root.draw(&Text::new(
                 name.clone(),
-                (x + 20, 59),
+                (x + 20, y),
                 text_style(15, &BLACK, HPos::Left, VPos::Center),
             ))?;
-            x += 110;
         }
-        let body =
-            root.clone().shrink((0, BAR_HEADER_PX), (width, height.saturating_sub(BAR_HEADER_PX)));
+        let header = self.header_px(width);
+        let body = root.clone().shrink((0, header), (width, height.saturating_sub(header)));
         if self.panels.is_empty() {
             return draw_note(&body, "no policies");
         }
@@ -1014,6 +1091,55 @@ mod tests {
         assert_eq!(cut("placement-with-long-name 42", 11), "place…me 42");
         assert_eq!(cut("abc", 0), "…");
         assert_eq!(cut("a\nb", 5), "a b");
+    }
+
+    #[test]
+    fn a_long_legend_label_wraps_before_it_is_cut() {
+        // The fleet chart's series: cut on one line it read "free, fits n…ing request".
+        assert_eq!(
+            legend_lines("free, fits no pending request"),
+            ["free, fits no pending", "request"]
+        );
+        assert_eq!(legend_lines("allocated"), ["allocated"]);
+        let long = legend_lines(&"x".repeat(60));
+        assert_eq!(long.len(), 2);
+        assert!(long.iter().all(|l| l.chars().count() <= LABEL_CHARS_MAX), "{long:?}");
+        let svg = line_chart_svg(
+            "wrap",
+            "t",
+            "x",
+            "y",
+            &[Series { label: "free, fits no pending request".into(), points: vec![(0.0, 1.0)] }],
+        )
+        .expect("an SVG needs no font");
+        let text = |t: &str| svg.lines().any(|l| l.trim() == t);
+        assert!(text("free, fits no pending") && text("request"), "{svg}");
+    }
+
+    #[test]
+    fn bar_chart_key_entries_do_not_overlap() {
+        // The what-if chart's four measures overlapped at a fixed 110 px step.
+        let labels: Vec<String> =
+            ["active: allocated", "candidate: allocated", "active: useful", "candidate: useful"]
+                .map(String::from)
+                .into();
+        for width in [1000, 600, 300] {
+            let places = key_layout(&labels, width);
+            for (i, (x, row)) in places.iter().enumerate() {
+                assert!(
+                    x + key_entry_px(&labels[i]).min(width) <= width + 20,
+                    "{width}: {places:?}"
+                );
+                for (j, (x2, row2)) in places.iter().enumerate().skip(i + 1) {
+                    if row == row2 {
+                        let (a, b) = if x < x2 { (i, *x) } else { (j, *x2) };
+                        let other = if x < x2 { *x2 } else { *x };
+                        assert!(b + key_entry_px(&labels[a]) <= other, "{width}: {places:?}");
+                    }
+                }
+            }
+        }
+        assert!(key_layout(&labels, 300).iter().any(|(_, row)| *row > 0), "a narrow chart wraps");
     }
 
     #[test]

@@ -132,6 +132,22 @@ JS_COOKIE=$(wd POST /execute/sync '{"script": "return document.cookie", "args": 
 
 source_now
 has '<svg' fleet; has 'no telemetry' fleet; has "href=\"/workload/$RUNNING\"" fleet
+# Every workload link in the device map is readable on its cell: WCAG contrast >= 4.5.
+CONTRAST_JS='function lum(c) { var v = c.match(/[0-9.]+/g).slice(0, 3).map(function (x) {
+    x = x / 255; return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4); });
+  return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; }
+var links = document.querySelectorAll("td.cell a"), bad = [];
+links.forEach(function (a) {
+  var fg = lum(getComputedStyle(a).color), bg = lum(getComputedStyle(a.closest("td")).backgroundColor);
+  var ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+  if (ratio < 4.5) bad.push(a.textContent + " " + ratio.toFixed(2)); });
+return links.length + " links; low contrast: " + (bad.join(", ") || "none");'
+CONTRAST=$(wd POST /execute/sync "$(jq -n --arg s "$CONTRAST_JS" '{script: $s, args: []}')" | jq -r .value)
+case "$CONTRAST" in
+  "0 links"*) fail "the device map has no workload links: $CONTRAST" ;;
+  *"low contrast: none") ;;
+  *) fail "device-map links hard to read on their cells: $CONTRAST" ;;
+esac
 shot fleet
 
 open_page /queue; source_now
@@ -149,8 +165,11 @@ shot workload
 open_page /projects; source_now
 has '<svg' projects; has 'project:vision' projects; has 'lost to pre-emption' projects
 # Fair-share standing (derived every 5 s: the htmx poll brings it in) and the ledger per period.
-for _ in $(seq 30); do source_now; grep -qF "rank in the next cycle" $WORK/page.html && grep -qF "<td>would borrow</td>" $WORK/page.html && break; sleep 0.5; done
-has 'Fair-share standing' projects; has 'rank in the next cycle' projects; has '<td>would borrow</td>' projects
+# research (no cohort) wants 4 more V100s than its guarantee: it cannot borrow, it waits.
+WAITS='<td>waits for its own quota (no cohort to borrow from)</td>'
+for _ in $(seq 30); do source_now; grep -qF "rank in the next cycle" $WORK/page.html && grep -qF "$WAITS" $WORK/page.html && break; sleep 0.5; done
+has 'Fair-share standing' projects; has 'rank in the next cycle' projects; has "$WAITS" projects
+has '<td class="num">– (no cohort)</td>' "projects (research's borrow limit)"
 has 'Ledger per period' projects; has "$(date -u +%F)" "projects (today's period)"
 shot projects
 
@@ -200,5 +219,8 @@ click_action $QUEUED cancel cancelled
 shot cancelled
 click_action $RUNNING suspend suspended
 shot suspended
+# Suspended by its user is not idle: the Idle page does not list it.
+open_page /idle; source_now
+lacks "vision-train" "idle (after vision-train was suspended by hand)"
 
-echo "dashboard-check: ok — login, 6 pages, live update, idle warning, estimated start, standing, cancel and suspend clicks (workloads $NOTEBOOK $RUNNING $HUGE $QUEUED $LATE $ETA_FIRST $ETA_NEXT); screenshots in $OUT"
+echo "dashboard-check: ok — login, 6 pages, readable device-map links, live update, idle warning (not a hand suspension), estimated start, standing, cancel and suspend clicks (workloads $NOTEBOOK $RUNNING $HUGE $QUEUED $LATE $ETA_FIRST $ETA_NEXT); screenshots in $OUT"

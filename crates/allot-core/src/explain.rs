@@ -26,14 +26,39 @@ pub struct Explanation {
     pub counterfactuals: Vec<Counterfactual>,
     /// Where it runs, when admitted.
     pub placement: Option<Placement>,
-    /// Times it was pre-empted and requeued; a pending workload with some is *suspended*.
+    /// Times it was stopped and requeued (pre-empted or reclaimed for idleness); a pending
+    /// workload with some is *suspended*.
     pub preemptions: u32,
+    /// Idle reclaims in a row (the backoff's exponent; reset by sustained activity).
+    pub idle_reclaims: u32,
+    /// Its latest stop was an idle reclaim (and it has not run since, nor was its user back).
+    pub last_stop_idle: bool,
     /// The finish time its user asked for, if any.
     pub deadline: Option<Timestamp>,
     /// Running under an idle rule: what the rule sees now, and when it warned.
     pub idle: Option<(crate::decision::IdleFacts, Option<Timestamp>)>,
     /// Warned and not exempt: when the rule acts if the workload stays idle.
     pub idle_action_at: Option<Timestamp>,
+}
+
+impl Explanation {
+    /// How it came to be suspended, in words: `pre-empted 2 times`, `reclaimed for idleness`,
+    /// or, when both kinds of stop may be among its stops, says so. `None` if never stopped.
+    pub fn stops(&self) -> Option<String> {
+        let n = self.preemptions;
+        let times = |n: u32| if n == 1 { "1 time".to_string() } else { format!("{n} times") };
+        match n {
+            0 => None,
+            _ if self.last_stop_idle && n == 1 => Some("reclaimed for idleness".into()),
+            _ if self.last_stop_idle => {
+                Some(format!("reclaimed for idleness; stopped {} in all", times(n)))
+            }
+            _ if self.idle_reclaims > 0 => {
+                Some(format!("stopped {}: pre-empted or reclaimed for idleness", times(n)))
+            }
+            _ => Some(format!("pre-empted {}", times(n))),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +100,8 @@ impl Engine {
             counterfactuals: Vec::new(),
             placement: w.allocation.as_ref().map(|a| a.placement.clone()),
             preemptions: w.preemptions,
+            idle_reclaims: w.idle_reclaims,
+            last_stop_idle: w.idle_suspended_at.is_some(),
             deadline: w.spec.deadline,
             idle: self.idle_facts(id).map(|f| (f, self.idle.get(&id).and_then(|s| s.warned_at))),
             idle_action_at: self.idle_action_at(now, id),

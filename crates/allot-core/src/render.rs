@@ -388,11 +388,7 @@ impl Engine {
         let suspended;
         let stage = match e.stage {
             Stage::Pending if e.preemptions > 0 => {
-                suspended = format!(
-                    "suspended (pre-empted {} time{}), pending",
-                    e.preemptions,
-                    if e.preemptions == 1 { "" } else { "s" }
-                );
+                suspended = format!("suspended ({}), pending", e.stops().unwrap_or_default());
                 suspended.as_str()
             }
             Stage::Pending => "pending",

@@ -143,6 +143,8 @@ pub(crate) struct Machine {
     last_telemetry_ms: u64,
     /// When the readers' project and node views were last rebuilt (`publish`).
     last_view_ms: u64,
+    /// The policy text the readers' view was last rebuilt under (`publish`).
+    view_policy: String,
 }
 
 /// An `Ask` whose entry is logged in this step: answered once the batch is applied.
@@ -164,6 +166,7 @@ impl Machine {
             awaiting_admission: BTreeMap::new(),
             last_telemetry_ms: 0,
             last_view_ms: 0,
+            view_policy: String::new(),
         }
     }
 
@@ -463,11 +466,8 @@ impl Machine {
         if let Some(e) = engine.explain(Timestamp(now), WorkloadId(id)) {
             let text = engine.render_explanation(&e);
             // The explanation's first line is "name: stage", which every reader of `Why`
-            // already shows from `name` and `state`; what it adds is the pre-emption count.
-            if e.preemptions > 0 {
-                let s = if e.preemptions == 1 { "" } else { "s" };
-                lines.push(format!("pre-empted {} time{s}", e.preemptions));
-            }
+            // already shows from `name` and `state`; what it adds is how it was stopped.
+            lines.extend(e.stops());
             lines.extend(
                 text.lines()
                     .skip(1)

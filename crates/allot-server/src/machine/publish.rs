@@ -29,7 +29,11 @@ impl Machine {
         metrics: &Metrics,
     ) {
         let changed = std::mem::take(&mut self.daemon.changed);
-        let full = force || now.saturating_sub(self.last_view_ms) >= VIEW_REFRESH_MS;
+        // A policy just applied is published whole at once: its answer goes out after this,
+        // and the next read of /projects must show the new quota, not the old one.
+        let policy_changed = self.view_policy != self.daemon.policy_text;
+        let full =
+            force || policy_changed || now.saturating_sub(self.last_view_ms) >= VIEW_REFRESH_MS;
         if changed.is_empty() && !full {
             return;
         }
@@ -50,6 +54,9 @@ impl Machine {
             return;
         }
         self.last_view_ms = now;
+        if policy_changed {
+            self.view_policy.clone_from(&self.daemon.policy_text);
+        }
         let daemon = &self.daemon;
         let engine = &daemon.engine;
         view.projects = records::projects(engine, daemon.workloads.values());
@@ -85,7 +92,7 @@ impl Machine {
         let Ok(view) = view.read() else { return };
         for p in &view.projects {
             let label = ProjectLabel { project: p.name.clone() };
-            let used: f64 = p.quota.iter().filter_map(|q| q.used_gpus.parse::<f64>().ok()).sum();
+            let used: f64 = p.quota.iter().map(|q| q.used_gpus).sum();
             m.allocated_gpus.get_or_create(&label).set(used);
             m.queue_length.get_or_create(&label).set(p.pending as i64);
         }

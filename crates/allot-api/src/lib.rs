@@ -246,6 +246,19 @@ pub struct Workload {
     pub last_activity_ms: Option<u64>,
 }
 
+impl Workload {
+    /// What it asks for, the same in the CLI and the dashboard: `4`, `0.25`, `1g.10gb`, or
+    /// `2×4` for a gang of two members of 4 GPUs each (members first, as `--members 2
+    /// --gpus 4` and "2 nodes of 4" say it).
+    pub fn size(&self) -> String {
+        if self.members > 1 {
+            format!("{}×{}", self.members, self.gpus)
+        } else {
+            self.gpus.clone()
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SubmitResponse {
     pub id: u64,
@@ -274,12 +287,16 @@ pub struct Why {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QuotaLine {
     pub model: String,
-    pub used_gpus: String,
-    pub guaranteed_gpus: String,
+    /// GPUs of this model the project holds now (fractions for shared GPUs: 0.5).
+    pub used_gpus: f64,
+    pub guaranteed_gpus: f64,
+    /// Most it may borrow from its cohort beyond its guarantee; absent: no limit (a project
+    /// without a cohort borrows nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub borrow_limit_gpus: Option<String>,
+    pub borrow_limit_gpus: Option<f64>,
+    /// Most of its unused guarantee its cohort may borrow; absent: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lend_limit_gpus: Option<String>,
+    pub lend_limit_gpus: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -612,6 +612,13 @@ impl Engine {
     pub fn project_cohort(&self, id: ProjectId) -> Option<&str> {
         self.projects.get(id.0 as usize).map(|p| self.cohort_names[p.cohort].as_str())
     }
+    /// The cohort the policy names for a project; `None` for one without (its cohort of one,
+    /// `<project>:solo`, is the engine's bookkeeping: it neither borrows nor lends).
+    pub fn project_declared_cohort(&self, id: ProjectId) -> Option<&str> {
+        let p = self.projects.get(id.0 as usize)?;
+        let cohort = self.cohort_names[p.cohort].as_str();
+        (cohort.strip_suffix(":solo") != Some(p.name.as_str())).then_some(cohort)
+    }
     pub fn project_count(&self) -> usize {
         self.projects.len()
     }

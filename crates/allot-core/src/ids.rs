@@ -55,6 +55,11 @@ impl Shares {
         Shares(gpus.saturating_mul(SHARES_PER_GPU))
     }
 
+    /// In GPUs, as a number (`Display` prints the same with at most three decimals).
+    pub fn as_gpus(self) -> f64 {
+        self.0 as f64 / SHARES_PER_GPU as f64
+    }
+
     pub fn saturating_sub(self, other: Shares) -> Shares {
         Shares(self.0.saturating_sub(other.0))
     }

@@ -344,7 +344,12 @@ async fn policy_apply_moves_live_work_or_names_what_stops_it() {
     let d = TestDaemon::new();
     let running = submit(&d, &d.admin, "translation").await;
     d.wait_state(running, "running").await;
-    let edited = common::POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
+    let edited = common::POLICY.replacen("half_life: 7d", "half_life: 1d", 1).replacen(
+        "{model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}",
+        "{model: H100, guaranteed: 6, borrow_limit: 8, lend_limit: 4}",
+        1,
+    );
+    assert!(edited.contains("{model: H100, guaranteed: 6,"), "the edit applies to the example");
     let viewer = d.token("viewer", &[]).await;
     let member = d.token("member", &["translation"]).await;
     for token in [&viewer, &member] {
@@ -371,6 +376,16 @@ async fn policy_apply_moves_live_work_or_names_what_stops_it() {
         d.call("PUT", "/api/v1/policy?source=edited.yaml", Some(&d.admin), Some(&edited)).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["source"], "edited.yaml");
+    // The next read shows the new quota (it read the old one for up to 5 s).
+    let (_, projects) = d.call("GET", "/api/v1/projects", Some(&d.admin), None).await;
+    let vision =
+        projects["projects"].as_array().and_then(|p| p.iter().find(|p| p["name"] == "vision"));
+    let h100 = vision.and_then(|p| p["quota"].as_array()?.iter().find(|l| l["model"] == "H100"));
+    assert_eq!(
+        h100.map(|l| l["guaranteed_gpus"].clone()),
+        Some(serde_json::json!(6.0)),
+        "{projects}"
+    );
     let (_, active) = d.call("GET", "/api/v1/policy", Some(&d.admin), None).await;
     assert_eq!(active["text"], edited.as_str());
     assert_eq!(d.wait_state(running, "running").await["attempt"], 1, "not restarted");

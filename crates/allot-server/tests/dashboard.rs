@@ -442,14 +442,13 @@ async fn the_projects_page_shows_fair_share_standing_and_the_ledger_per_period()
     d.wait_state(running, "running").await;
     submit_body_as(&d, &v100_body("waiting", None)).await;
     // Derived every 5 s: wait for the table (not the explanation) to say it.
-    let body = page_with(&d, "/projects", &d.admin, "<td>would borrow</td>").await;
+    // research has no cohort: its next workload cannot borrow, it waits for its own quota.
+    let waits = "<td>waits for its own quota (no cohort to borrow from)</td>";
+    let body = page_with(&d, "/projects", &d.admin, waits).await;
     assert!(body.contains("Fair-share standing") && body.contains("Who goes next"), "{body}");
     let standing_row = body
         .split("<tr>")
-        .find(|r| {
-            r.contains("href=\"/queue?project=research\">research</a>")
-                && r.contains("would borrow")
-        })
+        .find(|r| r.contains("href=\"/queue?project=research\">research</a>") && r.contains(waits))
         .unwrap_or_else(|| {
             let table = body.split("id=\"standing\"").nth(1).unwrap_or_default();
             panic!(
@@ -457,7 +456,7 @@ async fn the_projects_page_shows_fair_share_standing_and_the_ledger_per_period()
                 table.split("</table>").next().unwrap_or_default()
             )
         });
-    // research holds 4 V100s of its guarantee: the next would borrow and it is the only one
+    // research holds 4 V100s of its guarantee: the next is beyond it, and it is the only one
     // with pending work, so it is first in the next cycle.
     assert!(
         standing_row.contains("<td class=\"num\">\n<a href=\"/api/v1/projects\">4</a>")
@@ -471,6 +470,12 @@ async fn the_projects_page_shows_fair_share_standing_and_the_ledger_per_period()
     let periods = body.split("id=\"periods\"").nth(1).unwrap_or_default();
     assert!(periods.contains("project:research") && periods.contains(today.as_str()), "{periods}");
     assert!(periods.contains("no telemetry"), "active hours need telemetry: {periods}");
+    assert!(periods.contains("as of 20"), "the periods say when they were computed: {periods}");
+    // Limits: research has no cohort (nothing to borrow or lend); nlp's cohort sets none.
+    let quota = body.split("<h2>Quota</h2>").nth(1).unwrap_or_default();
+    let quota = quota.split("</table>").next().unwrap_or_default();
+    assert!(quota.contains("– (no cohort)") && quota.contains("no limit"), "{quota}");
+    assert!(!quota.contains(">none<"), "{quota}");
     let one = send(&d, "GET", "/projects?project=research", cookie(&member), &[], None).await;
     let periods = one.body.split("id=\"periods\"").nth(1).unwrap_or_default();
     assert!(periods.contains("project:research") && !periods.contains("<td>cluster</td>"));

@@ -56,8 +56,8 @@ async fn wait_used_h100(d: &TestDaemon, project: &str, used: &str) {
         let p = v["projects"].as_array().expect("projects").iter().find(|p| p["name"] == project);
         let line =
             p.and_then(|p| p["quota"].as_array()?.iter().find(|l| l["model"] == "H100").cloned());
-        last = line.map(|l| l["used_gpus"].to_string()).unwrap_or_default();
-        if last.trim_matches('"') == used {
+        last = line.as_ref().map(|l| l["used_gpus"].to_string()).unwrap_or_default();
+        if line.and_then(|l| l["used_gpus"].as_f64()) == used.parse::<f64>().ok() {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

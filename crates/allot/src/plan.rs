@@ -77,7 +77,7 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
         file.display(),
         policy.projects.len(),
         (0..engine.project_count())
-            .filter_map(|p| engine.project_cohort(allot_core::ProjectId(p as u32)))
+            .filter_map(|p| engine.project_declared_cohort(allot_core::ProjectId(p as u32)))
             .collect::<std::collections::BTreeSet<_>>()
             .len(),
         policy.priority_classes.len(),
@@ -268,14 +268,14 @@ fn summary_json(engine: &Engine, report: &[(usize, Decision)]) -> Value {
             let id = allot_core::ProjectId(p as u32);
             json!({
                 "project": engine.project_name(id),
-                "cohort": engine.project_cohort(id),
+                "cohort": engine.project_declared_cohort(id),
                 "department": engine.project_department(id),
                 "quota": engine.project_lines(id).into_iter().map(|(k, used, g, b, l)| json!({
                     "model": engine.key_name(k),
-                    "used_gpus": used.to_string(),
-                    "guaranteed_gpus": g.to_string(),
-                    "borrow_limit_gpus": b.map(|b| b.to_string()),
-                    "lend_limit_gpus": l.map(|l| l.to_string()),
+                    "used_gpus": used.as_gpus(),
+                    "guaranteed_gpus": g.as_gpus(),
+                    "borrow_limit_gpus": b.map(allot_core::Shares::as_gpus),
+                    "lend_limit_gpus": l.map(allot_core::Shares::as_gpus),
                 })).collect::<Vec<_>>(),
             })
         })

@@ -43,9 +43,9 @@ pub(crate) fn duration(ms: u64) -> String {
     }
 }
 
-/// What a workload asks for: `4`, `0.25`, `1g.10gb`, or `2×4` for a gang of two members.
+/// What a workload asks for ([`Workload::size`]).
 pub(crate) fn gpus(w: &Workload) -> String {
-    if w.members > 1 { format!("{}×{}", w.members, w.gpus) } else { w.gpus.clone() }
+    w.size()
 }
 
 /// The `ls` table; `now_ms` is the client's clock (ages).
@@ -94,15 +94,15 @@ pub(crate) fn projects(list: &ProjectList) -> String {
         for (i, q) in lines.into_iter().enumerate() {
             let first = i == 0;
             let text = |s: &str| if first { s.to_string() } else { String::new() };
-            let limit = |l: &Option<String>| l.clone().unwrap_or_else(|| "-".to_string());
+            let limit = |l: Option<f64>| l.map_or_else(|| "-".to_string(), |g| g.to_string());
             rows.push(vec![
                 text(&p.name),
                 text(p.cohort.as_deref().unwrap_or("-")),
                 q.map_or("-".to_string(), |q| q.model.clone()),
-                q.map_or("-".to_string(), |q| q.used_gpus.clone()),
-                q.map_or("-".to_string(), |q| q.guaranteed_gpus.clone()),
-                q.map_or("-".to_string(), |q| limit(&q.borrow_limit_gpus)),
-                q.map_or("-".to_string(), |q| limit(&q.lend_limit_gpus)),
+                q.map_or("-".to_string(), |q| q.used_gpus.to_string()),
+                q.map_or("-".to_string(), |q| q.guaranteed_gpus.to_string()),
+                q.map_or("-".to_string(), |q| limit(q.borrow_limit_gpus)),
+                q.map_or("-".to_string(), |q| limit(q.lend_limit_gpus)),
                 text(&p.running.to_string()),
                 text(&p.pending.to_string()),
             ]);

@@ -67,12 +67,10 @@ impl Engine {
                 if let Some(key) = key {
                     order.push((key, i));
                 }
-                let cohort = &self.cohort_names[p.cohort];
                 Standing {
                     project: id,
                     name: p.name.clone(),
-                    // A project without a cohort is a cohort of one, `NAME:solo`.
-                    cohort: (*cohort != format!("{}:solo", p.name)).then(|| cohort.clone()),
+                    cohort: self.project_declared_cohort(id).map(str::to_string),
                     weight_milli: p.weight_milli,
                     weight_fraction: if cohort_weight[p.cohort] == 0 {
                         1.0

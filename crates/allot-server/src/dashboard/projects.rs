@@ -41,6 +41,8 @@ pub(crate) struct ProjectsData {
     pub periods: Vec<PeriodRow>,
     /// `?project=NAME`: the periods shown are this project's.
     pub project: Option<String>,
+    /// When the periods (and standings) were derived: they trail the totals by up to 5 s.
+    pub derived_at_ms: Option<u64>,
 }
 
 pub(crate) async fn page(
@@ -115,6 +117,7 @@ pub(crate) async fn page(
                 .cloned()
                 .collect(),
             project: filter,
+            derived_at_ms: view.dashboard.derived.at_ms,
         }
     };
     let url = match &data.project {
@@ -130,8 +133,14 @@ pub(crate) async fn page(
     )
 }
 
-fn parse(text: &str) -> f64 {
-    text.parse::<f64>().unwrap_or(0.0)
+/// A borrow or lend limit: a number of GPUs, no limit, or nothing to limit without a cohort
+/// (such a project neither borrows nor lends).
+fn limit(in_cohort: bool, gpus: Option<f64>) -> String {
+    match (in_cohort, gpus) {
+        (false, _) => "– (no cohort)".to_string(),
+        (true, Some(g)) => g.to_string(),
+        (true, None) => "no limit".to_string(),
+    }
 }
 
 pub(crate) fn render(data: &ProjectsData) -> Markup {
@@ -160,20 +169,19 @@ pub(crate) fn render(data: &ProjectsData) -> Markup {
                  th.num { "pending" } th.num { "running" } }
             @for p in &data.projects {
                 @for (i, q) in p.quota.iter().enumerate() {
-                    @let used = parse(&q.used_gpus);
-                    @let guaranteed = parse(&q.guaranteed_gpus);
+                    @let (used, guaranteed) = (q.used_gpus, q.guaranteed_gpus);
                     tr {
                         @if i == 0 {
                             td rowspan=(p.quota.len()) { a href={ "/queue?project=" (encode(&p.name)) } { (p.name) } }
                             td rowspan=(p.quota.len()) { (p.cohort.as_deref().unwrap_or("–")) }
                         }
                         td { (q.model) }
-                        td.num { a href="/api/v1/projects" { (q.guaranteed_gpus) } }
-                        td.num { a href="/api/v1/projects" { (q.used_gpus) } }
+                        td.num { a href="/api/v1/projects" { (guaranteed) } }
+                        td.num { a href="/api/v1/projects" { (used) } }
                         td.num { a href="/api/v1/projects" { (gpus((used - guaranteed).max(0.0))) } }
                         td.num { a href="/api/v1/projects" { (gpus((guaranteed - used).max(0.0))) } }
-                        td.num { a href="/api/v1/projects" { (q.borrow_limit_gpus.as_deref().unwrap_or("none")) } }
-                        td.num { a href="/api/v1/projects" { (q.lend_limit_gpus.as_deref().unwrap_or("none")) } }
+                        td.num { (limit(p.cohort.is_some(), q.borrow_limit_gpus)) }
+                        td.num { (limit(p.cohort.is_some(), q.lend_limit_gpus)) }
                         @if i == 0 {
                             td.num rowspan=(p.quota.len()) { a href={ "/queue?project=" (encode(&p.name)) } { (p.pending) } }
                             td.num rowspan=(p.quota.len()) { a href={ "/api/v1/workloads?project=" (encode(&p.name)) "&state=running" } { (p.running) } }
@@ -249,7 +257,8 @@ fn standing(data: &ProjectsData) -> Markup {
                         td.num { (s.standing.map_or("last (weight 0)".to_string(), |v| format!("{v:.2}"))) }
                         td { @match s.head_within_guarantee {
                             Some(true) => "fits its guarantee",
-                            Some(false) => "would borrow",
+                            Some(false) if s.cohort.is_some() => "would borrow",
+                            Some(false) => "waits for its own quota (no cohort to borrow from)",
                             None => span.nodata { "nothing pending" },
                         } }
                         td.num { @if let Some(rank) = s.rank { a href={ "/queue?project=" (encode(&s.name)) } { (rank) } } @else { "–" } }
@@ -265,7 +274,9 @@ fn periods(data: &ProjectsData) -> Markup {
     html! {
         h2 #periods { "Ledger per period" @if let Some(p) = &data.project { " — project " (p) } }
         p.note { "GPU-hours in each of the daemon's ledger periods (one UTC day), newest first, the last "
-            (crate::view::PERIODS_MAX) " per scope. "
+            (crate::view::PERIODS_MAX) " per scope, as of "
+            @if let Some(at) = data.derived_at_ms { (crate::views::utc(at)) } @else { "–" }
+            " (recomputed every 5 s, so today's row can trail the totals above by that much use). "
             @if data.project.is_some() { a href="/projects#periods" { "All projects" } } @else { "Pick a project to see only its periods." } }
         @if data.periods.is_empty() { p.nodata { "no periods yet" } } @else {
             div.scroll { table.periods {

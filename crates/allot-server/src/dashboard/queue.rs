@@ -197,7 +197,7 @@ pub(crate) fn render(data: &QueueData) -> Markup {
                         td { a href={ "/workload/" (w.id) } { "#" (w.id) " " (w.name) } }
                         td { a href={ "/queue?project=" (encode(&w.project)) } { (w.project) } }
                         td { (w.user) }
-                        td.num { a href={ "/api/v1/workloads/" (w.id) } { (w.gpus) @if w.members > 1 { " × " (w.members) } } }
+                        td.num { a href={ "/api/v1/workloads/" (w.id) } title=(if w.members > 1 { "members × GPUs each" } else { "GPUs" }) { (w.size()) } }
                         td { (stage(w)) }
                         td { (reason(w.reason_code.as_deref(), w.reason.as_deref())) " " a href={ "/api/v1/workloads/" (w.id) "/why" } { "why" } }
                         td.num { a href={ "/workload/" (w.id) } { (row.position) } }

@@ -53,16 +53,16 @@ fn workload(id: u64, project: &str, state: WorkloadState, code: &str, reason: &s
     }
 }
 
-fn project(name: &str, used: &str, guaranteed: &str) -> Project {
+fn project(name: &str, used: f64, guaranteed: f64) -> Project {
     Project {
         name: name.into(),
         cohort: Some("research".into()),
         department: None,
         quota: vec![QuotaLine {
             model: "A100".into(),
-            used_gpus: used.into(),
-            guaranteed_gpus: guaranteed.into(),
-            borrow_limit_gpus: Some("4".into()),
+            used_gpus: used,
+            guaranteed_gpus: guaranteed,
+            borrow_limit_gpus: Some(4.0),
             lend_limit_gpus: None,
         }],
         pending: 2,
@@ -202,6 +202,12 @@ fn snapshot_queue() {
         ),
         workload(2, "nlp", WorkloadState::Pending, "no_placement", "no node has 2 free A100"),
         workload(4, "vision", WorkloadState::Pending, "", ""),
+        // A gang of 2 members of 4 GPUs: "2×4", as `allot ls` writes it.
+        Workload {
+            members: 2,
+            gpus: "4".into(),
+            ..workload(6, "nlp", WorkloadState::Pending, "", "")
+        },
     ];
     let principal = Principal {
         token_id: "t".into(),
@@ -209,7 +215,7 @@ fn snapshot_queue() {
         role: Role::Admin,
         projects: vec![],
     };
-    let projects = [project("nlp", "1", "2"), project("vision", "8", "8")];
+    let projects = [project("nlp", 1.0, 2.0), project("vision", 8.0, 8.0)];
     let etas = [
         (
             1,
@@ -230,11 +236,12 @@ fn snapshot_queue() {
     .collect();
     let data =
         queue::build(NOW, pending.iter(), &projects, &principal, None, None).with_etas(&etas);
-    assert_eq!(data.rows.iter().map(|r| r.position).collect::<Vec<_>>(), [1, 1, 2]);
+    assert_eq!(data.rows.iter().map(|r| r.position).collect::<Vec<_>>(), [1, 1, 2, 2]);
     assert!(data.rows.iter().all(|r| r.can_act), "an admin may cancel anything");
     let text = queue::render(&data).into_string();
     assert!(text.contains("≈ in 2 h 10 min (after #5 job-5 reaches its max runtime)"), "{text}");
     assert!(text.contains("unknown: it waits for running work that has no max runtime"));
+    assert!(text.contains("title=\"members × GPUs each\">2×4</a>"), "{text}");
     let viewer = Principal { role: Role::Viewer, ..principal.clone() };
     let seen = queue::build(NOW, pending.iter(), &projects, &viewer, None, None);
     assert!(!queue::render(&seen).into_string().contains("<form"), "a viewer gets no buttons");
@@ -318,7 +325,7 @@ fn snapshot_projects() {
         telemetry: false,
         since_ms: NOW - 60 * MIN,
         now_ms: NOW,
-        projects: vec![project("nlp", "1", "2"), project("vision", "10", "8")],
+        projects: vec![project("nlp", 1.0, 2.0), project("vision", 10.0, 8.0)],
         rows: vec![
             row("cluster", 12.5, 1.25),
             row("project:nlp", 2.0, 0.0),
@@ -365,6 +372,7 @@ fn snapshot_projects() {
             period("project:vision", 0, 7.0, 1.0),
         ],
         project: None,
+        derived_at_ms: Some(NOW),
     };
     check("projects", Tab::Projects, &projects::render(&data));
     let text = projects::render(&data).into_string();

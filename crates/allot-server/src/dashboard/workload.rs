@@ -120,7 +120,7 @@ pub(crate) fn render(data: &WorkloadData) -> Markup {
         div.figures {
             div.figure { a href=(api) { span.n { (w.state.as_str()) } } "state" }
             div.figure { a href={ "/queue?project=" (super::encode(&w.project)) } { span.n { (w.project) } } "project" }
-            div.figure { a href=(api) { span.n { (w.gpus) @if w.members > 1 { " × " (w.members) } } } "GPUs" }
+            div.figure { a href=(api) { span.n { (w.size()) } } @if w.members > 1 { "members × GPUs each" } @else { "GPUs" } }
             div.figure { a href=(api) { span.n { (w.attempt) } } "runs so far" }
             div.figure { a href=(api) { span.n { (duration(data.now_ms.saturating_sub(w.submitted_ms))) } } "since submitted" }
         }

@@ -3,7 +3,7 @@
 
 use allot_api::{Device, LedgerRow, Node, Project, QuotaLine, Workload};
 use allot_core::ledger::{Books, Ledger, Scope};
-use allot_core::{Engine, ProjectId, Timestamp};
+use allot_core::{Engine, ProjectId, Shares, Timestamp};
 
 use super::daemon::Record;
 use super::submit::gpus_text;
@@ -60,17 +60,17 @@ pub(crate) fn projects<'a>(
             let id = ProjectId(p as u32);
             Project {
                 name: engine.project_name(id).to_string(),
-                cohort: engine.project_cohort(id).map(str::to_string),
+                cohort: engine.project_declared_cohort(id).map(str::to_string),
                 department: engine.project_department(id).map(str::to_string),
                 quota: engine
                     .project_lines(id)
                     .into_iter()
                     .map(|(k, used, g, b, l)| QuotaLine {
                         model: engine.key_name(k).to_string(),
-                        used_gpus: used.to_string(),
-                        guaranteed_gpus: g.to_string(),
-                        borrow_limit_gpus: b.map(|b| b.to_string()),
-                        lend_limit_gpus: l.map(|l| l.to_string()),
+                        used_gpus: used.as_gpus(),
+                        guaranteed_gpus: g.as_gpus(),
+                        borrow_limit_gpus: b.map(Shares::as_gpus),
+                        lend_limit_gpus: l.map(Shares::as_gpus),
                     })
                     .collect(),
                 pending: counts[p].0,

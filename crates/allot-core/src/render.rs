@@ -173,9 +173,14 @@ impl Engine {
                 idle.threshold_permille % 10
             ),
             IdleModel::Allot => format!(
-                "below {}.{} % by {signal}",
+                "below {}.{} % {}",
                 idle.threshold_permille / 10,
-                idle.threshold_permille % 10
+                idle.threshold_permille % 10,
+                if idle.signal.is_some() {
+                    format!("by {signal}")
+                } else {
+                    "(no sample yet)".into()
+                }
             ),
         };
         format!(
@@ -194,7 +199,8 @@ impl Engine {
                 since.0
             ),
             DeferReason::IdleBackoff { until, reclaims } => format!(
-                "reclaimed for idleness {reclaims} time(s) in a row; may resume at t={} ms",
+                "reclaimed for idleness {} in a row; may resume at t={} ms",
+                if *reclaims == 1 { "1 time".to_string() } else { format!("{reclaims} times") },
                 until.0
             ),
             DeferReason::NoQuotaForModel { project } => format!(
@@ -221,6 +227,8 @@ impl Engine {
                 self.key_name(*key),
                 if *borrow_limited {
                     format!("its borrow limit leaves {available}")
+                } else if self.project_declared_cohort(*project).is_none() {
+                    format!("{available} available (no cohort to borrow from)")
                 } else {
                     format!("{available} available incl. cohort lending")
                 },

@@ -474,7 +474,7 @@ async fn the_projects_page_shows_fair_share_standing_and_the_ledger_per_period()
     // Limits: research has no cohort (nothing to borrow or lend); nlp's cohort sets none.
     let quota = body.split("<h2>Quota</h2>").nth(1).unwrap_or_default();
     let quota = quota.split("</table>").next().unwrap_or_default();
-    assert!(quota.contains("– (no cohort)") && quota.contains("no limit"), "{quota}");
+    assert!(quota.contains("– (no cohort)") && quota.contains("unlimited"), "{quota}");
     assert!(!quota.contains(">none<"), "{quota}");
     let one = send(&d, "GET", "/projects?project=research", cookie(&member), &[], None).await;
     let periods = one.body.split("id=\"periods\"").nth(1).unwrap_or_default();

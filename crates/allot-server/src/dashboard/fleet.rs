@@ -117,9 +117,14 @@ pub(crate) fn render(data: &FleetData) -> Markup {
                 a href="/idle" { span.n { @if let Some(w) = warned_shares { (g(w)) } @else { "–" } } }
                 "held by work an idle rule warned (by heartbeat probes)"
             }
+            // From the last sample (every 5 s), so beside that sample's own free count: the
+            // live "free" above may have moved since.
             div.figure {
                 a href="/api/v1/report" { span.n { @if let Some(s) = last { (g(s.stranded_shares)) } @else { "–" } } }
-                "free, but no pending request fits there (all free when none pends)"
+                @if let Some(s) = last {
+                    "of the " (g(s.free_shares)) " free at " (crate::views::utc(s.at_ms).get(11..19).unwrap_or_default())
+                    " UTC fit no pending request (all, when none pends)"
+                } @else { "free, but no pending request fits there (sampled every 5 s)" }
             }
             @if data.show_metrics { div.figure { a href="/metrics" { span.n { "/metrics" } } "all gauges (OpenMetrics)" } }
         }

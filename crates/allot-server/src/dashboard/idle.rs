@@ -152,6 +152,6 @@ mod tests {
         assert_eq!(signal("below 5.0 % by SM-active").0, "SM-active");
         assert_eq!(signal("below 5.0 % by utilisation").0, "utilisation");
         assert_eq!(signal("x; telemetry missing since 2026").0, "telemetry missing");
-        assert_eq!(signal("reclaimed 2 time(s) in a row").0, "not stated");
+        assert_eq!(signal("reclaimed 2 times in a row").0, "not stated");
     }
 }

@@ -133,13 +133,13 @@ pub(crate) async fn page(
     )
 }
 
-/// A borrow or lend limit: a number of GPUs, no limit, or nothing to limit without a cohort
+/// A borrow or lend limit: a number of GPUs, unlimited, or nothing to limit without a cohort
 /// (such a project neither borrows nor lends).
 fn limit(in_cohort: bool, gpus: Option<f64>) -> String {
     match (in_cohort, gpus) {
         (false, _) => "– (no cohort)".to_string(),
         (true, Some(g)) => g.to_string(),
-        (true, None) => "no limit".to_string(),
+        (true, None) => "unlimited".to_string(),
     }
 }
 

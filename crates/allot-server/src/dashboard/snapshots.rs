@@ -391,7 +391,7 @@ fn snapshot_idle() {
                 "nlp",
                 WorkloadState::Pending,
                 "idle_backoff",
-                "reclaimed for idleness 2 time(s) in a row; may resume at 2026-11-30 12:10:00 UTC",
+                "reclaimed for idleness 2 times in a row; may resume at 2026-11-30 12:10:00 UTC",
             ),
         ],
     };

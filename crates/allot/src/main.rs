@@ -91,12 +91,12 @@ enum Command {
     Ls(remote::LsArgs),
     /// Explain why a workload waits, or why it was stopped.
     Why(remote::IdArgs),
-    /// Cancel a workload (stops it if it runs).
-    Cancel(remote::IdArgs),
-    /// Suspend a workload: stop it (checkpointing if it can) and keep it until `resume`.
-    Suspend(remote::IdArgs),
-    /// Queue a suspended workload again.
-    Resume(remote::IdArgs),
+    /// Cancel workloads (stops them if they run): `allot cancel 4 7 9`.
+    Cancel(remote::ActArgs),
+    /// Suspend workloads: stop each (checkpointing if it can) and keep it until `resume`.
+    Suspend(remote::ActArgs),
+    /// Queue suspended workloads again.
+    Resume(remote::ActArgs),
     /// Print a workload's output (stdout and stderr of one member).
     Logs(remote::LogsArgs),
     /// Projects with their quotas and what they use.

@@ -29,6 +29,17 @@ pub(crate) struct IdArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub(crate) struct ActArgs {
+    /// The workloads' ids (from `allot submit` or `allot ls`). With several, each is looked up
+    /// first: one that does not exist or is not yours changes nothing; then each is acted on in
+    /// order (`--output json`: `{"workloads": […]}`).
+    #[arg(required = true, num_args = 1..)]
+    pub(crate) ids: Vec<u64>,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+#[derive(Debug, clap::Args)]
 pub(crate) struct LsArgs {
     /// Only this project's workloads.
     #[arg(long)]
@@ -99,12 +110,40 @@ pub(crate) fn why(remote: &RemoteArgs, args: &IdArgs) -> Result<String> {
 }
 
 /// `cancel`, `suspend` or `resume`.
-pub(crate) fn act(remote: &RemoteArgs, args: &IdArgs, action: &str) -> Result<String> {
-    let workload = Client::new(remote)?
-        .post::<Workload>(&format!("/workloads/{}/{action}", args.id), None::<&()>)?;
-    Ok(match args.output.output {
-        Output::Json => workload.pretty(),
-        Output::Text => render::workload_line(&workload.value),
+pub(crate) fn act(remote: &RemoteArgs, args: &ActArgs, action: &str) -> Result<String> {
+    let client = Client::new(remote)?;
+    let ids = &args.ids;
+    if ids.len() > 1 {
+        // An unknown or forbidden id refuses the whole command before anything changed.
+        for id in ids {
+            client.get::<Workload>(&format!("/workloads/{id}"))?;
+        }
+    }
+    let mut done = Vec::new();
+    for id in ids {
+        match client.post::<Workload>(&format!("/workloads/{id}/{action}"), None::<&()>) {
+            Ok(workload) => done.push(workload),
+            Err(e) => {
+                // What was done stays said (as kill(1) does), then the error.
+                if args.output.output == Output::Text {
+                    let lines: String =
+                        done.iter().map(|w| render::workload_line(&w.value)).collect();
+                    crate::print_out(&lines);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(match (args.output.output, done.as_slice()) {
+        (Output::Json, [one]) => one.pretty(),
+        (Output::Json, all) => {
+            let raw: Vec<&serde_json::Value> = all.iter().map(|w| &w.raw).collect();
+            let mut text = serde_json::to_string_pretty(&serde_json::json!({ "workloads": raw }))
+                .unwrap_or_default();
+            text.push('\n');
+            text
+        }
+        (Output::Text, all) => all.iter().map(|w| render::workload_line(&w.value)).collect(),
     })
 }
 

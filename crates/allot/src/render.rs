@@ -94,7 +94,12 @@ pub(crate) fn projects(list: &ProjectList) -> String {
         for (i, q) in lines.into_iter().enumerate() {
             let first = i == 0;
             let text = |s: &str| if first { s.to_string() } else { String::new() };
-            let limit = |l: Option<f64>| l.map_or_else(|| "-".to_string(), |g| g.to_string());
+            // No limit: "unlimited"; a project without a cohort borrows and lends nothing: "-".
+            let limit = |l: Option<f64>| match (&p.cohort, l) {
+                (None, _) => "-".to_string(),
+                (Some(_), None) => "unlimited".to_string(),
+                (Some(_), Some(g)) => g.to_string(),
+            };
             rows.push(vec![
                 text(&p.name),
                 text(p.cohort.as_deref().unwrap_or("-")),

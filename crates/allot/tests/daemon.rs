@@ -168,6 +168,35 @@ fn acceptance_commands_work_as_written() {
         403
     );
     cli(&["cancel", &id.to_string()]);
+    // Several ids: an unknown one among them changes nothing; then all are acted on.
+    let submit = || cli(&["submit", "--project", "vision", "--gpus", "1", "--", "sleep", "30"]);
+    let (a, b) = (submit().trim().to_string(), submit().trim().to_string());
+    let out = Command::new(BIN)
+        .args(["cancel", &a, "999999", &b])
+        .env("ALLOT_URL", &daemon.url)
+        .env("ALLOT_TOKEN", &token)
+        .output()
+        .expect("allot runs");
+    assert_eq!(out.status.code(), Some(4), "not found: {}", String::from_utf8_lossy(&out.stderr));
+    let state = |id: &str| {
+        let w: Value = serde_json::from_str(&cli(&["ls", "--output", "json"])).expect("ls JSON");
+        let found = w["workloads"].as_array().and_then(|l| {
+            l.iter()
+                .find(|w| w["id"].as_u64().map(|v| v.to_string()).as_deref() == Some(id))
+                .cloned()
+        });
+        found.map(|w| w["state"].as_str().unwrap_or_default().to_string()).unwrap_or_default()
+    };
+    assert!(!["cancelled", "stopping"].contains(&state(&a).as_str()), "{a} was left alone");
+    let text = cli(&["cancel", &a, &b]);
+    assert_eq!(text.lines().count(), 2, "one line per workload: {text}");
+    let (c, d) = (submit().trim().to_string(), submit().trim().to_string());
+    let both: Value =
+        serde_json::from_str(&cli(&["suspend", &c, &d, "--output", "json"])).expect("suspend JSON");
+    assert_eq!(both["workloads"].as_array().map(Vec::len), Some(2), "{both}");
+    for id in [&a, &b] {
+        assert!(["cancelled", "stopping"].contains(&state(id).as_str()), "{id}: {}", state(id));
+    }
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -163,6 +163,9 @@ pub(crate) fn main_loop(
         if let Some(s) = turn.snapshot_seconds {
             metrics.snapshot_seconds.observe(s);
         }
+        for note in &turn.output.notes {
+            tracing_log(note);
+        }
         if turn.output.cycled {
             let other = turn.append_seconds + turn.snapshot_seconds.unwrap_or(0.0);
             metrics.cycle_seconds.observe((seconds - other).max(0.0));

@@ -25,7 +25,7 @@ mod snapshot;
 mod submit;
 mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use allot_api::{PolicyView, Report, SubmitResponse, Why, WorkloadState};
@@ -103,6 +103,9 @@ pub(crate) enum Input {
     Files(Vec<FileTimes>),
 }
 
+/// Distinct unknown telemetry hostnames said at most (a misconfigured fleet says enough).
+const UNKNOWN_HOSTS_MAX: usize = 64;
+
 /// What one step produced. `entries` must be durable before any answer or command leaves.
 #[derive(Debug, Default)]
 pub(crate) struct Output {
@@ -113,6 +116,9 @@ pub(crate) struct Output {
     pub cycled: bool,
     /// Submit-to-admit times (ms) of first admissions this step decided.
     pub admitted_after_ms: Vec<u64>,
+    /// What the operator should hear about (the driver writes them to the log stream): not
+    /// state, so not logged as entries.
+    pub notes: Vec<String>,
 }
 
 /// How often the machine does what it does on its own.
@@ -145,6 +151,8 @@ pub(crate) struct Machine {
     last_view_ms: u64,
     /// The policy text the readers' view was last rebuilt under (`publish`).
     view_policy: String,
+    /// Telemetry hostnames already said to match no node (said once each).
+    unknown_hosts: BTreeSet<String>,
 }
 
 /// An `Ask` whose entry is logged in this step: answered once the batch is applied.
@@ -167,6 +175,31 @@ impl Machine {
             last_telemetry_ms: 0,
             last_view_ms: 0,
             view_policy: String::new(),
+            unknown_hosts: BTreeSet::new(),
+        }
+    }
+
+    /// Says once per hostname that telemetry came from a host the inventory does not name:
+    /// its readings can reach no workload, and without a word the idle rules would only see
+    /// "telemetry missing".
+    fn note_unknown_hosts(&mut self, samples: &[Sample], out: &mut Output) {
+        for host in samples.iter().filter_map(|s| s.identity.hostname.as_deref()) {
+            if self.unknown_hosts.len() >= UNKNOWN_HOSTS_MAX
+                || self.unknown_hosts.contains(host)
+                || self.daemon.nodes.iter().any(|n| n.name == host)
+            {
+                continue;
+            }
+            self.unknown_hosts.insert(host.to_string());
+            let names: Vec<&str> =
+                self.daemon.nodes.iter().take(5).map(|n| n.name.as_str()).collect();
+            let more = if self.daemon.nodes.len() > 5 { ", …" } else { "" };
+            out.notes.push(format!(
+                "telemetry from host {host:?} matches no node of the inventory ({}{more}): its \
+                 readings reach no workload — fix: name the node as the exporter does (its \
+                 Hostname label), or run `allot agent` on that node",
+                names.join(", ")
+            ));
         }
     }
 
@@ -252,6 +285,7 @@ impl Machine {
         match input {
             Input::Ask(ticket, ask) => self.ask(now, ticket, ask, out, waiting, queries),
             Input::Telemetry { samples, groups } => {
+                self.note_unknown_hosts(&samples, out);
                 self.telemetry.take(samples);
                 if self.groups.len() + groups.len() > GROUPS_MAX {
                     self.groups.clear();
@@ -655,4 +689,45 @@ fn policy_refused(problems: &[String]) -> HttpError {
             ),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use allot_telemetry::{DeviceIdentity, Sample, Vendor};
+
+    use super::{Cadence, Daemon, Input, Machine};
+
+    const CLUSTER: &str = include_str!("../../../../examples/cluster.yaml");
+    const POLICY: &str = include_str!("../../../../examples/policy.yaml");
+
+    fn sample(host: &str) -> Sample {
+        let mut identity = DeviceIdentity::new(Vendor::Nvidia);
+        identity.hostname = Some(host.into());
+        identity.gpu_index = Some(0);
+        Sample::new(identity)
+    }
+
+    #[test]
+    fn telemetry_from_a_host_the_inventory_lacks_is_said_once() {
+        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
+        let policy = allot_config::parse_policy("policy.yaml", POLICY).expect("policy");
+        let dir = std::env::temp_dir().join("allot-machine-test");
+        let daemon = Daemon::new(nodes, &policy, ("policy.yaml".into(), POLICY.into()), dir)
+            .expect("daemon");
+        let cadence = Cadence { decide_interval_ms: 1000, telemetry_round_ms: 5000 };
+        let mut machine = Machine::new(daemon, cadence);
+        let round = || Input::Telemetry {
+            samples: vec![sample("h100-0"), sample("gpu-box-7.example.com")],
+            groups: Default::default(),
+        };
+        let out = machine.step(1_000, vec![round()]);
+        assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+        assert!(
+            out.notes[0].contains("\"gpu-box-7.example.com\" matches no node"),
+            "{:?}",
+            out.notes
+        );
+        assert!(out.notes[0].contains("h100-0"), "names nodes it has: {:?}", out.notes);
+        assert!(machine.step(2_000, vec![round()]).notes.is_empty(), "said once");
+    }
 }

@@ -217,6 +217,8 @@ pub struct Workload {
     pub members: u32,
     pub command: Vec<String>,
     pub submitted_ms: u64,
+    /// When its latest run started; requeued or suspended, it keeps that run's start until
+    /// the next one (`attempt` counts the runs, `placement` is empty while it holds none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

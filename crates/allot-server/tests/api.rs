@@ -299,11 +299,11 @@ async fn bad_input_is_a_4xx_json_error_naming_the_field_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     // The example's research-notebooks rule, with seconds instead of minutes.
-    let policy = common::POLICY.replacen("idle_timer: 2m", "idle_timer: 2s", 1).replacen(
-        "warn_before: 1m",
-        "warn_before: 1s",
-        1,
-    );
+    let policy = common::POLICY
+        .replacen("idle_timer: 2m", "idle_timer: 2s", 1)
+        .replacen("warn_before: 1m", "warn_before: 1s", 1)
+        .replacen("idle_resume_backoff: 5m", "idle_resume_backoff: 2s", 1);
+    assert!(policy.contains("idle_resume_backoff: 2s"), "the edits apply to the example");
     let d = TestDaemon::with_policy(&policy);
     let notebook =
         r#"{"project": "research", "kind": "notebook", "gpus": 1, "command": ["sleep", "600"]}"#;
@@ -337,6 +337,21 @@ async fn an_idle_notebook_is_reclaimed_and_one_touching_its_heartbeat_is_not() {
     let (_, why) =
         d.call("GET", &format!("/api/v1/workloads/{idle}/why"), Some(&d.admin), None).await;
     assert!(why.to_string().contains("idle"), "{why}");
+    assert!(why["lines"][0] == "reclaimed for idleness", "not \"pre-empted\": {why}");
+
+    // Suspended by hand while it backs off: it says so, not "may resume at …", even after
+    // that time and later cycles.
+    let path = format!("/api/v1/workloads/{idle}/suspend");
+    let (status, v) = d.call("POST", &path, Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let suspended = d.wait_state(idle, "suspended").await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let (_, later) =
+        d.call("GET", &format!("/api/v1/workloads/{idle}"), Some(&d.admin), None).await;
+    for v in [&suspended, &later] {
+        assert_eq!(v["reason_code"], "suspended", "{v}");
+        assert!(!v["reason"].to_string().contains("may resume"), "{v}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

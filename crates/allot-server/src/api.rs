@@ -175,6 +175,8 @@ pub(crate) struct LogQuery {
     member: Option<u32>,
     /// Only the last this many bytes (default 64 KiB, at most 16 MiB).
     tail_bytes: Option<u64>,
+    /// Which run's output, 1 for the first (default: the latest). Each run keeps its own.
+    attempt: Option<u32>,
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads", request_body = SubmitRequest,
@@ -371,7 +373,11 @@ async fn logs(
     let id = id_of(id)?;
     let principal = principal(&state, &headers)?;
     let Query(query) = query.map_err(|e| {
-        HttpError::plain(400, format!("invalid query: {e}"), Some("use ?member=N&tail_bytes=B"))
+        HttpError::plain(
+            400,
+            format!("invalid query: {e}"),
+            Some("use ?member=N&tail_bytes=B&attempt=A"),
+        )
     })?;
     let w = visible(&state, &principal, id)?;
     if w.attempt == 0 {
@@ -393,8 +399,17 @@ async fn logs(
     // following any link the workload may have put there.
     let trusted =
         allot_backend::files::WorkloadFiles::new(&state.workload_dir, id).dir.join("logs");
+    let attempt = query.attempt.unwrap_or(w.attempt);
+    if !(1..=w.attempt).contains(&attempt) {
+        let runs = if w.attempt == 1 { "1 run".to_string() } else { format!("{} runs", w.attempt) };
+        return Err(HttpError::plain(
+            404,
+            format!("workload {id} has no attempt {attempt}: it has had {runs}"),
+            Some(&format!("ask for an attempt from 1 to {}", w.attempt)),
+        ));
+    }
     let relative =
-        std::path::PathBuf::from(w.attempt.to_string()).join(format!("member-{member}.log"));
+        std::path::PathBuf::from(attempt.to_string()).join(format!("member-{member}.log"));
     let tail = query.tail_bytes.unwrap_or(64 * 1024);
     if tail > limits::LOG_TAIL_BYTES_MAX {
         return Err(HttpError::new(
@@ -406,7 +421,8 @@ async fn logs(
             },
         ));
     }
-    let (attempt, started) = (w.attempt, w.started_ms.is_some());
+    // An earlier attempt did start (a later one exists); the latest may not have yet.
+    let started = attempt < w.attempt || w.started_ms.is_some();
     let text = tokio::task::spawn_blocking(move || read_tail(&trusted, &relative, tail))
         .await
         .map_err(|e| HttpError::plain(500, format!("reading logs: {e}"), None))?

@@ -105,6 +105,7 @@ fn parameter_bounds() -> Vec<(&'static str, &'static str, Value)> {
             json!({"maximum": limits::LOG_TAIL_BYTES_MAX}),
         ),
         ("/api/v1/workloads/{id}/logs", "member", json!({"maximum": limits::MEMBERS_MAX - 1})),
+        ("/api/v1/workloads/{id}/logs", "attempt", json!({"minimum": 1})),
     ]
 }
 

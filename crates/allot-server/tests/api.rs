@@ -96,6 +96,20 @@ async fn suspend_and_resume_start_a_new_attempt() {
     let d = TestDaemon::new();
     let id = submit(&d, &d.admin, "vision").await;
     d.wait_state(id, "running").await;
+    // What each run wrote (the fake backend runs no process: the test writes its output
+    // where the local backend's members write theirs).
+    let write_log = |attempt: u32, text: &str| {
+        let dir = allot_backend::files::WorkloadFiles::new(&d.dir, id).dir.join("logs");
+        let dir = dir.join(attempt.to_string());
+        std::fs::create_dir_all(&dir).expect("log dir");
+        std::fs::write(dir.join("member-0.log"), text).expect("log");
+    };
+    let d = &d;
+    let logs = |query: &str| {
+        let path = format!("/api/v1/workloads/{id}/logs{query}");
+        async move { d.call("GET", &path, Some(&d.admin), None).await }
+    };
+    write_log(1, "run 1\n");
     let (status, v) =
         d.call("POST", &format!("/api/v1/workloads/{id}/suspend"), Some(&d.admin), None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
@@ -110,6 +124,13 @@ async fn suspend_and_resume_start_a_new_attempt() {
     assert_eq!(status, StatusCode::OK, "{v}");
     let v = d.wait_state(id, "running").await;
     assert_eq!(v["attempt"], 2, "{v}");
+    write_log(2, "run 2\n");
+    // Each run keeps its output: the latest by default, an earlier one by `?attempt=`.
+    assert_eq!(logs("").await, (StatusCode::OK, Value::from("run 2\n")));
+    assert_eq!(logs("?attempt=1").await, (StatusCode::OK, Value::from("run 1\n")));
+    let (status, v) = logs("?attempt=3").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("it has had 2 runs")), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -64,6 +64,10 @@ pub(crate) struct LogsArgs {
     /// Only the last B bytes (the daemon's default when absent).
     #[arg(long, value_name = "B")]
     pub(crate) tail_bytes: Option<u64>,
+    /// Which run's output: 1 for the first (default: the latest). A requeue, pre-emption or
+    /// resume starts the next run; each keeps its own output.
+    #[arg(long, value_name = "N")]
+    pub(crate) attempt: Option<u32>,
     /// Keep printing new output, polling every second, until the workload ends (or Ctrl-C).
     #[arg(long, short = 'f')]
     pub(crate) follow: bool,
@@ -156,6 +160,9 @@ pub(crate) fn logs(remote: &RemoteArgs, args: &LogsArgs) -> Result<String> {
     let client = Client::new(remote)?;
     let path = |tail: Option<u64>| {
         let mut p = format!("/workloads/{}/logs?member={}", args.id, args.member);
+        if let Some(attempt) = args.attempt {
+            let _ = write!(p, "&attempt={attempt}");
+        }
         if let Some(tail) = tail {
             let _ = write!(p, "&tail_bytes={tail}");
         }

@@ -43,11 +43,6 @@ pub(crate) fn duration(ms: u64) -> String {
     }
 }
 
-/// What a workload asks for ([`Workload::size`]).
-pub(crate) fn gpus(w: &Workload) -> String {
-    w.size()
-}
-
 /// The `ls` table; `now_ms` is the client's clock (ages).
 pub(crate) fn workloads(list: &WorkloadList, now_ms: u64) -> String {
     let rows: Vec<Vec<String>> = list
@@ -59,7 +54,7 @@ pub(crate) fn workloads(list: &WorkloadList, now_ms: u64) -> String {
                 w.name.clone(),
                 w.project.clone(),
                 w.state.as_str().to_string(),
-                gpus(w),
+                w.size(),
                 duration(now_ms.saturating_sub(w.submitted_ms)),
                 w.reason.clone().unwrap_or_default(),
             ]

@@ -206,7 +206,7 @@ fn workload_table<'a>(
                 w.id.to_string(),
                 w.name.clone(),
                 w.project.clone(),
-                render::gpus(w),
+                w.size(),
                 time,
                 detail,
             ])

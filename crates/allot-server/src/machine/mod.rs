@@ -105,6 +105,8 @@ pub(crate) enum Input {
 
 /// Distinct unknown telemetry hostnames said at most (a misconfigured fleet says enough).
 const UNKNOWN_HOSTS_MAX: usize = 64;
+/// Distinct telemetry hostnames remembered as checked at most (a fleet's nodes and then some).
+const CHECKED_HOSTS_MAX: usize = 100_000;
 
 /// What one step produced. `entries` must be durable before any answer or command leaves.
 #[derive(Debug, Default)]
@@ -151,8 +153,10 @@ pub(crate) struct Machine {
     last_view_ms: u64,
     /// The policy text the readers' view was last rebuilt under (`publish`).
     view_policy: String,
-    /// Telemetry hostnames already said to match no node (said once each).
-    unknown_hosts: BTreeSet<String>,
+    /// Telemetry hostnames already checked against the inventory, so each is checked once
+    /// (a round has a sample per device); and of those, how many matched no node.
+    checked_hosts: BTreeSet<String>,
+    unknown_hosts: usize,
 }
 
 /// An `Ask` whose entry is logged in this step: answered once the batch is applied.
@@ -175,7 +179,8 @@ impl Machine {
             last_telemetry_ms: 0,
             last_view_ms: 0,
             view_policy: String::new(),
-            unknown_hosts: BTreeSet::new(),
+            checked_hosts: BTreeSet::new(),
+            unknown_hosts: 0,
         }
     }
 
@@ -184,13 +189,17 @@ impl Machine {
     /// "telemetry missing".
     fn note_unknown_hosts(&mut self, samples: &[Sample], out: &mut Output) {
         for host in samples.iter().filter_map(|s| s.identity.hostname.as_deref()) {
-            if self.unknown_hosts.len() >= UNKNOWN_HOSTS_MAX
-                || self.unknown_hosts.contains(host)
-                || self.daemon.nodes.iter().any(|n| n.name == host)
+            if self.unknown_hosts >= UNKNOWN_HOSTS_MAX
+                || self.checked_hosts.len() >= CHECKED_HOSTS_MAX
+                || self.checked_hosts.contains(host)
             {
                 continue;
             }
-            self.unknown_hosts.insert(host.to_string());
+            self.checked_hosts.insert(host.to_string());
+            if self.daemon.nodes.iter().any(|n| n.name == host) {
+                continue;
+            }
+            self.unknown_hosts += 1;
             let names: Vec<&str> =
                 self.daemon.nodes.iter().take(5).map(|n| n.name.as_str()).collect();
             let more = if self.daemon.nodes.len() > 5 { ", …" } else { "" };

@@ -393,6 +393,14 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                         .map(|(&c, _)| c)
                         .collect();
                     let decisions = w.decide(now)?;
+                    if !down.is_empty() {
+                        // This was the claimants' cycle, and a node was drained in it: the
+                        // engine may let their claims go (what the victims freed may be
+                        // unusable), so they are not held to them in a later cycle.
+                        for c in &ready {
+                            w.claims.remove(c);
+                        }
+                    }
                     for c in ready.into_iter().filter(|_| down.is_empty()) {
                         let admitted = decisions.iter().any(
                             |d| matches!(d, Decision::Admit { workload, .. } if *workload == c),

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::preempt::EligibleLists;
+use super::queue::OrderKey;
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
 use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
@@ -66,8 +67,6 @@ impl CycleMemory {
     }
 }
 
-/// A project's place in step 4's order (`project_order_key`).
-type OrderKey = (u8, u64, ProjectId);
 
 /// Queues a project under its next key, unless it goes first anyway: then it is returned, to
 /// be served at once.
@@ -153,7 +152,7 @@ impl Engine {
         // The project served next when its next workload still goes before every other
         // project's head: taken without a round trip through `order`, the same sequence.
         let mut next_up: Option<OrderKey> = None;
-        while let Some((_, _, project)) = next_up.take().or_else(|| order.pop_first()) {
+        while let Some((.., project)) = next_up.take().or_else(|| order.pop_first()) {
             let p = project.0 as usize;
             let strict = self.projects[p].queueing == Queueing::StrictFifo;
             let id = snapshot[p][cursor[p]];

@@ -135,9 +135,11 @@ impl Engine {
             }
         }
         let guaranteed = self.quota.line(project, key)?.guaranteed;
-        let reclaim_possible =
-            self.committed(project, key, id).saturating_sub(own_shares).saturating_add(total)
-                <= guaranteed;
+        // Kueue reclaims only for a claimant under its guarantee now, and that can end within
+        // it once its own lower-priority work is gone.
+        let committed = self.committed(project, key, id);
+        let reclaim_possible = committed < guaranteed
+            && committed.saturating_sub(own_shares).saturating_add(total) <= guaranteed;
         if reclaim_possible {
             for (q, other) in self.projects.iter().enumerate() {
                 let q = ProjectId(q as u32);
@@ -175,15 +177,21 @@ impl Engine {
         }
         candidates.sort();
 
-        let fits = |engine: &mut Engine| -> bool {
+        // `within`: the claimant must fit within its guarantee, not by borrowing.
+        let fits = |engine: &mut Engine, within: bool| -> bool {
             engine.quota.view(project, key).is_some_and(|v| v.available >= total)
+                && (!within
+                    || engine.committed(project, key, id).saturating_add(total) <= guaranteed)
                 && engine.capacity.can_place(Some(m), shape, members, layout)
         };
-        // Two passes, as Kueue's classical algorithm: first with reclaim candidates (valid
-        // only if the claimant ends within its guarantee), then with the claimant's own
-        // lower-priority work alone, so that a failed reclaim never hides a priority
-        // pre-emption that works by itself.
+        let has_reclaim = candidates.iter().any(|c| c.1 == VictimKind::Reclaim);
+        // Two passes, as Kueue's classical algorithm: first with reclaim candidates, in
+        // which the claimant must fit within its guarantee (so the pass goes on removing,
+        // its own lower-priority work after the reclaim candidates, rather than stop at a set
+        // where it would borrow), then without them, borrowing allowed, so that a failed
+        // reclaim never hides a priority pre-emption that works by itself.
         for with_reclaim in [true, false] {
+            let within = with_reclaim && has_reclaim;
             let pass: Vec<_> =
                 candidates.iter().filter(|c| with_reclaim || c.1 != VictimKind::Reclaim).collect();
             if pass.is_empty() || (!with_reclaim && pass.len() == candidates.len()) {
@@ -200,7 +208,7 @@ impl Engine {
                 }
                 self.lift(v);
                 removed.push((v, kind));
-                if fits(self) {
+                if fits(self, within) {
                     fit = true;
                     break;
                 }
@@ -209,7 +217,7 @@ impl Engine {
             if fit && removed.len() > 1 {
                 for i in (0..removed.len() - 1).rev() {
                     self.unlift(removed[i].0);
-                    if fits(self) {
+                    if fits(self, within) {
                         kept_out[i] = false;
                     } else {
                         self.lift(removed[i].0);

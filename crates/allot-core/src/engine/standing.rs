@@ -54,7 +54,7 @@ impl Engine {
             cohort_weight[p.cohort] += p.weight_milli;
             cohort_usage[p.cohort] += p.allocated.0 as f64 + p.decayed_allocated;
         }
-        let mut order: Vec<((u8, u64, ProjectId), usize)> = Vec::new();
+        let mut order: Vec<(super::queue::OrderKey, usize)> = Vec::new();
         let mut out: Vec<Standing> = self
             .projects
             .iter()

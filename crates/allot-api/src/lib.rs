@@ -311,6 +311,26 @@ pub struct Project {
     pub quota: Vec<QuotaLine>,
     pub pending: u64,
     pub running: u64,
+    /// Which of its own running work its pending work may pre-empt: `lower_priority`,
+    /// `lower_or_newer_equal_priority` or `never`.
+    #[serde(default = "lower_priority")]
+    pub preempt_within_project: String,
+    /// Whether its work may reclaim GPUs other projects borrow while it borrows itself, and
+    /// from work of which priorities; absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow_within_cohort: Option<BorrowWithinCohortView>,
+}
+
+fn lower_priority() -> String {
+    "lower_priority".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BorrowWithinCohortView {
+    /// Only work of priority below the claimant's is taken; with a threshold, also at most
+    /// this priority. Absent: no threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority_threshold: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

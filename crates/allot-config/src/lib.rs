@@ -81,6 +81,15 @@
 //!     weight: 2                       # optional fair-share weight > 0, default 1
 //!     queueing: best_effort_fifo      # optional: strict_fifo | best_effort_fifo (default)
 //!     preemption_mode: requeue        # optional: overrides `preemption.mode` for its victims
+//!     preempt_within_project: lower_priority  # optional: which of its own running work its
+//!                                     #   pending work may pre-empt: lower_priority (default) |
+//!                                     #   lower_or_newer_equal_priority | never (Kueue's
+//!                                     #   withinClusterQueue)
+//!     borrow_within_cohort: {policy: lower_priority, max_priority_threshold: 0}  # optional,
+//!                                     #   cohort only: reclaim borrowed GPUs from other projects'
+//!                                     #   work below its own (and at most the threshold) even
+//!                                     #   though it borrows afterwards; `never` (default) or
+//!                                     #   `lower_priority` (no threshold) also work
 //!     quotas:                         # optional; one line per model, `any` for the rest
 //!       - {model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}
 //!       - {model: any, guaranteed: 0.5}

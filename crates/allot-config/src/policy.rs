@@ -6,8 +6,8 @@ mod idle;
 use std::collections::BTreeMap;
 
 use allot_core::{
-    Defragmentation, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec,
+    BorrowWithinCohort, Defragmentation, PolicySpec, PreemptionMode, PriorityClassSpec,
+    ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject,
 };
 
 use crate::decode::{self, Ctx, fields, index, list};
@@ -35,8 +35,27 @@ const DEFRAG_EXAMPLE: &str =
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
 const PREEMPTION_FIELDS: [&str; 1] = ["mode"];
 const CLASS_FIELDS: [&str; 3] = ["name", "value", "preemptible"];
-const PROJECT_FIELDS: [&str; 7] =
-    ["name", "cohort", "department", "weight", "queueing", "preemption_mode", "quotas"];
+const PROJECT_FIELDS: [&str; 9] = [
+    "name",
+    "cohort",
+    "department",
+    "weight",
+    "queueing",
+    "preemption_mode",
+    "preempt_within_project",
+    "borrow_within_cohort",
+    "quotas",
+];
+const WITHIN_PROJECT: [(&str, WithinProject); 3] = [
+    ("lower_priority", WithinProject::LowerPriority),
+    ("lower_or_newer_equal_priority", WithinProject::LowerOrNewerEqualPriority),
+    ("never", WithinProject::Never),
+];
+const BORROW_WITHIN_FIELDS: [&str; 2] = ["policy", "max_priority_threshold"];
+const BORROW_WITHIN_EXAMPLE: &str =
+    "`borrow_within_cohort: {policy: lower_priority, max_priority_threshold: 0}`";
+/// `borrow_within_cohort`'s policies: whether it is on.
+const BORROW_WITHIN_POLICIES: [(&str, bool); 2] = [("never", false), ("lower_priority", true)];
 const QUOTA_FIELDS: [&str; 4] = ["model", "guaranteed", "borrow_limit", "lend_limit"];
 
 pub(crate) const MODES: [(&str, PreemptionMode); 3] = [
@@ -297,6 +316,21 @@ fn decode_project(ctx: &mut Ctx, item: &Node, path: &str) -> Option<(ProjectSpec
     let mode = f
         .get("preemption_mode")
         .map(|n| decode::one_of(ctx, n, &f.path("preemption_mode"), &MODES));
+    let within = match f.get("preempt_within_project") {
+        None => Some(WithinProject::default()),
+        Some(n) => decode::one_of(ctx, n, &f.path("preempt_within_project"), &WITHIN_PROJECT),
+    };
+    let project_label = name.clone().unwrap_or_else(|| "this project".into());
+    let borrow_within = match f.get("borrow_within_cohort") {
+        None => Some(None),
+        Some(n) => borrow_within_cohort(
+            ctx,
+            n,
+            &f.path("borrow_within_cohort"),
+            &project_label,
+            f.get("cohort").is_some(),
+        ),
+    };
     // Without a cohort there is nobody to borrow from or lend to. A cohort field that is there
     // but broken counts as a cohort (it is reported already): one error, not a misleading second.
     let has_cohort = f.get("cohort").is_some();
@@ -313,8 +347,65 @@ fn decode_project(ctx: &mut Ctx, item: &Node, path: &str) -> Option<(ProjectSpec
         weight_milli: weight?,
         queueing: queueing?,
         preemption_mode: decode::optional(mode)?,
+        preempt_within_project: within?,
+        borrow_within_cohort: borrow_within?,
     };
     Some((project, name_node?.pos))
+}
+
+/// `borrow_within_cohort: never | lower_priority`, or `{policy: never|lower_priority,
+/// max_priority_threshold: INT}`: only for a project in a cohort.
+fn borrow_within_cohort(
+    ctx: &mut Ctx,
+    node: &Node,
+    path: &str,
+    project: &str,
+    has_cohort: bool,
+) -> Option<Option<BorrowWithinCohort>> {
+    let (on, threshold) = if matches!(node.value, tree::Value::Map(_)) {
+        let f = fields(
+            ctx,
+            node,
+            path,
+            "borrow_within_cohort",
+            &BORROW_WITHIN_FIELDS,
+            BORROW_WITHIN_EXAMPLE,
+        )?;
+        let on = match f.get("policy") {
+            None => Some(true),
+            Some(n) => decode::one_of(ctx, n, &f.path("policy"), &BORROW_WITHIN_POLICIES),
+        };
+        let threshold = f.get("max_priority_threshold").map(|n| {
+            decode::int32(ctx, n, &f.path("max_priority_threshold"), "`max_priority_threshold: 0`")
+        });
+        let (on, threshold) = (on?, decode::optional(threshold)?);
+        if !on && threshold.is_some() {
+            ctx.report(
+                node.pos,
+                path,
+                "`max_priority_threshold` with `policy: never` has no meaning".to_string(),
+                "remove `max_priority_threshold`, or say `policy: lower_priority`".to_string(),
+            );
+            return None;
+        }
+        (on, threshold)
+    } else {
+        (decode::one_of(ctx, node, path, &BORROW_WITHIN_POLICIES)?, None)
+    };
+    if on && !has_cohort {
+        ctx.report(
+            node.pos,
+            path,
+            format!(
+                "project `{project}` has no cohort, so `borrow_within_cohort` has no meaning: \
+                 there is nobody to reclaim from"
+            ),
+            "remove `borrow_within_cohort`, or put the project in a cohort with `cohort: <name>`"
+                .to_string(),
+        );
+        return None;
+    }
+    Some(on.then_some(BorrowWithinCohort { max_priority_threshold: threshold }))
 }
 
 fn decode_quotas(

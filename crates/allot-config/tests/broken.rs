@@ -124,6 +124,25 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "pre-emption rules: unknown mode, reclaim while borrowing without a cohort",
+            kind: Kind::Policy,
+            text: policy("  - name: research\n    preempt_within_project: lower\n    borrow_within_cohort: lower_priority\n"),
+            want: vec![
+                (7, "projects[0].preempt_within_project", "`lower` is not one of lower_priority, lower_or_newer_equal_priority, never"),
+                (8, "projects[0].borrow_within_cohort", "nobody to reclaim from"),
+            ],
+        },
+        Case {
+            name: "borrow_within_cohort: a threshold with policy never, a threshold that is no integer",
+            kind: Kind::Policy,
+            text: policy("  - name: a\n    cohort: c\n    borrow_within_cohort: {policy: never, max_priority_threshold: 0}\n  - name: b\n    cohort: c\n    borrow_within_cohort: {policy: lower_priority, max_priority_threshold: 0.5, polcy: x}\n"),
+            want: vec![
+                (8, "projects[0].borrow_within_cohort", "with `policy: never` has no meaning"),
+                (11, "projects[1].borrow_within_cohort.max_priority_threshold", "whole number"),
+                (11, "projects[1].borrow_within_cohort.polcy", "unknown field `polcy`"),
+            ],
+        },
+        Case {
             name: "negative weight and missing name",
             kind: Kind::Policy,
             text: policy("  - weight: -1\n"),

@@ -434,3 +434,34 @@ fn topology_and_defragmentation_decode() {
     ));
     assert_eq!(disabled.defragmentation, None);
 }
+
+#[test]
+fn preemption_rules_decode() {
+    use allot_core::{BorrowWithinCohort, WithinProject};
+    let policy = ok(allot_config::parse_policy(
+        "p.yaml",
+        "priority_classes: [{name: low, value: 0}]\ndefault_priority_class: low\nprojects:\n  \
+         - {name: a}\n  \
+         - {name: b, cohort: c, preempt_within_project: never, borrow_within_cohort: lower_priority}\n  \
+         - {name: d, cohort: c, preempt_within_project: lower_or_newer_equal_priority,\n     \
+            borrow_within_cohort: {policy: lower_priority, max_priority_threshold: -5}}\n  \
+         - {name: e, cohort: c, borrow_within_cohort: never}\n",
+    ));
+    let rules: Vec<(WithinProject, Option<BorrowWithinCohort>)> = policy
+        .projects
+        .iter()
+        .map(|p| (p.preempt_within_project, p.borrow_within_cohort))
+        .collect();
+    assert_eq!(
+        rules,
+        vec![
+            (WithinProject::LowerPriority, None),
+            (WithinProject::Never, Some(BorrowWithinCohort { max_priority_threshold: None })),
+            (
+                WithinProject::LowerOrNewerEqualPriority,
+                Some(BorrowWithinCohort { max_priority_threshold: Some(-5) })
+            ),
+            (WithinProject::LowerPriority, None),
+        ]
+    );
+}

@@ -88,6 +88,8 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
                 weight_milli: 1000 + (p as u64 % 3) * 500,
                 queueing: if p % 5 == 0 { Queueing::StrictFifo } else { Queueing::BestEffortFifo },
                 preemption_mode: None,
+                preempt_within_project: Default::default(),
+                borrow_within_cohort: None,
             })
             .collect(),
         fair_share_half_life_ms: 7 * 24 * 3_600_000,

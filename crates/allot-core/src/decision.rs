@@ -132,6 +132,17 @@ pub enum AdmitReason {
 pub enum PreemptReason {
     /// `claimant` is within its guarantee and takes back what `borrower` borrowed.
     QuotaReclaim { borrower: ProjectId, claimant: ProjectId, key: QuotaKey, borrowed: Shares },
+    /// `claimant`'s project may reclaim while it borrows itself (`borrow_within_cohort`):
+    /// `borrower` borrows and this work's priority is below the claimant's (and the
+    /// project's threshold).
+    ReclaimWhileBorrowing {
+        borrower: ProjectId,
+        claimant: ProjectId,
+        key: QuotaKey,
+        borrowed: Shares,
+        victim_priority: i32,
+        preemptor_priority: i32,
+    },
     /// A higher-priority workload of the same project needs the devices.
     Priority { project: ProjectId, victim_priority: i32, preemptor_priority: i32 },
     /// Defragmentation: the pre-emptor fits the free capacity in total but not in one place;

@@ -37,8 +37,8 @@ use crate::decision::{Decision, DeferReason, Placement, QuotaKey, RejectReason, 
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::MigGpu;
 use crate::model::{
-    Defragmentation, IdlePolicySpec, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
-    Queueing, QuotaModel, WorkloadSpec,
+    BorrowWithinCohort, Defragmentation, IdlePolicySpec, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, Queueing, QuotaModel, WithinProject, WorkloadSpec,
 };
 use crate::quota::{QuotaBook, QuotaLine};
 
@@ -254,6 +254,8 @@ pub(crate) struct ProjectState {
     pub weight_milli: u64,
     pub queueing: Queueing,
     pub mode: PreemptionMode,
+    pub preempt_within_project: WithinProject,
+    pub borrow_within_cohort: Option<BorrowWithinCohort>,
     /// The project's fair share of its cohort, in shares.
     pub fair_share: f64,
     /// Shares held now by its admitted workloads.
@@ -497,6 +499,8 @@ impl Engine {
                     weight_milli: p.weight_milli,
                     queueing: p.queueing,
                     mode: p.preemption_mode.unwrap_or(policy.preemption_mode),
+                    preempt_within_project: p.preempt_within_project,
+                    borrow_within_cohort: p.borrow_within_cohort,
                     fair_share,
                     allocated: Shares::ZERO,
                     decayed_allocated: 0.0,
@@ -607,6 +611,14 @@ impl Engine {
     }
     pub fn project_department(&self, id: ProjectId) -> Option<&str> {
         self.projects.get(id.0 as usize).and_then(|p| p.department.as_deref())
+    }
+    /// Which of its own work the project's pending work may pre-empt, and whether it may
+    /// reclaim while it borrows (`None` for an unknown project).
+    pub fn project_preemption_rules(
+        &self,
+        id: ProjectId,
+    ) -> Option<(WithinProject, Option<BorrowWithinCohort>)> {
+        self.projects.get(id.0 as usize).map(|p| (p.preempt_within_project, p.borrow_within_cohort))
     }
     /// The cohort's name; a project without a cohort is in `<project>:solo`.
     pub fn project_cohort(&self, id: ProjectId) -> Option<&str> {

@@ -40,7 +40,8 @@ pub use ids::{
 };
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
-    Checkpointing, Defragmentation, DeviceSpec, GpuRequest, IDLE_BACKOFF_MAX_MS, IdlePolicySpec,
-    IdleWhen, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec, WorkloadKind, WorkloadSpec,
+    BorrowWithinCohort, Checkpointing, Defragmentation, DeviceSpec, GpuRequest,
+    IDLE_BACKOFF_MAX_MS, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject, WorkloadKind,
+    WorkloadSpec,
 };

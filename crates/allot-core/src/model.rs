@@ -175,6 +175,51 @@ pub struct ProjectSpec {
     pub queueing: Queueing,
     /// Overrides `PolicySpec::preemption_mode` for this project's victims.
     pub preemption_mode: Option<PreemptionMode>,
+    /// Which of the project's own running work its pending work may pre-empt (Kueue's
+    /// `withinClusterQueue`).
+    pub preempt_within_project: WithinProject,
+    /// Whether its work may reclaim borrowed GPUs from other projects of the cohort and still
+    /// borrow itself afterwards (Kueue's `borrowWithinCohort`). `None`: never (a claimant that
+    /// reclaims must end within its guarantee).
+    pub borrow_within_cohort: Option<BorrowWithinCohort>,
+}
+
+/// Which of a project's own running work its pending work may pre-empt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum WithinProject {
+    /// Work of strictly lower priority.
+    #[default]
+    LowerPriority,
+    /// Work of lower priority, or of equal priority submitted later than the pre-emptor.
+    LowerOrNewerEqualPriority,
+    /// None of it.
+    Never,
+}
+
+impl WithinProject {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WithinProject::LowerPriority => "lower_priority",
+            WithinProject::LowerOrNewerEqualPriority => "lower_or_newer_equal_priority",
+            WithinProject::Never => "never",
+        }
+    }
+}
+
+/// Reclaim while borrowing: a claimant of the project may take borrowed GPUs back from other
+/// projects' work of strictly lower priority (and, with a threshold, of priority at most
+/// `max_priority_threshold`) even though it borrows once they are gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct BorrowWithinCohort {
+    pub max_priority_threshold: Option<i32>,
+}
+
+impl BorrowWithinCohort {
+    /// Whether work of `victim` priority may be reclaimed by a claimant of `claimant` priority
+    /// that will borrow.
+    pub fn allows(&self, victim: i32, claimant: i32) -> bool {
+        victim < claimant && self.max_priority_threshold.is_none_or(|t| victim <= t)
+    }
 }
 
 /// The GPU model a quota line covers.

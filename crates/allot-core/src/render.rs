@@ -72,6 +72,30 @@ impl Engine {
                         self.key_name(*key),
                         self.project_name(*claimant)
                     ),
+                    PreemptReason::ReclaimWhileBorrowing {
+                        borrower,
+                        claimant,
+                        key,
+                        borrowed,
+                        victim_priority,
+                        preemptor_priority,
+                    } => format!(
+                        "quota reclaim while borrowing: {} borrows {borrowed} {} and {} may take \
+                         it back though it borrows too (borrow_within_cohort: \
+                         {preemptor_priority} outranks {victim_priority})",
+                        self.project_name(*borrower),
+                        self.key_name(*key),
+                        self.project_name(*claimant)
+                    ),
+                    PreemptReason::Priority { project, victim_priority, preemptor_priority }
+                        if victim_priority == preemptor_priority =>
+                    {
+                        format!(
+                            "priority in {}: the same ({preemptor_priority}), queued after it \
+                             (preempt_within_project: lower_or_newer_equal_priority)",
+                            self.project_name(*project)
+                        )
+                    }
                     PreemptReason::Priority { project, victim_priority, preemptor_priority } => {
                         format!(
                             "priority in {}: {preemptor_priority} outranks {victim_priority}",

@@ -37,6 +37,8 @@ fn engine(script: &str) -> Engine {
                 weight_milli: 1000,
                 queueing: Queueing::BestEffortFifo,
                 preemption_mode: None,
+                preempt_within_project: Default::default(),
+                borrow_within_cohort: None,
             }),
             "run" | "pend" => {
                 let id: u64 = words[1].parse().expect("id");

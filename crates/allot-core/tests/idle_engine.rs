@@ -142,6 +142,8 @@ fn policy(rules: Vec<IdlePolicySpec>) -> PolicySpec {
         weight_milli: 1000,
         queueing: Queueing::BestEffortFifo,
         preemption_mode: None,
+        preempt_within_project: Default::default(),
+        borrow_within_cohort: None,
     };
     PolicySpec {
         priority_classes: vec![

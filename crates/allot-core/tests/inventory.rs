@@ -50,6 +50,8 @@ fn policy() -> PolicySpec {
                 weight_milli: 1000,
                 queueing: Queueing::BestEffortFifo,
                 preemption_mode: None,
+                preempt_within_project: Default::default(),
+                borrow_within_cohort: None,
             })
             .collect(),
         fair_share_half_life_ms: 3_600_000,

@@ -183,6 +183,8 @@ fn policy() -> PolicySpec {
         weight_milli: 1000,
         queueing: Queueing::BestEffortFifo,
         preemption_mode: None,
+        preempt_within_project: Default::default(),
+        borrow_within_cohort: None,
     };
     PolicySpec {
         priority_classes: vec![

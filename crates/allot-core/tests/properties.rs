@@ -7,7 +7,11 @@
 //! - each pending workload gets exactly one `Admit` or `Defer`, each rejected submission one
 //!   `Reject`, and nothing else gets one;
 //! - every victim was running, is preemptible, has run its min runtime, and goes once;
-//! - a `Priority` pre-emption is inside one project and strictly outranks its victim;
+//! - a `Priority` pre-emption is inside one project and follows its `preempt_within_project`
+//!   (strictly outranks its victim; or the same priority and the victim queued later; or
+//!   never);
+//! - a `ReclaimWhileBorrowing` victim's project borrows, as for `QuotaReclaim`, and the
+//!   claimant's `borrow_within_cohort` allows it (below the claimant and the threshold);
 //! - a `QuotaReclaim` victim's project was still borrowing (by its lasting usage: workloads
 //!   told to stop do not count, waiting pre-emptors do) when its last victim was chosen, and
 //!   the claimant ends within its guarantee;
@@ -29,10 +33,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
-    Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
-    MigGpu, NodeId, NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec,
-    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId,
-    WorkloadSpec,
+    BorrowWithinCohort, Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine,
+    Event, GpuRequest, MigGpu, NodeId, NodeSpec, PolicySpec, PreemptReason, PreemptionMode,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp,
+    WithinProject, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -61,6 +65,10 @@ struct RawProject {
     weight_milli: u64,
     strict: bool,
     mode: Option<u8>,
+    /// 0 lower priority (default), 1 lower or newer equal priority, 2 never.
+    within: u8,
+    /// `borrow_within_cohort`, with its threshold if any.
+    borrow_within: Option<Option<i32>>,
 }
 
 #[derive(Clone, Debug)]
@@ -139,13 +147,13 @@ fn raw_project() -> impl Strategy<Value = RawProject> {
         prop_oneof![Just(1000u64), Just(500), Just(3000), Just(0)],
         prop::bool::weighted(0.3),
         prop::option::weighted(0.3, 0u8..3),
+        (
+            prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)],
+            prop::option::weighted(0.2, prop::option::of(-2i32..=2)),
+        ),
     )
-        .prop_map(|(cohort, lines, weight_milli, strict, mode)| RawProject {
-            cohort,
-            lines,
-            weight_milli,
-            strict,
-            mode,
+        .prop_map(|(cohort, lines, weight_milli, strict, mode, (within, borrow_within))| {
+            RawProject { cohort, lines, weight_milli, strict, mode, within, borrow_within }
         })
 }
 
@@ -272,6 +280,8 @@ fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
         weight_milli: 1000,
         strict: false,
         mode: None,
+        within: 0,
+        borrow_within: None,
     });
     (
         prop::collection::vec(
@@ -340,15 +350,21 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             borrow: borrow.map(|b| b * 1000),
             lend: lend.map(|l| l * 1000),
         });
-    let project = (line, prop::bool::weighted(0.2), prop::option::weighted(0.3, 0u8..3)).prop_map(
-        |(line, strict, mode)| RawProject {
+    let project = (
+        line,
+        prop::bool::weighted(0.2),
+        prop::option::weighted(0.3, 0u8..3),
+        (0u8..3, prop::option::weighted(0.3, prop::option::of(-1i32..=1))),
+    )
+        .prop_map(|(line, strict, mode, (within, borrow_within))| RawProject {
             cohort: Some(0),
             lines: vec![line],
             weight_milli: 1000,
             strict,
             mode,
-        },
-    );
+            within,
+            borrow_within,
+        });
     (
         prop::collection::vec(
             (2usize..=6).prop_map(|n| RawNode { devices: vec![(0, 0); n], cpu_cores: 256 }),
@@ -490,6 +506,14 @@ fn build(raw: &RawCase) -> Case {
                 weight_milli: p.weight_milli,
                 queueing: if p.strict { Queueing::StrictFifo } else { Queueing::BestEffortFifo },
                 preemption_mode: p.mode.map(mode_of),
+                preempt_within_project: [
+                    WithinProject::LowerPriority,
+                    WithinProject::LowerOrNewerEqualPriority,
+                    WithinProject::Never,
+                ][p.within as usize % 3],
+                borrow_within_cohort: p
+                    .borrow_within
+                    .map(|max_priority_threshold| BorrowWithinCohort { max_priority_threshold }),
             }
         })
         .collect::<Vec<_>>();
@@ -591,6 +615,7 @@ struct Known {
     preemptible: bool,
     min_runtime_ms: u64,
     total: Shares,
+    submitted_at: Timestamp,
     /// Set when the engine moved it from admitted to running.
     started_at: Option<Timestamp>,
 }
@@ -754,6 +779,7 @@ impl<'a> Checker<'a> {
                 preemptible: class.preemptible && spec.preemptible != Some(false),
                 min_runtime_ms: spec.min_runtime_ms,
                 total: spec.total_shares(),
+                submitted_at: now,
                 started_at: None,
             },
         );
@@ -1014,6 +1040,10 @@ impl<'a> Checker<'a> {
 
     /// Lasting usage of `project` on `key` (see `decide`), plus its waiting pre-emptors' but
     /// `except`'s.
+    fn project_spec(&self, name: &str) -> &ProjectSpec {
+        self.case.policy.projects.iter().find(|p| p.name == name).expect("a known project")
+    }
+
     fn committed(
         &self,
         lasting: &BTreeMap<WorkloadId, (String, String, Shares)>,
@@ -1092,9 +1122,19 @@ impl<'a> Checker<'a> {
                     if *victim_priority != v.priority || *preemptor_priority != c.priority {
                         return Err(format!("priorities misreported for {victim}"));
                     }
-                    if preemptor_priority <= victim_priority {
+                    let newer = (v.submitted_at, *victim) > (c.submitted_at, *for_workload);
+                    let allowed = match self.project_spec(&c.project).preempt_within_project {
+                        WithinProject::LowerPriority => preemptor_priority > victim_priority,
+                        WithinProject::LowerOrNewerEqualPriority => {
+                            preemptor_priority > victim_priority
+                                || (preemptor_priority == victim_priority && newer)
+                        }
+                        WithinProject::Never => false,
+                    };
+                    if !allowed {
                         return Err(format!(
-                            "{for_workload} ({preemptor_priority}) pre-empts {victim} ({victim_priority})"
+                            "{for_workload} ({preemptor_priority}) pre-empts {victim} ({victim_priority}, newer: {newer}) under {:?}",
+                            self.project_spec(&c.project).preempt_within_project
                         ));
                     }
                     own_victims += vshares.0;
@@ -1123,6 +1163,45 @@ impl<'a> Checker<'a> {
                     }
                     reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
                     claim = Some((c.project.clone(), vkey.clone(), *for_workload));
+                }
+                PreemptReason::ReclaimWhileBorrowing {
+                    borrower,
+                    claimant,
+                    key,
+                    borrowed,
+                    victim_priority,
+                    preemptor_priority,
+                } => {
+                    if self.engine.project_name(*borrower) != v.project
+                        || self.engine.project_name(*claimant) != c.project
+                        || self.engine.key_name(*key) != vkey
+                        || vproject != v.project
+                    {
+                        return Err(format!("reclaim of {victim} misnames its projects or line"));
+                    }
+                    if v.project == c.project || self.cohort[&v.project] != self.cohort[&c.project]
+                    {
+                        return Err(format!("reclaim of {victim} outside the claimant's cohort"));
+                    }
+                    if *borrowed == Shares::ZERO {
+                        return Err(format!(
+                            "reclaim of {victim} from a project that borrows nothing"
+                        ));
+                    }
+                    if *victim_priority != v.priority || *preemptor_priority != c.priority {
+                        return Err(format!("priorities misreported for {victim}"));
+                    }
+                    let allows = self
+                        .project_spec(&c.project)
+                        .borrow_within_cohort
+                        .is_some_and(|b| b.allows(v.priority, c.priority));
+                    if !allows {
+                        return Err(format!(
+                            "{for_workload} reclaims {victim} while borrowing, which its project's \
+                             borrow_within_cohort does not allow"
+                        ));
+                    }
+                    reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
                 }
                 PreemptReason::Defragment { replaceable, .. } => {
                     // Never a higher priority, never a delete.
@@ -1289,6 +1368,8 @@ fn check_gang_uses_empty_node(
             weight_milli: 1000,
             queueing: Queueing::BestEffortFifo,
             preemption_mode: None,
+            preempt_within_project: Default::default(),
+            borrow_within_cohort: None,
         }],
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,

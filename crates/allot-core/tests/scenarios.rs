@@ -22,6 +22,9 @@
 //!                                      # 25 %, 15 min)
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
+//!              [within=lower|lower-or-newer-equal|never]   # in-project pre-emption (lower)
+//!              [borrow-within=lower|THRESHOLD]  # reclaim while borrowing, from work below
+//!                                      # the claimant (and at most THRESHOLD)
 //! submit NAME PROJECT gpus=N|0.5|3g.40gb [members=N] [class=C] [models=A|B]
 //!              [same-node|prefer-same-node]
 //!              [cpu=CORES] [mem=GIB] [min-runtime=MS] [max-runtime=MS] [fixed]
@@ -51,10 +54,10 @@ use std::path::{Path, PathBuf};
 
 use allot_core::idle::{DeviceReading, IdleRule, MissingTelemetry};
 use allot_core::{
-    Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest,
-    IdlePolicySpec, IdleWhen, MigProfile, NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec,
-    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadKind,
-    WorkloadSpec,
+    BorrowWithinCohort, Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event,
+    GpuRequest, IdlePolicySpec, IdleWhen, MigProfile, NodeSpec, PolicySpec, PreemptionMode,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp,
+    WithinProject, WorkloadId, WorkloadKind, WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -276,6 +279,22 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                     Queueing::BestEffortFifo
                 },
                 preemption_mode: args.get("mode").map(|m| mode(m)).transpose()?,
+                preempt_within_project: match args.get("within").copied() {
+                    None | Some("lower") => WithinProject::LowerPriority,
+                    Some("lower-or-newer-equal") => WithinProject::LowerOrNewerEqualPriority,
+                    Some("never") => WithinProject::Never,
+                    Some(other) => return Err(format!("unknown within={other}")),
+                },
+                borrow_within_cohort: match args.get("borrow-within").copied() {
+                    None => None,
+                    Some("lower") => Some(BorrowWithinCohort { max_priority_threshold: None }),
+                    Some(t) => Some(BorrowWithinCohort {
+                        max_priority_threshold: Some(
+                            t.parse()
+                                .map_err(|_| format!("borrow-within={t}: lower or a number"))?,
+                        ),
+                    }),
+                },
             });
         }
         "restart-cost" => {

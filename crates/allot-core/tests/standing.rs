@@ -22,6 +22,8 @@ fn project(name: &str, cohort: Option<&str>, gpus: u64, weight_milli: u64) -> Pr
         weight_milli,
         queueing: Queueing::BestEffortFifo,
         preemption_mode: None,
+        preempt_within_project: Default::default(),
+        borrow_within_cohort: None,
     }
 }
 

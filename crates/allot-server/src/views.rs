@@ -22,6 +22,7 @@ pub fn reason_code(d: &Decision) -> &'static str {
         },
         Decision::Preempt { reason, .. } => match reason {
             PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
+            PreemptReason::ReclaimWhileBorrowing { .. } => "reclaim_while_borrowing",
             PreemptReason::Priority { .. } => "priority",
             PreemptReason::Defragment { .. } => "defragment",
             PreemptReason::Idle { .. } => "idle",

@@ -148,6 +148,8 @@ pub fn add_unlisted_projects(policy: &PolicySpec, jobs: &[TraceJob]) -> (PolicyS
             weight_milli: 1000,
             queueing: Queueing::BestEffortFifo,
             preemption_mode: None,
+            preempt_within_project: Default::default(),
+            borrow_within_cohort: None,
         });
     }
     (out, added)

@@ -44,6 +44,8 @@ fn project(name: &str, guaranteed_gpus: u64) -> ProjectSpec {
         weight_milli: 1000,
         queueing: Queueing::BestEffortFifo,
         preemption_mode: None,
+        preempt_within_project: Default::default(),
+        borrow_within_cohort: None,
     }
 }
 

@@ -108,7 +108,7 @@ pub(crate) fn projects(list: &ProjectList) -> String {
             ]);
         }
     }
-    table(
+    let mut out = table(
         &[
             "PROJECT",
             "COHORT",
@@ -121,7 +121,32 @@ pub(crate) fn projects(list: &ProjectList) -> String {
             "PENDING",
         ],
         &rows,
-    )
+    );
+    // Pre-emption rules that differ from the default, one line per project.
+    for p in &list.projects {
+        let mut rules = Vec::new();
+        match p.preempt_within_project.as_str() {
+            "lower_priority" => {}
+            "never" => rules.push("never pre-empts its own work".to_string()),
+            "lower_or_newer_equal_priority" => rules.push(
+                "pre-empts its own work of lower priority, or of equal priority queued later"
+                    .to_string(),
+            ),
+            other => rules.push(format!("pre-empts its own work: {other}")),
+        }
+        if let Some(b) = &p.borrow_within_cohort {
+            rules.push(match b.max_priority_threshold {
+                Some(t) => format!(
+                    "reclaims while borrowing from work below its own and of priority at most {t}"
+                ),
+                None => "reclaims while borrowing from work below its own".to_string(),
+            });
+        }
+        if !rules.is_empty() {
+            let _ = writeln!(out, "{}: {}", p.name, rules.join("; "));
+        }
+    }
+    out
 }
 
 /// Thousandths of a device as a percentage.

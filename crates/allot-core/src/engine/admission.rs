@@ -67,7 +67,6 @@ impl CycleMemory {
     }
 }
 
-
 /// Queues a project under its next key, unless it goes first anyway: then it is returned, to
 /// be served at once.
 fn queue_next(order: &mut BTreeSet<OrderKey>, key: OrderKey) -> Option<OrderKey> {

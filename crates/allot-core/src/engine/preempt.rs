@@ -13,6 +13,7 @@ use super::{Engine, Stage, StopKind, WorkloadState};
 use crate::capacity::Layout;
 use crate::decision::{Decision, DeviceShare, MemberPlacement, Placement, PreemptReason, QuotaKey};
 use crate::ids::{ModelId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::model::WithinProject;
 
 /// Victim order (see `Engine::plan_preemption`): (own project, priority, work lost in GPU-ms,
 /// latest start first, id).
@@ -116,9 +117,12 @@ impl Engine {
     ) -> Option<(Vec<(WorkloadId, PreemptReason)>, Placement)> {
         let w = &self.workloads[&id];
         let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
+        let newer_than_claimant = (w.queued_at, id);
         let (shape, members) = (w.shape(), w.spec.members);
         let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
-        let cohort = self.projects[project.0 as usize].cohort;
+        let p = &self.projects[project.0 as usize];
+        let (cohort, within_project, borrow_within) =
+            (p.cohort, p.preempt_within_project, p.borrow_within_cohort);
 
         // Candidates with what makes them one: quota reclaim from a borrower, the claimant's
         // own lower-priority work, or idle work past its timer under an `on_pressure` rule.
@@ -126,10 +130,25 @@ impl Engine {
         // be one of them, and then counts as idle (the cheaper tier and reason).
         let mut candidates: Vec<(VictimKey, VictimKind)> = Vec::new();
         let mut own_shares = Shares::ZERO;
-        let own_below = self.running[project.0 as usize].any_below(priority);
+        let running = &self.running[project.0 as usize];
+        let own_below = match within_project {
+            WithinProject::LowerPriority => running.any_below(priority),
+            WithinProject::LowerOrNewerEqualPriority => {
+                running.any_below(priority.saturating_add(1))
+            }
+            WithinProject::Never => false,
+        };
         let own = if own_below { self.eligible_list(now, project, m, protect, lists) } else { &[] };
         for v in own {
-            if v.priority < priority {
+            let newer = || {
+                let vw = &self.workloads[&v.id];
+                (vw.queued_at, v.id) > newer_than_claimant
+            };
+            let may = v.priority < priority
+                || (within_project == WithinProject::LowerOrNewerEqualPriority
+                    && v.priority == priority
+                    && newer());
+            if may {
                 own_shares = own_shares.saturating_add(v.shares);
                 candidates.push((self.victim_key(now, &self.workloads[&v.id], 1), VictimKind::Own));
             }
@@ -140,16 +159,25 @@ impl Engine {
         let committed = self.committed(project, key, id);
         let reclaim_possible = committed < guaranteed
             && committed.saturating_sub(own_shares).saturating_add(total) <= guaranteed;
-        if reclaim_possible {
+        // With `borrow_within_cohort`, borrowers' work below the claimant (and the threshold)
+        // may be reclaimed even though the claimant borrows afterwards.
+        if reclaim_possible || borrow_within.is_some() {
             for (q, other) in self.projects.iter().enumerate() {
                 let q = ProjectId(q as u32);
                 if q == project || other.cohort != cohort || !self.borrows(q, key, id) {
                     continue;
                 }
                 for v in self.eligible_list(now, q, m, protect, lists) {
-                    if v.line == Some(key) {
+                    let while_borrowing =
+                        borrow_within.is_some_and(|b| b.allows(v.priority, priority));
+                    if v.line == Some(key) && (reclaim_possible || while_borrowing) {
                         let vw = &self.workloads[&v.id];
-                        candidates.push((self.victim_key(now, vw, 0), VictimKind::Reclaim));
+                        let kind = if while_borrowing {
+                            VictimKind::ReclaimWhileBorrowing
+                        } else {
+                            VictimKind::Reclaim
+                        };
+                        candidates.push((self.victim_key(now, vw, 0), kind));
                     }
                 }
             }
@@ -184,26 +212,36 @@ impl Engine {
                     || engine.committed(project, key, id).saturating_add(total) <= guaranteed)
                 && engine.capacity.can_place(Some(m), shape, members, layout)
         };
-        let has_reclaim = candidates.iter().any(|c| c.1 == VictimKind::Reclaim);
-        // Two passes, as Kueue's classical algorithm: first with reclaim candidates, in
-        // which the claimant must fit within its guarantee (so the pass goes on removing,
-        // its own lower-priority work after the reclaim candidates, rather than stop at a set
-        // where it would borrow), then without them, borrowing allowed, so that a failed
-        // reclaim never hides a priority pre-emption that works by itself.
-        for with_reclaim in [true, false] {
-            let within = with_reclaim && has_reclaim;
-            let pass: Vec<_> =
-                candidates.iter().filter(|c| with_reclaim || c.1 != VictimKind::Reclaim).collect();
-            if pass.is_empty() || (!with_reclaim && pass.len() == candidates.len()) {
+        let any_reclaim = candidates.iter().any(|c| c.1.is_reclaim());
+        // The passes of Kueue's classical algorithm, each (which reclaim candidates it takes,
+        // whether the claimant must fit within its guarantee). Without `borrow_within_cohort`:
+        // first every candidate, the claimant within its guarantee (so the pass goes on
+        // removing, its own lower-priority work after the reclaim candidates, rather than
+        // stop at a set where it would borrow), then no reclaim, borrowing allowed, so that a
+        // failed reclaim never hides a priority pre-emption that works by itself. With it:
+        // first reclaim only of what it allows, borrowing allowed, then every candidate
+        // within the guarantee.
+        let passes: &[(ReclaimTaken, bool)] = if borrow_within.is_some() {
+            &[(ReclaimTaken::WhileBorrowing, false), (ReclaimTaken::All, true)]
+        } else {
+            &[(ReclaimTaken::All, any_reclaim), (ReclaimTaken::None, false)]
+        };
+        let mut tried: Vec<usize> = Vec::new();
+        for &(taken, within) in passes {
+            let pass: Vec<_> = candidates.iter().filter(|c| taken.takes(c.1)).collect();
+            // A pass the same as one tried already, or one that needs the claimant within
+            // its guarantee when it cannot be, is skipped.
+            if pass.is_empty() || tried.contains(&pass.len()) || (within && !reclaim_possible) {
                 continue;
             }
+            tried.push(pass.len());
             let mut removed: Vec<(WorkloadId, VictimKind)> = Vec::new();
             let mut fit = false;
             for &&(k, kind) in &pass {
                 let v = k.4;
                 let v_project = self.workloads[&v].project;
                 // A borrower back within its guarantee is not reclaimed from any further.
-                if kind == VictimKind::Reclaim && !self.borrows(v_project, key, id) {
+                if kind.is_reclaim() && !self.borrows(v_project, key, id) {
                     continue;
                 }
                 self.lift(v);
@@ -224,7 +262,8 @@ impl Engine {
                     }
                 }
             }
-            // Reclaim is only for a claimant that ends within its guarantee.
+            // Reclaim is only for a claimant that ends within its guarantee, unless
+            // `borrow_within_cohort` allows that victim.
             let uses_reclaim =
                 removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1 == VictimKind::Reclaim);
             let within_after = self.committed(project, key, id).saturating_add(total) <= guaranteed;
@@ -245,14 +284,26 @@ impl Engine {
                     let idle = (kind == VictimKind::Idle).then(|| self.idle_facts(v)).flatten();
                     let reason = if let Some(idle) = idle {
                         PreemptReason::Idle { idle, gpu_count_only: false }
-                    } else if kind == VictimKind::Reclaim {
+                    } else if kind.is_reclaim() {
                         let line =
                             self.quota.line(vw.project, key).map_or(Shares::ZERO, |l| l.guaranteed);
-                        PreemptReason::QuotaReclaim {
-                            borrower: vw.project,
-                            claimant: project,
-                            key,
-                            borrowed: self.committed(vw.project, key, id).saturating_sub(line),
+                        let borrowed = self.committed(vw.project, key, id).saturating_sub(line);
+                        if within_after {
+                            PreemptReason::QuotaReclaim {
+                                borrower: vw.project,
+                                claimant: project,
+                                key,
+                                borrowed,
+                            }
+                        } else {
+                            PreemptReason::ReclaimWhileBorrowing {
+                                borrower: vw.project,
+                                claimant: project,
+                                key,
+                                borrowed,
+                                victim_priority: vw.priority,
+                                preemptor_priority: priority,
+                            }
                         }
                     } else {
                         PreemptReason::Priority {
@@ -439,10 +490,37 @@ pub(super) type EligibleLists = std::collections::BTreeMap<(ProjectId, ModelId),
 enum VictimKind {
     /// Its project borrows on the claimant's line and the claimant needs its guarantee.
     Reclaim,
+    /// As `Reclaim`, and the claimant's `borrow_within_cohort` allows taking it even though
+    /// the claimant borrows afterwards.
+    ReclaimWhileBorrowing,
     /// The claimant's own project, lower priority.
     Own,
     /// Idle past its `on_pressure` rule's timer and warned.
     Idle,
+}
+
+impl VictimKind {
+    fn is_reclaim(self) -> bool {
+        matches!(self, VictimKind::Reclaim | VictimKind::ReclaimWhileBorrowing)
+    }
+}
+
+/// Which reclaim candidates a victim pass takes (own and idle candidates it always takes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReclaimTaken {
+    All,
+    WhileBorrowing,
+    None,
+}
+
+impl ReclaimTaken {
+    fn takes(self, kind: VictimKind) -> bool {
+        match kind {
+            VictimKind::Reclaim => self == ReclaimTaken::All,
+            VictimKind::ReclaimWhileBorrowing => self != ReclaimTaken::None,
+            VictimKind::Own | VictimKind::Idle => true,
+        }
+    }
 }
 
 /// The arbiter's one cost of stopping `v` now, in GPU-ms (ARCHITECTURE.md, "One cost"): the

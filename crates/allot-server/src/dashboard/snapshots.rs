@@ -67,6 +67,8 @@ fn project(name: &str, used: f64, guaranteed: f64) -> Project {
         }],
         pending: 2,
         running: 1,
+        preempt_within_project: "lower_priority".into(),
+        borrow_within_cohort: None,
     }
 }
 

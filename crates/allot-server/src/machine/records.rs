@@ -1,9 +1,9 @@
 //! The daemon's records as the API shows them: workloads, projects, nodes and the ledger as
 //! `allot-api` types.
 
-use allot_api::{Device, LedgerRow, Node, Project, QuotaLine, Workload};
+use allot_api::{BorrowWithinCohortView, Device, LedgerRow, Node, Project, QuotaLine, Workload};
 use allot_core::ledger::{Books, Ledger, Scope};
-use allot_core::{Engine, ProjectId, Shares, Timestamp};
+use allot_core::{Engine, ProjectId, Shares, Timestamp, WithinProject};
 
 use super::daemon::Record;
 use super::submit::gpus_text;
@@ -58,6 +58,7 @@ pub(crate) fn projects<'a>(
     (0..engine.project_count())
         .map(|p| {
             let id = ProjectId(p as u32);
+            let rules = engine.project_preemption_rules(id);
             Project {
                 name: engine.project_name(id).to_string(),
                 cohort: engine.project_declared_cohort(id).map(str::to_string),
@@ -75,6 +76,13 @@ pub(crate) fn projects<'a>(
                     .collect(),
                 pending: counts[p].0,
                 running: counts[p].1,
+                preempt_within_project: rules
+                    .map_or(WithinProject::default(), |r| r.0)
+                    .as_str()
+                    .to_string(),
+                borrow_within_cohort: rules.and_then(|r| r.1).map(|b| BorrowWithinCohortView {
+                    max_priority_threshold: b.max_priority_threshold,
+                }),
             }
         })
         .collect()

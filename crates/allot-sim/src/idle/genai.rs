@@ -134,6 +134,8 @@ pub fn genai_policy(policy: &PolicySpec, gpus: usize) -> PolicySpec {
         weight_milli: 1000,
         queueing: Queueing::BestEffortFifo,
         preemption_mode: None,
+        preempt_within_project: Default::default(),
+        borrow_within_cohort: None,
     };
     PolicySpec {
         projects: vec![project(ENDPOINT_PROJECT, gpus as u64), project(BACKFILL_PROJECT, 0)],

@@ -39,6 +39,8 @@ fn base_policy(idle: Vec<IdlePolicySpec>) -> PolicySpec {
                 weight_milli: 1000,
                 queueing: Queueing::BestEffortFifo,
                 preemption_mode: None,
+                preempt_within_project: Default::default(),
+                borrow_within_cohort: None,
             })
             .collect(),
         fair_share_half_life_ms: 0,

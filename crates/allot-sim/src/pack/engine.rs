@@ -130,6 +130,8 @@ fn engine_policy(order: &[PackNodeSpec]) -> PolicySpec {
             weight_milli: 1000,
             queueing: Queueing::BestEffortFifo,
             preemption_mode: None,
+            preempt_within_project: Default::default(),
+            borrow_within_cohort: None,
         }],
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,

@@ -160,6 +160,11 @@
 //!     min_runtime: 10m      # default 0
 //!     max_runtime: 24h      # optional
 //!     deadline: 12h         # optional timestamp
+//!     running: {node: gpu-1, devices: [0, 1, 2, 3], since: 2h, last_checkpoint: 20m}
+//!                           # plan files only, optional: it runs already there (devices
+//!                           # optional: the node's first free ones it accepts), started
+//!                           # `since` ago, last checkpointed `last_checkpoint` ago; a gang
+//!                           # says `members: [{node: gpu-1, devices: [..]}, {node: gpu-2}]`
 //! ```
 //! The same fields also come as JSON lines, one object per line (`.jsonl`/`.ndjson`, or any
 //! file whose first non-blank line is a whole `{…}` object); blank lines are skipped.
@@ -180,7 +185,7 @@ use allot_core::{NodeSpec, PolicySpec};
 pub use cluster::parse_cluster;
 pub use diagnostic::{Diagnostic, render};
 pub use policy::{not_a_mapping, parse_policy};
-pub use workloads::{WorkloadFile, check_workloads, parse_workloads};
+pub use workloads::{Running, RunningMember, WorkloadFile, check_workloads, parse_workloads};
 
 /// Largest config file read (workload traces as JSON lines are the big ones).
 const FILE_BYTES_MAX: u64 = 256 * 1024 * 1024;

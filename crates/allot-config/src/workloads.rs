@@ -19,7 +19,7 @@ const MEMBERS_MAX: u64 = allot_core::MEMBERS_MAX as u64;
 const GPUS_PER_MEMBER_MAX: u64 = allot_core::WHOLE_GPUS_PER_MEMBER_MAX as u64;
 
 const TOP_FIELDS: [&str; 1] = ["workloads"];
-const WORKLOAD_FIELDS: [&str; 18] = [
+const WORKLOAD_FIELDS: [&str; 19] = [
     "id",
     "name",
     "kind",
@@ -38,7 +38,12 @@ const WORKLOAD_FIELDS: [&str; 18] = [
     "min_runtime",
     "max_runtime",
     "deadline",
+    "running",
 ];
+const RUNNING_FIELDS: [&str; 5] = ["node", "devices", "members", "since", "last_checkpoint"];
+const RUNNING_MEMBER_FIELDS: [&str; 2] = ["node", "devices"];
+const RUNNING_EXAMPLE: &str = "`running: {node: gpu-1, devices: [0, 1], since: 2h}`, or for a gang \
+     `running: {members: [{node: gpu-1}, {node: gpu-2}], since: 30m}`";
 /// `topology:` values: (same_node, prefer_same_node).
 const TOPOLOGIES: [(&str, (bool, bool)); 3] = [
     ("required_same_node", (true, false)),
@@ -67,6 +72,25 @@ struct Source {
     gpu_models: Vec<Pos>,
     cpu: Pos,
     memory: Pos,
+    running: Pos,
+}
+
+/// Work a plan file states is already running: where, since how long, its last checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Running {
+    /// One per member, in member order.
+    pub members: Vec<RunningMember>,
+    /// How long ago it started (0: it starts now).
+    pub since_ms: u64,
+    /// How long ago it last checkpointed (at most `since_ms`); `None`: never.
+    pub last_checkpoint_ago_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunningMember {
+    pub node: String,
+    /// Device indices on the node; `None`: the first free ones of an accepted model.
+    pub devices: Option<Vec<u32>>,
 }
 
 /// A parsed workloads file: the workloads in file order, and where each was written, so that
@@ -76,6 +100,8 @@ pub struct WorkloadFile {
     file: String,
     workloads: Vec<WorkloadSpec>,
     sources: Vec<Source>,
+    /// Per workload, in file order: whether the file says it runs already.
+    running: Vec<Option<Running>>,
 }
 
 impl WorkloadFile {
@@ -91,6 +117,16 @@ impl WorkloadFile {
 
     pub fn into_specs(self) -> Vec<WorkloadSpec> {
         self.workloads
+    }
+
+    /// Whether the `index`-th workload (0-based, file order) is stated as running, and how.
+    pub fn running(&self, index: usize) -> Option<&Running> {
+        self.running.get(index).and_then(Option::as_ref)
+    }
+
+    /// Where the `index`-th workload's `running` field was written: (line, field path).
+    pub fn running_source(&self, index: usize) -> Option<(usize, String)> {
+        self.sources.get(index).map(|s| (s.running.line, decode::join(&s.path, "running")))
     }
 
     /// The 1-based line where the `index`-th workload (0-based, file order) starts.
@@ -122,8 +158,12 @@ fn is_json_lines(file: &str, text: &str) -> bool {
 /// the lines after it.
 pub fn parse_workloads(file: &str, text: &str) -> Result<WorkloadFile, Vec<Diagnostic>> {
     let mut ctx = Ctx::new(file);
-    let mut out =
-        WorkloadFile { file: file.to_string(), workloads: Vec::new(), sources: Vec::new() };
+    let mut out = WorkloadFile {
+        file: file.to_string(),
+        workloads: Vec::new(),
+        sources: Vec::new(),
+        running: Vec::new(),
+    };
     let mut decoded_all = true;
     let mut ids: BTreeMap<u64, Pos> = BTreeMap::new();
     if is_json_lines(file, text) {
@@ -236,14 +276,15 @@ fn decode_into(
         }
         ids.insert(id, id_pos);
     }
-    let Some((spec, source)) = decoded else { return false };
+    let Some((spec, source, running)) = decoded else { return false };
     out.workloads.push(spec);
     out.sources.push(source);
+    out.running.push(running);
     true
 }
 
 /// The workload, if it has no errors, and its id with where it was written, if that is valid.
-type Decoded = (Option<(WorkloadSpec, Source)>, Option<(u64, Pos)>);
+type Decoded = (Option<(WorkloadSpec, Source, Option<Running>)>, Option<(u64, Pos)>);
 
 fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> Decoded {
     let Some(f) = fields(ctx, item, path, "a workload", &WORKLOAD_FIELDS, WORKLOAD_EXAMPLE) else {
@@ -305,6 +346,7 @@ fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> De
     let max_runtime =
         f.get("max_runtime").map(|n| decode::duration_ms(ctx, n, &f.path("max_runtime")));
     let deadline = f.get("deadline").map(|n| decode::duration_ms(ctx, n, &f.path("deadline")));
+    let running = f.get("running").map(|n| running(ctx, n, &f.path("running")));
 
     let id_at = id.map(|id| (id, pos_of("id")));
     let spec = (|| {
@@ -339,8 +381,9 @@ fn decode_workload(ctx: &mut Ctx, item: &Node, path: &str, ordinal: usize) -> De
             gpu_models: model_positions,
             cpu: pos_of("cpu"),
             memory: pos_of("memory"),
+            running: pos_of("running"),
         };
-        Some((spec, source))
+        Some((spec, source, decode::optional(running)?))
     })();
     (spec, id_at)
 }
@@ -403,6 +446,120 @@ fn gpu_models(ctx: &mut Ctx, node: &Node, path: &str) -> Option<(Vec<String>, Ve
         }
     }
     ok.then_some((models, positions))
+}
+
+/// `running: {node, devices, since, last_checkpoint}`, or `{members: [{node, devices}, ...],
+/// since, last_checkpoint}` for a gang; `since` and `last_checkpoint` are how long ago.
+fn running(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Running> {
+    let f = fields(ctx, node, path, "running", &RUNNING_FIELDS, RUNNING_EXAMPLE)?;
+    let member =
+        |ctx: &mut Ctx, f: &decode::Fields<'_>, node_key: &Node| -> Option<RunningMember> {
+            let name = decode::name(ctx, node_key, &f.path("node"), "`gpu-1`");
+            let devices = f.get("devices").map(|n| devices(ctx, n, &f.path("devices")));
+            Some(RunningMember { node: name?, devices: decode::optional(devices)? })
+        };
+    let members = match (f.get("node"), f.get("members")) {
+        (Some(n), None) => member(ctx, &f, n).map(|m| vec![m]),
+        (None, Some(list_node)) => {
+            if let Some(d) = f.get("devices") {
+                ctx.report(
+                    d.pos,
+                    &f.path("devices"),
+                    "`devices` beside `members` has no meaning".to_string(),
+                    "give each member its own: `members: [{node: gpu-1, devices: [0, 1]}]`",
+                );
+                return None;
+            }
+            let items = list(ctx, list_node, &f.path("members"), RUNNING_EXAMPLE)?;
+            let mut out = Some(Vec::new());
+            for (i, item) in items.iter().enumerate() {
+                let mpath = index(&f.path("members"), i);
+                let m = fields(
+                    ctx,
+                    item,
+                    &mpath,
+                    "a running member",
+                    &RUNNING_MEMBER_FIELDS,
+                    "`{node: gpu-1, devices: [0, 1]}`",
+                )
+                .and_then(|mf| {
+                    let n =
+                        mf.required(ctx, "node", "name the node it runs on, e.g. `node: gpu-1`")?;
+                    member(ctx, &mf, n)
+                });
+                match (m, out.as_mut()) {
+                    (Some(m), Some(v)) => v.push(m),
+                    _ => out = None,
+                }
+            }
+            out
+        }
+        (Some(_), Some(m)) => {
+            ctx.report(
+                m.pos,
+                &f.path("members"),
+                "`node` and `members` both given".to_string(),
+                "use `node` for one member, `members` for a gang",
+            );
+            None
+        }
+        (None, None) => {
+            ctx.report(
+                f.pos,
+                path,
+                "a running workload must say where it runs".to_string(),
+                format!("write it as {RUNNING_EXAMPLE}"),
+            );
+            None
+        }
+    };
+    let since = f.get("since").map_or(Some(0), |n| decode::duration_ms(ctx, n, &f.path("since")));
+    let last =
+        f.get("last_checkpoint").map(|n| decode::duration_ms(ctx, n, &f.path("last_checkpoint")));
+    let (members, since, last) = (members?, since?, decode::optional(last)?);
+    if let (Some(l), Some(n)) = (last, f.get("last_checkpoint"))
+        && l > since
+    {
+        ctx.report(
+            n.pos,
+            &f.path("last_checkpoint"),
+            format!(
+                "its last checkpoint ({} ago) is before it started ({} ago)",
+                decode::format_duration(l),
+                decode::format_duration(since)
+            ),
+            "give a last checkpoint no longer ago than `since`",
+        );
+        return None;
+    }
+    Some(Running { members, since_ms: since, last_checkpoint_ago_ms: last })
+}
+
+/// `[0, 1]`: device indices on a node, each once.
+fn devices(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Vec<u32>> {
+    let items = list(ctx, node, path, "`devices: [0, 1]`")?;
+    let mut out = Some(Vec::new());
+    for (i, item) in items.iter().enumerate() {
+        let d = decode::uint(ctx, item, &index(path, i), 0, u64::from(u16::MAX), "0");
+        match (d, out.as_mut()) {
+            (Some(d), Some(v)) => {
+                let d = d as u32;
+                if v.contains(&d) {
+                    ctx.report(
+                        item.pos,
+                        &index(path, i),
+                        format!("device {d} is listed twice"),
+                        "list each device once",
+                    );
+                    out = None;
+                } else {
+                    v.push(d);
+                }
+            }
+            _ => out = None,
+        }
+    }
+    out
 }
 
 fn checkpoint(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Checkpointing> {
@@ -516,6 +673,16 @@ pub fn check_workloads(
     }
     let cpu_max = nodes.iter().map(|n| n.cpu_millis).max().unwrap_or(0);
     let memory_max = nodes.iter().map(|n| n.memory_mib).max().unwrap_or(0);
+
+    // Whole devices stated as running, for overlaps: (node, device) → workload name.
+    let mut taken: BTreeMap<(&str, u32), &str> = BTreeMap::new();
+    for ((spec, source), running) in
+        workloads.workloads.iter().zip(&workloads.sources).zip(&workloads.running)
+    {
+        if let Some(running) = running {
+            check_running(&mut ctx, spec, source, running, nodes, &mut taken);
+        }
+    }
 
     for (spec, source) in workloads.workloads.iter().zip(&workloads.sources) {
         let path = |key: &str| decode::join(&source.path, key);
@@ -640,4 +807,128 @@ pub fn check_workloads(
         }
     }
     ctx.into_diagnostics()
+}
+
+/// Work stated as running must run where the cluster has room for it: one placement per
+/// member, on nodes that exist, devices that exist, of a model it accepts, as many as it asks,
+/// no whole device held twice.
+fn check_running<'a>(
+    ctx: &mut Ctx,
+    spec: &'a WorkloadSpec,
+    source: &Source,
+    running: &'a Running,
+    nodes: &'a [NodeSpec],
+    taken: &mut BTreeMap<(&'a str, u32), &'a str>,
+) {
+    let path = decode::join(&source.path, "running");
+    let pos = source.running;
+    if running.members.len() as u64 != u64::from(spec.members) {
+        ctx.report(
+            pos,
+            &path,
+            format!(
+                "it has {} member(s) but `running` places {}",
+                spec.members,
+                running.members.len()
+            ),
+            "give one `members` entry per member",
+        );
+        return;
+    }
+    let wanted = match spec.gpus_per_member {
+        GpuRequest::Whole(k) => k,
+        GpuRequest::Shares(_) => 1,
+        GpuRequest::Mig(_) => {
+            ctx.report(
+                pos,
+                &path,
+                "running MIG work cannot be stated in a plan file yet".to_string(),
+                "leave `running` out (it is then planned as pending)",
+            );
+            return;
+        }
+    };
+    for (i, m) in running.members.iter().enumerate() {
+        let mpath = if spec.members == 1 {
+            path.clone()
+        } else {
+            index(&decode::join(&path, "members"), i)
+        };
+        let Some(node) = nodes.iter().find(|n| n.name == m.node) else {
+            ctx.report(
+                pos,
+                &decode::join(&mpath, "node"),
+                format!("no node `{}` in the cluster", m.node),
+                decode::did_you_mean(&m.node, nodes.iter().map(|n| n.name.as_str()), "use one of"),
+            );
+            continue;
+        };
+        let accepts =
+            |model: &str| spec.gpu_models.is_empty() || spec.gpu_models.iter().any(|g| g == model);
+        let Some(devices) = &m.devices else {
+            let free = node.devices.iter().filter(|d| accepts(&d.model)).count() as u32;
+            if free < wanted {
+                ctx.report(
+                    pos,
+                    &decode::join(&mpath, "node"),
+                    format!("{} has {free} GPU(s) it accepts; it asks {wanted}", node.name),
+                    "name another node, or the devices it runs on",
+                );
+            }
+            continue;
+        };
+        if devices.len() as u32 != wanted {
+            ctx.report(
+                pos,
+                &decode::join(&mpath, "devices"),
+                format!("{} device(s) listed; each member asks {wanted}", devices.len()),
+                format!("list {wanted} device(s)"),
+            );
+            continue;
+        }
+        let mut models = BTreeSet::new();
+        for &d in devices {
+            let Some(dev) = node.devices.get(d as usize) else {
+                ctx.report(
+                    pos,
+                    &decode::join(&mpath, "devices"),
+                    format!("{} has no GPU {d} (it has {})", node.name, node.devices.len()),
+                    format!("use indices 0 to {}", node.devices.len().saturating_sub(1)),
+                );
+                continue;
+            };
+            models.insert(dev.model.as_str());
+            if !accepts(&dev.model) {
+                ctx.report(
+                    pos,
+                    &decode::join(&mpath, "devices"),
+                    format!("GPU {d} of {} is {}, which it does not accept", node.name, dev.model),
+                    "list devices of a model in its `gpu_models`",
+                );
+            }
+            if let GpuRequest::Whole(_) = spec.gpus_per_member
+                && let Some(&other) = taken.get(&(node.name.as_str(), d))
+            {
+                ctx.report(
+                    pos,
+                    &decode::join(&mpath, "devices"),
+                    format!("GPU {d} of {} is already stated as running `{other}`", node.name),
+                    "give each running workload its own devices",
+                );
+            } else if let GpuRequest::Whole(_) = spec.gpus_per_member {
+                taken.insert((node.name.as_str(), d), spec.name.as_str());
+            }
+        }
+        if models.len() > 1 {
+            ctx.report(
+                pos,
+                &decode::join(&mpath, "devices"),
+                format!(
+                    "the devices are of several models ({})",
+                    models.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+                "one workload runs on one GPU model",
+            );
+        }
+    }
 }

@@ -4,7 +4,12 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use allot_config::{Diagnostic, WorkloadFile};
-use allot_core::{Decision, Engine, Event, NodeSpec, PolicySpec, Timestamp};
+use std::collections::BTreeMap;
+
+use allot_core::{
+    Decision, DeviceShare, Engine, Event, GpuRequest, MemberPlacement, NodeId, NodeSpec, Placement,
+    PolicySpec, SHARES_PER_GPU, Timestamp, WorkloadId, WorkloadSpec,
+};
 use anyhow::Result;
 use serde_json::{Value, json};
 
@@ -162,9 +167,20 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
         args.policy.as_ref().map_or(EMBEDDED_POLICY.0.to_string(), |p| p.display().to_string());
     let mut engine = engine(&nodes, &policy, &policy_file)?;
 
-    let now = Timestamp(0);
-    for spec in workloads.specs() {
-        engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
+    // Work stated as running started `since` ago: the plan's "now" is the longest `since`, so
+    // that every start is a time on the engine's clock; times the file states from the plan's
+    // start (deadlines, last checkpoints) move with it.
+    let shift = (0..workloads.specs().len())
+        .filter_map(|i| workloads.running(i))
+        .map(|r| r.since_ms)
+        .max()
+        .unwrap_or(0);
+    let now = Timestamp(shift);
+    let running = adopt_running(&mut engine, &workloads, &nodes, now)?;
+    for (i, spec) in workloads.specs().iter().enumerate() {
+        if workloads.running(i).is_none() {
+            engine.apply(now, Event::WorkloadSubmitted(shifted(spec, shift)));
+        }
     }
     // Run to a fixed point: each round's admissions start and its victims stop at once.
     let mut rounds: Vec<Vec<Decision>> = Vec::new();
@@ -229,8 +245,9 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
             let mut out = String::new();
             let _ = writeln!(
                 out,
-                "allot plan: {} workloads on {} nodes, {} round(s) to a fixed point at t=0\n",
+                "allot plan: {} workloads{} on {} nodes, {} round(s) to a fixed point at t=0\n",
                 workloads.specs().len(),
+                if running == 0 { String::new() } else { format!(" ({running} running)") },
                 engine.node_count(),
                 final_index
             );
@@ -260,6 +277,149 @@ pub(crate) fn plan(args: &PlanArgs) -> Result<String> {
             Ok(out)
         }
     }
+}
+
+/// A spec with the times the file states from the plan's start moved by `shift`.
+fn shifted(spec: &WorkloadSpec, shift: u64) -> WorkloadSpec {
+    let mut spec = spec.clone();
+    spec.deadline = spec.deadline.map(|d| Timestamp(d.0.saturating_add(shift)));
+    if let Some(c) = spec.checkpointing.as_mut() {
+        c.last_checkpoint_at = c.last_checkpoint_at.map(|t| Timestamp(t.0.saturating_add(shift)));
+    }
+    spec
+}
+
+/// Takes the work the file states as running into the engine where it runs (oldest start
+/// first, each at its start time), with its last checkpoint; returns how many. Work the engine
+/// cannot take (its devices are not free, its project's quota cannot hold it) is the file's
+/// problem, reported at its `running` field, and nothing is planned.
+fn adopt_running(
+    engine: &mut Engine,
+    workloads: &WorkloadFile,
+    nodes: &[NodeSpec],
+    now: Timestamp,
+) -> Result<usize> {
+    // (start, file index, spec, placement), oldest first.
+    let mut starts: Vec<(Timestamp, usize, WorkloadSpec, Placement)> = Vec::new();
+    // Shares used per (node, device) by the work placed so far.
+    let mut used: BTreeMap<(usize, usize), u32> = BTreeMap::new();
+    let mut shortfalls: Vec<Diagnostic> = Vec::new();
+    for (i, spec) in workloads.specs().iter().enumerate() {
+        let Some(running) = workloads.running(i) else { continue };
+        let per_device = match spec.gpus_per_member {
+            GpuRequest::Shares(s) => s,
+            _ => SHARES_PER_GPU as u32,
+        };
+        let wanted = match spec.gpus_per_member {
+            GpuRequest::Whole(k) => k as usize,
+            _ => 1,
+        };
+        let mut model = None;
+        let mut members = Vec::new();
+        for m in &running.members {
+            // check_workloads has made sure the node exists and the devices are valid.
+            let Some(n) = nodes.iter().position(|n| n.name == m.node) else { continue };
+            let node = &nodes[n];
+            let accepts = |d: &allot_core::DeviceSpec| {
+                spec.gpu_models.is_empty() || spec.gpu_models.contains(&d.model)
+            };
+            let devices: Vec<usize> = match &m.devices {
+                Some(list) => list.iter().map(|&d| d as usize).collect(),
+                None => {
+                    let fits = |d: usize| {
+                        let u = used.get(&(n, d)).copied().unwrap_or(0);
+                        accepts(&node.devices[d]) && u + per_device <= SHARES_PER_GPU as u32
+                    };
+                    // The devices of the first model with room for the whole member.
+                    let mut chosen = Vec::new();
+                    for d in (0..node.devices.len()).filter(|&d| fits(d)) {
+                        if chosen
+                            .first()
+                            .is_none_or(|&c: &usize| node.devices[c].model == node.devices[d].model)
+                        {
+                            chosen.push(d);
+                        }
+                        if chosen.len() == wanted {
+                            break;
+                        }
+                    }
+                    if chosen.len() < wanted {
+                        let (line, field) = workloads.running_source(i).unwrap_or_default();
+                        shortfalls.push(Diagnostic {
+                            file: workloads.file().to_string(),
+                            line,
+                            column: 0,
+                            field,
+                            message: format!(
+                                "{} has no {wanted} free GPU(s) of one model it accepts left for \
+                                 it (the work stated before it holds the rest)",
+                                node.name
+                            ),
+                            fix: "name the devices it runs on, or another node".to_string(),
+                        });
+                    }
+                    chosen
+                }
+            };
+            let mut shares = Vec::new();
+            for d in devices {
+                *used.entry((n, d)).or_default() += per_device;
+                model = engine.model_id(&node.devices[d].model);
+                shares.push(DeviceShare { device: d as u16, shares: per_device, mig: None });
+            }
+            members.push(MemberPlacement { node: NodeId(n as u32), devices: shares });
+        }
+        let start = Timestamp(now.0.saturating_sub(running.since_ms));
+        starts.push((start, i, shifted(spec, now.0), Placement { model, members }));
+    }
+    if !shortfalls.is_empty() {
+        return Err(invalid(&shortfalls));
+    }
+    starts.sort_by_key(|(start, i, _, _)| (*start, *i));
+    let count = starts.len();
+    // Starts and checkpoints in time order.
+    let mut events: Vec<(Timestamp, usize, Event)> = Vec::new();
+    for (start, i, spec, placement) in starts {
+        let running = workloads.running(i).expect("listed above");
+        if let Some(ago) = running.last_checkpoint_ago_ms {
+            let at = Timestamp(now.0.saturating_sub(ago));
+            events.push((at, 1, Event::CheckpointSaved { workload: spec.id }));
+        }
+        events.push((start, 0, Event::WorkloadAdopted { spec, placement }));
+    }
+    events.sort_by_key(|(at, order, _)| (*at, *order));
+    for (at, _, event) in events {
+        engine.apply(at, event);
+    }
+    let refused: Vec<(usize, WorkloadId)> = (0..workloads.specs().len())
+        .filter(|&i| workloads.running(i).is_some())
+        .map(|i| (i, workloads.specs()[i].id))
+        .filter(|&(_, id)| engine.stage(id).is_none())
+        .collect();
+    if refused.is_empty() {
+        return Ok(count);
+    }
+    // The engine says why at its next cycle; ask a copy.
+    let decisions = engine.clone().decide(now);
+    let problems: Vec<Diagnostic> = refused
+        .into_iter()
+        .map(|(i, id)| {
+            let (line, field) = workloads.running_source(i).unwrap_or_default();
+            let why = decisions
+                .iter()
+                .find(|d| d.workload() == id && matches!(d, Decision::Reject { .. }))
+                .map_or_else(|| "the engine does not take it".to_string(), |d| engine.render(d));
+            Diagnostic {
+                file: workloads.file().to_string(),
+                line,
+                column: 0,
+                field,
+                message: format!("it cannot be running as stated: {why}"),
+                fix: "give it free devices, or a project whose quota can hold it".to_string(),
+            }
+        })
+        .collect();
+    Err(invalid(&problems))
 }
 
 fn summary_json(engine: &Engine, report: &[(usize, Decision)]) -> Value {

@@ -154,6 +154,76 @@ fn plan_reports_all_broken_files_at_once() {
     assert!(err.contains("workloads.yaml:4"), "{err}");
 }
 
+/// `allot plan` over a cluster where work already runs: the Kueue test restated as plan
+/// files in `examples/plans/`, and running work stated wrongly.
+#[test]
+fn plan_takes_running_work_as_stated() {
+    let dir = "examples/plans/kueue-reclaim-under-guarantee";
+    let run = |workloads: &str| {
+        allot(&[
+            "plan",
+            "--cluster",
+            &format!("{dir}/cluster.yaml"),
+            "--policy",
+            &format!("{dir}/policy.yaml"),
+            "--workloads",
+            workloads,
+        ])
+    };
+    let out = run(&format!("{dir}/workloads.yaml"));
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for line in [
+        "7 workloads (6 running)",
+        "[1] preempt a1: suspend for in: priority in a: 0 outranks -1",
+        "[1] preempt b5: suspend for in: quota reclaim: b borrows 3 A100",
+        "[2] admit in: within a's guarantee (2/2 A100 used); on A100 gpu-0[0,5]",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+    assert_eq!(stdout.matches("preempt").count(), 2, "{stdout}");
+
+    let bad = std::env::temp_dir().join(format!("allot-cli-running-{}.yaml", std::process::id()));
+    std::fs::write(
+        &bad,
+        "workloads:\n  \
+         - {name: a1, project: a, gpus: 1, running: {node: gpu-0, devices: [0], since: 2h}}\n  \
+         - {name: a2, project: a, gpus: 1, running: {node: gpu-0, devices: [0]}}\n  \
+         - {name: a3, project: a, gpus: 1, running: {node: gpu-9}}\n  \
+         - {name: a4, project: a, gpus: 1, running: {node: gpu-0, since: 1h, last_checkpoint: 2h}}\n",
+    )
+    .expect("write");
+    let out = run(bad.to_str().expect("utf-8"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("last_checkpoint: its last checkpoint (2h ago) is before it started"),
+        "{err}"
+    );
+    // Parse errors first; once the file reads, the placements are checked all at once.
+    std::fs::write(
+        &bad,
+        "workloads:\n  \
+         - {name: a1, project: a, gpus: 1, running: {node: gpu-0, devices: [0], since: 2h}}\n  \
+         - {name: a2, project: a, gpus: 1, running: {node: gpu-0, devices: [0]}}\n  \
+         - {name: a3, project: a, gpus: 1, running: {node: gpu-9}}\n  \
+         - {name: a4, project: a, gpus: 2, running: {node: gpu-0, devices: [7]}}\n",
+    )
+    .expect("write");
+    let out = run(bad.to_str().expect("utf-8"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for part in [
+        ":3:47: workloads[1].running.devices: GPU 0 of gpu-0 is already stated as running `a1`",
+        ":4:47: workloads[2].running.node: no node `gpu-9` in the cluster",
+        ":5:47: workloads[3].running.devices: 1 device(s) listed; each member asks 2",
+        "3 problem(s) found; nothing was changed.",
+    ] {
+        assert!(err.contains(part), "missing {part:?} in\n{err}");
+    }
+    let _ = std::fs::remove_file(&bad);
+}
+
 #[test]
 fn readme_idle_rules_are_a_valid_policy() {
     // The README's idle-rule example, under the projects and classes of the idle experiment's

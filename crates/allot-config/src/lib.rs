@@ -93,6 +93,14 @@
 //!     quotas:                         # optional; one line per model, `any` for the rest
 //!       - {model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}
 //!       - {model: any, guaranteed: 0.5}
+//! cohorts:                            # optional: cohorts with quota of their own, inside others
+//!   - name: org                       #   (hierarchical quota, Kueue's Cohort objects)
+//!   - name: research                  # required, unique; a project's `cohort` may name it
+//!     parent: org                     # optional: a cohort declared here; no circles
+//!     quotas:                         # optional, as a project's: its own GPUs beside what its
+//!       - {model: A100, guaranteed: 4, borrow_limit: 2, lend_limit: 6}
+//!                                     #   projects lend it; limits need a parent; lend_limit is
+//!                                     #   on its whole subtree
 //! idle:                               # optional idle reclaim rules, in order: the first whose
 //!                                     #   scope covers a workload judges it; none: never idle
 //!   - name: notebooks                 # required, unique among the rules

@@ -6,7 +6,7 @@ mod idle;
 use std::collections::BTreeMap;
 
 use allot_core::{
-    BorrowWithinCohort, Defragmentation, PolicySpec, PreemptionMode, PriorityClassSpec,
+    BorrowWithinCohort, CohortSpec, Defragmentation, PolicySpec, PreemptionMode, PriorityClassSpec,
     ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject,
 };
 
@@ -18,7 +18,7 @@ use crate::tree::{self, Node, Pos};
 const PROJECTS_MAX: usize = 10_000;
 const PRIORITY_CLASSES_MAX: usize = 1_000;
 
-const TOP_FIELDS: [&str; 9] = [
+const TOP_FIELDS: [&str; 10] = [
     "fair_share",
     "preemption",
     "defragmentation",
@@ -27,8 +27,12 @@ const TOP_FIELDS: [&str; 9] = [
     "priority_classes",
     "default_priority_class",
     "projects",
+    "cohorts",
     "idle",
 ];
+const COHORT_FIELDS: [&str; 3] = ["name", "parent", "quotas"];
+const COHORT_EXAMPLE: &str =
+    "`- {name: research, parent: org, quotas: [{model: A100, guaranteed: 4, borrow_limit: 2}]}`";
 const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
 const DEFRAG_EXAMPLE: &str =
     "`defragmentation: true`, or `defragmentation: {enabled: true, restart_cost: 2m}`";
@@ -150,6 +154,11 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         .required(ctx, "projects", &format!("add `projects:` with a list like {PROJECT_EXAMPLE}"))
         .and_then(|n| decode_projects(ctx, n));
 
+    let cohorts = match top.get("cohorts") {
+        None => Some(Vec::new()),
+        Some(n) => decode_cohorts(ctx, n),
+    };
+
     let restart_cost = match top.get("restart_cost") {
         None => Some(PolicySpec::DEFAULT_RESTART_COST_MS),
         Some(n) => decode::duration_ms(ctx, n, "restart_cost"),
@@ -174,6 +183,7 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         idle: idle_rules?,
         restart_cost_ms: restart_cost?,
         idle_resume_backoff_ms: resume_backoff?,
+        cohorts: cohorts?,
     })
 }
 
@@ -262,6 +272,96 @@ fn decode_classes(ctx: &mut Ctx, node: &Node) -> Option<Vec<PriorityClassSpec>> 
     ok.then_some(classes)
 }
 
+/// `cohorts:`: cohorts with quota of their own and a parent (hierarchical quota). Names are
+/// unique, a parent is a cohort declared here, and no cohort is inside itself.
+fn decode_cohorts(ctx: &mut Ctx, node: &Node) -> Option<Vec<CohortSpec>> {
+    let items = list(ctx, node, "cohorts", COHORT_EXAMPLE)?;
+    // (cohort, where its parent is written, its index in the file).
+    let mut cohorts: Vec<(CohortSpec, Option<Pos>, usize)> = Vec::new();
+    // Every name read, even of a cohort with other errors: duplicates and parents are
+    // checked against them all.
+    let mut seen: Vec<(String, Pos)> = Vec::new();
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        let path = index("cohorts", i);
+        let Some(f) = fields(ctx, item, &path, "a cohort", &COHORT_FIELDS, COHORT_EXAMPLE) else {
+            ok = false;
+            continue;
+        };
+        let name_node = f.required(ctx, "name", "name the cohort, e.g. `name: research`");
+        let name = name_node.and_then(|n| decode::name(ctx, n, &f.path("name"), "`research`"));
+        if let (Some(name), Some(n)) = (&name, name_node) {
+            if let Some((_, first)) = seen.iter().find(|(s, _)| s == name) {
+                ctx.report(
+                    n.pos,
+                    &f.path("name"),
+                    format!("cohort `{name}` is already defined at line {}", first.line),
+                    "give every cohort a different name, or merge the two entries",
+                );
+                ok = false;
+                continue;
+            }
+            seen.push((name.clone(), n.pos));
+        }
+        let parent = f.get("parent").map(|n| decode::name(ctx, n, &f.path("parent"), "`org`"));
+        let label = name.clone().unwrap_or_else(|| "this cohort".into());
+        let quotas = match f.get("quotas") {
+            None => Some(Vec::new()),
+            Some(n) => decode_quotas(
+                ctx,
+                n,
+                &f.path("quotas"),
+                QuotaOwner::Cohort { name: &label, has_parent: f.get("parent").is_some() },
+            ),
+        };
+        let (Some(name), Some(parent), Some(quotas)) = (name, decode::optional(parent), quotas)
+        else {
+            ok = false;
+            continue;
+        };
+        let parent_pos = f.get("parent").map(|n| n.pos);
+        cohorts.push((CohortSpec { name, parent, quotas }, parent_pos, i));
+    }
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    for (c, parent_pos, i) in &cohorts {
+        let (Some(parent), Some(pos)) = (&c.parent, parent_pos) else { continue };
+        let path = decode::join(&index("cohorts", *i), "parent");
+        if !names.contains(&parent.as_str()) {
+            ctx.report(
+                *pos,
+                &path,
+                format!("unknown parent cohort `{parent}`"),
+                decode::did_you_mean(
+                    parent,
+                    names.iter().copied(),
+                    "declare it under `cohorts:` (`- name: ...`), or use one of",
+                ),
+            );
+            ok = false;
+            continue;
+        }
+        // Up the parents: back at `c` means a circle.
+        let mut at = parent.as_str();
+        for _ in 0..=cohorts.len() {
+            if at == c.name {
+                ctx.report(
+                    *pos,
+                    &path,
+                    format!("cohort `{}` is inside itself: its parents lead back to it", c.name),
+                    "make the cohorts a tree: give the topmost cohort no `parent`",
+                );
+                ok = false;
+                break;
+            }
+            match cohorts.iter().find(|x| x.0.name == at).and_then(|x| x.0.parent.as_deref()) {
+                Some(up) => at = up,
+                None => break,
+            }
+        }
+    }
+    ok.then(|| cohorts.into_iter().map(|x| x.0).collect())
+}
+
 fn decode_projects(ctx: &mut Ctx, node: &Node) -> Option<Vec<ProjectSpec>> {
     let items = list(ctx, node, "projects", PROJECT_EXAMPLE)?;
     if items.is_empty() || items.len() > PROJECTS_MAX {
@@ -337,7 +437,12 @@ fn decode_project(ctx: &mut Ctx, item: &Node, path: &str) -> Option<(ProjectSpec
     let project_name = name.as_deref().unwrap_or("this project");
     let quotas = match f.get("quotas") {
         None => Some(Vec::new()),
-        Some(n) => decode_quotas(ctx, n, &f.path("quotas"), project_name, has_cohort),
+        Some(n) => decode_quotas(
+            ctx,
+            n,
+            &f.path("quotas"),
+            QuotaOwner::Project { name: project_name, has_cohort },
+        ),
     };
     let project = ProjectSpec {
         name: name?,
@@ -408,13 +513,25 @@ fn borrow_within_cohort(
     Some(on.then_some(BorrowWithinCohort { max_priority_threshold: threshold }))
 }
 
+/// Who holds a quota list: a project (whose limits need a cohort) or a cohort (whose limits
+/// need a parent cohort, and whose lend limit is on its whole subtree).
+#[derive(Clone, Copy)]
+enum QuotaOwner<'a> {
+    Project { name: &'a str, has_cohort: bool },
+    Cohort { name: &'a str, has_parent: bool },
+}
+
 fn decode_quotas(
     ctx: &mut Ctx,
     node: &Node,
     path: &str,
-    project: &str,
-    has_cohort: bool,
+    owner: QuotaOwner<'_>,
 ) -> Option<Vec<QuotaSpec>> {
+    let (project, has_cohort) = match owner {
+        QuotaOwner::Project { name, has_cohort } => (name, has_cohort),
+        QuotaOwner::Cohort { name, has_parent } => (name, has_parent),
+    };
+    let is_cohort = matches!(owner, QuotaOwner::Cohort { .. });
     let items = list(ctx, node, path, QUOTA_EXAMPLE)?;
     let mut quotas = Vec::new();
     let mut seen: BTreeMap<QuotaModel, Pos> = BTreeMap::new();
@@ -448,6 +565,19 @@ fn decode_quotas(
         let mut limit = |key: &str, lends: bool| -> Option<Option<(allot_core::Shares, Pos)>> {
             let Some(n) = f.get(key) else { return Some(None) };
             let shares = decode::gpus_as_shares(ctx, n, &f.path(key))?;
+            if !has_cohort && is_cohort {
+                ctx.report(
+                    n.pos,
+                    &f.path(key),
+                    format!(
+                        "cohort `{project}` has no parent, so `{key}` has no meaning: there is \
+                         nobody above it to {}",
+                        if lends { "lend to" } else { "borrow from" }
+                    ),
+                    format!("remove `{key}`, or give the cohort a `parent:`"),
+                );
+                return None;
+            }
             if !has_cohort {
                 let why = if lends { "nobody to lend to" } else { "nobody to borrow from" };
                 ctx.report(
@@ -468,6 +598,7 @@ fn decode_quotas(
         let lend = limit("lend_limit", true);
         if let (Some(g), Some(Some((l, pos)))) = (guaranteed, lend)
             && l > g
+            && !is_cohort
         {
             ctx.report(
                 pos,

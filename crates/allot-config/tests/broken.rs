@@ -143,6 +143,21 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "cohorts: unknown parent, a circle, limits without a parent, a duplicate",
+            kind: Kind::Policy,
+            text: format!(
+                "{}cohorts:\n  - {{name: org, quotas: [{{model: A100, guaranteed: 2, borrow_limit: 1}}]}}\n  - {{name: research, parent: orgg}}\n  - {{name: a, parent: b}}\n  - {{name: b, parent: a}}\n  - {{name: org}}\n",
+                policy("  - name: vision\n")
+            ),
+            want: vec![
+                (8, "cohorts[0].quotas[0].borrow_limit", "cohort `org` has no parent"),
+                (9, "cohorts[1].parent", "unknown parent cohort `orgg`"),
+                (10, "cohorts[2].parent", "cohort `a` is inside itself"),
+                (11, "cohorts[3].parent", "cohort `b` is inside itself"),
+                (12, "cohorts[4].name", "cohort `org` is already defined at line 8"),
+            ],
+        },
+        Case {
             name: "negative weight and missing name",
             kind: Kind::Policy,
             text: policy("  - weight: -1\n"),

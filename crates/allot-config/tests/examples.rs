@@ -465,3 +465,25 @@ fn preemption_rules_decode() {
         ]
     );
 }
+
+#[test]
+fn cohorts_decode_into_a_tree() {
+    let policy = ok(allot_config::parse_policy(
+        "p.yaml",
+        "priority_classes: [{name: low, value: 0}]\ndefault_priority_class: low\n\
+         cohorts:\n  - {name: org}\n  \
+         - {name: research, parent: org, quotas: [{model: A100, guaranteed: 4, borrow_limit: 2, lend_limit: 6}]}\n\
+         projects:\n  - {name: vision, cohort: research, quotas: [{model: A100, guaranteed: 2}]}\n",
+    ));
+    assert_eq!(policy.cohorts.len(), 2);
+    let research = &policy.cohorts[1];
+    assert_eq!(research.parent.as_deref(), Some("org"));
+    // A cohort's lend limit is on its whole subtree, so it may exceed its own quota.
+    assert_eq!(research.quotas[0].lend_limit, Some(Shares(6000)));
+    assert_eq!(research.quotas[0].borrow_limit, Some(Shares(2000)));
+    let nodes = ok(allot_config::parse_cluster(
+        "c.yaml",
+        "nodes:\n  - {name: n, cpu: 8, memory: 64Gi, gpus: [{model: A100, count: 8, memory: 80Gi}]}\n",
+    ));
+    allot_core::Engine::new(&nodes, &policy).expect("the engine takes the tree");
+}

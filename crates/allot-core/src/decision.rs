@@ -131,7 +131,15 @@ pub enum AdmitReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PreemptReason {
     /// `claimant` is within its guarantee and takes back what `borrower` borrowed.
-    QuotaReclaim { borrower: ProjectId, claimant: ProjectId, key: QuotaKey, borrowed: Shares },
+    /// `for_cohort`: in a tree of cohorts, the claimant's cohort (or one above it) whose own
+    /// quota `borrower`, outside it, borrows; `None`: the claimant's own guarantee.
+    QuotaReclaim {
+        borrower: ProjectId,
+        claimant: ProjectId,
+        key: QuotaKey,
+        borrowed: Shares,
+        for_cohort: Option<String>,
+    },
     /// `claimant`'s project may reclaim while it borrows itself (`borrow_within_cohort`):
     /// `borrower` borrows and this work's priority is below the claimant's (and the
     /// project's threshold).

@@ -40,7 +40,7 @@ use crate::model::{
     BorrowWithinCohort, Defragmentation, IdlePolicySpec, NodeSpec, PolicySpec, PreemptionMode,
     PriorityClassSpec, Queueing, QuotaModel, WithinProject, WorkloadSpec,
 };
-use crate::quota::{QuotaBook, QuotaLine};
+use crate::quota::{CohortQuota, QuotaBook, QuotaLine};
 
 mod admission;
 mod audit;
@@ -98,6 +98,13 @@ pub enum ConfigError {
     LimitWithoutCohort {
         project: String,
     },
+    DuplicateCohort {
+        name: String,
+    },
+    /// A cohort that is its own ancestor.
+    CohortCycle {
+        cohort: String,
+    },
     TooManyModels,
     /// A device declared MIG-enabled whose model has no MIG table.
     NoMigTable {
@@ -129,6 +136,10 @@ impl std::fmt::Display for ConfigError {
                 f,
                 "project {project:?} sets a borrow or lend limit but belongs to no cohort"
             ),
+            ConfigError::DuplicateCohort { name } => write!(f, "cohort {name:?} is declared twice"),
+            ConfigError::CohortCycle { cohort } => {
+                write!(f, "cohort {cohort:?} is inside itself (its parents go round in a circle)")
+            }
             ConfigError::TooManyModels => write!(f, "more than 65535 GPU models"),
             ConfigError::NoMigTable { node, model } => write!(
                 f,
@@ -360,11 +371,14 @@ impl Engine {
                 model_names.insert(d.model.clone());
             }
         }
-        for p in &policy.projects {
-            for q in &p.quotas {
-                if let QuotaModel::Model(m) = &q.model {
-                    model_names.insert(m.clone());
-                }
+        for q in policy
+            .projects
+            .iter()
+            .flat_map(|p| &p.quotas)
+            .chain(policy.cohorts.iter().flat_map(|c| &c.quotas))
+        {
+            if let QuotaModel::Model(m) = &q.model {
+                model_names.insert(m.clone());
             }
         }
         if model_names.len() > usize::from(u16::MAX) {
@@ -427,6 +441,13 @@ impl Engine {
         let mut project_index = BTreeMap::new();
         let mut cohort_index: BTreeMap<String, usize> = BTreeMap::new();
         let mut cohort_names = Vec::new();
+        // Declared cohorts first, so that their indices follow the policy file.
+        for c in &policy.cohorts {
+            if cohort_index.insert(c.name.clone(), cohort_names.len()).is_some() {
+                return Err(ConfigError::DuplicateCohort { name: c.name.clone() });
+            }
+            cohort_names.push(c.name.clone());
+        }
         let mut cohort_of = Vec::new();
         let mut lines = Vec::new();
         for (i, p) in policy.projects.iter().enumerate() {
@@ -470,7 +491,50 @@ impl Engine {
             }
             lines.push(project_lines);
         }
-        let quota = QuotaBook::new(lines, cohort_of.clone());
+        // The tree above the projects' cohorts: parents (a parent nobody declared is a root of
+        // its own), each cohort's own quota, and no cycle.
+        let mut parent: Vec<Option<usize>> = vec![None; cohort_names.len()];
+        let mut own: Vec<BTreeMap<QuotaKey, CohortQuota>> =
+            vec![BTreeMap::new(); cohort_names.len()];
+        for (i, c) in policy.cohorts.iter().enumerate() {
+            if let Some(name) = &c.parent {
+                let up = *cohort_index.entry(name.clone()).or_insert_with(|| {
+                    cohort_names.push(name.clone());
+                    parent.push(None);
+                    own.push(BTreeMap::new());
+                    cohort_names.len() - 1
+                });
+                parent[i] = Some(up);
+            }
+            for q in &c.quotas {
+                let (key, model_label) = match &q.model {
+                    QuotaModel::Any => (QuotaKey::Any, "any".to_string()),
+                    QuotaModel::Model(m) => (QuotaKey::Model(model_index[m]), m.clone()),
+                };
+                let quota = CohortQuota {
+                    guaranteed: q.guaranteed,
+                    borrow_limit: q.borrow_limit,
+                    lend_limit: q.lend_limit,
+                };
+                if own[i].insert(key, quota).is_some() {
+                    return Err(ConfigError::DuplicateQuotaLine {
+                        project: format!("cohort {}", c.name),
+                        model: model_label,
+                    });
+                }
+            }
+        }
+        for start in 0..parent.len() {
+            let (mut at, mut steps) = (start, 0);
+            while let Some(up) = parent[at] {
+                at = up;
+                steps += 1;
+                if steps > parent.len() {
+                    return Err(ConfigError::CohortCycle { cohort: cohort_names[start].clone() });
+                }
+            }
+        }
+        let quota = QuotaBook::new(lines, cohort_of.clone(), parent, own);
 
         // Fair share: the cohort's total guarantee split by weight. A cohort with no
         // guarantee splits a nominal 1000 shares per unit of weight.

@@ -4,9 +4,9 @@
 //! the explanation sees exactly the state the workload would meet: those ahead of it in the
 //! fair-share order have already taken what they take.
 
-use crate::decision::{Decision, DeferReason, Placement};
+use crate::decision::{Decision, DeferReason, Placement, QuotaKey};
 use crate::engine::{DefragPlan, Engine, ModelCheck, Request, Stage};
-use crate::ids::{ModelId, Timestamp, WorkloadId};
+use crate::ids::{ModelId, Shares, Timestamp, WorkloadId};
 use crate::model::GpuRequest;
 
 /// How many workloads ahead are named.
@@ -39,6 +39,9 @@ pub struct Explanation {
     pub idle: Option<(crate::decision::IdleFacts, Option<Timestamp>)>,
     /// Warned and not exempt: when the rule acts if the workload stays idle.
     pub idle_action_at: Option<Timestamp>,
+    /// Admitted on a line its project borrows on: who lends it, level by level (its cohort
+    /// first, then each cohort above that itself borrows from its parent), on that line.
+    pub borrowing: Option<(QuotaKey, Vec<(String, Shares)>)>,
 }
 
 impl Explanation {
@@ -105,6 +108,16 @@ impl Engine {
             deadline: w.spec.deadline,
             idle: self.idle_facts(id).map(|f| (f, self.idle.get(&id).and_then(|s| s.warned_at))),
             idle_action_at: self.idle_action_at(now, id),
+            borrowing: w.allocation.as_ref().and_then(|a| a.key).and_then(|key| {
+                let path = self.quota.borrowing_path(w.project, key);
+                (!path.is_empty()).then(|| {
+                    let levels = path
+                        .into_iter()
+                        .map(|l| (self.cohort_names[l.cohort].clone(), l.lent))
+                        .collect();
+                    (key, levels)
+                })
+            }),
         };
         if w.stage != Stage::Pending {
             return Some(explanation);

@@ -40,7 +40,7 @@ pub use ids::{
 };
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
-    BorrowWithinCohort, Checkpointing, Defragmentation, DeviceSpec, GpuRequest,
+    BorrowWithinCohort, Checkpointing, CohortSpec, Defragmentation, DeviceSpec, GpuRequest,
     IDLE_BACKOFF_MAX_MS, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec, PreemptionMode,
     PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject, WorkloadKind,
     WorkloadSpec,

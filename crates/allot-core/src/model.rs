@@ -59,6 +59,21 @@ pub struct PolicySpec {
     /// First wait before work stopped for idleness may resume; doubled for each further idle
     /// reclaim of the same workload in a row, at most `IDLE_BACKOFF_MAX_MS`.
     pub idle_resume_backoff_ms: u64,
+    /// Cohorts that hold quota of their own or sit inside another cohort (hierarchical quota).
+    /// A cohort a project names and this list does not is a root with no quota of its own.
+    pub cohorts: Vec<CohortSpec>,
+}
+
+/// A cohort with quota of its own and/or a parent cohort: a department that holds GPUs for
+/// its projects, an organisation above departments. Its quota lines work as a project's:
+/// `guaranteed` is its own (beside what its children lend it), `lend_limit` how much of its
+/// subtree its parent's other children may borrow, `borrow_limit` how much it may take from
+/// its parent beyond what it puts in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CohortSpec {
+    pub name: String,
+    pub parent: Option<String>,
+    pub quotas: Vec<QuotaSpec>,
 }
 
 /// Longest wait before idle-reclaimed work may resume.

@@ -66,8 +66,27 @@ impl Engine {
             }
             Decision::Preempt { for_workload, mode, reason, checkpoint_grace_ms, .. } => {
                 let why = match reason {
-                    PreemptReason::QuotaReclaim { borrower, claimant, key, borrowed } => format!(
+                    PreemptReason::QuotaReclaim {
+                        borrower,
+                        claimant,
+                        key,
+                        borrowed,
+                        for_cohort: None,
+                    } => format!(
                         "quota reclaim: {} borrows {borrowed} {} and {} needs its guarantee back",
+                        self.project_name(*borrower),
+                        self.key_name(*key),
+                        self.project_name(*claimant)
+                    ),
+                    PreemptReason::QuotaReclaim {
+                        borrower,
+                        claimant,
+                        key,
+                        borrowed,
+                        for_cohort: Some(cohort),
+                    } => format!(
+                        "quota reclaim: {} borrows {borrowed} {} from outside cohort {cohort}, \
+                         and {} takes {cohort}'s quota back",
                         self.project_name(*borrower),
                         self.key_name(*key),
                         self.project_name(*claimant)
@@ -249,7 +268,11 @@ impl Engine {
                 "project {} uses {used}/{guaranteed} guaranteed {}; request {requested}; {}{}",
                 self.project_name(*project),
                 self.key_name(*key),
-                if *borrow_limited {
+                if *borrow_limited
+                    && self.quota.line(*project, *key).is_some_and(|l| l.borrow_limit.is_none())
+                {
+                    format!("its cohort's borrow limit leaves {available}")
+                } else if *borrow_limited {
                     format!("its borrow limit leaves {available}")
                 } else if self.project_declared_cohort(*project).is_none() {
                     format!("{available} available (no cohort to borrow from)")
@@ -434,6 +457,21 @@ impl Engine {
         }
         if let Some(p) = &e.placement {
             lines.push(format!("  placed on {}", self.render_placement(p)));
+        }
+        if let Some((key, levels)) = &e.borrowing {
+            let project = self.workloads.get(&e.workload).map(|w| w.project);
+            let mut parts = Vec::new();
+            let mut borrower = project
+                .map_or_else(|| "its project".to_string(), |p| self.project_name(p).to_string());
+            for (cohort, lent) in levels {
+                let cohort_shown = cohort.strip_suffix(":solo").unwrap_or(cohort);
+                parts.push(format!(
+                    "{borrower} borrows {lent} {} from {cohort_shown}",
+                    self.key_name(*key)
+                ));
+                borrower = cohort_shown.to_string();
+            }
+            lines.push(format!("  borrowing: {}", parts.join("; ")));
         }
         if let Some((idle, warned)) = &e.idle {
             let warned = warned.map(|t| format!("; warned at t={} ms", t.0)).unwrap_or_default();

@@ -83,6 +83,7 @@ fn engine(script: &str) -> Engine {
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
+        cohorts: Vec::new(),
     };
     let mut e = Engine::new(&nodes, &policy).expect("valid scenario");
     for spec in runs {

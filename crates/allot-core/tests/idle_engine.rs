@@ -159,6 +159,7 @@ fn policy(rules: Vec<IdlePolicySpec>) -> PolicySpec {
         idle: rules,
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
+        cohorts: Vec::new(),
     }
 }
 

@@ -77,6 +77,7 @@ impl World {
             idle: Vec::new(),
             restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
             idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
+            cohorts: Vec::new(),
         };
         let engine = Engine::new(&nodes, &policy).expect("valid configuration");
         World { nodes, policy, engine, ids: BTreeMap::new(), out: String::new() }

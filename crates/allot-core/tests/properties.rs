@@ -529,6 +529,7 @@ fn build(raw: &RawCase) -> Case {
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
+        cohorts: Vec::new(),
     };
 
     let mut now = 0u64;
@@ -1139,7 +1140,12 @@ impl<'a> Checker<'a> {
                     }
                     own_victims += vshares.0;
                 }
-                PreemptReason::QuotaReclaim { borrower, claimant, key, borrowed } => {
+                PreemptReason::QuotaReclaim { borrower, claimant, key, borrowed, for_cohort } => {
+                    if for_cohort.is_some() {
+                        return Err(format!(
+                            "reclaim of {victim} for a cohort, with no tree of cohorts"
+                        ));
+                    }
                     let (bname, cname, kname) = (
                         self.engine.project_name(*borrower),
                         self.engine.project_name(*claimant),
@@ -1377,6 +1383,7 @@ fn check_gang_uses_empty_node(
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
+        cohorts: Vec::new(),
     };
     let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
     let mut id = 0u64;

@@ -22,6 +22,8 @@
 //!                                      # 25 %, 15 min)
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
+//! cohort NAME [parent=P] [quota=MODEL:G,...] [borrow=..] [lend=..]  # quota of its own, a
+//!                                      # parent cohort (hierarchical quota)
 //!              [within=lower|lower-or-newer-equal|never]   # in-project pre-emption (lower)
 //!              [borrow-within=lower|THRESHOLD]  # reclaim while borrowing, from work below
 //!                                      # the claimant (and at most THRESHOLD)
@@ -54,8 +56,8 @@ use std::path::{Path, PathBuf};
 
 use allot_core::idle::{DeviceReading, IdleRule, MissingTelemetry};
 use allot_core::{
-    BorrowWithinCohort, Checkpointing, Decision, Defragmentation, DeviceSpec, Engine, Event,
-    GpuRequest, IdlePolicySpec, IdleWhen, MigProfile, NodeSpec, PolicySpec, PreemptionMode,
+    BorrowWithinCohort, Checkpointing, CohortSpec, Decision, Defragmentation, DeviceSpec, Engine,
+    Event, GpuRequest, IdlePolicySpec, IdleWhen, MigProfile, NodeSpec, PolicySpec, PreemptionMode,
     PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp,
     WithinProject, WorkloadId, WorkloadKind, WorkloadSpec,
 };
@@ -121,6 +123,7 @@ struct Setup {
     idle: Vec<IdlePolicySpec>,
     restart_cost_ms: Option<u64>,
     backoff_ms: Option<u64>,
+    cohorts: Vec<CohortSpec>,
 }
 
 struct Run {
@@ -148,6 +151,7 @@ fn run(script: &str) -> Result<String, String> {
                 | "half-life"
                 | "mode"
                 | "project"
+                | "cohort"
                 | "defrag"
                 | "restart-cost"
                 | "backoff"
@@ -242,36 +246,20 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                     .map_or(Ok(Defragmentation::DEFAULT_RESTART_COST_MS), |r| num(r))?,
             })
         }
+        "cohort" => {
+            setup.cohorts.push(CohortSpec {
+                name: words.get(1).ok_or("cohort needs a name")?.to_string(),
+                parent: args.get("parent").map(|s| s.to_string()),
+                quotas: quota_lines(&args)?,
+            });
+        }
         "project" => {
-            let mut quotas: BTreeMap<String, QuotaSpec> = BTreeMap::new();
-            for (field, slot) in [("quota", 0), ("borrow", 1), ("lend", 2)] {
-                let Some(list) = args.get(field) else { continue };
-                for item in list.split(',') {
-                    let (model, amount) =
-                        item.split_once(':').ok_or(format!("bad {field} {item}"))?;
-                    let q = quotas.entry(model.to_string()).or_insert_with(|| QuotaSpec {
-                        model: if model == "any" {
-                            QuotaModel::Any
-                        } else {
-                            QuotaModel::Model(model.to_string())
-                        },
-                        guaranteed: Shares::ZERO,
-                        borrow_limit: None,
-                        lend_limit: None,
-                    });
-                    let v = gpus(amount)?;
-                    match slot {
-                        0 => q.guaranteed = v,
-                        1 => q.borrow_limit = Some(v),
-                        _ => q.lend_limit = Some(v),
-                    }
-                }
-            }
+            let quotas = quota_lines(&args)?;
             setup.projects.push(ProjectSpec {
                 name: words.get(1).ok_or("project needs a name")?.to_string(),
                 cohort: args.get("cohort").map(|s| s.to_string()),
                 department: args.get("dept").map(|s| s.to_string()),
-                quotas: quotas.into_values().collect(),
+                quotas,
                 weight_milli: args.get("weight").map_or(Ok(1000), |w| gpus(w).map(|s| s.0))?,
                 queueing: if args.get("fifo") == Some(&"strict") {
                     Queueing::StrictFifo
@@ -305,6 +293,34 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
         other => return Err(format!("unknown setup {other}")),
     }
     Ok(())
+}
+
+/// `quota=MODEL:G,... borrow=MODEL:B,... lend=MODEL:L,...` of a project or cohort line.
+fn quota_lines(args: &BTreeMap<&str, &str>) -> Result<Vec<QuotaSpec>, String> {
+    let mut quotas: BTreeMap<String, QuotaSpec> = BTreeMap::new();
+    for (field, slot) in [("quota", 0), ("borrow", 1), ("lend", 2)] {
+        let Some(list) = args.get(field) else { continue };
+        for item in list.split(',') {
+            let (model, amount) = item.split_once(':').ok_or(format!("bad {field} {item}"))?;
+            let q = quotas.entry(model.to_string()).or_insert_with(|| QuotaSpec {
+                model: if model == "any" {
+                    QuotaModel::Any
+                } else {
+                    QuotaModel::Model(model.to_string())
+                },
+                guaranteed: Shares::ZERO,
+                borrow_limit: None,
+                lend_limit: None,
+            });
+            let v = gpus(amount)?;
+            match slot {
+                0 => q.guaranteed = v,
+                1 => q.borrow_limit = Some(v),
+                _ => q.lend_limit = Some(v),
+            }
+        }
+    }
+    Ok(quotas.into_values().collect())
 }
 
 fn idle_rule(words: &[&str], args: &BTreeMap<&str, &str>) -> Result<IdlePolicySpec, String> {
@@ -442,6 +458,7 @@ fn build(setup: &Setup) -> Result<Run, String> {
         idle_resume_backoff_ms: setup
             .backoff_ms
             .unwrap_or(PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS),
+        cohorts: setup.cohorts.clone(),
     };
     let engine = Engine::new(&setup.nodes, &policy).map_err(|e| e.to_string())?;
     Ok(Run { engine, ids: BTreeMap::new(), next_id: 1, out: String::new() })

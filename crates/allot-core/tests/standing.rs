@@ -57,6 +57,7 @@ fn engine() -> Engine {
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
+        cohorts: Vec::new(),
     };
     Engine::new(&nodes, &policy).expect("valid")
 }

@@ -67,6 +67,7 @@ fn policy(projects: &[(&str, u64)]) -> PolicySpec {
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
+        cohorts: Vec::new(),
     }
 }
 

@@ -222,6 +222,30 @@ fn plan_takes_running_work_as_stated() {
         assert!(err.contains(part), "missing {part:?} in\n{err}");
     }
     let _ = std::fs::remove_file(&bad);
+
+    // Departments with quota of their own, as the README shows them.
+    let dir = "examples/plans/departments";
+    let out = allot(&[
+        "plan",
+        "--cluster",
+        &format!("{dir}/cluster.yaml"),
+        "--policy",
+        &format!("{dir}/policy.yaml"),
+        "--workloads",
+        &format!("{dir}/workloads.yaml"),
+        "--explain",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout
+            .contains("[1] preempt train: suspend for infer: quota reclaim: vision borrows 6 H100"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[2] admit infer: within serving's guarantee (8/8 H100 used)"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ use crate::capacity::MemberShape;
 use crate::decision::QuotaKey;
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares};
 use crate::model::GpuRequest;
+use crate::quota::QuotaBook;
 
 impl Engine {
     /// Checks the invariants every cycle relies on, recomputing them from the allocations:
@@ -157,21 +158,28 @@ impl Engine {
             }
         }
         self.audit_mig()?;
+        // Every pool's subtree and usage are what its lines and child pools give it now, and
+        // no root is used beyond what it holds.
+        let own = self
+            .quota
+            .pools
+            .iter()
+            .map(|pools| pools.iter().map(|(k, p)| (*k, p.own)).collect())
+            .collect();
+        let fresh = QuotaBook::new(
+            self.quota.lines.clone(),
+            self.quota.cohort_of.clone(),
+            self.quota.parent.clone(),
+            own,
+        );
         for (c, pools) in self.quota.pools.iter().enumerate() {
             for (key, pool) in pools {
-                let used: u64 = self
-                    .quota
-                    .lines
-                    .iter()
-                    .enumerate()
-                    .filter(|(p, _)| self.quota.cohort_of[*p] == c)
-                    .filter_map(|(_, l)| l.get(key))
-                    .map(|l| l.pool_use().0)
-                    .sum();
-                if used != pool.used.0 || pool.used > pool.contributed {
+                let want = fresh.pools[c].get(key);
+                let over = self.quota.parent[c].is_none() && pool.used > pool.subtree;
+                if want != Some(pool) || over {
                     return Err(format!(
-                        "cohort {}: pool {:?} used {} (lines say {used}) of {}",
-                        self.cohort_names[c], key, pool.used, pool.contributed
+                        "cohort {}: pool {:?} is {pool:?}; its lines say {want:?}",
+                        self.cohort_names[c], key
                     ));
                 }
             }

@@ -6,7 +6,7 @@
 //! uses the same victim order, cost, what-if (`lift`/`unlift`) and `start_preemption`.
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::book::adjust_line_total;
 use super::{Engine, Stage, StopKind, WorkloadState};
@@ -129,6 +129,8 @@ impl Engine {
         // Own and reclaim candidates come from disjoint projects; an idle candidate may also
         // be one of them, and then counts as idle (the cheaper tier and reason).
         let mut candidates: Vec<(VictimKey, VictimKind)> = Vec::new();
+        // Per reclaim candidate, the level of the claimant's advantage over it (`Advantage`).
+        let mut levels: BTreeMap<WorkloadId, usize> = BTreeMap::new();
         let mut own_shares = Shares::ZERO;
         let running = &self.running[project.0 as usize];
         let own_below = match within_project {
@@ -159,18 +161,33 @@ impl Engine {
         let committed = self.committed(project, key, id);
         let reclaim_possible = committed < guaranteed
             && committed.saturating_sub(own_shares).saturating_add(total) <= guaranteed;
+        let advantage = Advantage::of(self, project, key, cohort, total);
         // With `borrow_within_cohort`, borrowers' work below the claimant (and the threshold)
-        // may be reclaimed even though the claimant borrows afterwards.
-        if reclaim_possible || borrow_within.is_some() {
-            for (q, other) in self.projects.iter().enumerate() {
+        // may be reclaimed even though the claimant borrows afterwards. In a tree of cohorts,
+        // work outside the claimant's cohort may be reclaimed for a cohort that takes its own
+        // quota back.
+        let hierarchical = self.quota.parent[cohort].is_some();
+        if reclaim_possible || borrow_within.is_some() || hierarchical {
+            for q in 0..self.projects.len() {
                 let q = ProjectId(q as u32);
-                if q == project || other.cohort != cohort || !self.borrows(q, key, id) {
+                if q == project {
                     continue;
                 }
+                let Some(level) = self.reclaim_reaches(&advantage.chain, q, key, id) else {
+                    continue;
+                };
+                let possible = if level == 0 {
+                    reclaim_possible
+                } else {
+                    advantage.possible(self, level, id, own_shares)
+                };
                 for v in self.eligible_list(now, q, m, protect, lists) {
                     let while_borrowing =
                         borrow_within.is_some_and(|b| b.allows(v.priority, priority));
-                    if v.line == Some(key) && (reclaim_possible || while_borrowing) {
+                    if v.line == Some(key) && (possible || while_borrowing) {
+                        if possible {
+                            levels.insert(v.id, level);
+                        }
                         let vw = &self.workloads[&v.id];
                         let kind = if while_borrowing {
                             VictimKind::ReclaimWhileBorrowing
@@ -205,11 +222,17 @@ impl Engine {
         }
         candidates.sort();
 
-        // `within`: the claimant must fit within its guarantee, not by borrowing.
-        let fits = |engine: &mut Engine, within: bool| -> bool {
+        // `within`: the claimant must fit within the quota of each level it reclaims at (its
+        // own guarantee for work of its cohort; for work farther off in a tree of cohorts, the
+        // cohort it shares no lower cohort with), and at the closest of them even before it
+        // reclaims anything: not by borrowing.
+        let closest = levels.values().copied().min();
+        let fits = |engine: &mut Engine, within: bool, removed: &[(WorkloadId, VictimKind)]| {
+            let holds = |level: usize| advantage.holds(engine, level, id, guaranteed);
             engine.quota.view(project, key).is_some_and(|v| v.available >= total)
                 && (!within
-                    || engine.committed(project, key, id).saturating_add(total) <= guaranteed)
+                    || (closest.is_none_or(holds)
+                        && removed.iter().filter_map(|r| levels.get(&r.0)).all(|&l| holds(l))))
                 && engine.capacity.can_place(Some(m), shape, members, layout)
         };
         let any_reclaim = candidates.iter().any(|c| c.1.is_reclaim());
@@ -231,7 +254,7 @@ impl Engine {
             let pass: Vec<_> = candidates.iter().filter(|c| taken.takes(c.1)).collect();
             // A pass the same as one tried already, or one that needs the claimant within
             // its guarantee when it cannot be, is skipped.
-            if pass.is_empty() || tried.contains(&pass.len()) || (within && !reclaim_possible) {
+            if pass.is_empty() || tried.contains(&pass.len()) || (within && closest.is_none()) {
                 continue;
             }
             tried.push(pass.len());
@@ -240,13 +263,16 @@ impl Engine {
             for &&(k, kind) in &pass {
                 let v = k.4;
                 let v_project = self.workloads[&v].project;
-                // A borrower back within its guarantee is not reclaimed from any further.
-                if kind.is_reclaim() && !self.borrows(v_project, key, id) {
+                // A borrower back within its guarantee (or under a cohort that is) is not
+                // reclaimed from any further.
+                if kind.is_reclaim()
+                    && self.reclaim_reaches(&advantage.chain, v_project, key, id).is_none()
+                {
                     continue;
                 }
                 self.lift(v);
                 removed.push((v, kind));
-                if fits(self, within) {
+                if fits(self, within, &removed) {
                     fit = true;
                     break;
                 }
@@ -255,19 +281,35 @@ impl Engine {
             if fit && removed.len() > 1 {
                 for i in (0..removed.len() - 1).rev() {
                     self.unlift(removed[i].0);
-                    if fits(self, within) {
+                    let rest: Vec<_> = removed
+                        .iter()
+                        .zip(&kept_out)
+                        .enumerate()
+                        .filter(|&(j, (_, &k))| j != i && k)
+                        .map(|(_, (r, _))| *r)
+                        .collect();
+                    if fits(self, within, &rest) {
                         kept_out[i] = false;
                     } else {
                         self.lift(removed[i].0);
                     }
                 }
             }
-            // Reclaim is only for a claimant that ends within its guarantee, unless
-            // `borrow_within_cohort` allows that victim.
-            let uses_reclaim =
-                removed.iter().zip(&kept_out).any(|(r, &k)| k && r.1 == VictimKind::Reclaim);
-            let within_after = self.committed(project, key, id).saturating_add(total) <= guaranteed;
-            let ok = fit && (!uses_reclaim || within_after);
+            // Reclaim is only for a claimant that ends within the quota of the level it
+            // reclaims at, unless `borrow_within_cohort` allows that victim.
+            let holds = |engine: &Engine, v: &WorkloadId| {
+                levels.get(v).is_some_and(|&l| advantage.holds(engine, l, id, guaranteed))
+            };
+            let ok = fit
+                && removed
+                    .iter()
+                    .zip(&kept_out)
+                    .all(|(r, &k)| !k || r.1 != VictimKind::Reclaim || holds(self, &r.0));
+            let reclaim_levels: BTreeMap<WorkloadId, Option<usize>> = removed
+                .iter()
+                .filter(|r| r.1.is_reclaim())
+                .map(|r| (r.0, holds(self, &r.0).then(|| levels[&r.0])))
+                .collect();
             // The room the workload will take once its victims are gone.
             let placement =
                 if ok { self.capacity.find(Some(m), shape, members, layout) } else { None };
@@ -288,12 +330,14 @@ impl Engine {
                         let line =
                             self.quota.line(vw.project, key).map_or(Shares::ZERO, |l| l.guaranteed);
                         let borrowed = self.committed(vw.project, key, id).saturating_sub(line);
-                        if within_after {
+                        if let Some(level) = reclaim_levels[&v] {
                             PreemptReason::QuotaReclaim {
                                 borrower: vw.project,
                                 claimant: project,
                                 key,
                                 borrowed,
+                                for_cohort: (level > 0)
+                                    .then(|| self.cohort_names[advantage.chain[level - 1]].clone()),
                             }
                         } else {
                             PreemptReason::ReclaimWhileBorrowing {
@@ -340,6 +384,37 @@ impl Engine {
             _ => Shares::ZERO,
         };
         used.saturating_sub(stopping).saturating_add(reserved.saturating_sub(own))
+    }
+
+    /// Whether a claimant in cohort `claimant_cohort` may reclaim `q`'s work on `key`: `q`
+    /// borrows (by its committed usage), it is in the same cohort tree, and every cohort
+    /// between `q`'s and the lowest one above both takes more from its parent than it put in
+    /// (Kueue: a candidate is skipped once any level between it and the common ancestor is
+    /// back within its quota).
+    /// With the level of the claimant's advantage: 0 when `q` is in the claimant's cohort,
+    /// `k` when the lowest cohort above both is `chain[k]` (the claimant's cohort's `k`-th
+    /// ancestor). `chain`: the claimant's cohort and its ancestors, nearest first.
+    fn reclaim_reaches(
+        &self,
+        chain: &[usize],
+        q: ProjectId,
+        key: QuotaKey,
+        except: WorkloadId,
+    ) -> Option<usize> {
+        if !self.borrows(q, key, except) {
+            return None;
+        }
+        let mut c = self.projects[q.0 as usize].cohort;
+        loop {
+            if let Some(level) = chain.iter().position(|&a| a == c) {
+                return Some(level);
+            }
+            let borrowing = self.quota.pools[c].get(&key).is_some_and(|p| p.used > p.subtree);
+            match self.quota.parent[c] {
+                Some(up) if borrowing => c = up,
+                _ => return None,
+            }
+        }
     }
 
     /// Whether `project` borrows on `key` by its committed usage (see `committed`).
@@ -497,6 +572,59 @@ enum VictimKind {
     Own,
     /// Idle past its `on_pressure` rule's timer and warned.
     Idle,
+}
+
+/// Where a claimant's right to reclaim is judged. Level 0: its own line (the victim is of its
+/// cohort): it must end within its guarantee. Level `k`: the victim is outside the claimant's
+/// cohort and the lowest cohort above both is `chain[k]`; the claimant must keep
+/// `chain[k - 1]` (the cohort below it on the claimant's side) within that cohort's quota —
+/// Kueue's hierarchical advantage.
+struct Advantage {
+    chain: Vec<usize>,
+    project: ProjectId,
+    key: QuotaKey,
+    total: Shares,
+}
+
+impl Advantage {
+    fn of(
+        engine: &Engine,
+        project: ProjectId,
+        key: QuotaKey,
+        cohort: usize,
+        total: Shares,
+    ) -> Self {
+        let mut chain = vec![cohort];
+        while let Some(up) = engine.quota.parent[*chain.last().expect("not empty")] {
+            chain.push(up);
+        }
+        Advantage { chain, project, key, total }
+    }
+
+    /// The pool at which level `level > 0` is judged, as (used, subtree).
+    fn pool(&self, engine: &Engine, level: usize) -> (Shares, Shares) {
+        engine.quota.pools[self.chain[level - 1]]
+            .get(&self.key)
+            .map_or((Shares::ZERO, Shares::ZERO), |p| (p.used, p.subtree))
+    }
+
+    /// Whether the claimant could ever end within that level's quota: with its own
+    /// project's work there less `own`, were everything else under that cohort reclaimed.
+    fn possible(&self, engine: &Engine, level: usize, id: WorkloadId, own: Shares) -> bool {
+        let (_, subtree) = self.pool(engine, level);
+        let mine = engine.committed(self.project, self.key, id);
+        mine.saturating_sub(own).saturating_add(self.total) <= subtree
+    }
+
+    /// Whether the claimant, admitted now, stays within that level's quota.
+    fn holds(&self, engine: &Engine, level: usize, id: WorkloadId, guaranteed: Shares) -> bool {
+        if level == 0 {
+            return engine.committed(self.project, self.key, id).saturating_add(self.total)
+                <= guaranteed;
+        }
+        let (used, subtree) = self.pool(engine, level);
+        used.saturating_add(self.total) <= subtree
+    }
 }
 
 impl VictimKind {

@@ -49,6 +49,7 @@ fn base_policy(idle: Vec<IdlePolicySpec>) -> PolicySpec {
         idle,
         restart_cost_ms: 120_000,
         idle_resume_backoff_ms: 300_000,
+        cohorts: Vec::new(),
     }
 }
 

@@ -139,6 +139,7 @@ fn engine_policy(order: &[PackNodeSpec]) -> PolicySpec {
         idle: Vec::new(),
         restart_cost_ms: 0,
         idle_resume_backoff_ms: 0,
+        cohorts: Vec::new(),
     }
 }
 

@@ -64,6 +64,10 @@
 //! ```yaml
 //! fair_share: {half_life: 7d}         # optional; default 0 (point-in-time fairness)
 //! preemption: {mode: suspend}         # optional; suspend | requeue | delete (default suspend)
+//!   # fair_sharing: true              # optional, default off: a borrower may take another
+//!                                     #   borrower's GPUs when their shares allow it (Kueue's
+//!                                     #   strategies; `{strategies: [less_than_or_equal_to_
+//!                                     #   final_share, less_than_initial_share]}` by default)
 //! defragmentation: true               # optional, default false; or {enabled: true, restart_cost: 2m}
 //!                                     #   (restart_cost here: per GPU of work moved to defragment)
 //! restart_cost: 2m                    # optional, default 2m: what restarting a pre-empted or

@@ -6,8 +6,8 @@ mod idle;
 use std::collections::BTreeMap;
 
 use allot_core::{
-    BorrowWithinCohort, CohortSpec, Defragmentation, PolicySpec, PreemptionMode, PriorityClassSpec,
-    ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject,
+    BorrowWithinCohort, CohortSpec, Defragmentation, FairShareStrategy, FairSharing, PolicySpec,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject,
 };
 
 use crate::decode::{self, Ctx, fields, index, list};
@@ -37,7 +37,14 @@ const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
 const DEFRAG_EXAMPLE: &str =
     "`defragmentation: true`, or `defragmentation: {enabled: true, restart_cost: 2m}`";
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
-const PREEMPTION_FIELDS: [&str; 1] = ["mode"];
+const PREEMPTION_FIELDS: [&str; 2] = ["mode", "fair_sharing"];
+const FAIR_SHARING_FIELDS: [&str; 1] = ["strategies"];
+const FAIR_SHARING_EXAMPLE: &str = "`fair_sharing: true`, or `fair_sharing: {strategies: \
+     [less_than_or_equal_to_final_share, less_than_initial_share]}`";
+const STRATEGIES: [(&str, FairShareStrategy); 2] = [
+    ("less_than_or_equal_to_final_share", FairShareStrategy::LessThanOrEqualToFinalShare),
+    ("less_than_initial_share", FairShareStrategy::LessThanInitialShare),
+];
 const CLASS_FIELDS: [&str; 3] = ["name", "value", "preemptible"];
 const PROJECT_FIELDS: [&str; 9] = [
     "name",
@@ -97,20 +104,32 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         None => Some(0),
         Some(n) => half_life_ms(ctx, n),
     };
-    let mode = match top.get("preemption") {
-        None => Some(PreemptionMode::default()),
-        Some(n) => fields(
+    let (mode, fair_sharing) = match top.get("preemption") {
+        None => (Some(PreemptionMode::default()), Some(None)),
+        Some(n) => match fields(
             ctx,
             n,
             "preemption",
             "preemption",
             &PREEMPTION_FIELDS,
             "`preemption: {mode: suspend}`",
-        )
-        .and_then(|f| {
-            f.required(ctx, "mode", "choose `mode: suspend`, `requeue` or `delete`")
-                .and_then(|n| decode::one_of(ctx, n, &f.path("mode"), &MODES))
-        }),
+        ) {
+            None => (None, None),
+            Some(f) => {
+                let mode = match (f.get("mode"), f.get("fair_sharing")) {
+                    (Some(n), _) => decode::one_of(ctx, n, &f.path("mode"), &MODES),
+                    (None, Some(_)) => Some(PreemptionMode::default()),
+                    (None, None) => f
+                        .required(ctx, "mode", "choose `mode: suspend`, `requeue` or `delete`")
+                        .and_then(|n| decode::one_of(ctx, n, &f.path("mode"), &MODES)),
+                };
+                let fair = match f.get("fair_sharing") {
+                    None => Some(None),
+                    Some(n) => fair_sharing(ctx, n, &f.path("fair_sharing")),
+                };
+                (mode, fair)
+            }
+        },
     };
 
     let defragmentation = match top.get("defragmentation") {
@@ -184,7 +203,46 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         restart_cost_ms: restart_cost?,
         idle_resume_backoff_ms: resume_backoff?,
         cohorts: cohorts?,
+        fair_sharing: fair_sharing?,
     })
+}
+
+/// `fair_sharing: true|false`, or `{strategies: [..]}` (one or both, each once; Kueue's
+/// `fairSharing.preemptionStrategies`).
+fn fair_sharing(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Option<FairSharing>> {
+    if !matches!(node.value, tree::Value::Map(_)) {
+        return decode::boolean(ctx, node, path).map(|on| on.then(FairSharing::default));
+    }
+    let f = fields(ctx, node, path, "fair_sharing", &FAIR_SHARING_FIELDS, FAIR_SHARING_EXAMPLE)?;
+    let Some(n) = f.get("strategies") else { return Some(Some(FairSharing::default())) };
+    let items = list(ctx, n, &f.path("strategies"), FAIR_SHARING_EXAMPLE)?;
+    let mut strategies = Vec::new();
+    let mut ok = !items.is_empty();
+    if items.is_empty() {
+        ctx.report(
+            n.pos,
+            &f.path("strategies"),
+            "no strategy listed".to_string(),
+            format!("list one or both, e.g. {FAIR_SHARING_EXAMPLE}"),
+        );
+    }
+    for (i, item) in items.iter().enumerate() {
+        let p = index(&f.path("strategies"), i);
+        match decode::one_of(ctx, item, &p, &STRATEGIES) {
+            Some(s) if strategies.contains(&s) => {
+                ctx.report(
+                    item.pos,
+                    &p,
+                    format!("`{}` is listed twice", s.as_str()),
+                    "list each strategy once",
+                );
+                ok = false;
+            }
+            Some(s) => strategies.push(s),
+            None => ok = false,
+        }
+    }
+    ok.then_some(Some(FairSharing { strategies }))
 }
 
 /// `defragmentation: true|false`, or `{enabled: BOOL, restart_cost: DURATION}` (enabled by

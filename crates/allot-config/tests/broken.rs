@@ -158,6 +158,18 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "fair_sharing: an unknown strategy, one twice",
+            kind: Kind::Policy,
+            text: format!(
+                "preemption:\n  fair_sharing: {{strategies: [less_than_initial_share, less_than_initial_share, lowest_share]}}\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![
+                (2, "preemption.fair_sharing.strategies[1]", "`less_than_initial_share` is listed twice"),
+                (2, "preemption.fair_sharing.strategies[2]", "`lowest_share` is not one of"),
+            ],
+        },
+        Case {
             name: "negative weight and missing name",
             kind: Kind::Policy,
             text: policy("  - weight: -1\n"),

@@ -487,3 +487,24 @@ fn cohorts_decode_into_a_tree() {
     ));
     allot_core::Engine::new(&nodes, &policy).expect("the engine takes the tree");
 }
+
+#[test]
+fn fair_sharing_decodes() {
+    use allot_core::{FairShareStrategy, FairSharing};
+    let head = "priority_classes: [{name: low, value: 0}]\ndefault_priority_class: low\n\
+                projects: [{name: v}]\n";
+    let parse = |pre: &str| ok(allot_config::parse_policy("p.yaml", &format!("{pre}{head}")));
+    assert_eq!(parse("").fair_sharing, None);
+    assert_eq!(
+        parse("preemption: {fair_sharing: true}\n").fair_sharing,
+        Some(FairSharing::default())
+    );
+    let one = parse(
+        "preemption: {mode: requeue, fair_sharing: {strategies: [less_than_initial_share]}}\n",
+    );
+    assert_eq!(one.preemption_mode, allot_core::PreemptionMode::Requeue);
+    assert_eq!(
+        one.fair_sharing,
+        Some(FairSharing { strategies: vec![FairShareStrategy::LessThanInitialShare] })
+    );
+}

@@ -99,6 +99,7 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

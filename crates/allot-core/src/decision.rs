@@ -151,6 +151,19 @@ pub enum PreemptReason {
         victim_priority: i32,
         preemptor_priority: i32,
     },
+    /// Fair-sharing pre-emption: `borrower` and `claimant` both borrow; `claimant`'s share
+    /// with the workload (`claimant_share`) is at most `borrower`'s without this victim
+    /// (`LessThanOrEqualToFinalShare`), or below its share now (`LessThanInitialShare`).
+    /// Shares in millionths of what the cohort could lend, over the project's weight.
+    FairShare {
+        borrower: ProjectId,
+        claimant: ProjectId,
+        key: QuotaKey,
+        claimant_share: u64,
+        borrower_share: u64,
+        borrower_share_after: u64,
+        strategy: crate::model::FairShareStrategy,
+    },
     /// A higher-priority workload of the same project needs the devices.
     Priority { project: ProjectId, victim_priority: i32, preemptor_priority: i32 },
     /// Defragmentation: the pre-emptor fits the free capacity in total but not in one place;

@@ -37,8 +37,8 @@ use crate::decision::{Decision, DeferReason, Placement, QuotaKey, RejectReason, 
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::MigGpu;
 use crate::model::{
-    BorrowWithinCohort, Defragmentation, IdlePolicySpec, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, Queueing, QuotaModel, WithinProject, WorkloadSpec,
+    BorrowWithinCohort, Defragmentation, FairSharing, IdlePolicySpec, NodeSpec, PolicySpec,
+    PreemptionMode, PriorityClassSpec, Queueing, QuotaModel, WithinProject, WorkloadSpec,
 };
 use crate::quota::{CohortQuota, QuotaBook, QuotaLine};
 
@@ -343,6 +343,8 @@ pub struct Engine {
     pub(crate) pressure_ready: BTreeSet<WorkloadId>,
     /// The arbiter's restart cost per victim GPU.
     pub(crate) restart_cost_ms: u64,
+    /// Fair-sharing pre-emption, when the policy asks for it.
+    pub(crate) fair_sharing: Option<FairSharing>,
     pub(crate) default_class_name: String,
     /// The deferral last handed out per pending workload by `decide_changes`.
     reported: Reported,
@@ -615,6 +617,7 @@ impl Engine {
             idle_resume_backoff_ms: policy.idle_resume_backoff_ms,
             pressure_ready: BTreeSet::new(),
             restart_cost_ms: policy.restart_cost_ms,
+            fair_sharing: policy.fair_sharing.clone(),
             default_class_name: policy.default_priority_class.clone(),
             reported: Reported::default(),
             reference: false,

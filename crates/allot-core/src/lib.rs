@@ -40,8 +40,8 @@ pub use ids::{
 };
 pub use mig::{MigGpu, MigProfile, MigState};
 pub use model::{
-    BorrowWithinCohort, Checkpointing, CohortSpec, Defragmentation, DeviceSpec, GpuRequest,
-    IDLE_BACKOFF_MAX_MS, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject, WorkloadKind,
-    WorkloadSpec,
+    BorrowWithinCohort, Checkpointing, CohortSpec, Defragmentation, DeviceSpec, FairShareStrategy,
+    FairSharing, GpuRequest, IDLE_BACKOFF_MAX_MS, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject,
+    WorkloadKind, WorkloadSpec,
 };

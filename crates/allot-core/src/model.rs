@@ -62,6 +62,48 @@ pub struct PolicySpec {
     /// Cohorts that hold quota of their own or sit inside another cohort (hierarchical quota).
     /// A cohort a project names and this list does not is a root with no quota of its own.
     pub cohorts: Vec<CohortSpec>,
+    /// Fair-sharing pre-emption (Kueue's `fairSharing.preemptionStrategies`): a claimant that
+    /// borrows may take borrowed GPUs from a project whose share of the cohort's lendable GPUs
+    /// stays at least its own. `None`: off (reclaim only for a claimant within its quota).
+    pub fair_sharing: Option<FairSharing>,
+}
+
+/// Fair-sharing pre-emption: the strategies, tried in order on each candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FairSharing {
+    pub strategies: Vec<FairShareStrategy>,
+}
+
+impl Default for FairSharing {
+    /// Kueue's default: both, the final-share test first.
+    fn default() -> Self {
+        FairSharing {
+            strategies: vec![
+                FairShareStrategy::LessThanOrEqualToFinalShare,
+                FairShareStrategy::LessThanInitialShare,
+            ],
+        }
+    }
+}
+
+/// When a borrower's work may be taken for a claimant that borrows too, by shares: a project's
+/// share is what it borrows on the line over what its cohort could ever lend, over its weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FairShareStrategy {
+    /// The claimant's share with the workload ≤ the borrower's share without the victim.
+    LessThanOrEqualToFinalShare,
+    /// The claimant's share with the workload < the borrower's share now; at most one victim
+    /// per borrower this way.
+    LessThanInitialShare,
+}
+
+impl FairShareStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FairShareStrategy::LessThanOrEqualToFinalShare => "less_than_or_equal_to_final_share",
+            FairShareStrategy::LessThanInitialShare => "less_than_initial_share",
+        }
+    }
 }
 
 /// A cohort with quota of its own and/or a parent cohort: a department that holds GPUs for

@@ -193,7 +193,7 @@ impl QuotaBook {
     }
 
     /// The most cohort `c`'s pool for `key` could ever give a child (nothing else used).
-    fn pool_potential(&self, c: usize, key: QuotaKey) -> Shares {
+    pub fn pool_potential(&self, c: usize, key: QuotaKey) -> Shares {
         let Some(pool) = self.pools[c].get(&key) else { return Shares::ZERO };
         let Some(up) = self.parent[c] else { return pool.subtree };
         let most = pool.local().saturating_add(self.pool_potential(up, key));

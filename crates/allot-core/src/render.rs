@@ -106,6 +106,34 @@ impl Engine {
                         self.key_name(*key),
                         self.project_name(*claimant)
                     ),
+                    PreemptReason::FairShare {
+                        borrower,
+                        claimant,
+                        key,
+                        claimant_share,
+                        borrower_share,
+                        borrower_share_after,
+                        strategy,
+                    } => {
+                        let share = |s: u64| {
+                            if s == u64::MAX {
+                                "unbounded (weight 0)".to_string()
+                            } else {
+                                format!("{:.3}", s as f64 / 1e6)
+                            }
+                        };
+                        format!(
+                            "fair sharing: {}'s share of what its cohort lends of {} is {} ({} \
+                             without it); {}'s with its workload {} ({})",
+                            self.project_name(*borrower),
+                            self.key_name(*key),
+                            share(*borrower_share),
+                            share(*borrower_share_after),
+                            self.project_name(*claimant),
+                            share(*claimant_share),
+                            strategy.as_str()
+                        )
+                    }
                     PreemptReason::Priority { project, victim_priority, preemptor_priority }
                         if victim_priority == preemptor_priority =>
                     {

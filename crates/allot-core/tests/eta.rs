@@ -84,6 +84,7 @@ fn engine(script: &str) -> Engine {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
+        fair_sharing: None,
     };
     let mut e = Engine::new(&nodes, &policy).expect("valid scenario");
     for spec in runs {

@@ -8,14 +8,16 @@
 //!
 //! - for the claimant's own guarantee (`for_cohort` none): the borrower is in its cohort or
 //!   in a cohort under it;
-//! - for a cohort's quota: the claimant is under that cohort and the borrower is not.
+//! - for a cohort's quota: the claimant is under that cohort and the borrower is not;
+//! - by fair sharing (on in half the cases): the borrower borrowed and the strategy's test
+//!   holds on the shares reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
-    CohortSpec, Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
-    PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
-    Shares, Timestamp, WorkloadId, WorkloadSpec,
+    CohortSpec, Decision, DeviceSpec, Engine, Event, FairShareStrategy, FairSharing, GpuRequest,
+    NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -47,7 +49,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Departments d0, d1 in org; five projects, each in d0, d1 or org.
-fn policy(depts: &[RawLimits], projects: &[(u8, RawLimits)]) -> PolicySpec {
+fn policy(depts: &[RawLimits], projects: &[(u8, RawLimits)], fair: bool) -> PolicySpec {
     let quota = |l: &RawLimits, subtree: bool| QuotaSpec {
         model: QuotaModel::Any,
         guaranteed: Shares::from_gpus(l.guaranteed),
@@ -99,6 +101,7 @@ fn policy(depts: &[RawLimits], projects: &[(u8, RawLimits)]) -> PolicySpec {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts,
+        fair_sharing: fair.then(FairSharing::default),
     }
 }
 
@@ -127,9 +130,10 @@ fn run(
     gpus: u8,
     depts: &[RawLimits],
     projects: &[(u8, RawLimits)],
+    fair: bool,
     steps: &[Step],
 ) -> Result<(), String> {
-    let (nodes, policy) = (nodes(gpus), policy(depts, projects));
+    let (nodes, policy) = (nodes(gpus), policy(depts, projects, fair));
     let mut engine = Engine::new(&nodes, &policy).map_err(|e| e.to_string())?;
     // Project → its cohort and that cohort's ancestors.
     let above: BTreeMap<String, BTreeSet<String>> = policy
@@ -181,6 +185,28 @@ fn run(
                                 acted = true;
                             }
                             Decision::Preempt { victim, for_workload, reason, .. } => {
+                                if let PreemptReason::FairShare {
+                                    claimant_share,
+                                    borrower_share,
+                                    borrower_share_after,
+                                    strategy,
+                                    ..
+                                } = reason
+                                {
+                                    let holds = match strategy {
+                                        FairShareStrategy::LessThanOrEqualToFinalShare => {
+                                            claimant_share <= borrower_share_after
+                                        }
+                                        FairShareStrategy::LessThanInitialShare => {
+                                            claimant_share < borrower_share
+                                        }
+                                    };
+                                    if !fair || *borrower_share == 0 || !holds {
+                                        return Err(format!(
+                                            "step {i}: {victim} taken by {strategy:?} ({claimant_share}, {borrower_share} → {borrower_share_after})"
+                                        ));
+                                    }
+                                }
                                 if let PreemptReason::QuotaReclaim { for_cohort, .. } = reason {
                                     let (v, c) = (&project_of[victim], &project_of[for_workload]);
                                     let ok = match for_cohort {
@@ -232,9 +258,10 @@ proptest! {
         gpus in 2u8..=6,
         depts in prop::collection::vec(limits(3), 2),
         projects in prop::collection::vec((0u8..3, limits(4)), 5),
+        fair in any::<bool>(),
         steps in prop::collection::vec(step(), 1..80),
     ) {
-        if let Err(e) = run(gpus, &depts, &projects, &steps) {
+        if let Err(e) = run(gpus, &depts, &projects, fair, &steps) {
             prop_assert!(false, "{e}");
         }
     }

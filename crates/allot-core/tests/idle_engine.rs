@@ -160,6 +160,7 @@ fn policy(rules: Vec<IdlePolicySpec>) -> PolicySpec {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

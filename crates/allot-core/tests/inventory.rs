@@ -61,6 +61,7 @@ fn policy() -> PolicySpec {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

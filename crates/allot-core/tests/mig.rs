@@ -132,6 +132,7 @@ fn engine_refuses_mig_without_a_table() {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
+        fair_sharing: None,
     };
     assert!(Engine::new(&[node("H200")], &policy).is_ok());
     let error = Engine::new(&[node("A100")], &policy).expect_err("no table for A100");

@@ -78,6 +78,7 @@ impl World {
             restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
             idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
             cohorts: Vec::new(),
+            fair_sharing: None,
         };
         let engine = Engine::new(&nodes, &policy).expect("valid configuration");
         World { nodes, policy, engine, ids: BTreeMap::new(), out: String::new() }

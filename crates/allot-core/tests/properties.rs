@@ -15,6 +15,8 @@
 //! - a `QuotaReclaim` victim's project was still borrowing (by its lasting usage: workloads
 //!   told to stop do not count, waiting pre-emptors do) when its last victim was chosen, and
 //!   the claimant ends within its guarantee;
+//! - a `FairShare` victim (fair sharing on) is another borrower's of the claimant's cohort, by
+//!   a strategy of the policy whose test its reported shares pass;
 //! - a `Defragment` victim is of a priority no higher than its claimant's, is suspended or
 //!   requeued (never deleted), and another project is left below its guarantee only by a plan
 //!   whose every victim can restart elsewhere at once (a fifth of the generated histories are
@@ -34,9 +36,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::{
     BorrowWithinCohort, Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine,
-    Event, GpuRequest, MigGpu, NodeId, NodeSpec, PolicySpec, PreemptReason, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp,
-    WithinProject, WorkloadId, WorkloadSpec,
+    Event, FairShareStrategy, FairSharing, GpuRequest, MigGpu, NodeId, NodeSpec, PolicySpec,
+    PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
+    Shares, Stage, Timestamp, WithinProject, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -117,6 +119,8 @@ struct RawCase {
     nodes: Vec<RawNode>,
     classes: Vec<(i32, bool)>,
     half_life_ms: u64,
+    /// `% 3`: the pre-emption mode; `/ 3`: fair sharing (0 off, 1 both strategies, 2 the
+    /// final-share test, 3 the initial-share test).
     mode: u8,
     projects: Vec<RawProject>,
     steps: Vec<(u64, RawOp)>,
@@ -371,7 +375,7 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             1..=3,
         ),
         2usize..=3,
-        0u8..3,
+        0u8..12,
         prop::collection::vec(project, 2..=4),
         prop::collection::vec((0u64..=3000, raw_op()), 20..=60),
         prop::option::weighted(0.5, 0u64..=2000),
@@ -401,7 +405,7 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
         ),
         prop::collection::vec((-2i32..=2, prop::bool::weighted(0.85)), 1..=3),
         prop_oneof![Just(0u64), Just(5000), Just(60_000)],
-        0u8..3,
+        0u8..12,
         prop::collection::vec(raw_project(), 1..=6),
         prop::collection::vec((0u64..=3000, raw_op()), 1..=60),
         prop::option::weighted(0.3, 0u64..=2000),
@@ -530,6 +534,14 @@ fn build(raw: &RawCase) -> Case {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
+        fair_sharing: match raw.mode / 3 {
+            0 => None,
+            1 => Some(FairSharing::default()),
+            2 => Some(FairSharing {
+                strategies: vec![FairShareStrategy::LessThanOrEqualToFinalShare],
+            }),
+            _ => Some(FairSharing { strategies: vec![FairShareStrategy::LessThanInitialShare] }),
+        },
     };
 
     let mut now = 0u64;
@@ -818,8 +830,16 @@ impl<'a> Checker<'a> {
     }
 
     fn apply_both(&mut self, now: Timestamp, event: Event) {
-        if let Some((engine, _)) = &mut self.incremental {
+        if let Some((engine, seen)) = &mut self.incremental {
+            let id = event.workload();
             engine.apply(now, event.clone());
+            // Work that left the engine is forgotten: a new submission of its id is reported
+            // afresh (`decide_changes` forgets it too).
+            if let Some(id) = id
+                && engine.stage(id).is_none()
+            {
+                seen.remove(&id);
+            }
         }
         self.engine.apply(now, event);
     }
@@ -1209,6 +1229,43 @@ impl<'a> Checker<'a> {
                     }
                     reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
                 }
+                PreemptReason::FairShare {
+                    borrower,
+                    claimant,
+                    key,
+                    claimant_share,
+                    borrower_share,
+                    borrower_share_after,
+                    strategy,
+                } => {
+                    let Some(fs) = &self.case.policy.fair_sharing else {
+                        return Err(format!("fair-sharing pre-emption of {victim} with it off"));
+                    };
+                    if !fs.strategies.contains(strategy) {
+                        return Err(format!("{victim} taken by {strategy:?}, not in the policy"));
+                    }
+                    if self.engine.project_name(*borrower) != v.project
+                        || self.engine.project_name(*claimant) != c.project
+                        || self.engine.key_name(*key) != vkey
+                        || v.project == c.project
+                        || self.cohort[&v.project] != self.cohort[&c.project]
+                    {
+                        return Err(format!("fair share of {victim} misnames or crosses cohorts"));
+                    }
+                    let holds = match strategy {
+                        FairShareStrategy::LessThanOrEqualToFinalShare => {
+                            claimant_share <= borrower_share_after
+                        }
+                        FairShareStrategy::LessThanInitialShare => claimant_share < borrower_share,
+                    };
+                    if *borrower_share == 0 || borrower_share_after > borrower_share || !holds {
+                        return Err(format!(
+                            "fair share of {victim}: claimant {claimant_share}, borrower \
+                             {borrower_share} → {borrower_share_after} under {strategy:?}"
+                        ));
+                    }
+                    reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
+                }
                 PreemptReason::Defragment { replaceable, .. } => {
                     // Never a higher priority, never a delete.
                     if v.priority > c.priority {
@@ -1384,6 +1441,7 @@ fn check_gang_uses_empty_node(
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
+        fair_sharing: None,
     };
     let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
     let mut id = 0u64;

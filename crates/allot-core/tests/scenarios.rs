@@ -22,6 +22,7 @@
 //!                                      # 25 %, 15 min)
 //! project NAME [cohort=C] [dept=D] [weight=W] [fifo=strict] [mode=M]
 //!              [quota=MODEL:G,...] [borrow=MODEL:B,...] [lend=MODEL:L,...]
+//! fair-sharing [strategies=final,initial]  # fair-sharing pre-emption (Kueue's S2-a, S2-b)
 //! cohort NAME [parent=P] [quota=MODEL:G,...] [borrow=..] [lend=..]  # quota of its own, a
 //!                                      # parent cohort (hierarchical quota)
 //!              [within=lower|lower-or-newer-equal|never]   # in-project pre-emption (lower)
@@ -57,9 +58,9 @@ use std::path::{Path, PathBuf};
 use allot_core::idle::{DeviceReading, IdleRule, MissingTelemetry};
 use allot_core::{
     BorrowWithinCohort, Checkpointing, CohortSpec, Decision, Defragmentation, DeviceSpec, Engine,
-    Event, GpuRequest, IdlePolicySpec, IdleWhen, MigProfile, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp,
-    WithinProject, WorkloadId, WorkloadKind, WorkloadSpec,
+    Event, FairShareStrategy, FairSharing, GpuRequest, IdlePolicySpec, IdleWhen, MigProfile,
+    NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel,
+    QuotaSpec, Shares, Timestamp, WithinProject, WorkloadId, WorkloadKind, WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -124,6 +125,7 @@ struct Setup {
     restart_cost_ms: Option<u64>,
     backoff_ms: Option<u64>,
     cohorts: Vec<CohortSpec>,
+    fair_sharing: Option<FairSharing>,
 }
 
 struct Run {
@@ -152,6 +154,7 @@ fn run(script: &str) -> Result<String, String> {
                 | "mode"
                 | "project"
                 | "cohort"
+                | "fair-sharing"
                 | "defrag"
                 | "restart-cost"
                 | "backoff"
@@ -244,6 +247,21 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                 restart_cost_ms: args
                     .get("restart")
                     .map_or(Ok(Defragmentation::DEFAULT_RESTART_COST_MS), |r| num(r))?,
+            })
+        }
+        "fair-sharing" => {
+            setup.fair_sharing = Some(match args.get("strategies") {
+                None => FairSharing::default(),
+                Some(list) => FairSharing {
+                    strategies: list
+                        .split(',')
+                        .map(|s| match s {
+                            "final" => Ok(FairShareStrategy::LessThanOrEqualToFinalShare),
+                            "initial" => Ok(FairShareStrategy::LessThanInitialShare),
+                            other => Err(format!("unknown strategy {other}: final or initial")),
+                        })
+                        .collect::<Result<_, _>>()?,
+                },
             })
         }
         "cohort" => {
@@ -459,6 +477,7 @@ fn build(setup: &Setup) -> Result<Run, String> {
             .backoff_ms
             .unwrap_or(PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS),
         cohorts: setup.cohorts.clone(),
+        fair_sharing: setup.fair_sharing.clone(),
     };
     let engine = Engine::new(&setup.nodes, &policy).map_err(|e| e.to_string())?;
     Ok(Run { engine, ids: BTreeMap::new(), next_id: 1, out: String::new() })

@@ -58,6 +58,7 @@ fn engine() -> Engine {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
+        fair_sharing: None,
     };
     Engine::new(&nodes, &policy).expect("valid")
 }

@@ -68,6 +68,7 @@ fn policy(projects: &[(&str, u64)]) -> PolicySpec {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

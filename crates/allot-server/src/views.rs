@@ -23,6 +23,7 @@ pub fn reason_code(d: &Decision) -> &'static str {
         Decision::Preempt { reason, .. } => match reason {
             PreemptReason::QuotaReclaim { .. } => "quota_reclaim",
             PreemptReason::ReclaimWhileBorrowing { .. } => "reclaim_while_borrowing",
+            PreemptReason::FairShare { .. } => "fair_share",
             PreemptReason::Priority { .. } => "priority",
             PreemptReason::Defragment { .. } => "defragment",
             PreemptReason::Idle { .. } => "idle",

@@ -70,6 +70,7 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

@@ -89,6 +89,37 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
         policy.default_priority_class,
         policy.preemption_mode.as_str(),
     );
+    if let Some(fs) = &policy.fair_sharing {
+        let names: Vec<&str> = fs.strategies.iter().map(|s| s.as_str()).collect();
+        let _ = writeln!(out, "fair-sharing pre-emption: {}", names.join(", "));
+    }
+    for c in &policy.cohorts {
+        let quotas: Vec<String> = c
+            .quotas
+            .iter()
+            .map(|q| {
+                let model = match &q.model {
+                    allot_core::QuotaModel::Any => "any".to_string(),
+                    allot_core::QuotaModel::Model(m) => m.clone(),
+                };
+                let mut text = format!("{model} {}", q.guaranteed);
+                if let Some(b) = q.borrow_limit {
+                    let _ = write!(text, " (borrow ≤ {b})");
+                }
+                if let Some(l) = q.lend_limit {
+                    let _ = write!(text, " (lend ≤ {l})");
+                }
+                text
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "cohort {}{}: {}",
+            c.name,
+            c.parent.as_ref().map(|p| format!(" in {p}")).unwrap_or_default(),
+            if quotas.is_empty() { "no quota of its own".to_string() } else { quotas.join(", ") }
+        );
+    }
     for rule in &policy.idle {
         let model = rule.rule.model.as_str();
         let scope =

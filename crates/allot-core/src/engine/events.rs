@@ -58,7 +58,13 @@ impl Engine {
     pub fn apply(&mut self, now: Timestamp, event: Event) {
         self.advance(now);
         match event {
-            Event::WorkloadSubmitted(spec) => self.submit(now, spec),
+            Event::WorkloadSubmitted(spec) => {
+                // A new submission of an id that left is reported afresh by `decide_changes`.
+                if !self.workloads.contains_key(&spec.id) {
+                    self.reported.0.remove(&spec.id);
+                }
+                self.submit(now, spec)
+            }
             Event::WorkloadAdopted { spec, placement } => self.adopt(now, spec, placement),
             Event::WorkloadCancelled { workload } => self.cancel(workload),
             Event::AllocationStarted { workload } => {

@@ -13,7 +13,7 @@ use super::{Engine, Stage, StopKind, WorkloadState};
 use crate::capacity::Layout;
 use crate::decision::{Decision, DeviceShare, MemberPlacement, Placement, PreemptReason, QuotaKey};
 use crate::ids::{ModelId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
-use crate::model::WithinProject;
+use crate::model::{FairShareStrategy, WithinProject};
 
 /// Victim order (see `Engine::plan_preemption`): (own project, priority, work lost in GPU-ms,
 /// latest start first, id).
@@ -199,6 +199,27 @@ impl Engine {
                 }
             }
         }
+        // Fair sharing: other borrowers' work in the same tree that is no reclaim candidate,
+        // taken (by share, below) only in passes that let the claimant borrow.
+        if self.fair_sharing.is_some() {
+            let root = self.quota_root(cohort);
+            let taken: BTreeSet<WorkloadId> = candidates.iter().map(|c| c.0.4).collect();
+            for q in 0..self.projects.len() {
+                let q = ProjectId(q as u32);
+                if q == project
+                    || self.quota_root(self.projects[q.0 as usize].cohort) != root
+                    || !self.borrows(q, key, id)
+                {
+                    continue;
+                }
+                for v in self.eligible_list(now, q, m, protect, lists) {
+                    if v.line == Some(key) && !taken.contains(&v.id) {
+                        let vw = &self.workloads[&v.id];
+                        candidates.push((self.victim_key(now, vw, 0), VictimKind::FairShare));
+                    }
+                }
+            }
+        }
         // Idle victims: any project, priority up to the claimant's; an exempt or
         // non-preemptible workload is never ready. `pressure_ready` is this cycle's list
         // (`idle_pass`), so a deep queue does not scan every tracked workload per claimant.
@@ -251,7 +272,10 @@ impl Engine {
         };
         let mut tried: Vec<usize> = Vec::new();
         for &(taken, within) in passes {
-            let pass: Vec<_> = candidates.iter().filter(|c| taken.takes(c.1)).collect();
+            let pass: Vec<_> = candidates
+                .iter()
+                .filter(|c| taken.takes(c.1) && (c.1 != VictimKind::FairShare || !within))
+                .collect();
             // A pass the same as one tried already, or one that needs the claimant within
             // its guarantee when it cannot be, is skipped.
             if pass.is_empty() || tried.contains(&pass.len()) || (within && closest.is_none()) {
@@ -259,10 +283,21 @@ impl Engine {
             }
             tried.push(pass.len());
             let mut removed: Vec<(WorkloadId, VictimKind)> = Vec::new();
+            // Fair-sharing victims: the strategy that allowed each, and its shares.
+            let mut by_share: BTreeMap<WorkloadId, (FairShareStrategy, u64, u64, u64)> =
+                BTreeMap::new();
             let mut fit = false;
             for &&(k, kind) in &pass {
                 let v = k.4;
                 let v_project = self.workloads[&v].project;
+                if kind == VictimKind::FairShare {
+                    match self.fair_share_allows(project, key, id, total, v, &by_share) {
+                        Some(allowed) => {
+                            by_share.insert(v, allowed);
+                        }
+                        None => continue,
+                    }
+                }
                 // A borrower back within its guarantee (or under a cohort that is) is not
                 // reclaimed from any further.
                 if kind.is_reclaim()
@@ -326,6 +361,18 @@ impl Engine {
                     let idle = (kind == VictimKind::Idle).then(|| self.idle_facts(v)).flatten();
                     let reason = if let Some(idle) = idle {
                         PreemptReason::Idle { idle, gpu_count_only: false }
+                    } else if let Some(&(strategy, claimant_share, before, after)) =
+                        by_share.get(&v)
+                    {
+                        PreemptReason::FairShare {
+                            borrower: vw.project,
+                            claimant: project,
+                            key,
+                            claimant_share,
+                            borrower_share: before,
+                            borrower_share_after: after,
+                            strategy,
+                        }
                     } else if kind.is_reclaim() {
                         let line =
                             self.quota.line(vw.project, key).map_or(Shares::ZERO, |l| l.guaranteed);
@@ -415,6 +462,80 @@ impl Engine {
                 _ => return None,
             }
         }
+    }
+
+    /// The root of cohort `c`'s tree.
+    fn quota_root(&self, mut c: usize) -> usize {
+        while let Some(up) = self.quota.parent[c] {
+            c = up;
+        }
+        c
+    }
+
+    /// A project's share on `key` (Kueue's dominant resource share for one resource): what it
+    /// borrows by its committed usage, moved by `delta`, over the most its cohort's pool could
+    /// ever give, in millionths, over its weight; 0 when it does not borrow, `u64::MAX` when it
+    /// borrows with weight 0.
+    fn borrowing_share(
+        &self,
+        q: ProjectId,
+        key: QuotaKey,
+        except: WorkloadId,
+        add: Shares,
+        remove: Shares,
+    ) -> u64 {
+        let Some(line) = self.quota.line(q, key) else { return 0 };
+        let used = self.committed(q, key, except).saturating_add(add).saturating_sub(remove);
+        let borrowed = used.saturating_sub(line.guaranteed).0 as u128;
+        if borrowed == 0 {
+            return 0;
+        }
+        let p = &self.projects[q.0 as usize];
+        if p.weight_milli == 0 {
+            return u64::MAX;
+        }
+        let lendable = self.quota.pool_potential(p.cohort, key).0.max(1) as u128;
+        (borrowed * 1_000_000 * 1000 / lendable / p.weight_milli as u128).min(u64::MAX as u128)
+            as u64
+    }
+
+    /// Whether the policy's fair-sharing strategies let `claimant` (of `project`, asking
+    /// `total`) take `v` now, and by which, with (claimant's share with the workload, the
+    /// borrower's share now, without `v`). The second strategy takes at most one victim per
+    /// borrower (`taken`: the victims so far).
+    fn fair_share_allows(
+        &self,
+        project: ProjectId,
+        key: QuotaKey,
+        claimant: WorkloadId,
+        total: Shares,
+        v: WorkloadId,
+        taken: &BTreeMap<WorkloadId, (FairShareStrategy, u64, u64, u64)>,
+    ) -> Option<(FairShareStrategy, u64, u64, u64)> {
+        let fs = self.fair_sharing.as_ref()?;
+        let vw = &self.workloads[&v];
+        let q = vw.project;
+        if !self.borrows(q, key, claimant) {
+            return None;
+        }
+        let shares = vw.allocation.as_ref().map_or(Shares::ZERO, |a| a.shares);
+        let mine = self.borrowing_share(project, key, claimant, total, Shares::ZERO);
+        // Asked before `v` is lifted (the victims chosen before it are): its project's share
+        // now, and without it.
+        let before = self.borrowing_share(q, key, claimant, Shares::ZERO, Shares::ZERO);
+        let after = self.borrowing_share(q, key, claimant, Shares::ZERO, shares);
+        fs.strategies.iter().copied().find_map(|s| {
+            let ok = match s {
+                FairShareStrategy::LessThanOrEqualToFinalShare => mine <= after,
+                FairShareStrategy::LessThanInitialShare => {
+                    mine < before
+                        && !taken.iter().any(|(t, (ts, ..))| {
+                            *ts == s && self.workloads.get(t).is_some_and(|tw| tw.project == q)
+                        })
+                }
+            };
+            ok.then_some((s, mine, before, after))
+        })
     }
 
     /// Whether `project` borrows on `key` by its committed usage (see `committed`).
@@ -568,6 +689,8 @@ enum VictimKind {
     /// As `Reclaim`, and the claimant's `borrow_within_cohort` allows taking it even though
     /// the claimant borrows afterwards.
     ReclaimWhileBorrowing,
+    /// Another borrower's work, taken by the policy's fair-sharing strategies.
+    FairShare,
     /// The claimant's own project, lower priority.
     Own,
     /// Idle past its `on_pressure` rule's timer and warned.
@@ -646,7 +769,7 @@ impl ReclaimTaken {
         match kind {
             VictimKind::Reclaim => self == ReclaimTaken::All,
             VictimKind::ReclaimWhileBorrowing => self != ReclaimTaken::None,
-            VictimKind::Own | VictimKind::Idle => true,
+            VictimKind::Own | VictimKind::Idle | VictimKind::FairShare => true,
         }
     }
 }

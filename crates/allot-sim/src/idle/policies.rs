@@ -50,6 +50,7 @@ fn base_policy(idle: Vec<IdlePolicySpec>) -> PolicySpec {
         restart_cost_ms: 120_000,
         idle_resume_backoff_ms: 300_000,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

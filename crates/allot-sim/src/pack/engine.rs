@@ -140,6 +140,7 @@ fn engine_policy(order: &[PackNodeSpec]) -> PolicySpec {
         restart_cost_ms: 0,
         idle_resume_backoff_ms: 0,
         cohorts: Vec::new(),
+        fair_sharing: None,
     }
 }
 

@@ -129,8 +129,6 @@ impl Engine {
         // Own and reclaim candidates come from disjoint projects; an idle candidate may also
         // be one of them, and then counts as idle (the cheaper tier and reason).
         let mut candidates: Vec<(VictimKey, VictimKind)> = Vec::new();
-        // Per reclaim candidate, the level of the claimant's advantage over it (`Advantage`).
-        let mut levels: BTreeMap<WorkloadId, usize> = BTreeMap::new();
         let mut own_shares = Shares::ZERO;
         let running = &self.running[project.0 as usize];
         let own_below = match within_project {
@@ -185,14 +183,11 @@ impl Engine {
                     let while_borrowing =
                         borrow_within.is_some_and(|b| b.allows(v.priority, priority));
                     if v.line == Some(key) && (possible || while_borrowing) {
-                        if possible {
-                            levels.insert(v.id, level);
-                        }
                         let vw = &self.workloads[&v.id];
-                        let kind = if while_borrowing {
-                            VictimKind::ReclaimWhileBorrowing
-                        } else {
-                            VictimKind::Reclaim
+                        let level = possible.then_some(level as u16);
+                        let kind = match level {
+                            Some(l) if !while_borrowing => VictimKind::Reclaim(l),
+                            _ => VictimKind::ReclaimWhileBorrowing(level),
                         };
                         candidates.push((self.victim_key(now, vw, 0), kind));
                     }
@@ -247,14 +242,22 @@ impl Engine {
         // own guarantee for work of its cohort; for work farther off in a tree of cohorts, the
         // cohort it shares no lower cohort with), and at the closest of them even before it
         // reclaims anything: not by borrowing.
-        let closest = levels.values().copied().min();
-        let fits = |engine: &mut Engine, within: bool, removed: &[(WorkloadId, VictimKind)]| {
+        let closest = candidates.iter().filter_map(|c| c.1.level()).min();
+        // `at`: how many of the victims lifted now are reclaimed at each level.
+        let fits = |engine: &mut Engine, within: bool, at: &BTreeMap<usize, usize>| {
             let holds = |level: usize| advantage.holds(engine, level, id, guaranteed);
             engine.quota.view(project, key).is_some_and(|v| v.available >= total)
-                && (!within
-                    || (closest.is_none_or(holds)
-                        && removed.iter().filter_map(|r| levels.get(&r.0)).all(|&l| holds(l))))
+                && (!within || (closest.is_none_or(holds) && at.keys().all(|&l| holds(l))))
                 && engine.capacity.can_place(Some(m), shape, members, layout)
+        };
+        let count = |at: &mut BTreeMap<usize, usize>, kind: VictimKind, up: bool| {
+            if let Some(l) = kind.level() {
+                let n = at.entry(l).or_default();
+                *n = if up { *n + 1 } else { n.saturating_sub(1) };
+                if *n == 0 {
+                    at.remove(&l);
+                }
+            }
         };
         let any_reclaim = candidates.iter().any(|c| c.1.is_reclaim());
         // The passes of Kueue's classical algorithm, each (which reclaim candidates it takes,
@@ -283,6 +286,7 @@ impl Engine {
             }
             tried.push(pass.len());
             let mut removed: Vec<(WorkloadId, VictimKind)> = Vec::new();
+            let mut at: BTreeMap<usize, usize> = BTreeMap::new();
             // Fair-sharing victims: the strategy that allowed each, and its shares.
             let mut by_share: BTreeMap<WorkloadId, (FairShareStrategy, u64, u64, u64)> =
                 BTreeMap::new();
@@ -307,7 +311,8 @@ impl Engine {
                 }
                 self.lift(v);
                 removed.push((v, kind));
-                if fits(self, within, &removed) {
+                count(&mut at, kind, true);
+                if fits(self, within, &at) {
                     fit = true;
                     break;
                 }
@@ -316,34 +321,28 @@ impl Engine {
             if fit && removed.len() > 1 {
                 for i in (0..removed.len() - 1).rev() {
                     self.unlift(removed[i].0);
-                    let rest: Vec<_> = removed
-                        .iter()
-                        .zip(&kept_out)
-                        .enumerate()
-                        .filter(|&(j, (_, &k))| j != i && k)
-                        .map(|(_, (r, _))| *r)
-                        .collect();
-                    if fits(self, within, &rest) {
+                    count(&mut at, removed[i].1, false);
+                    if fits(self, within, &at) {
                         kept_out[i] = false;
                     } else {
                         self.lift(removed[i].0);
+                        count(&mut at, removed[i].1, true);
                     }
                 }
             }
             // Reclaim is only for a claimant that ends within the quota of the level it
             // reclaims at, unless `borrow_within_cohort` allows that victim.
-            let holds = |engine: &Engine, v: &WorkloadId| {
-                levels.get(v).is_some_and(|&l| advantage.holds(engine, l, id, guaranteed))
+            let holds = |engine: &Engine, kind: VictimKind| {
+                kind.level().is_some_and(|l| advantage.holds(engine, l, id, guaranteed))
             };
             let ok = fit
-                && removed
-                    .iter()
-                    .zip(&kept_out)
-                    .all(|(r, &k)| !k || r.1 != VictimKind::Reclaim || holds(self, &r.0));
+                && removed.iter().zip(&kept_out).all(|(r, &k)| {
+                    !k || !matches!(r.1, VictimKind::Reclaim(_)) || holds(self, r.1)
+                });
             let reclaim_levels: BTreeMap<WorkloadId, Option<usize>> = removed
                 .iter()
                 .filter(|r| r.1.is_reclaim())
-                .map(|r| (r.0, holds(self, &r.0).then(|| levels[&r.0])))
+                .map(|r| (r.0, holds(self, r.1).then(|| r.1.level()).flatten()))
                 .collect();
             // The room the workload will take once its victims are gone.
             let placement =
@@ -684,11 +683,13 @@ pub(super) type EligibleLists = std::collections::BTreeMap<(ProjectId, ModelId),
 /// Why a running workload is a pre-emption candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum VictimKind {
-    /// Its project borrows on the claimant's line and the claimant needs its guarantee.
-    Reclaim,
+    /// Its project borrows on the claimant's line and the claimant needs its guarantee (or,
+    /// in a tree of cohorts, its cohort's quota) back: at this level (`Advantage`).
+    Reclaim(u16),
     /// As `Reclaim`, and the claimant's `borrow_within_cohort` allows taking it even though
-    /// the claimant borrows afterwards.
-    ReclaimWhileBorrowing,
+    /// the claimant borrows afterwards; with the level at which an ordinary reclaim would be
+    /// possible too.
+    ReclaimWhileBorrowing(Option<u16>),
     /// Another borrower's work, taken by the policy's fair-sharing strategies.
     FairShare,
     /// The claimant's own project, lower priority.
@@ -752,7 +753,17 @@ impl Advantage {
 
 impl VictimKind {
     fn is_reclaim(self) -> bool {
-        matches!(self, VictimKind::Reclaim | VictimKind::ReclaimWhileBorrowing)
+        matches!(self, VictimKind::Reclaim(_) | VictimKind::ReclaimWhileBorrowing(_))
+    }
+
+    /// The level of the claimant's advantage over it, for a reclaim that may be ordinary.
+    fn level(self) -> Option<usize> {
+        match self {
+            VictimKind::Reclaim(l) | VictimKind::ReclaimWhileBorrowing(Some(l)) => {
+                Some(usize::from(l))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -767,8 +778,8 @@ enum ReclaimTaken {
 impl ReclaimTaken {
     fn takes(self, kind: VictimKind) -> bool {
         match kind {
-            VictimKind::Reclaim => self == ReclaimTaken::All,
-            VictimKind::ReclaimWhileBorrowing => self != ReclaimTaken::None,
+            VictimKind::Reclaim(_) => self == ReclaimTaken::All,
+            VictimKind::ReclaimWhileBorrowing(_) => self != ReclaimTaken::None,
             VictimKind::Own | VictimKind::Idle | VictimKind::FairShare => true,
         }
     }

@@ -1061,6 +1061,38 @@ impl<'a> Checker<'a> {
 
     /// Lasting usage of `project` on `key` (see `decide`), plus its waiting pre-emptors' but
     /// `except`'s.
+    /// A victim taken from another project for quota (reclaim, reclaim while borrowing, fair
+    /// sharing): the reason names the victim's and the claimant's projects and the victim's
+    /// line, both projects are in one cohort, and the borrower borrows (by what it says).
+    fn check_reclaim(
+        &self,
+        victim: WorkloadId,
+        v: &Known,
+        c: &Known,
+        (vproject, vkey): (&str, &str),
+        (borrower, claimant, key, borrowed): (
+            allot_core::ProjectId,
+            allot_core::ProjectId,
+            allot_core::QuotaKey,
+            Option<Shares>,
+        ),
+    ) -> Result<(), String> {
+        if self.engine.project_name(borrower) != v.project
+            || self.engine.project_name(claimant) != c.project
+            || self.engine.key_name(key) != vkey
+            || vproject != v.project
+        {
+            return Err(format!("reclaim of {victim} misnames its projects or line"));
+        }
+        if v.project == c.project || self.cohort[&v.project] != self.cohort[&c.project] {
+            return Err(format!("reclaim of {victim} outside the claimant's cohort"));
+        }
+        if borrowed == Some(Shares::ZERO) {
+            return Err(format!("reclaim of {victim} from a project that borrows nothing"));
+        }
+        Ok(())
+    }
+
     fn project_spec(&self, name: &str) -> &ProjectSpec {
         self.case.policy.projects.iter().find(|p| p.name == name).expect("a known project")
     }
@@ -1166,27 +1198,8 @@ impl<'a> Checker<'a> {
                             "reclaim of {victim} for a cohort, with no tree of cohorts"
                         ));
                     }
-                    let (bname, cname, kname) = (
-                        self.engine.project_name(*borrower),
-                        self.engine.project_name(*claimant),
-                        self.engine.key_name(*key),
-                    );
-                    if bname != v.project
-                        || cname != c.project
-                        || kname != vkey
-                        || vproject != v.project
-                    {
-                        return Err(format!("reclaim of {victim} misnames its projects or line"));
-                    }
-                    if v.project == c.project || self.cohort[&v.project] != self.cohort[&c.project]
-                    {
-                        return Err(format!("reclaim of {victim} outside the claimant's cohort"));
-                    }
-                    if *borrowed == Shares::ZERO {
-                        return Err(format!(
-                            "reclaim of {victim} from a project that borrows nothing"
-                        ));
-                    }
+                    let names = (*borrower, *claimant, *key, Some(*borrowed));
+                    self.check_reclaim(*victim, v, c, (&vproject, &vkey), names)?;
                     reclaimed.entry((v.project.clone(), vkey.clone())).or_default().push(vshares.0);
                     claim = Some((c.project.clone(), vkey.clone(), *for_workload));
                 }
@@ -1198,22 +1211,8 @@ impl<'a> Checker<'a> {
                     victim_priority,
                     preemptor_priority,
                 } => {
-                    if self.engine.project_name(*borrower) != v.project
-                        || self.engine.project_name(*claimant) != c.project
-                        || self.engine.key_name(*key) != vkey
-                        || vproject != v.project
-                    {
-                        return Err(format!("reclaim of {victim} misnames its projects or line"));
-                    }
-                    if v.project == c.project || self.cohort[&v.project] != self.cohort[&c.project]
-                    {
-                        return Err(format!("reclaim of {victim} outside the claimant's cohort"));
-                    }
-                    if *borrowed == Shares::ZERO {
-                        return Err(format!(
-                            "reclaim of {victim} from a project that borrows nothing"
-                        ));
-                    }
+                    let names = (*borrower, *claimant, *key, Some(*borrowed));
+                    self.check_reclaim(*victim, v, c, (&vproject, &vkey), names)?;
                     if *victim_priority != v.priority || *preemptor_priority != c.priority {
                         return Err(format!("priorities misreported for {victim}"));
                     }
@@ -1244,14 +1243,8 @@ impl<'a> Checker<'a> {
                     if !fs.strategies.contains(strategy) {
                         return Err(format!("{victim} taken by {strategy:?}, not in the policy"));
                     }
-                    if self.engine.project_name(*borrower) != v.project
-                        || self.engine.project_name(*claimant) != c.project
-                        || self.engine.key_name(*key) != vkey
-                        || v.project == c.project
-                        || self.cohort[&v.project] != self.cohort[&c.project]
-                    {
-                        return Err(format!("fair share of {victim} misnames or crosses cohorts"));
-                    }
+                    let names = (*borrower, *claimant, *key, None);
+                    self.check_reclaim(*victim, v, c, (&vproject, &vkey), names)?;
                     let holds = match strategy {
                         FairShareStrategy::LessThanOrEqualToFinalShare => {
                             claimant_share <= borrower_share_after

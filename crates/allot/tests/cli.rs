@@ -154,22 +154,21 @@ fn plan_reports_all_broken_files_at_once() {
     assert!(err.contains("workloads.yaml:4"), "{err}");
 }
 
+/// `allot plan` with the cluster and policy of an `examples/plans/` folder.
+fn plan_in(dir: &str, workloads: &str, extra: &[&str]) -> std::process::Output {
+    let (cluster, policy) = (format!("{dir}/cluster.yaml"), format!("{dir}/policy.yaml"));
+    let mut args = vec!["plan", "--cluster", &cluster, "--policy", &policy];
+    args.extend(["--workloads", workloads]);
+    args.extend(extra);
+    allot(&args)
+}
+
 /// `allot plan` over a cluster where work already runs: the Kueue test restated as plan
 /// files in `examples/plans/`, and running work stated wrongly.
 #[test]
 fn plan_takes_running_work_as_stated() {
     let dir = "examples/plans/kueue-reclaim-under-guarantee";
-    let run = |workloads: &str| {
-        allot(&[
-            "plan",
-            "--cluster",
-            &format!("{dir}/cluster.yaml"),
-            "--policy",
-            &format!("{dir}/policy.yaml"),
-            "--workloads",
-            workloads,
-        ])
-    };
+    let run = |workloads: &str| plan_in(dir, workloads, &[]);
     let out = run(&format!("{dir}/workloads.yaml"));
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -225,16 +224,7 @@ fn plan_takes_running_work_as_stated() {
 
     // Departments with quota of their own, as the README shows them.
     let dir = "examples/plans/departments";
-    let out = allot(&[
-        "plan",
-        "--cluster",
-        &format!("{dir}/cluster.yaml"),
-        "--policy",
-        &format!("{dir}/policy.yaml"),
-        "--workloads",
-        &format!("{dir}/workloads.yaml"),
-        "--explain",
-    ]);
+    let out = plan_in(dir, &format!("{dir}/workloads.yaml"), &["--explain"]);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(

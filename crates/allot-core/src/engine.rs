@@ -526,13 +526,13 @@ impl Engine {
                 }
             }
         }
-        for start in 0..parent.len() {
+        for (start, name) in cohort_names.iter().enumerate() {
             let (mut at, mut steps) = (start, 0);
             while let Some(up) = parent[at] {
                 at = up;
                 steps += 1;
                 if steps > parent.len() {
-                    return Err(ConfigError::CohortCycle { cohort: cohort_names[start].clone() });
+                    return Err(ConfigError::CohortCycle { cohort: name.clone() });
                 }
             }
         }

@@ -144,8 +144,11 @@ fn run(
             (p.name.clone(), [home, "org".to_string()].into())
         })
         .collect();
-    let home: BTreeMap<String, String> =
-        policy.projects.iter().map(|p| (p.name.clone(), p.cohort.clone().unwrap())).collect();
+    let home: BTreeMap<String, String> = policy
+        .projects
+        .iter()
+        .map(|p| (p.name.clone(), p.cohort.clone().expect("every project has a cohort")))
+        .collect();
     let mut project_of: BTreeMap<WorkloadId, String> = BTreeMap::new();
     let mut running: BTreeSet<WorkloadId> = BTreeSet::new();
     let mut now = Timestamp(0);

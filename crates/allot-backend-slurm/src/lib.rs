@@ -75,6 +75,16 @@ const RUN_AS_SUBMITTER_FIX: &str = "run allot without --slurm-run-as-submitter";
 const DETAILS_PER_POLL: usize = 8;
 const QUEUE_JOBS_PER_DETAIL: usize = 40;
 
+/// Where a run's batch output goes: its member's log for one member, `batch.log` for a gang
+/// (whose members write their own through `srun --output`).
+fn batch_log(launch: &Launch) -> std::path::PathBuf {
+    if launch.members.len() == 1 {
+        launch.log_dir.join("member-0.log")
+    } else {
+        launch.log_dir.join("batch.log")
+    }
+}
+
 /// The batch script of every run: its arguments are the command, so nothing is interpolated
 /// into shell text. One member: the batch shell becomes the program, so `scancel --full`
 /// signals reach it. Several: one `srun` task per member, each with its own log.
@@ -83,7 +93,7 @@ const BATCH_SCRIPT: &str = r#"#!/bin/sh
 if [ "${ALLOT_SLURM_TASKS:-1}" -le 1 ]; then exec "$@"; fi
 exec srun --kill-on-bad-exit=1 --ntasks="$ALLOT_SLURM_TASKS" \
   --ntasks-per-node="$ALLOT_SLURM_TASKS_PER_NODE" \
-  --output="$ALLOT_SLURM_LOG_DIR/member-%t.log" "$@"
+  --output="$(pwd)/member-%t.log" "$@"
 "#;
 
 #[derive(Clone, Debug)]
@@ -642,8 +652,15 @@ impl SlurmBackend {
 
     /// Moves a pending (held) job onto a launch's nodes — `NumNodes=N-N`, `ReqNodeList`, and
     /// `TresPerNode=gres:gpu[:TYPE]:G` when the members have GPUs — and queues its release
-    /// with the next batch.
-    fn place_and_release(&mut self, job_id: u64, launch: &Launch) -> Result<(), String> {
+    /// with the next batch. With `own_output` (allot's own job requeued for this attempt), its
+    /// output and working directory move to this attempt's log directory too: Slurm keeps
+    /// the first attempt's `--output` and would truncate that log on the restart.
+    fn place_and_release(
+        &mut self,
+        job_id: u64,
+        launch: &Launch,
+        own_output: bool,
+    ) -> Result<(), String> {
         let shape = node_shape(launch);
         let nodes: Vec<&str> = shape.keys().map(String::as_str).collect();
         let gpus_per_node = shape.values().next().map_or(0, |s| s.1);
@@ -659,6 +676,13 @@ impl SlurmBackend {
                 Some(t) => format!("TresPerNode=gres:gpu:{t}:{gpus_per_node}"),
                 None => format!("TresPerNode=gres:gpu:{gpus_per_node}"),
             });
+        }
+        if own_output {
+            let log = batch_log(launch);
+            // Slurm cannot update `StdErr`; jobs are submitted without `--error`, so their
+            // stderr follows `StdOut`.
+            args.push(format!("StdOut={}", log.display()));
+            args.push(format!("WorkDir={}", launch.log_dir.display()));
         }
         self.run(Tool::Scontrol, &args)
             .map_err(|e| format!("cannot move Slurm job {job_id} onto {}: {e}", nodes.join(",")))?;
@@ -693,7 +717,7 @@ impl SlurmBackend {
             if self.gpu_types.is_empty() && launch.members.iter().any(|m| !m.devices.is_empty()) {
                 self.inventory()?;
             }
-            if let Err(e) = self.place_and_release(job_id, launch) {
+            if let Err(e) = self.place_and_release(job_id, launch, false) {
                 self.fail_launch(run, e);
                 return Ok(());
             }
@@ -785,6 +809,23 @@ impl SlurmBackend {
 
     /// A launch of a requeued run that cannot be placed: the run fails; allot's own job is
     /// cancelled (it must not linger held), an adopted one stays held as foreign work.
+    /// A requeued job's next attempt writes to a log directory of its own: made as a new
+    /// submission's is (the daemon's, then the job's account's with `run_as_submitter`).
+    fn prepare_log_dir(&self, launch: &Launch, own: bool) -> Result<(), String> {
+        if !own {
+            return Ok(());
+        }
+        allot_backend::files::prepare(launch, None)?;
+        if self.config.run_as_submitter {
+            let owner = Account::of_user(
+                launch.env.get(USER_ENV).map_or("", String::as_str),
+                RUN_AS_SUBMITTER_FIX,
+            )?;
+            allot_backend::files::prepare(launch, Some(&owner))?;
+        }
+        Ok(())
+    }
+
     fn fail_requeued(&mut self, run: RunId, why: String) -> Result<(), BackendError> {
         let Some(t) = self.runs.get_mut(&run) else { return Ok(()) };
         t.ended = true;
@@ -807,11 +848,7 @@ impl SlurmBackend {
         let shape = node_shape(launch);
         let nodes: Vec<&str> = shape.keys().map(String::as_str).collect();
         let (tasks_per_node, gpus_per_node) = shape.values().next().copied().unwrap_or((1, 0));
-        let log = if launch.members.len() == 1 {
-            launch.log_dir.join("member-0.log")
-        } else {
-            launch.log_dir.join("batch.log")
-        };
+        let log = batch_log(launch);
         let mut args = vec![
             "--parsable".to_string(),
             format!("--job-name={}", self.job_name(launch.run)),
@@ -820,8 +857,8 @@ impl SlurmBackend {
             format!("--nodelist={}", nodes.join(",")),
             format!("--ntasks={}", launch.members.len()),
             format!("--ntasks-per-node={tasks_per_node}"),
+            // stderr goes with stdout (no `--error`), so that a requeue can move both.
             format!("--output={}", log.display()),
-            format!("--error={}", log.display()),
             format!("--chdir={}", launch.log_dir.display()),
             "--no-requeue".to_string(),
             "--export=ALL".to_string(),
@@ -881,7 +918,6 @@ impl SlurmBackend {
         let mut env = allot_backend::account::base_env(&account, &launch.env);
         env.insert("ALLOT_SLURM_TASKS".into(), launch.members.len().to_string());
         env.insert("ALLOT_SLURM_TASKS_PER_NODE".into(), tasks_per_node.to_string());
-        env.insert("ALLOT_SLURM_LOG_DIR".into(), launch.log_dir.display().to_string());
         let mut args = self.sbatch_args(launch);
         if let Some(owner) = &owner {
             args.push(format!("--uid={}", owner.uid));
@@ -982,9 +1018,12 @@ impl SlurmBackend {
         }
         for (run, job_id, gone) in ready {
             let Some(launch) = self.to_place.remove(&run) else { continue };
+            let own = self.runs.get(&run).is_some_and(|t| !t.adopted);
             let result = match gone {
                 Some(why) => Err(format!("Slurm job {job_id} {why} before {run} could start")),
-                None => self.place_and_release(job_id, &launch),
+                None => self
+                    .prepare_log_dir(&launch, own)
+                    .and_then(|()| self.place_and_release(job_id, &launch, own)),
             };
             if let Err(error) = result {
                 if let Some(t) = self.runs.get_mut(&run) {

@@ -352,8 +352,14 @@ fn requeue_runs_the_same_job_again_on_the_next_launchs_nodes() {
     assert_eq!(squeue_of(&id, "%T"), "PENDING");
     assert!(!started(&seen[1..], next), "{seen:#?}");
     let requeued_at = Instant::now();
+    let next_logs = h.tmp_dir().join("logs-2");
     backend
-        .launch(&Launch { run: next, members: vec![member("node1", 3)], ..launch.clone() })
+        .launch(&Launch {
+            run: next,
+            members: vec![member("node1", 3)],
+            log_dir: next_logs.clone(),
+            ..launch.clone()
+        })
         .expect("launch of the next attempt");
     // Running again as the same job once cred_expire (10 s) has passed.
     until(&mut backend, &mut seen, Duration::from_secs(40), "the next attempt to start", |s| {
@@ -370,6 +376,15 @@ fn requeue_runs_the_same_job_again_on_the_next_launchs_nodes() {
     );
     assert_eq!(squeue_of(&id, "%N %b"), "node1 gres:gpu:h100:3");
     assert_eq!(restarts_of(&id), "1");
+    // The next attempt writes to its own log; the first attempt's is left as it was.
+    let shown = slurm("scontrol", &["show", "job", &id]);
+    let next_log = next_logs.join("member-0.log");
+    assert!(
+        shown.contains(&format!("StdOut={}", next_log.display())),
+        "the requeued job's output moved to the next attempt's log: {shown}"
+    );
+    assert!(next_log.exists(), "{} written by the next attempt", next_log.display());
+    assert!(h.tmp_dir().join("logs/member-0.log").exists(), "the first attempt's log kept");
     // Launching the next attempt again starts nothing more.
     backend.launch(&Launch { run: next, ..launch.clone() }).expect("idempotent launch");
     assert_eq!(backend.job_id(next), Some(job));

@@ -52,7 +52,6 @@ fn sbatch_arguments_of_a_two_node_launch() {
             "--ntasks=2",
             "--ntasks-per-node=1",
             "--output=/shared/allot/logs/42.3/batch.log",
-            "--error=/shared/allot/logs/42.3/batch.log",
             "--chdir=/shared/allot/logs/42.3",
             "--no-requeue",
             "--export=ALL",

@@ -148,6 +148,12 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
                 w["state"] == "running" && w["attempt"] == 2
             })
     });
+    // Each run keeps its own output: both attempts' logs are there (the call asserts < 400).
+    for id in &requeued {
+        for attempt in [1, 2] {
+            serve.call("GET", &format!("/api/v1/workloads/{id}/logs?attempt={attempt}"), None);
+        }
+    }
 
     // 3. Idle reclaim: two of team-a's jobs end; team-b runs a notebook and a job there.
     // The two that were never reclaimed end: they have run since step 1, so Slurm's books

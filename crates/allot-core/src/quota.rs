@@ -173,6 +173,11 @@ impl QuotaBook {
         self.lines[project.0 as usize].get(&key)
     }
 
+    /// Cohort `c` and the cohorts above it, nearest first (its root last).
+    pub fn ancestors(&self, c: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(Some(c), |&at| self.parent[at])
+    }
+
     /// What cohort `c`'s pool for `key` can still give a child: its own free local part plus
     /// what its parent can give it, within its borrow limit; all that is left at a root.
     /// With whether a borrow limit on the way bound it.

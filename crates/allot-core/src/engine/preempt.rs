@@ -197,12 +197,12 @@ impl Engine {
         // Fair sharing: other borrowers' work in the same tree that is no reclaim candidate,
         // taken (by share, below) only in passes that let the claimant borrow.
         if self.fair_sharing.is_some() {
-            let root = self.quota_root(cohort);
+            let root = self.quota.ancestors(cohort).last();
             let taken: BTreeSet<WorkloadId> = candidates.iter().map(|c| c.0.4).collect();
             for q in 0..self.projects.len() {
                 let q = ProjectId(q as u32);
                 if q == project
-                    || self.quota_root(self.projects[q.0 as usize].cohort) != root
+                    || self.quota.ancestors(self.projects[q.0 as usize].cohort).last() != root
                     || !self.borrows(q, key, id)
                 {
                     continue;
@@ -463,16 +463,8 @@ impl Engine {
         }
     }
 
-    /// The root of cohort `c`'s tree.
-    fn quota_root(&self, mut c: usize) -> usize {
-        while let Some(up) = self.quota.parent[c] {
-            c = up;
-        }
-        c
-    }
-
     /// A project's share on `key` (Kueue's dominant resource share for one resource): what it
-    /// borrows by its committed usage, moved by `delta`, over the most its cohort's pool could
+    /// borrows by its committed usage (with `add` more and `remove` less), over the most its cohort's pool could
     /// ever give, in millionths, over its weight; 0 when it does not borrow, `u64::MAX` when it
     /// borrows with weight 0.
     fn borrowing_share(
@@ -718,11 +710,7 @@ impl Advantage {
         cohort: usize,
         total: Shares,
     ) -> Self {
-        let mut chain = vec![cohort];
-        while let Some(up) = engine.quota.parent[*chain.last().expect("not empty")] {
-            chain.push(up);
-        }
-        Advantage { chain, project, key, total }
+        Advantage { chain: engine.quota.ancestors(cohort).collect(), project, key, total }
     }
 
     /// The pool at which level `level > 0` is judged, as (used, subtree).

@@ -211,7 +211,7 @@ pub enum StopReason {
 }
 
 /// Why a workload did not start this cycle. Every variant carries the numbers behind it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DeferReason {
     /// The project has no quota line that covers any GPU model the workload accepts.
     NoQuotaForModel { project: ProjectId },
@@ -278,7 +278,7 @@ impl PlacementFacts {
 }
 
 /// The free capacity of one GPU model when a placement failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PlacementFacts {
     pub model: Option<ModelId>,
     pub members: u32,

@@ -33,7 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::capacity::{Capacity, DeviceCap, MemberShape, MigDevice, NodeCap};
-use crate::decision::{Decision, DeferReason, Placement, QuotaKey, RejectReason, StopReason};
+use crate::decision::{Decision, Placement, QuotaKey, RejectReason, StopReason};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::mig::MigGpu;
 use crate::model::{
@@ -299,7 +299,9 @@ pub struct Engine {
     /// The defragmentation policy; `None`: off.
     pub(crate) defrag: Option<Defragmentation>,
     pub(crate) workloads: BTreeMap<WorkloadId, WorkloadState>,
-    pub(crate) queues: Vec<BTreeSet<QueueKey>>,
+    pub(crate) queues: Vec<queue::Queue>,
+    /// The request shapes of queued work, numbered (`queue::Shapes`).
+    shapes: queue::Shapes,
     /// Started workloads per project: the only pre-emption candidates.
     running: Vec<book::RunningSet>,
     preemptors: BTreeSet<WorkloadId>,
@@ -347,21 +349,14 @@ pub struct Engine {
     pub(crate) fair_sharing: Option<FairSharing>,
     pub(crate) default_class_name: String,
     /// The deferral last handed out per pending workload by `decide_changes`.
-    reported: Reported,
+    /// The deferrals numbered for `decide_changes` (`queue::Reasons`).
+    reasons: queue::Reasons,
+    /// Set while `decide_changes` runs: deferrals that repeat what a queued workload was
+    /// last told are not emitted.
+    changes_only: bool,
     /// Cycles without the cycle's memory (`reference_cycles`): the reference the
     /// incremental cycle is tested against.
     pub(crate) reference: bool,
-}
-
-/// What `decide_changes` last reported per workload. Not part of the engine's state: a
-/// rebuilt engine reports each deferral once more, so its `Debug` shows nothing.
-#[derive(Clone, Default)]
-struct Reported(BTreeMap<WorkloadId, DeferReason>);
-
-impl std::fmt::Debug for Reported {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Reported")
-    }
 }
 
 impl Engine {
@@ -597,7 +592,8 @@ impl Engine {
             half_life_ms: policy.fair_share_half_life_ms,
             defrag: policy.defragmentation,
             workloads: BTreeMap::new(),
-            queues: vec![BTreeSet::new(); project_count],
+            queues: vec![queue::Queue::default(); project_count],
+            shapes: queue::Shapes::default(),
             running: vec![book::RunningSet::default(); project_count],
             preemptors: BTreeSet::new(),
             reservations: BTreeMap::new(),
@@ -619,7 +615,8 @@ impl Engine {
             restart_cost_ms: policy.restart_cost_ms,
             fair_sharing: policy.fair_sharing.clone(),
             default_class_name: policy.default_priority_class.clone(),
-            reported: Reported::default(),
+            reasons: queue::Reasons::default(),
+            changes_only: false,
             reference: false,
         })
     }
@@ -721,10 +718,16 @@ impl Engine {
     /// workload gets exactly one `Admit`, `Defer` or `Reject`.
     pub fn decide(&mut self, now: Timestamp) -> Vec<Decision> {
         self.advance(now);
+        self.prune_reasons();
         let mut out = Vec::new();
 
         // 1. Submissions that can never run.
         for (workload, name, reason) in std::mem::take(&mut self.rejected) {
+            // A duplicate id's rejection is the last word on that id: the queued workload's
+            // next deferral is news again.
+            if self.changes_only {
+                self.forget_reported(workload);
+            }
             out.push(Decision::Reject { workload, name, reason });
         }
 
@@ -740,26 +743,9 @@ impl Engine {
     /// a deep queue does not hand them each pending workload every cycle. Every other
     /// decision, and the order of all, is `decide`'s.
     pub fn decide_changes(&mut self, now: Timestamp) -> Vec<Decision> {
-        let mut decisions = self.decide(now);
-        let reported = &mut self.reported.0;
-        decisions.retain(|d| match d {
-            Decision::Defer { workload, reason } => {
-                if reported.get(workload) == Some(reason) {
-                    return false;
-                }
-                reported.insert(*workload, reason.clone());
-                true
-            }
-            other => {
-                reported.remove(&other.workload());
-                true
-            }
-        });
-        // Work that left the engine (finished, cancelled while pending) is reported no more.
-        if reported.len() > self.workloads.len() {
-            let workloads = &self.workloads;
-            reported.retain(|id, _| workloads.contains_key(id));
-        }
+        self.changes_only = true;
+        let decisions = self.decide(now);
+        self.changes_only = false;
         decisions
     }
 

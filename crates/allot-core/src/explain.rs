@@ -124,7 +124,7 @@ impl Engine {
         }
         let queue = &self.queues[w.project.0 as usize];
         let ahead: Vec<WorkloadId> =
-            queue.iter().map(|k| k.2).take_while(|&other| other != id).collect();
+            queue.keys().map(|k| k.2).take_while(|&other| other != id).collect();
         explanation.queue = Some(QueuePosition {
             position: ahead.len() + 1,
             ahead_total: ahead.len(),

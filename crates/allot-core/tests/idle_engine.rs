@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use allot_core::idle::{DeviceReading, IdleModel, IdleRule, MissingTelemetry};
 use allot_core::{
-    Decision, DeviceSpec, Engine, Event, GpuRequest, IdlePolicySpec, IdleWhen, NodeId, NodeSpec,
-    PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    Decision, DeferReason, DeviceSpec, Engine, Event, GpuRequest, IdlePolicySpec, IdleWhen, NodeId,
+    NodeSpec, PolicySpec, PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
     QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId, WorkloadKind, WorkloadSpec,
 };
 use proptest::prelude::*;
@@ -218,6 +218,10 @@ fn step() -> impl Strategy<Value = Step> {
 
 struct World {
     engine: Engine,
+    /// The same history through `decide_changes`, with what it should have reported last
+    /// per workload: it must hand out `engine`'s decisions less the repeated deferrals.
+    changes: Engine,
+    reported: BTreeMap<WorkloadId, DeferReason>,
     rules: Vec<IdlePolicySpec>,
     specs: BTreeMap<WorkloadId, WorkloadSpec>,
     running: BTreeSet<WorkloadId>,
@@ -231,6 +235,36 @@ struct World {
 }
 
 impl World {
+    fn apply(&mut self, now: Timestamp, event: Event) {
+        self.changes.apply(now, event.clone());
+        self.engine.apply(now, event);
+    }
+
+    /// `decide_changes` of the same history gives `decisions` less each deferral that
+    /// repeats the one last reported for that workload.
+    fn check_changes(&mut self, now: Timestamp, decisions: &[Decision]) -> Result<(), String> {
+        let mut expected = Vec::new();
+        for d in decisions {
+            match d {
+                Decision::Defer { workload, reason } => {
+                    if self.reported.get(workload) != Some(reason) {
+                        self.reported.insert(*workload, reason.clone());
+                        expected.push(d.clone());
+                    }
+                }
+                other => {
+                    self.reported.remove(&other.workload());
+                    expected.push(other.clone());
+                }
+            }
+        }
+        let got = self.changes.decide_changes(now);
+        if got != expected {
+            return Err(format!("decide_changes differs:\n{got:?}\n{expected:?}"));
+        }
+        Ok(())
+    }
+
     fn covering(&self, w: &WorkloadSpec) -> Option<&IdlePolicySpec> {
         self.rules.iter().find(|r| r.covers(&w.project, w.kind))
     }
@@ -289,6 +323,7 @@ impl World {
 
     fn decide(&mut self, now: Timestamp) -> Result<Vec<Decision>, String> {
         let decisions = self.engine.decide(now);
+        self.check_changes(now, &decisions)?;
         // Go on from the engine rebuilt from its saved state: idle trackers, warnings and
         // backoffs must survive a snapshot exactly.
         let bytes = self.engine.state().map_err(|e| format!("state: {e}"))?;
@@ -342,7 +377,9 @@ impl World {
 fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
     let engine = Engine::new(&nodes(), &policy(rules.clone())).map_err(|e| e.to_string())?;
     let mut w = World {
+        changes: engine.clone(),
         engine,
+        reported: BTreeMap::new(),
         rules,
         specs: BTreeMap::new(),
         running: BTreeSet::new(),
@@ -371,7 +408,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                 spec.preemptible = fixed.then_some(false);
                 next += 1;
                 w.specs.insert(spec.id, spec.clone());
-                w.engine.apply(now, Event::WorkloadSubmitted(spec));
+                w.apply(now, Event::WorkloadSubmitted(spec));
             }
             Step::Decide => {
                 w.decide(now)?;
@@ -379,14 +416,14 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
             Step::Act => {
                 let stopped = !w.to_stop.is_empty();
                 for id in std::mem::take(&mut w.to_start) {
-                    w.engine.apply(now, Event::AllocationStarted { workload: id });
+                    w.apply(now, Event::AllocationStarted { workload: id });
                     w.running.insert(id);
                     w.started_at.insert(id, now);
                 }
                 for id in std::mem::take(&mut w.to_stop) {
                     w.running.remove(&id);
                     w.claimed.remove(&id);
-                    w.engine.apply(now, Event::WorkloadStopped { workload: id });
+                    w.apply(now, Event::WorkloadStopped { workload: id });
                 }
                 if stopped {
                     // Claimants whose idle victims are all gone start in this cycle.
@@ -438,15 +475,14 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                             })
                         })
                         .collect();
-                    w.engine.apply(now, Event::ActivitySampled { workload: id, readings });
+                    w.apply(now, Event::ActivitySampled { workload: id, readings });
                 }
             }
             Step::Probe { pick, ago_s } => {
                 let ids: Vec<WorkloadId> = w.running.iter().copied().collect();
                 if let Some(&id) = ids.get(pick % ids.len().max(1)) {
                     let last = Timestamp(now.0.saturating_sub(ago_s * 1000));
-                    w.engine
-                        .apply(now, Event::ActivityProbed { workload: id, last_activity: last });
+                    w.apply(now, Event::ActivityProbed { workload: id, last_activity: last });
                 }
             }
             Step::Finish { pick } => {
@@ -455,7 +491,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                     w.running.remove(&id);
                     w.to_stop.retain(|s| *s != id);
                     w.claimed.remove(&id);
-                    w.engine.apply(now, Event::WorkloadFinished { workload: id });
+                    w.apply(now, Event::WorkloadFinished { workload: id });
                 }
             }
             Step::Wait { s } => now = Timestamp(now.0 + s * 1000),
@@ -463,10 +499,10 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                 let node = NodeId((pick % 3) as u32);
                 if *up {
                     down.remove(&node);
-                    w.engine.apply(now, Event::NodeAvailable { node });
+                    w.apply(now, Event::NodeAvailable { node });
                 } else {
                     down.insert(node);
-                    w.engine.apply(now, Event::NodeUnavailable { node, reason: "drained".into() });
+                    w.apply(now, Event::NodeUnavailable { node, reason: "drained".into() });
                 }
             }
         }

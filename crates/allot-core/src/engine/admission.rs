@@ -11,38 +11,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::preempt::EligibleLists;
-use super::queue::OrderKey;
+use super::queue::{OrderKey, QueueEntry, QueueKey as Queued, ReasonId, ShapeId};
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
 use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::{GpuRequest, Queueing};
-
-/// A request's shape as the cycle's memory of failures knows it: everything a deferral
-/// depends on, down to whether the workload may pre-empt at all (idle-suspended work may not).
-type ShapeKey = (ProjectId, i32, u32, GpuRequest, ModelList, u64, u64, Layout, bool);
-
-/// A workload's accepted models, in order, as a memory key: packed into one integer when
-/// short (nearly always: none, or a few), so looking a shape up allocates nothing.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum ModelList {
-    Packed(u128),
-    Long(Vec<ModelId>),
-}
-
-impl ModelList {
-    fn of(models: &[ModelId]) -> ModelList {
-        if models.len() > 7 {
-            return ModelList::Long(models.to_vec());
-        }
-        // Length in the low byte, then 16 bits per model: distinct lists, distinct numbers.
-        let packed = models
-            .iter()
-            .enumerate()
-            .fold(models.len() as u128, |acc, (i, m)| acc | (u128::from(m.0) << (8 + 16 * i)));
-        ModelList::Packed(packed)
-    }
-}
 
 /// A cycle's memory of request shapes that found neither room nor victims. Capacity only
 /// shrinks and claimed victims only grow within a cycle, so such a shape fails again. Each
@@ -52,7 +26,14 @@ impl ModelList {
 /// the quota and placement checks being made again.
 #[derive(Default)]
 pub(crate) struct CycleMemory {
-    failed: BTreeMap<ShapeKey, (u64, DeferReason)>,
+    /// Per (shape, whether it may pre-empt): the deferral and the count of changes then.
+    failed: BTreeMap<(ShapeId, bool), (u64, ReasonId)>,
+    /// Per shape: whether its head would be within guarantee (`project_order_key`), and the
+    /// count of changes then.
+    within: BTreeMap<ShapeId, (u64, bool)>,
+    /// The last `within` answer, (shape, count of changes, within): a project's queue
+    /// holds runs of one shape.
+    last_within: Option<(ShapeId, u64, bool)>,
     /// The arbiter's possible victims per project and model, made since the last change
     /// (the same for every claimant until the state changes).
     victims: EligibleLists,
@@ -64,6 +45,18 @@ impl CycleMemory {
     fn changed(&mut self) {
         self.changes += 1;
         self.victims.clear();
+    }
+
+    fn remember(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
+        if let Some(shape) = shape {
+            self.failed.insert(shape, (self.changes, reason));
+        }
+    }
+
+    /// The deferral remembered for a plain queued workload of `shape` (no idle state: it
+    /// may pre-empt) while nothing has changed since.
+    fn known(&self, shape: ShapeId) -> Option<ReasonId> {
+        self.failed.get(&(shape, true)).filter(|(at, _)| *at == self.changes).map(|&(_, r)| r)
     }
 }
 
@@ -120,10 +113,11 @@ impl Engine {
                 if let Some(w) = self.workloads.get_mut(&id) {
                     w.waiting_for.clear();
                 }
-                self.schedule_one(now, id, &mut memory, out) == OutcomeKind::Admitted
+                let shape = self.workloads.get(&id).and_then(|w| self.queued_shape(w));
+                self.schedule_one(now, id, shape, &mut memory, out) == OutcomeKind::Admitted
             } else {
                 let reason = DeferReason::WaitingForPreemption { victims: still };
-                out.push(Decision::Defer { workload: id, reason });
+                self.report_defer(out, id, reason);
                 false
             };
             if !started && stuck.get(&p).is_none_or(|&(k, _)| key < k) {
@@ -135,17 +129,22 @@ impl Engine {
         }
 
         // 4. Projects in fair-share order, one workload at a time.
-        let snapshot: Vec<Vec<WorkloadId>> = self
+        let snapshot: Vec<Vec<(Queued, QueueEntry)>> = self
             .queues
             .iter()
-            .map(|q| q.iter().map(|k| k.2).filter(|id| !handled.contains(id)).collect())
+            .map(|q| {
+                q.iter()
+                    .map(|(k, s)| (*k, *s))
+                    .filter(|(k, _)| handled.is_empty() || !handled.contains(&k.2))
+                    .collect()
+            })
             .collect();
         let mut cursor = vec![0usize; snapshot.len()];
         let mut last_resumes: Vec<WorkloadId> = Vec::new();
         let mut order: BTreeSet<OrderKey> = BTreeSet::new();
         for (p, queue) in snapshot.iter().enumerate() {
             if let Some(&head) = queue.first() {
-                order.insert(self.project_order_key(ProjectId(p as u32), head));
+                order.insert(self.memo_order_key(ProjectId(p as u32), head, &mut memory));
             }
         }
         // The project served next when its next workload still goes before every other
@@ -154,15 +153,26 @@ impl Engine {
         while let Some((.., project)) = next_up.take().or_else(|| order.pop_first()) {
             let p = project.0 as usize;
             let strict = self.projects[p].queueing == Queueing::StrictFifo;
-            let id = snapshot[p][cursor[p]];
-            let stuck_head = stuck
-                .get(&p)
-                .filter(|&&(k, _)| strict && k < self.workloads[&id].queue_key())
-                .map(|&(_, head)| head);
-            let head = match stuck_head {
+            let (queued, entry) = snapshot[p][cursor[p]];
+            let id = queued.2;
+            let stuck_head =
+                stuck.get(&p).filter(|&&(k, _)| strict && k < queued).map(|&(_, head)| head);
+            let known =
+                if self.reference || !entry.plain { None } else { memory.known(entry.shape) };
+            let head = match (stuck_head, known) {
                 // Behind a pre-emptor that has not started: blocked like the rest below.
-                Some(head) => head,
-                None => {
+                (Some(head), _) => head,
+                // A plain workload of a shape that failed since the last change: the same
+                // deferral, without reading the workload.
+                (None, Some(reason)) => {
+                    cursor[p] += 1;
+                    self.report_known(out, p, (queued, entry), reason);
+                    if only == Some(id) {
+                        return;
+                    }
+                    id
+                }
+                (None, None) => {
                     cursor[p] += 1;
                     let w = self.workloads.get(&id);
                     // Idle-suspended work past its backoff resumes after everyone else
@@ -177,29 +187,38 @@ impl Engine {
                     let backing_off = w.is_some_and(|w| w.resume_at.is_some_and(|t| t > now));
                     if let Some(since) = awaiting_use {
                         let reason = DeferReason::AwaitingUse { since };
-                        out.push(Decision::Defer { workload: id, reason });
+                        self.report_defer(out, id, reason);
                         if only == Some(id) {
                             return;
                         }
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            next_up = queue_next(&mut order, self.project_order_key(project, next));
+                            next_up = queue_next(
+                                &mut order,
+                                self.memo_order_key(project, next, &mut memory),
+                            );
                         }
                         continue;
                     }
                     if resuming {
                         last_resumes.push(id);
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            next_up = queue_next(&mut order, self.project_order_key(project, next));
+                            next_up = queue_next(
+                                &mut order,
+                                self.memo_order_key(project, next, &mut memory),
+                            );
                         }
                         continue;
                     }
-                    let outcome = self.schedule_one(now, id, &mut memory, out);
+                    let outcome = self.schedule_one(now, id, Some(entry.shape), &mut memory, out);
                     if only == Some(id) {
                         return;
                     }
                     if outcome == OutcomeKind::Admitted || backing_off {
                         if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            next_up = queue_next(&mut order, self.project_order_key(project, next));
+                            next_up = queue_next(
+                                &mut order,
+                                self.memo_order_key(project, next, &mut memory),
+                            );
                         }
                         continue;
                     }
@@ -207,9 +226,9 @@ impl Engine {
                 }
             };
             if strict {
-                for &behind in &snapshot[p][cursor[p]..] {
+                for &((.., behind), _) in &snapshot[p][cursor[p]..] {
                     let reason = DeferReason::BlockedByFifo { head };
-                    out.push(Decision::Defer { workload: behind, reason });
+                    self.report_defer(out, behind, reason);
                     if only == Some(behind) {
                         return;
                     }
@@ -217,7 +236,7 @@ impl Engine {
                 cursor[p] = snapshot[p].len();
             }
             if let Some(&next) = snapshot[p].get(cursor[p]) {
-                next_up = queue_next(&mut order, self.project_order_key(project, next));
+                next_up = queue_next(&mut order, self.memo_order_key(project, next, &mut memory));
             }
         }
 
@@ -225,7 +244,8 @@ impl Engine {
         // pre-empts (`try_schedule`).
         last_resumes.sort_by_key(|id| self.workloads.get(id).map(|w| (w.queued_at, *id)));
         for id in last_resumes {
-            self.schedule_one(now, id, &mut memory, out);
+            let shape = self.workloads.get(&id).and_then(|w| self.queued_shape(w));
+            self.schedule_one(now, id, shape, &mut memory, out);
             if only == Some(id) {
                 return;
             }
@@ -237,14 +257,84 @@ impl Engine {
         if w.models.is_empty() { &self.all_models } else { &w.models }
     }
 
+    /// Emits a deferral; under `decide_changes`, only if it is not what the queued workload
+    /// was last told.
+    fn report_defer(&mut self, out: &mut Vec<Decision>, id: WorkloadId, reason: DeferReason) {
+        if self.changes_only
+            && let Some(w) = self.workloads.get(&id)
+            && let Some(entry) = self.queues[w.project.0 as usize].get_mut(&w.queue_key())
+        {
+            let number = self.reasons.number(&reason);
+            if entry.reported == Some(number) {
+                return;
+            }
+            entry.reported = Some(number);
+        }
+        out.push(Decision::Defer { workload: id, reason });
+    }
+
+    /// `report_defer` of a remembered deferral for a queued workload of project `p`, from
+    /// the cycle's copy of its queue entry (it is deferred once a cycle, so the copy is
+    /// current).
+    fn report_known(
+        &mut self,
+        out: &mut Vec<Decision>,
+        p: usize,
+        (key, entry): (Queued, QueueEntry),
+        reason: ReasonId,
+    ) {
+        if self.changes_only {
+            if entry.reported == Some(reason) {
+                return;
+            }
+            if let Some(e) = self.queues[p].get_mut(&key) {
+                e.reported = Some(reason);
+            }
+        }
+        out.push(Decision::Defer { workload: key.2, reason: self.reasons.get(reason).clone() });
+    }
+
+    /// `project_order_key` of a queued head, with whether it is within guarantee taken from
+    /// the cycle's memory while nothing has changed (it depends on the head's shape and the
+    /// state alone).
+    fn memo_order_key(
+        &self,
+        project: ProjectId,
+        (key, entry): (Queued, QueueEntry),
+        memory: &mut CycleMemory,
+    ) -> OrderKey {
+        let shape = entry.shape;
+        let within = match memory.last_within {
+            Some((last, at, within))
+                if last == shape && at == memory.changes && !self.reference =>
+            {
+                within
+            }
+            _ => {
+                let within = match memory.within.get(&shape) {
+                    Some(&(at, within)) if at == memory.changes && !self.reference => within,
+                    _ => {
+                        let within = self.head_within_guarantee(&self.workloads[&key.2]);
+                        memory.within.insert(shape, (memory.changes, within));
+                        within
+                    }
+                };
+                memory.last_within = Some((shape, memory.changes, within));
+                within
+            }
+        };
+        self.order_key_of(project, key, within)
+    }
+
     fn schedule_one(
         &mut self,
         now: Timestamp,
         id: WorkloadId,
+        shape: Option<ShapeId>,
         memory: &mut CycleMemory,
         out: &mut Vec<Decision>,
     ) -> OutcomeKind {
-        match self.try_schedule(now, id, memory) {
+        match self.try_schedule(now, id, shape, memory) {
             Outcome::Admitted(d) => {
                 memory.changed();
                 out.push(d);
@@ -255,49 +345,41 @@ impl Engine {
                 let victims = decisions.iter().map(Decision::workload).collect();
                 out.extend(decisions);
                 let reason = DeferReason::WaitingForPreemption { victims };
-                out.push(Decision::Defer { workload: id, reason });
+                self.report_defer(out, id, reason);
                 OutcomeKind::Waiting
             }
             Outcome::Deferred(reason) => {
-                out.push(Decision::Defer { workload: id, reason });
+                self.report_defer(out, id, reason);
                 OutcomeKind::Deferred
             }
         }
     }
 
     /// Admit, pre-empt for, or defer one pending workload, against the current state.
+    /// `queued_shape` keys the cycle's memory (`None`: the workload is not remembered).
     pub(crate) fn try_schedule(
         &mut self,
         now: Timestamp,
         id: WorkloadId,
+        queued_shape: Option<ShapeId>,
         memory: &mut CycleMemory,
     ) -> Outcome {
         let w = &self.workloads[&id];
         if let Some(reason) = self.in_idle_backoff(w, now) {
             return Outcome::Deferred(reason);
         }
-        let request = Request::of(w);
-        let Request { project, shape, members, same_node, total, .. } = request;
         // Idle-suspended work resumes only into free room: it was not using its GPUs.
         let may_preempt = w.idle_suspended_at.is_none();
-        let shape_key: ShapeKey = (
-            project,
-            w.priority,
-            members,
-            shape.gpus,
-            ModelList::of(&w.models),
-            shape.cpu,
-            shape.mem,
-            request.layout(),
-            may_preempt,
-        );
-        let known_failure = match memory.failed.get(&shape_key) {
-            Some((at, reason)) if *at == memory.changes && !self.reference => {
-                return Outcome::Deferred(reason.clone());
+        let shape_key = queued_shape.map(|s| (s, may_preempt));
+        let known_failure = match shape_key.and_then(|k| memory.failed.get(&k)) {
+            Some(&(at, reason)) if at == memory.changes && !self.reference => {
+                return Outcome::Deferred(self.reasons.get(reason).clone());
             }
             Some(_) => true,
             None => false,
         };
+        let request = Request::of(w);
+        let Request { project, shape, members, same_node, total, .. } = request;
 
         if total == Shares::ZERO {
             if !known_failure
@@ -311,7 +393,7 @@ impl Engine {
                 });
             }
             let reason = self.no_room(None, shape, members, request.layout(), same_node);
-            memory.failed.insert(shape_key, (memory.changes, reason.clone()));
+            memory.remember(shape_key, self.reasons.number(&reason));
             return Outcome::Deferred(reason);
         }
 
@@ -387,7 +469,7 @@ impl Engine {
             }
         }
         let reason = best.unwrap_or(DeferReason::NoQuotaForModel { project });
-        memory.failed.insert(shape_key, (memory.changes, reason.clone()));
+        memory.remember(shape_key, self.reasons.number(&reason));
         Outcome::Deferred(reason)
     }
 

@@ -28,7 +28,7 @@ impl Engine {
         let mut stopping: BTreeMap<(ProjectId, QuotaKey), Shares> = BTreeMap::new();
         let mut allocated = vec![Shares::ZERO; self.projects.len()];
         for (id, w) in &self.workloads {
-            let queued = self.queues[w.project.0 as usize].contains(&w.queue_key());
+            let queued = self.queues[w.project.0 as usize].contains_key(&w.queue_key());
             match (w.stage, &w.allocation) {
                 (Stage::Pending, None) if queued => {}
                 (Stage::Pending, _) => {
@@ -197,7 +197,7 @@ impl Engine {
     pub fn cluster_snapshot(&self) -> crate::ledger::ClusterSnapshot {
         let mut shapes: BTreeSet<(Vec<ModelId>, MemberShape)> = BTreeSet::new();
         for queue in &self.queues {
-            for &(_, _, id) in queue {
+            for &(_, _, id) in queue.keys() {
                 if let Some(w) = self.workloads.get(&id)
                     && w.spec.total_shares() > Shares::ZERO
                 {

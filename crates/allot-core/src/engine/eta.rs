@@ -83,7 +83,7 @@ impl Engine {
     pub fn etas(&self, now: Timestamp) -> BTreeMap<WorkloadId, Eta> {
         let mut out = BTreeMap::new();
         let mut order: Vec<(Reverse<i32>, Timestamp, WorkloadId)> =
-            self.queues.iter().flat_map(|q| q.iter().copied()).collect();
+            self.queues.iter().flat_map(|q| q.keys().copied()).collect();
         order.sort_unstable();
         let split = order.len().min(ETA_WORKLOADS_MAX);
         let mut sim = self.clone();

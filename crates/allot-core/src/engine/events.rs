@@ -58,13 +58,7 @@ impl Engine {
     pub fn apply(&mut self, now: Timestamp, event: Event) {
         self.advance(now);
         match event {
-            Event::WorkloadSubmitted(spec) => {
-                // A new submission of an id that left is reported afresh by `decide_changes`.
-                if !self.workloads.contains_key(&spec.id) {
-                    self.reported.0.remove(&spec.id);
-                }
-                self.submit(now, spec)
-            }
+            Event::WorkloadSubmitted(spec) => self.submit(now, spec),
             Event::WorkloadAdopted { spec, placement } => self.adopt(now, spec, placement),
             Event::WorkloadCancelled { workload } => self.cancel(workload),
             Event::AllocationStarted { workload } => {
@@ -155,8 +149,8 @@ impl Engine {
         let Some((project, priority, preemptible, models)) = self.accept(&spec) else { return };
         self.note_demand(&spec, &models);
         let state = WorkloadState::new(spec, (project, priority, preemptible, models), now);
-        self.queues[project.0 as usize].insert(state.queue_key());
         self.workloads.insert(id, state);
+        self.enqueue(id);
     }
 
     /// Work running outside allot, taken over where it runs (`Event::WorkloadAdopted`).
@@ -352,8 +346,7 @@ impl Engine {
         let Some(w) = self.workloads.get_mut(&id) else { return };
         w.stage = Stage::Pending;
         w.stop_kind = None;
-        let key = w.queue_key();
-        self.queues[w.project.0 as usize].insert(key);
+        self.enqueue(id);
     }
 
     fn remove(&mut self, id: WorkloadId) {

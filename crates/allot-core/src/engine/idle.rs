@@ -326,21 +326,37 @@ impl Engine {
             return;
         }
         candidates.sort();
-        let mut pending: Vec<(Timestamp, WorkloadId)> = out
-            .iter()
-            .filter_map(|d| match d {
-                Decision::Defer { workload, reason }
-                    if !matches!(
-                        reason,
-                        DeferReason::WaitingForPreemption { .. }
-                            | DeferReason::IdleBackoff { .. }
-                            | DeferReason::AwaitingUse { .. }
-                    ) =>
-                {
-                    let w = self.workloads.get(workload)?;
-                    (w.spec.total_shares().0 > 0).then_some((w.queued_at, *workload))
-                }
-                _ => None,
+        let pressing = |reason: &DeferReason| {
+            !matches!(
+                reason,
+                DeferReason::WaitingForPreemption { .. }
+                    | DeferReason::IdleBackoff { .. }
+                    | DeferReason::AwaitingUse { .. }
+            )
+        };
+        let deferred: Vec<WorkloadId> = if self.changes_only {
+            // `decide_changes` left out the deferrals that repeat; every queued workload's
+            // deferral this cycle is the one its queue entry was last told.
+            let reasons = &self.reasons;
+            self.queues
+                .iter()
+                .flat_map(|q| q.iter())
+                .filter(|(_, e)| e.reported.is_some_and(|r| pressing(reasons.get(r))))
+                .map(|(k, _)| k.2)
+                .collect()
+        } else {
+            out.iter()
+                .filter_map(|d| match d {
+                    Decision::Defer { workload, reason } if pressing(reason) => Some(*workload),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut pending: Vec<(Timestamp, WorkloadId)> = deferred
+            .into_iter()
+            .filter_map(|id| {
+                let w = self.workloads.get(&id)?;
+                (w.spec.total_shares().0 > 0).then_some((w.queued_at, id))
             })
             .collect();
         pending.sort();
@@ -394,6 +410,7 @@ impl Engine {
         let until = Timestamp(now.0.saturating_add(wait));
         w.resume_at = Some(until);
         self.backoffs.insert((until, id));
+        self.unmark_plain(id);
     }
 
     /// Whether a pending workload still waits out an idle backoff at `now`.

@@ -5,14 +5,151 @@
 //! clock that decays past allocation (`advance`).
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
 use super::{Engine, WorkloadState};
-use crate::decision::QuotaKey;
+use crate::capacity::Layout;
+use crate::decision::{DeferReason, QuotaKey};
 use crate::ids::{ModelId, ProjectId, Shares, Timestamp, WorkloadId};
 use crate::model::GpuRequest;
 
 /// Order inside a project: higher priority, then earlier submit, then lower id.
 pub(crate) type QueueKey = (Reverse<i32>, Timestamp, WorkloadId);
+
+/// One project's pending work in queue order, each with its request shape's number
+/// (`ShapeId`), so that the cycle knows a workload's shape without reading the workload.
+/// Its `Debug` shows the keys only: shape numbers are derived, and differ in a rebuilt
+/// engine that is otherwise equal.
+#[derive(Clone, Default)]
+pub(crate) struct Queue(BTreeMap<QueueKey, QueueEntry>);
+
+/// What the cycle knows of a queued workload without reading it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueEntry {
+    pub shape: ShapeId,
+    /// Queued with no idle suspension or backoff (none set since): the cycle may answer it
+    /// from its memory of failed shapes without reading the workload.
+    pub plain: bool,
+    /// The deferral `decide_changes` last reported for it (numbered in `Reasons`).
+    pub reported: Option<ReasonId>,
+}
+
+impl std::ops::Deref for Queue {
+    type Target = BTreeMap<QueueKey, QueueEntry>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Queue {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// A request's shape: everything about a pending workload that its deferral and its place
+/// in the project order depend on, bar whether it may pre-empt (which changes while it
+/// waits). Workloads of one shape get the same answer from the same state.
+pub(crate) type Shape = (ProjectId, i32, u32, GpuRequest, ModelList, u64, u64, Layout);
+
+/// A shape's number in the engine's table of shapes (`Shapes`); numbers are never reused.
+pub(crate) type ShapeId = u32;
+
+/// A deferral's number in the engine's table of reasons (`Reasons`).
+pub(crate) type ReasonId = u32;
+
+/// The deferrals of the cycle's memory, numbered by value, so that `decide_changes` tells a
+/// repeated deferral by its number. Derived, not saved (its `Debug` shows nothing); pruned
+/// to the reasons still reported when it grows (`Engine::prune_reasons`).
+#[derive(Clone, Default)]
+pub(crate) struct Reasons {
+    ids: BTreeMap<DeferReason, ReasonId>,
+    list: Vec<DeferReason>,
+}
+
+impl Reasons {
+    pub fn number(&mut self, reason: &DeferReason) -> ReasonId {
+        if let Some(&id) = self.ids.get(reason) {
+            return id;
+        }
+        let id = self.list.len() as ReasonId;
+        self.ids.insert(reason.clone(), id);
+        self.list.push(reason.clone());
+        id
+    }
+
+    pub fn get(&self, id: ReasonId) -> &DeferReason {
+        &self.list[id as usize]
+    }
+}
+
+impl std::fmt::Debug for Reasons {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reasons")
+    }
+}
+
+/// A workload's accepted models, in order, as a shape key: packed into one integer when
+/// short (nearly always: none, or a few), so comparing shapes allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ModelList {
+    Packed(u128),
+    Long(Vec<ModelId>),
+}
+
+impl ModelList {
+    fn of(models: &[ModelId]) -> ModelList {
+        if models.len() > 7 {
+            return ModelList::Long(models.to_vec());
+        }
+        // Length in the low byte, then 16 bits per model: distinct lists, distinct numbers.
+        let packed = models
+            .iter()
+            .enumerate()
+            .fold(models.len() as u128, |acc, (i, m)| acc | (u128::from(m.0) << (8 + 16 * i)));
+        ModelList::Packed(packed)
+    }
+}
+
+/// The shapes of the work queued so far, numbered in the order first seen. Derived, not
+/// saved: a restored engine numbers them afresh, and numbers only key the cycle's memory
+/// (so its `Debug` shows nothing).
+#[derive(Clone, Default)]
+pub(crate) struct Shapes(BTreeMap<Shape, ShapeId>);
+
+impl std::fmt::Debug for Shapes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Shapes")
+    }
+}
+
+impl Shapes {
+    fn number(&mut self, w: &WorkloadState) -> ShapeId {
+        let shape = shape_of(w);
+        let next = self.0.len() as ShapeId;
+        *self.0.entry(shape).or_insert(next)
+    }
+}
+
+fn shape_of(w: &WorkloadState) -> Shape {
+    let member = w.shape();
+    (
+        w.project,
+        w.priority,
+        w.spec.members,
+        member.gpus,
+        ModelList::of(&w.models),
+        member.cpu,
+        member.mem,
+        Layout::of(w.spec.same_node, w.spec.prefer_same_node),
+    )
+}
 
 /// A project's place in step 4's order (`project_order_key`): (borrows, fair-share standing,
 /// head's priority, head's submit time, project).
@@ -25,6 +162,51 @@ impl WorkloadState {
 }
 
 impl Engine {
+    /// Puts a pending workload in its project's queue, under its shape's number.
+    pub(super) fn enqueue(&mut self, id: WorkloadId) {
+        let Some(w) = self.workloads.get(&id) else { return };
+        let shape = self.shapes.number(w);
+        let plain = w.idle_suspended_at.is_none() && w.resume_at.is_none();
+        let entry = QueueEntry { shape, plain, reported: None };
+        self.queues[w.project.0 as usize].insert(w.queue_key(), entry);
+    }
+
+    /// The shape number a queued workload is filed under (`None`: not queued).
+    pub(super) fn queued_shape(&self, w: &WorkloadState) -> Option<ShapeId> {
+        self.queues[w.project.0 as usize].get(&w.queue_key()).map(|e| e.shape)
+    }
+
+    /// `decide_changes` reports the queued workload's next deferral, repeat or not.
+    pub(super) fn forget_reported(&mut self, id: WorkloadId) {
+        let Some(w) = self.workloads.get(&id) else { return };
+        if let Some(e) = self.queues[w.project.0 as usize].get_mut(&w.queue_key()) {
+            e.reported = None;
+        }
+    }
+
+    /// A queued workload got an idle backoff: the cycle must read it again.
+    pub(super) fn unmark_plain(&mut self, id: WorkloadId) {
+        let Some(w) = self.workloads.get(&id) else { return };
+        if let Some(e) = self.queues[w.project.0 as usize].get_mut(&w.queue_key()) {
+            e.plain = false;
+        }
+    }
+
+    /// Drops the reasons no queued workload was last told, once they outnumber the queued
+    /// work (a long replay meets many distinct numbers), renumbering the rest.
+    pub(super) fn prune_reasons(&mut self) {
+        let queued: usize = self.queues.iter().map(|q| q.len()).sum();
+        if self.reasons.list.len() <= 4096 + 2 * queued {
+            return;
+        }
+        let old = std::mem::take(&mut self.reasons);
+        for q in &mut self.queues {
+            for e in q.0.values_mut() {
+                e.reported = e.reported.map(|r| self.reasons.number(old.get(r)));
+            }
+        }
+    }
+
     /// Moves the fair-share clock: decays each project's average allocation toward its
     /// current allocation with the configured half-life (exact for piecewise-constant use).
     pub(crate) fn advance(&mut self, now: Timestamp) {
@@ -49,7 +231,12 @@ impl Engine {
     /// then the project id.
     pub(super) fn project_order_key(&self, project: ProjectId, head: WorkloadId) -> OrderKey {
         let w = &self.workloads[&head];
-        let within = self.head_within_guarantee(w);
+        self.order_key_of(project, w.queue_key(), self.head_within_guarantee(w))
+    }
+
+    /// `project_order_key` for a head with queue key `key`, given whether it is within its
+    /// guarantee.
+    pub(super) fn order_key_of(&self, project: ProjectId, key: QueueKey, within: bool) -> OrderKey {
         let p = &self.projects[project.0 as usize];
         let standing = if p.weight_milli == 0 {
             u64::MAX
@@ -57,7 +244,7 @@ impl Engine {
             let usage = p.allocated.0 as f64 + p.decayed_allocated;
             (usage / p.fair_share.max(1.0) * 1e6) as u64
         };
-        (u8::from(!within), standing, Reverse(w.priority), w.queued_at, project)
+        (u8::from(!within), standing, key.0, key.1, project)
     }
 
     /// Whether the head would be admitted within its guarantee, judged on the model it would
@@ -65,7 +252,7 @@ impl Engine {
     /// (any of them, for work that accepts any model, as admission weighs them); with room
     /// on none, its first model with a quota line. Not its first model alone: work whose first
     /// model is full but fits its guarantee on its second is no borrower.
-    fn head_within_guarantee(&self, w: &WorkloadState) -> bool {
+    pub(super) fn head_within_guarantee(&self, w: &WorkloadState) -> bool {
         let total = w.spec.total_shares();
         if total == Shares::ZERO {
             return true;

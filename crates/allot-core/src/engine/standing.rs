@@ -62,7 +62,7 @@ impl Engine {
             .map(|(i, p)| {
                 let id = ProjectId(i as u32);
                 let usage = p.allocated.0 as f64 + p.decayed_allocated;
-                let head = self.queues[i].first().map(|k| k.2);
+                let head = self.queues[i].first_key_value().map(|(k, _)| k.2);
                 let key = head.map(|h| self.project_order_key(id, h));
                 if let Some(key) = key {
                     order.push((key, i));

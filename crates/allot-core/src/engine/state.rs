@@ -304,10 +304,7 @@ impl Engine {
             let project = w.project;
             let p = project.0 as usize;
             match (&w.stage, &w.allocation) {
-                (Stage::Pending, _) => {
-                    let key = w.queue_key();
-                    self.queues[p].insert(key);
-                }
+                (Stage::Pending, _) => self.enqueue(id),
                 (stage, Some(a)) => {
                     let (stage, shares, key, priority) = (*stage, a.shares, a.key, w.priority);
                     self.book_resources(id, true);

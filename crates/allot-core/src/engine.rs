@@ -718,7 +718,7 @@ impl Engine {
     /// workload gets exactly one `Admit`, `Defer` or `Reject`.
     pub fn decide(&mut self, now: Timestamp) -> Vec<Decision> {
         self.advance(now);
-        self.prune_reasons();
+        self.prune_numbers();
         let mut out = Vec::new();
 
         // 1. Submissions that can never run.

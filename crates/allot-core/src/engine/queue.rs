@@ -61,12 +61,15 @@ pub(crate) type Shape = (ProjectId, i32, u32, GpuRequest, ModelList, u64, u64, L
 /// A shape's number in the engine's table of shapes (`Shapes`); numbers are never reused.
 pub(crate) type ShapeId = u32;
 
+/// How many shape or reason numbers beyond twice the queued work are kept before pruning.
+const NUMBERS_KEPT_FREE: usize = 4096;
+
 /// A deferral's number in the engine's table of reasons (`Reasons`).
 pub(crate) type ReasonId = u32;
 
 /// The deferrals of the cycle's memory, numbered by value, so that `decide_changes` tells a
 /// repeated deferral by its number. Derived, not saved (its `Debug` shows nothing); pruned
-/// to the reasons still reported when it grows (`Engine::prune_reasons`).
+/// to the reasons still reported when it grows (`Engine::prune_numbers`).
 #[derive(Clone, Default)]
 pub(crate) struct Reasons {
     ids: BTreeMap<DeferReason, ReasonId>,
@@ -192,17 +195,28 @@ impl Engine {
         }
     }
 
-    /// Drops the reasons no queued workload was last told, once they outnumber the queued
-    /// work (a long replay meets many distinct numbers), renumbering the rest.
-    pub(super) fn prune_reasons(&mut self) {
+    /// Drops the reasons no queued workload was last told, and the shapes no queued workload
+    /// has, once they outnumber the queued work (a long replay meets many distinct numbers, a
+    /// daemon many shapes), renumbering the rest. Between cycles only: the cycle's memory is
+    /// keyed by these numbers.
+    pub(super) fn prune_numbers(&mut self) {
         let queued: usize = self.queues.iter().map(|q| q.len()).sum();
-        if self.reasons.list.len() <= 4096 + 2 * queued {
-            return;
+        if self.reasons.list.len() > NUMBERS_KEPT_FREE + 2 * queued {
+            let old = std::mem::take(&mut self.reasons);
+            for q in &mut self.queues {
+                for e in q.0.values_mut() {
+                    e.reported = e.reported.map(|r| self.reasons.number(old.get(r)));
+                }
+            }
         }
-        let old = std::mem::take(&mut self.reasons);
-        for q in &mut self.queues {
-            for e in q.0.values_mut() {
-                e.reported = e.reported.map(|r| self.reasons.number(old.get(r)));
+        if self.shapes.0.len() > NUMBERS_KEPT_FREE + 2 * queued {
+            self.shapes = Shapes::default();
+            for q in &mut self.queues {
+                for (key, e) in q.0.iter_mut() {
+                    if let Some(w) = self.workloads.get(&key.2) {
+                        e.shape = self.shapes.number(w);
+                    }
+                }
             }
         }
     }

@@ -348,7 +348,6 @@ pub struct Engine {
     /// Fair-sharing pre-emption, when the policy asks for it.
     pub(crate) fair_sharing: Option<FairSharing>,
     pub(crate) default_class_name: String,
-    /// The deferral last handed out per pending workload by `decide_changes`.
     /// The deferrals numbered for `decide_changes` (`queue::Reasons`).
     reasons: queue::Reasons,
     /// Set while `decide_changes` runs: deferrals that repeat what a queued workload was

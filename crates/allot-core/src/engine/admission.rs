@@ -260,15 +260,14 @@ impl Engine {
     /// Emits a deferral; under `decide_changes`, only if it is not what the queued workload
     /// was last told.
     fn report_defer(&mut self, out: &mut Vec<Decision>, id: WorkloadId, reason: DeferReason) {
-        if self.changes_only
-            && let Some(w) = self.workloads.get(&id)
-            && let Some(entry) = self.queues[w.project.0 as usize].get_mut(&w.queue_key())
-        {
+        if self.changes_only {
             let number = self.reasons.number(&reason);
-            if entry.reported == Some(number) {
-                return;
+            if let Some(entry) = self.queue_entry_mut(id) {
+                if entry.reported == Some(number) {
+                    return;
+                }
+                entry.reported = Some(number);
             }
-            entry.reported = Some(number);
         }
         out.push(Decision::Defer { workload: id, reason });
     }

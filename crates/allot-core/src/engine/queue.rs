@@ -174,6 +174,12 @@ impl Engine {
         self.queues[w.project.0 as usize].insert(w.queue_key(), entry);
     }
 
+    /// The queue entry of a queued workload (`None`: not queued).
+    pub(super) fn queue_entry_mut(&mut self, id: WorkloadId) -> Option<&mut QueueEntry> {
+        let w = self.workloads.get(&id)?;
+        self.queues[w.project.0 as usize].get_mut(&w.queue_key())
+    }
+
     /// The shape number a queued workload is filed under (`None`: not queued).
     pub(super) fn queued_shape(&self, w: &WorkloadState) -> Option<ShapeId> {
         self.queues[w.project.0 as usize].get(&w.queue_key()).map(|e| e.shape)
@@ -181,16 +187,14 @@ impl Engine {
 
     /// `decide_changes` reports the queued workload's next deferral, repeat or not.
     pub(super) fn forget_reported(&mut self, id: WorkloadId) {
-        let Some(w) = self.workloads.get(&id) else { return };
-        if let Some(e) = self.queues[w.project.0 as usize].get_mut(&w.queue_key()) {
+        if let Some(e) = self.queue_entry_mut(id) {
             e.reported = None;
         }
     }
 
     /// A queued workload got an idle backoff: the cycle must read it again.
     pub(super) fn unmark_plain(&mut self, id: WorkloadId) {
-        let Some(w) = self.workloads.get(&id) else { return };
-        if let Some(e) = self.queues[w.project.0 as usize].get_mut(&w.queue_key()) {
+        if let Some(e) = self.queue_entry_mut(id) {
             e.plain = false;
         }
     }

@@ -64,6 +64,12 @@
 //! ```yaml
 //! fair_share: {half_life: 7d}         # optional; default 0 (point-in-time fairness)
 //! preemption: {mode: suspend}         # optional; suspend | requeue | delete (default suspend)
+//!   # exempt_after_restart: 2m        # optional, default 2m (0: off): work restarted after a
+//!                                     #   pre-emption or idle reclaim is not pre-empted again
+//!                                     #   this long (Slurm's PreemptExemptTime, for restarts)
+//!   # max_per_workload: {count: 3, window: 1h}  # optional, default no cap: pre-empted this
+//!                                     #   often within the window, it is not pre-empted again
+//!                                     #   until the oldest leaves it (count 1–16)
 //!   # fair_sharing: true              # optional, default off: a borrower may take another
 //!                                     #   borrower's GPUs when their shares allow it (Kueue's
 //!                                     #   strategies; `{strategies: [less_than_or_equal_to_

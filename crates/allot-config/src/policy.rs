@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use allot_core::{
     BorrowWithinCohort, CohortSpec, Defragmentation, FairShareStrategy, FairSharing, PolicySpec,
-    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, WithinProject,
+    PreemptionGuard, PreemptionLimit, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
+    QuotaModel, QuotaSpec, WithinProject,
 };
 
 use crate::decode::{self, Ctx, fields, index, list};
@@ -37,7 +38,10 @@ const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
 const DEFRAG_EXAMPLE: &str =
     "`defragmentation: true`, or `defragmentation: {enabled: true, restart_cost: 2m}`";
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
-const PREEMPTION_FIELDS: [&str; 2] = ["mode", "fair_sharing"];
+const PREEMPTION_FIELDS: [&str; 4] =
+    ["mode", "fair_sharing", "exempt_after_restart", "max_per_workload"];
+const LIMIT_FIELDS: [&str; 2] = ["count", "window"];
+const LIMIT_EXAMPLE: &str = "`max_per_workload: {count: 3, window: 1h}`";
 const FAIR_SHARING_FIELDS: [&str; 1] = ["strategies"];
 const FAIR_SHARING_EXAMPLE: &str = "`fair_sharing: true`, or `fair_sharing: {strategies: \
      [less_than_or_equal_to_final_share, less_than_initial_share]}`";
@@ -104,8 +108,8 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         None => Some(0),
         Some(n) => half_life_ms(ctx, n),
     };
-    let (mode, fair_sharing) = match top.get("preemption") {
-        None => (Some(PreemptionMode::default()), Some(None)),
+    let (mode, fair_sharing, guard) = match top.get("preemption") {
+        None => (Some(PreemptionMode::default()), Some(None), Some(PreemptionGuard::DEFAULT)),
         Some(n) => match fields(
             ctx,
             n,
@@ -114,12 +118,15 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
             &PREEMPTION_FIELDS,
             "`preemption: {mode: suspend}`",
         ) {
-            None => (None, None),
+            None => (None, None, None),
             Some(f) => {
-                let mode = match (f.get("mode"), f.get("fair_sharing")) {
-                    (Some(n), _) => decode::one_of(ctx, n, &f.path("mode"), &MODES),
-                    (None, Some(_)) => Some(PreemptionMode::default()),
-                    (None, None) => f
+                let others = ["fair_sharing", "exempt_after_restart", "max_per_workload"];
+                let mode = match f.get("mode") {
+                    Some(n) => decode::one_of(ctx, n, &f.path("mode"), &MODES),
+                    None if others.iter().any(|o| f.get(o).is_some()) => {
+                        Some(PreemptionMode::default())
+                    }
+                    None => f
                         .required(ctx, "mode", "choose `mode: suspend`, `requeue` or `delete`")
                         .and_then(|n| decode::one_of(ctx, n, &f.path("mode"), &MODES)),
                 };
@@ -127,7 +134,21 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
                     None => Some(None),
                     Some(n) => fair_sharing(ctx, n, &f.path("fair_sharing")),
                 };
-                (mode, fair)
+                let exempt = match f.get("exempt_after_restart") {
+                    None => Some(PreemptionGuard::DEFAULT.exempt_after_restart_ms),
+                    Some(n) => decode::duration_ms(ctx, n, &f.path("exempt_after_restart")),
+                };
+                let limit = match f.get("max_per_workload") {
+                    None => Some(PreemptionGuard::DEFAULT.limit),
+                    Some(n) => preemption_limit(ctx, n, &f.path("max_per_workload")),
+                };
+                let guard = match (exempt, limit) {
+                    (Some(exempt_after_restart_ms), Some(limit)) => {
+                        Some(PreemptionGuard { exempt_after_restart_ms, limit })
+                    }
+                    _ => None,
+                };
+                (mode, fair, guard)
             }
         },
     };
@@ -198,6 +219,7 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         projects: projects?,
         fair_share_half_life_ms: half_life?,
         preemption_mode: mode?,
+        preemption_guard: guard?,
         defragmentation: defragmentation?,
         idle: idle_rules?,
         restart_cost_ms: restart_cost?,
@@ -205,6 +227,46 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         cohorts: cohorts?,
         fair_sharing: fair_sharing?,
     })
+}
+
+/// `max_per_workload: {count: N, window: DURATION}` (both required; `false` for no cap).
+fn preemption_limit(ctx: &mut Ctx, node: &Node, path: &str) -> Option<Option<PreemptionLimit>> {
+    if !matches!(node.value, tree::Value::Map(_)) {
+        return match decode::boolean(ctx, node, path)? {
+            false => Some(None),
+            true => {
+                ctx.report(
+                    node.pos,
+                    path,
+                    "`true` does not say how many pre-emptions, nor in what time".to_string(),
+                    format!("write e.g. {LIMIT_EXAMPLE}, or `false` for no cap"),
+                );
+                None
+            }
+        };
+    }
+    let f = fields(ctx, node, path, "max_per_workload", &LIMIT_FIELDS, LIMIT_EXAMPLE)?;
+    let max = u64::from(PreemptionGuard::COUNT_MAX);
+    let count = f
+        .required(ctx, "count", &format!("say how many pre-emptions, e.g. {LIMIT_EXAMPLE}"))
+        .and_then(|n| decode::uint(ctx, n, &f.path("count"), 1, max, "3"));
+    let window = f
+        .required(ctx, "window", &format!("say in what time, e.g. {LIMIT_EXAMPLE}"))
+        .and_then(|n| {
+            let ms = decode::duration_ms(ctx, n, &f.path("window"))?;
+            if ms == 0 {
+                ctx.report(
+                    n.pos,
+                    &f.path("window"),
+                    "a window of 0 counts nothing".to_string(),
+                    format!("give a duration, e.g. {LIMIT_EXAMPLE}, or `max_per_workload: false`"),
+                );
+                return None;
+            }
+            Some(ms)
+        });
+    let (count, window_ms) = (count?, window?);
+    Some(Some(PreemptionLimit { count: count as u32, window_ms }))
 }
 
 /// `fair_sharing: true|false`, or `{strategies: [..]}` (one or both, each once; Kueue's

@@ -235,6 +235,37 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            name: "preemption guard: bad duration, cap without a window, count out of range",
+            kind: Kind::Policy,
+            text: format!(
+                "preemption:\n  exempt_after_restart: soon\n  max_per_workload: {{count: 40}}\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![
+                (2, "preemption.exempt_after_restart", "`soon` is not a duration"),
+                (3, "preemption.max_per_workload.window", "missing required field `window`"),
+                (3, "preemption.max_per_workload.count", "must be between 1 and 16"),
+            ],
+        },
+        Case {
+            name: "preemption guard: a cap of true",
+            kind: Kind::Policy,
+            text: format!(
+                "preemption: {{max_per_workload: true}}\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![(1, "preemption.max_per_workload", "does not say how many")],
+        },
+        Case {
+            name: "preemption guard: a zero window",
+            kind: Kind::Policy,
+            text: format!(
+                "preemption: {{max_per_workload: {{count: 2, window: 0s}}}}\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![(1, "preemption.max_per_workload.window", "a window of 0 counts nothing")],
+        },
+        Case {
             name: "defragmentation neither a boolean nor a map",
             kind: Kind::Policy,
             text: format!(

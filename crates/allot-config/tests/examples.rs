@@ -508,3 +508,26 @@ fn fair_sharing_decodes() {
         Some(FairSharing { strategies: vec![FairShareStrategy::LessThanInitialShare] })
     );
 }
+
+#[test]
+fn preemption_guard_decodes() {
+    use allot_core::{PreemptionGuard, PreemptionLimit};
+    let head = "priority_classes: [{name: low, value: 0}]\ndefault_priority_class: low\n\
+                projects: [{name: v}]\n";
+    let parse = |pre: &str| ok(allot_config::parse_policy("p.yaml", &format!("{pre}{head}")));
+    assert_eq!(parse("").preemption_guard, PreemptionGuard::DEFAULT);
+    assert_eq!(parse("preemption: {mode: requeue}\n").preemption_guard, PreemptionGuard::DEFAULT);
+    let off = parse("preemption: {exempt_after_restart: 0, max_per_workload: false}\n");
+    assert_eq!(off.preemption_guard, PreemptionGuard::OFF);
+    assert_eq!(off.preemption_mode, allot_core::PreemptionMode::Suspend);
+    let both = parse(
+        "preemption: {exempt_after_restart: 90s, max_per_workload: {count: 3, window: 1h}}\n",
+    );
+    assert_eq!(
+        both.preemption_guard,
+        PreemptionGuard {
+            exempt_after_restart_ms: 90_000,
+            limit: Some(PreemptionLimit { count: 3, window_ms: 3_600_000 }),
+        }
+    );
+}

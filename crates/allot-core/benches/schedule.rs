@@ -94,6 +94,7 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
             .collect(),
         fair_share_half_life_ms: 7 * 24 * 3_600_000,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: defrag.then(Defragmentation::default),
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

@@ -21,6 +21,7 @@
 //!   placement checks per model (`try_schedule`, `check_model`) with the typed deferrals;
 //! - `preempt.rs`: the pre-emption arbiter: victims (`plan_preemption`), telling them to stop,
 //!   the claimant's wait and reservation, the room held for it;
+//! - `guard.rs`: which running work is protected from pre-emption now, and why;
 //! - `defrag.rs`: defragmentation, tried in step 4 after the arbiter found no victims;
 //! - `book.rs`: `commit`, `release` and `book_resources`, the only code that moves capacity
 //!   and quota;
@@ -38,7 +39,8 @@ use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, 
 use crate::mig::MigGpu;
 use crate::model::{
     BorrowWithinCohort, Defragmentation, FairSharing, IdlePolicySpec, NodeSpec, PolicySpec,
-    PreemptionMode, PriorityClassSpec, Queueing, QuotaModel, WithinProject, WorkloadSpec,
+    PreemptionGuard, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel, WithinProject,
+    WorkloadSpec,
 };
 use crate::quota::{CohortQuota, QuotaBook, QuotaLine};
 
@@ -49,6 +51,7 @@ mod defrag;
 mod demand;
 mod eta;
 mod events;
+mod guard;
 mod idle;
 mod inventory;
 mod preempt;
@@ -58,6 +61,7 @@ mod state;
 pub(crate) use admission::{ModelCheck, Request};
 pub use defrag::{DefragPlan, DefragVictim};
 pub use eta::{ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Eta, EtaCause, EtaUnknown, ROUNDS_PER_INSTANT};
+pub use guard::Protection;
 pub(crate) use idle::IdleState;
 pub use inventory::InventoryChange;
 pub(crate) use queue::QueueKey;
@@ -347,6 +351,11 @@ pub struct Engine {
     pub(crate) restart_cost_ms: u64,
     /// Fair-sharing pre-emption, when the policy asks for it.
     pub(crate) fair_sharing: Option<FairSharing>,
+    /// Protection from pre-emption thrash (`guard.rs`).
+    pub(crate) guard: PreemptionGuard,
+    /// When each workload was last stopped for other work, the latest
+    /// `PreemptionGuard::COUNT_MAX` times, oldest first (the guard's cap counts them).
+    pub(crate) preempted_at: BTreeMap<WorkloadId, Vec<Timestamp>>,
     pub(crate) default_class_name: String,
     /// The deferrals numbered for `decide_changes` (`queue::Reasons`).
     reasons: queue::Reasons,
@@ -613,6 +622,8 @@ impl Engine {
             pressure_ready: BTreeSet::new(),
             restart_cost_ms: policy.restart_cost_ms,
             fair_sharing: policy.fair_sharing.clone(),
+            guard: policy.preemption_guard,
+            preempted_at: BTreeMap::new(),
             default_class_name: policy.default_priority_class.clone(),
             reasons: queue::Reasons::default(),
             changes_only: false,

@@ -5,7 +5,7 @@
 //! fair-share order have already taken what they take.
 
 use crate::decision::{Decision, DeferReason, Placement, QuotaKey};
-use crate::engine::{DefragPlan, Engine, ModelCheck, Request, Stage};
+use crate::engine::{DefragPlan, Engine, ModelCheck, Protection, Request, Stage};
 use crate::ids::{ModelId, Shares, Timestamp, WorkloadId};
 use crate::model::GpuRequest;
 
@@ -42,6 +42,8 @@ pub struct Explanation {
     /// Admitted on a line its project borrows on: who lends it, level by level (its cohort
     /// first, then each cohort above that itself borrows from its parent), on that line.
     pub borrowing: Option<(QuotaKey, Vec<(String, Shares)>)>,
+    /// Running: why it may not be pre-empted for other work now, if it may not.
+    pub protection: Option<Protection>,
 }
 
 impl Explanation {
@@ -81,9 +83,9 @@ pub enum Counterfactual {
     OtherModel { model: ModelId },
     /// Dropping `same_node` would start now.
     SplitAcrossNodes,
-    /// Stopping these workloads would start it now (named even when protected by min runtime
-    /// or non-preemptible, so that an operator can act).
-    Reclaim { victims: Vec<WorkloadId> },
+    /// Stopping these workloads would start it now (named even when protected, so that an
+    /// operator can act), with the protection of each that has one now.
+    Reclaim { victims: Vec<WorkloadId>, protected: Vec<(WorkloadId, Protection)> },
     /// The free capacity is enough in total but fragmented: moving the plan's victims would
     /// free a block for it. Shown when the engine did not do it: `enabled` false (the policy
     /// has defragmentation off), or the plan's rules (`DefragPlan::allowed`) say no.
@@ -108,6 +110,7 @@ impl Engine {
             deadline: w.spec.deadline,
             idle: self.idle_facts(id).map(|f| (f, self.idle.get(&id).and_then(|s| s.warned_at))),
             idle_action_at: self.idle_action_at(now, id),
+            protection: self.protection_of(now, id),
             borrowing: w.allocation.as_ref().and_then(|a| a.key).and_then(|key| {
                 let path = self.quota.borrowing_path(w.project, key);
                 (!path.is_empty()).then(|| {
@@ -235,8 +238,12 @@ impl Engine {
         // Named victims, ignoring protections.
         for (m, key) in keys {
             if let Some((victims, _)) = sim.plan_preemption(now, id, m, key, false) {
-                let victims = victims.into_iter().map(|(v, _)| v).collect();
-                explanation.counterfactuals.push(Counterfactual::Reclaim { victims });
+                let victims: Vec<WorkloadId> = victims.into_iter().map(|(v, _)| v).collect();
+                let protected = victims
+                    .iter()
+                    .filter_map(|&v| Some((v, self.protection_of(now, v)?)))
+                    .collect();
+                explanation.counterfactuals.push(Counterfactual::Reclaim { victims, protected });
                 break;
             }
         }

@@ -4,7 +4,7 @@ use crate::decision::{
     AdmitReason, Decision, DeferReason, IdleFacts, Placement, PlacementFacts, PreemptReason,
     RejectReason, StopReason,
 };
-use crate::engine::{DefragPlan, Engine, Stage};
+use crate::engine::{DefragPlan, Engine, Protection, Stage};
 use crate::explain::{Counterfactual, Explanation};
 use crate::idle::IdleModel;
 use crate::model::{GpuRequest, PreemptionMode};
@@ -501,6 +501,9 @@ impl Engine {
             }
             lines.push(format!("  borrowing: {}", parts.join("; ")));
         }
+        if let Some(p) = e.protection {
+            lines.push(format!("  not pre-emptible now: {}", render_protection(p)));
+        }
         if let Some((idle, warned)) = &e.idle {
             let warned = warned.map(|t| format!("; warned at t={} ms", t.0)).unwrap_or_default();
             let action = e
@@ -549,15 +552,46 @@ impl Engine {
                 Counterfactual::SplitAcrossNodes => {
                     "would start now if its members may run on different nodes".to_string()
                 }
-                Counterfactual::Reclaim { victims } => {
+                Counterfactual::Reclaim { victims, protected } => {
                     let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
-                    format!("would start now if {} stopped", names.join(", "))
+                    let guards: Vec<String> = protected
+                        .iter()
+                        .map(|(v, p)| format!("{} {}", self.wl(*v), render_protection(*p)))
+                        .collect();
+                    let guards = if guards.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", guards.join("; "))
+                    };
+                    format!("would start now if {} stopped{guards}", names.join(", "))
                 }
                 Counterfactual::Defragment { plan, enabled } => self.render_defrag(plan, *enabled),
             };
             lines.push(format!("  option: {text}"));
         }
         lines.join("\n")
+    }
+}
+
+/// Why running work may not be pre-empted, with the policy field that says so.
+fn render_protection(p: Protection) -> String {
+    match p {
+        Protection::NotPreemptible => {
+            "is never pre-empted: its class or its own flag says so".into()
+        }
+        Protection::MinRuntime { until } => {
+            format!("is within its min runtime until t={} ms", until.0)
+        }
+        Protection::Restarted { until } => format!(
+            "restarted after a stop: exempt until t={} ms (preemption.exempt_after_restart)",
+            until.0
+        ),
+        Protection::Capped { count, window_ms, until } => format!(
+            "was pre-empted {count} times within {}: exempt until t={} ms \
+             (preemption.max_per_workload)",
+            duration(window_ms),
+            until.0
+        ),
     }
 }
 

@@ -155,6 +155,7 @@ fn policy(rules: Vec<IdlePolicySpec>) -> PolicySpec {
         projects: vec![project("a"), project("b")],
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle: rules,
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

@@ -56,6 +56,7 @@ fn policy() -> PolicySpec {
             .collect(),
         fair_share_half_life_ms: 3_600_000,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

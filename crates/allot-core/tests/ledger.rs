@@ -195,6 +195,7 @@ fn policy() -> PolicySpec {
         projects: vec![project("a", 6), project("b", 6)],
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

@@ -73,6 +73,7 @@ impl World {
             }],
             fair_share_half_life_ms: 0,
             preemption_mode: PreemptionMode::Suspend,
+            preemption_guard: allot_core::PreemptionGuard::DEFAULT,
             defragmentation: None,
             idle: Vec::new(),
             restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

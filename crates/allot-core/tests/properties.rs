@@ -126,6 +126,8 @@ struct RawCase {
     steps: Vec<(u64, RawOp)>,
     /// Defragmentation's restart cost per GPU, when on.
     defrag: Option<u64>,
+    /// The guard against pre-emption thrash (`guard_of`): 0 off.
+    guard: u8,
 }
 
 fn raw_line() -> impl Strategy<Value = RawLine> {
@@ -336,6 +338,7 @@ fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
                     projects,
                     steps,
                     defrag: Some(restart),
+                    guard: 0,
                 }
             },
         )
@@ -379,8 +382,9 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
         prop::collection::vec(project, 2..=4),
         prop::collection::vec((0u64..=3000, raw_op()), 20..=60),
         prop::option::weighted(0.5, 0u64..=2000),
+        0u8..6,
     )
-        .prop_map(|(nodes, n_classes, mode, projects, steps, defrag)| RawCase {
+        .prop_map(|(nodes, n_classes, mode, projects, steps, defrag, guard)| RawCase {
             models: 1,
             nodes,
             classes: (0..n_classes).map(|c| (c as i32 - 1, true)).collect(),
@@ -389,6 +393,7 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             projects,
             steps,
             defrag,
+            guard,
         })
 }
 
@@ -409,10 +414,32 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
         prop::collection::vec(raw_project(), 1..=6),
         prop::collection::vec((0u64..=3000, raw_op()), 1..=60),
         prop::option::weighted(0.3, 0u64..=2000),
+        0u8..6,
     )
-        .prop_map(|(models, nodes, classes, half_life_ms, mode, projects, steps, defrag)| {
-            RawCase { models, nodes, classes, half_life_ms, mode, projects, steps, defrag }
-        })
+        .prop_map(
+            |(models, nodes, classes, half_life_ms, mode, projects, steps, defrag, guard)| {
+                RawCase {
+                    models,
+                    nodes,
+                    classes,
+                    half_life_ms,
+                    mode,
+                    projects,
+                    steps,
+                    defrag,
+                    guard,
+                }
+            },
+        )
+}
+
+/// Protections short enough to start and end within a case's steps (0–3 s apart).
+fn guard_of(raw: u8) -> allot_core::PreemptionGuard {
+    use allot_core::{PreemptionGuard, PreemptionLimit};
+    let exempt_after_restart_ms = [0, 2_000, 8_000][raw as usize % 3];
+    let limit =
+        (raw >= 3).then_some(PreemptionLimit { count: 1 + u32::from(raw % 2), window_ms: 10_000 });
+    PreemptionGuard { exempt_after_restart_ms, limit }
 }
 
 // ----- a concrete case ---------------------------------------------------------------------------
@@ -529,6 +556,7 @@ fn build(raw: &RawCase) -> Case {
         projects,
         fair_share_half_life_ms: raw.half_life_ms,
         preemption_mode: mode_of(raw.mode),
+        preemption_guard: guard_of(raw.guard),
         defragmentation: raw.defrag.map(|restart_cost_ms| Defragmentation { restart_cost_ms }),
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
@@ -1429,6 +1457,7 @@ fn check_gang_uses_empty_node(
         }],
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

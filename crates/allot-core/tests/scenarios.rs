@@ -13,6 +13,9 @@
 //! defrag [restart=MS]                  # defragmentation on (restart cost per GPU, default 2 min)
 //! restart-cost MS                      # the arbiter's restart cost per victim GPU (default 2 min)
 //! backoff MS                           # first idle resume backoff (default 5 min)
+//! guard [after-restart=MS] [cap=COUNT/WINDOW_MS]   # protection from pre-emption thrash;
+//!                                      # without this line the policy file's default
+//!                                      # (2 min after a restart, no cap); given: 0, none
 //! idle-rule NAME [projects=A|B] [kinds=notebook|..] [exempt=CLASS|..]
 //!              [model=allot|amd_rm|runai] [threshold=PCT] [timer=MS] [sustain=MS]
 //!              [missing=hold|idle|active] [grace=MS] [when=on_pressure|always|report_only]
@@ -126,6 +129,7 @@ struct Setup {
     backoff_ms: Option<u64>,
     cohorts: Vec<CohortSpec>,
     fair_sharing: Option<FairSharing>,
+    guard: allot_core::PreemptionGuard,
 }
 
 struct Run {
@@ -158,6 +162,7 @@ fn run(script: &str) -> Result<String, String> {
                 | "defrag"
                 | "restart-cost"
                 | "backoff"
+                | "guard"
                 | "idle-rule"
         );
         if is_setup {
@@ -307,6 +312,21 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
             setup.restart_cost_ms = Some(num(words.get(1).ok_or("restart-cost needs ms")?)?)
         }
         "backoff" => setup.backoff_ms = Some(num(words.get(1).ok_or("backoff needs ms")?)?),
+        // `guard after-restart=MS [cap=COUNT/WINDOW_MS]`: the policy's protection from thrash.
+        "guard" => {
+            setup.guard.exempt_after_restart_ms =
+                args.get("after-restart").map_or(Ok(0), |ms| num(ms))?;
+            setup.guard.limit = match args.get("cap") {
+                None => None,
+                Some(cap) => {
+                    let (count, window) = cap.split_once('/').ok_or("cap=COUNT/WINDOW_MS")?;
+                    Some(allot_core::PreemptionLimit {
+                        count: num(count)? as u32,
+                        window_ms: num(window)?,
+                    })
+                }
+            };
+        }
         "idle-rule" => setup.idle.push(idle_rule(words, &args)?),
         other => return Err(format!("unknown setup {other}")),
     }
@@ -470,6 +490,7 @@ fn build(setup: &Setup) -> Result<Run, String> {
         projects: setup.projects.clone(),
         fair_share_half_life_ms: setup.half_life_ms,
         preemption_mode: setup.mode,
+        preemption_guard: setup.guard,
         defragmentation: setup.defrag,
         idle: setup.idle.clone(),
         restart_cost_ms: setup.restart_cost_ms.unwrap_or(PolicySpec::DEFAULT_RESTART_COST_MS),

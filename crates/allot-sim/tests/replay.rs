@@ -65,6 +65,7 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
         projects: vec![project("a", gpus), project("b", gpus)],
         fair_share_half_life_ms: 0,
         preemption_mode: mode,
+        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,

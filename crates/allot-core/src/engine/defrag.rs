@@ -288,13 +288,12 @@ impl Engine {
         priority: i32,
     ) -> bool {
         v.stage == Stage::Running
-            && v.preemptible
             && v.priority <= priority
             && self.projects[v.project.0 as usize].mode != PreemptionMode::Delete
-            && v.allocation.as_ref().is_some_and(|a| {
-                a.placement.model == Some(m)
-                    && a.started_at.is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)
-            })
+            && v.allocation
+                .as_ref()
+                .is_some_and(|a| a.placement.model == Some(m) && a.started_at.is_some())
+            && self.protection(now, v).is_none()
     }
 
     /// Whole devices `v` holds on `node`.

@@ -98,6 +98,9 @@ impl Engine {
                         Some(kind @ (StopKind::Preempted(mode) | StopKind::Idle(mode))),
                     ) if mode != PreemptionMode::Delete => {
                         self.release(workload);
+                        if matches!(kind, StopKind::Preempted(_)) {
+                            self.record_preemption(workload, now);
+                        }
                         if let Some(w) = self.workloads.get_mut(&workload) {
                             w.preemptions = w.preemptions.saturating_add(1);
                             if mode == PreemptionMode::Requeue {
@@ -351,6 +354,7 @@ impl Engine {
 
     fn remove(&mut self, id: WorkloadId) {
         self.release(id);
+        self.preempted_at.remove(&id);
         if let Some(w) = self.workloads.remove(&id) {
             self.queues[w.project.0 as usize].remove(&w.queue_key());
             self.end_wait(id);

@@ -9,7 +9,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::book::adjust_line_total;
-use super::{Engine, Stage, StopKind, WorkloadState};
+use super::{Engine, Protection, Stage, StopKind, WorkloadState};
 use crate::capacity::Layout;
 use crate::decision::{Decision, DeviceShare, MemberPlacement, Placement, PreemptReason, QuotaKey};
 use crate::ids::{ModelId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
@@ -226,7 +226,8 @@ impl Engine {
                 .filter(|&v| {
                     v != id
                         && self.workloads.get(&v).is_some_and(|vw| {
-                            vw.priority <= priority && victim_eligible(vw, now, m, protect)
+                            vw.priority <= priority
+                                && self.idle_victim_eligible(vw, now, m, protect)
                         })
                 })
                 .collect();
@@ -576,7 +577,7 @@ impl Engine {
             self.running[q.0 as usize]
                 .iter()
                 .map(|v| &self.workloads[v])
-                .filter(|vw| victim_eligible(vw, now, m, protect))
+                .filter(|vw| self.victim_eligible(vw, now, m, protect))
                 .map(|vw| Eligible {
                     id: vw.spec.id,
                     priority: vw.priority,
@@ -585,6 +586,36 @@ impl Engine {
                 })
                 .collect()
         })
+    }
+
+    /// A running workload that may be stopped for other work on model `m`: running there
+    /// and, with `protect`, started and not protected (`guard.rs`).
+    fn victim_eligible(
+        &self,
+        v: &WorkloadState,
+        now: Timestamp,
+        m: ModelId,
+        protect: bool,
+    ) -> bool {
+        running_on(v, m) && (!protect || (started(v) && self.protection(now, v).is_none()))
+    }
+
+    /// As `victim_eligible`, for an idle victim: its idle rule judged it, so only its own
+    /// flag and min runtime protect it, not the policy's guard against thrash.
+    fn idle_victim_eligible(
+        &self,
+        v: &WorkloadState,
+        now: Timestamp,
+        m: ModelId,
+        protect: bool,
+    ) -> bool {
+        running_on(v, m)
+            && (!protect
+                || (started(v)
+                    && !matches!(
+                        self.protection(now, v),
+                        Some(Protection::NotPreemptible | Protection::MinRuntime { .. })
+                    )))
     }
 
     pub(super) fn victim_key(&self, now: Timestamp, v: &WorkloadState, tier: u8) -> VictimKey {
@@ -648,17 +679,12 @@ impl Engine {
     }
 }
 
-/// A running workload that may be stopped for work on its model: running there and, with
-/// `protect`, preemptible and past its min runtime.
-fn victim_eligible(v: &WorkloadState, now: Timestamp, m: ModelId, protect: bool) -> bool {
-    v.stage == Stage::Running
-        && v.allocation.as_ref().is_some_and(|a| a.placement.model == Some(m))
-        && (!protect
-            || (v.preemptible
-                && v.allocation
-                    .as_ref()
-                    .and_then(|a| a.started_at)
-                    .is_some_and(|s| now.since(s) >= v.spec.min_runtime_ms)))
+fn running_on(v: &WorkloadState, m: ModelId) -> bool {
+    v.stage == Stage::Running && v.allocation.as_ref().is_some_and(|a| a.placement.model == Some(m))
+}
+
+fn started(v: &WorkloadState) -> bool {
+    v.allocation.as_ref().is_some_and(|a| a.started_at.is_some())
 }
 
 /// A possible victim as `EligibleList`s keep it.

@@ -64,9 +64,11 @@ impl Codec for StopKind {
 }
 
 /// Bumped whenever the saved fields change meaning. Version 2 appends the unavailable nodes
-/// after `Saved`, version 3 the demand census after those; versions 1 (neither) and 2 (no
-/// census: placement starts learning the mix again) are still read.
-const STATE_VERSION: u32 = 3;
+/// after `Saved`, version 3 the demand census after those, version 4 the pre-emption times
+/// (`Engine::preempted_at`) after that; versions 1 (none), 2 (no census: placement starts
+/// learning the mix again) and 3 (no times: the pre-emption cap counts from the restart)
+/// are still read.
+const STATE_VERSION: u32 = 4;
 
 /// What `Engine::state` writes: the configuration's names (to refuse a foreign state) and
 /// the event-made fields; from version 2 followed by the unavailable nodes
@@ -171,6 +173,7 @@ impl Engine {
         let mut bytes = codec::to_bytes(&saved);
         self.unavailable.encode(&mut bytes);
         self.census.encode(&mut bytes);
+        self.preempted_at.encode(&mut bytes);
         Ok(bytes)
     }
 
@@ -202,6 +205,11 @@ impl Engine {
         } else {
             DemandCensus::default()
         };
+        let preempted_at: BTreeMap<WorkloadId, Vec<Timestamp>> = if saved.version >= 4 {
+            Codec::decode(&mut input).map_err(StateError::Codec)?
+        } else {
+            BTreeMap::new()
+        };
         if !input.is_empty() {
             return Err(StateError::Codec(bad("bytes left over")));
         }
@@ -221,6 +229,7 @@ impl Engine {
             || saved.planned.values().any(|pl| !engine.placement_in_range(pl))
             || saved.idle.values().any(|s| s.rule as usize >= engine.idle_rules.len())
             || saved.idle.keys().any(|id| !saved.workloads.contains_key(id))
+            || preempted_at.keys().any(|id| !saved.workloads.contains_key(id))
         {
             return Err(StateError::Mismatch("a plan or idle state out of range".into()));
         }
@@ -247,6 +256,7 @@ impl Engine {
         engine.backoffs = saved.backoffs;
         engine.pressure_ready = saved.pressure_ready;
         engine.deadlines = saved.deadlines;
+        engine.preempted_at = preempted_at;
         engine.rebuild();
         engine.withhold_unavailable(unavailable);
         engine.audit().map_err(StateError::Mismatch)?;
@@ -454,6 +464,7 @@ impl Engine {
             }
         }
         next.backoffs = self.backoffs.clone();
+        next.preempted_at.clone_from(&self.preempted_at);
         // Undecided facts (a cancel, a rejection) still reach the next cycle.
         next.rejected.clone_from(&self.rejected);
         next.stop_requests.clone_from(&self.stop_requests);

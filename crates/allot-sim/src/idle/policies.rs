@@ -2,8 +2,8 @@
 
 use allot_core::idle::{IdleRule, MissingTelemetry};
 use allot_core::{
-    IdlePolicySpec, IdleWhen, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec, Shares, WorkloadKind,
+    IdlePolicySpec, IdleWhen, PolicySpec, PreemptionGuard, PreemptionMode, PriorityClassSpec,
+    ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, WorkloadKind,
 };
 
 use super::PROJECTS;
@@ -45,6 +45,7 @@ fn base_policy(idle: Vec<IdlePolicySpec>) -> PolicySpec {
             .collect(),
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle,
         restart_cost_ms: 120_000,

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use allot_core::packing::{ModelSet, PackCluster, PackNodeSpec, PackPlacement, PodShape};
 use allot_core::{
-    Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Timestamp, WorkloadId,
-    WorkloadSpec,
+    Decision, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec, PreemptionGuard,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares,
+    Timestamp, WorkloadId, WorkloadSpec,
 };
 
 use super::{PackInput, SeedRun, arrivals, node_order, run_sequence};
@@ -135,6 +135,7 @@ fn engine_policy(order: &[PackNodeSpec]) -> PolicySpec {
         }],
         fair_share_half_life_ms: 0,
         preemption_mode: PreemptionMode::Suspend,
+        preemption_guard: PreemptionGuard::DEFAULT,
         defragmentation: None,
         idle: Vec::new(),
         restart_cost_ms: 0,

@@ -25,6 +25,10 @@ pub struct ReplayReport {
     /// Time-average GPUs doing work (activity model) as % of capacity.
     pub gpu_active_pct: f64,
     pub preemptions: u64,
+    /// Jobs pre-empted at least once.
+    pub jobs_preempted: usize,
+    /// The most pre-emptions any one job had (thrash shows here, not in the total).
+    pub preemptions_per_job_max: u32,
     /// GPU-hours of work redone after pre-emptions (since the last checkpoint) plus restart delay.
     pub lost_gpu_hours: f64,
     /// Useful GPU-hours / allocated GPU-hours.

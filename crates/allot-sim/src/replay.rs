@@ -783,7 +783,10 @@ impl Sim<'_> {
         let (mut finished, mut cancelled, mut pending) = (0usize, 0usize, 0usize);
         let mut jct_sum = 0.0;
         let mut delays: Vec<f64> = Vec::new();
+        let (mut jobs_preempted, mut preemptions_per_job_max) = (0usize, 0u32);
         for (i, s) in self.state.iter().enumerate() {
+            jobs_preempted += usize::from(s.preemptions > 0);
+            preemptions_per_job_max = preemptions_per_job_max.max(s.preemptions);
             allocated += s.allocated;
             active += s.active;
             useful += s.useful;
@@ -834,6 +837,8 @@ impl Sim<'_> {
             gpu_allocated_pct: pct(allocated),
             gpu_active_pct: pct(active),
             preemptions: self.preemptions,
+            jobs_preempted,
+            preemptions_per_job_max,
             lost_gpu_hours: hours(lost),
             goodput: if allocated > 0.0 { useful / allocated } else { 0.0 },
             wall_ms: 0,

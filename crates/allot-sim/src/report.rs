@@ -30,7 +30,7 @@ pub const QUEUE_DELAY_PERCENTILES: usize = 101;
 pub const TEXT_LEDGER_PROJECTS_MAX: usize = 100;
 
 /// The scalar figures in the order they are shown: `ReplayReport`'s field order.
-const REPORT_SCALARS: [&str; 24] = [
+const REPORT_SCALARS: [&str; 26] = [
     "policy",
     "seed",
     "jobs_total",
@@ -44,6 +44,8 @@ const REPORT_SCALARS: [&str; 24] = [
     "gpu_allocated_pct",
     "gpu_active_pct",
     "preemptions",
+    "jobs_preempted",
+    "preemptions_per_job_max",
     "lost_gpu_hours",
     "goodput",
     "wall_ms",
@@ -85,7 +87,7 @@ enum Shown {
 
 /// The rows of the figure table: the JSON name (so a reader can find it in `--output json`),
 /// the unit shown, and how the value is rounded.
-const TEXT_FIGURES: [(&str, &str, Shown); 23] = [
+const TEXT_FIGURES: [(&str, &str, Shown); 25] = [
     ("jobs_total", "jobs", Shown::Count),
     ("jobs_finished", "jobs", Shown::Count),
     ("jobs_pending", "jobs", Shown::Count),
@@ -97,6 +99,8 @@ const TEXT_FIGURES: [(&str, &str, Shown); 23] = [
     ("gpu_allocated_pct", "%", Shown::Percent),
     ("gpu_active_pct", "%", Shown::Percent),
     ("preemptions", "", Shown::Count),
+    ("jobs_preempted", "jobs", Shown::Count),
+    ("preemptions_per_job_max", "", Shown::Count),
     ("lost_gpu_hours", "GPU-h", Shown::GpuHours),
     ("goodput", "%", Shown::RatioAsPercent),
     ("wall_ms", "ms", Shown::Millis),
@@ -124,6 +128,8 @@ fn figure_value(report: &ReplayReport, name: &str) -> f64 {
         "gpu_allocated_pct" => report.gpu_allocated_pct,
         "gpu_active_pct" => report.gpu_active_pct,
         "preemptions" => report.preemptions as f64,
+        "jobs_preempted" => report.jobs_preempted as f64,
+        "preemptions_per_job_max" => f64::from(report.preemptions_per_job_max),
         "lost_gpu_hours" => report.lost_gpu_hours,
         "goodput" => report.goodput,
         "wall_ms" => report.wall_ms as f64,
@@ -149,6 +155,7 @@ fn show(report: &ReplayReport, name: &str, shown: Shown) -> String {
         ("jobs_pending", _) => group_digits(&report.jobs_pending.to_string()),
         ("jobs_cancelled", _) => group_digits(&report.jobs_cancelled.to_string()),
         ("preemptions", _) => group_digits(&report.preemptions.to_string()),
+        ("jobs_preempted", _) => group_digits(&report.jobs_preempted.to_string()),
         ("wall_ms", _) => group_digits(&report.wall_ms.to_string()),
         ("decide_calls", _) => group_digits(&report.decide_calls.to_string()),
         ("bad_rows_skipped", _) => group_digits(&report.bad_rows_skipped.to_string()),

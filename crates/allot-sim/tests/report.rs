@@ -23,6 +23,8 @@ fn report(policy: &str, delays: usize, points: usize) -> ReplayReport {
         gpu_allocated_pct: 87.345,
         gpu_active_pct: 52.1,
         preemptions: 1234,
+        jobs_preempted: 321,
+        preemptions_per_job_max: 7,
         lost_gpu_hours: 10.04,
         goodput: 0.8734,
         wall_ms: 1500,
@@ -106,30 +108,32 @@ fn csv_quotes_per_rfc_4180() {
 fn text_shows_policies_side_by_side_with_units_and_ledger() {
     let text = replay_text(&[report("default", 10, 10), report("fifo", 10, 10)]);
     let want = "\
-figure               unit    default      fifo
-jobs_total           jobs     65,797    65,797
-jobs_finished        jobs     65,000    65,000
-jobs_pending         jobs        700       700
-jobs_cancelled       jobs         97        97
-jct_s_mean           s      12,345.7  12,345.7
-queue_delay_s_p50    s           3.2       3.2
-queue_delay_s_p95    s         600.0     600.0
-queue_delay_s_p99    s       7,200.5   7,200.5
-gpu_allocated_pct    %          87.3      87.3
-gpu_active_pct       %          52.1      52.1
-preemptions                    1,234     1,234
-lost_gpu_hours       GPU-h      10.0      10.0
-goodput              %          87.3      87.3
-wall_ms              ms        1,500     1,500
-seed                              42        42
-capacity_gpus        GPUs      2,490     2,490
-span_s               s      86,400.0  86,400.0
-allocated_gpu_hours  GPU-h   1,010.0   1,010.0
-active_gpu_hours     GPU-h     805.0     805.0
-useful_gpu_hours     GPU-h     754.5     754.5
-idle_gpu_hours       GPU-h     245.5     245.5
-decide_calls                  12,345    12,345
-bad_rows_skipped     rows          2         2
+figure                   unit    default      fifo
+jobs_total               jobs     65,797    65,797
+jobs_finished            jobs     65,000    65,000
+jobs_pending             jobs        700       700
+jobs_cancelled           jobs         97        97
+jct_s_mean               s      12,345.7  12,345.7
+queue_delay_s_p50        s           3.2       3.2
+queue_delay_s_p95        s         600.0     600.0
+queue_delay_s_p99        s       7,200.5   7,200.5
+gpu_allocated_pct        %          87.3      87.3
+gpu_active_pct           %          52.1      52.1
+preemptions                        1,234     1,234
+jobs_preempted           jobs        321       321
+preemptions_per_job_max                7         7
+lost_gpu_hours           GPU-h      10.0      10.0
+goodput                  %          87.3      87.3
+wall_ms                  ms        1,500     1,500
+seed                                  42        42
+capacity_gpus            GPUs      2,490     2,490
+span_s                   s      86,400.0  86,400.0
+allocated_gpu_hours      GPU-h   1,010.0   1,010.0
+active_gpu_hours         GPU-h     805.0     805.0
+useful_gpu_hours         GPU-h     754.5     754.5
+idle_gpu_hours           GPU-h     245.5     245.5
+decide_calls                      12,345    12,345
+bad_rows_skipped         rows          2         2
 
 per project
 project   policy   allocated GPU-h  active GPU-h  useful GPU-h  lost GPU-h  jobs finished  useful/allocated %
@@ -233,12 +237,12 @@ fn csv_has_one_row_per_policy_with_scalars_only() {
         lines[0],
         "policy,seed,jobs_total,jobs_finished,jobs_pending,jobs_cancelled,jct_s_mean,\
          queue_delay_s_p50,queue_delay_s_p95,queue_delay_s_p99,gpu_allocated_pct,gpu_active_pct,\
-         preemptions,lost_gpu_hours,goodput,wall_ms,capacity_gpus,span_s,allocated_gpu_hours,\
+         preemptions,jobs_preempted,preemptions_per_job_max,lost_gpu_hours,goodput,wall_ms,capacity_gpus,span_s,allocated_gpu_hours,\
          active_gpu_hours,useful_gpu_hours,idle_gpu_hours,decide_calls,bad_rows_skipped"
     );
     assert_eq!(
         lines[1],
-        "default,42,65797,65000,700,97,12345.678,3.25,600,7200.5,87.345,52.1,1234,10.04,0.8734,1500,\
+        "default,42,65797,65000,700,97,12345.678,3.25,600,7200.5,87.345,52.1,1234,321,7,10.04,0.8734,1500,\
          2490,86400,1010,805,754.5,245.46,12345,2"
     );
     assert!(lines[2].starts_with("\"a,b\",42,65797,65000,700,97,0.1,"), "{csv}");

@@ -450,6 +450,8 @@ fn replay_report(label: &str, scale: f64, preemptions: u64) -> allot_sim::outcom
         gpu_allocated_pct: 61.5 / scale,
         gpu_active_pct: 40.25 / scale,
         preemptions,
+        jobs_preempted: (preemptions / 2) as usize,
+        preemptions_per_job_max: 2,
         lost_gpu_hours: 1.5 * scale,
         goodput: 0.6,
         wall_ms: 0,

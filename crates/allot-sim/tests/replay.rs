@@ -328,6 +328,30 @@ fn philly_on_a_small_cluster_queues_reclaims_and_still_balances() {
 }
 
 #[test]
+fn the_policys_cap_bounds_how_often_one_job_is_preempted_in_a_replay() {
+    // The small-cluster Philly replay above, with the guard off and with a cap of one
+    // pre-emption per job per year: the cap holds for every job, and the books still balance.
+    let (nodes, mut policy, jobs) = philly(400, Some((5, 10)));
+    let cfg =
+        ReplayConfig { default_checkpoint_interval_s: Some(1800.0), audit: false, ..config() };
+    policy.preemption_guard = allot_core::PreemptionGuard::OFF;
+    let off = replay(&nodes, &policy, "off", &jobs, &cfg).expect("runs");
+    assert!(off.preemptions_per_job_max > 1, "no job pre-empted twice: the test shows nothing");
+    policy.preemption_guard = allot_core::PreemptionGuard {
+        exempt_after_restart_ms: 0,
+        limit: Some(allot_core::PreemptionLimit { count: 1, window_ms: 365 * 86_400_000 }),
+    };
+    let capped = replay(&nodes, &policy, "capped", &jobs, &cfg).expect("runs");
+    assert!(capped.preemptions > 0);
+    assert_eq!(capped.preemptions_per_job_max, 1);
+    assert_eq!(capped.jobs_preempted as u64, capped.preemptions);
+    assert!(off.jobs_preempted as u64 <= off.preemptions);
+    assert_eq!(capped.jobs_finished + capped.jobs_cancelled, 400);
+    assert_books_balance(&off);
+    assert_books_balance(&capped);
+}
+
+#[test]
 fn the_whole_philly_trace_replays_when_slow_tests_are_on() {
     if std::env::var_os("ALLOT_SLOW_TESTS").is_none() {
         return;

@@ -671,7 +671,13 @@ impl SlurmBackend {
             format!("ReqNodeList={}", nodes.join(",")),
         ];
         if gpus_per_node > 0 {
-            let gpu_type = nodes.first().and_then(|n| self.gpu_types.get(*n).cloned().flatten());
+            // Typed only as the job asked (see `asks_typed_gpus`); a job that asked no GPU
+            // (allot's own ask by type) gets the node's type.
+            let job = self.jobs.as_ref().and_then(|j| j.get(&job_id));
+            let gpu_type = nodes
+                .first()
+                .and_then(|n| self.gpu_types.get(*n).cloned().flatten())
+                .filter(|_| job.and_then(SqueueJob::asks_typed_gpus) != Some(false));
             args.push(match gpu_type {
                 Some(t) => format!("TresPerNode=gres:gpu:{t}:{gpus_per_node}"),
                 None => format!("TresPerNode=gres:gpu:{gpus_per_node}"),

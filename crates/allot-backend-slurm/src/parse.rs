@@ -138,6 +138,17 @@ impl SqueueJob {
         Ok(Some(Gres { count: total / nodes, indices: Vec::new(), ..g }))
     }
 
+    /// Whether its GPU request names a type (`gpu:h100:2`): `Some(false)` for an untyped
+    /// one (`--gres gpu:2`, `--gpus-per-node 2`, `--gpus 2`), `None` when it asks no GPU.
+    /// Slurm refuses an update of `TresPerNode` whose typedness differs from the job's own
+    /// request ("Invalid GRES specification (with and without type identification)").
+    pub fn asks_typed_gpus(&self) -> Option<bool> {
+        [&self.tres_per_node, &self.tres_per_job, &self.tres_per_task]
+            .into_iter()
+            .find_map(|tres| parse_gres_list(tres).into_iter().find(|g| g.name == "gpu"))
+            .map(|g| g.gres_type.is_some())
+    }
+
     /// GPUs held per node, `(node, gres)` (empty while pending or after the end).
     pub fn gpus_per_node(&self) -> Vec<(String, Gres)> {
         self.nodes.iter().cloned().zip(self.gres_detail.iter().cloned()).collect()

@@ -785,6 +785,67 @@ fn held_jobs_asking_gpus_per_job_are_adopted_per_node_or_refused_with_the_fix() 
     until(&mut backend, &mut seen, Duration::from_secs(15), "the end", |s| ended(s, run));
 }
 
+/// Every form of GPU request Slurm takes, typed and untyped, is imported and runs where allot
+/// placed it: the node's type is added to the request only when the job named one (Slurm
+/// refuses an update that mixes the two).
+#[test]
+fn held_jobs_of_every_gpu_request_form_are_adopted_and_run() {
+    if !enabled("held_jobs_of_every_gpu_request_form_are_adopted_and_run") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let forms: [&[&str]; 8] = [
+        &["--gres=gpu:2"],
+        &["--gres=gpu:h100:2"],
+        &["--gpus-per-node=2"],
+        &["--gpus-per-node=h100:2"],
+        &["--gpus=2"],
+        &["--gpus=h100:2"],
+        &["--gpus-per-task=2", "--ntasks=1"],
+        &["--gpus-per-task=h100:2", "--ntasks=1"],
+    ];
+    let mut runs = Vec::new();
+    for (i, form) in forms.iter().enumerate() {
+        let mut args = vec!["-J", "form", "--hold"];
+        args.extend_from_slice(form);
+        args.extend_from_slice(&["--wrap", "sleep 60"]);
+        let job = sbatch_foreign(&args);
+        let work = foreign_of(&mut backend, &job).expect("foreign work");
+        assert_eq!(
+            (work.nodes, work.gpus_per_node, work.refusal.as_deref()),
+            (1, 2, None),
+            "{form:?}"
+        );
+        let typed = form.iter().any(|a| a.contains("h100"));
+        assert_eq!(work.model.as_deref(), typed.then_some("h100"), "{form:?}");
+        let run = RunId { workload: 40 + i as u64, attempt: 1 };
+        let node = format!("node{}", i % 4 + 1);
+        backend.launch(&adopt_launch(&h, run, &job, vec![member(&node, 2)])).expect("adopt");
+        runs.push((run, job, node, form));
+    }
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(30), "all Started", |s| {
+        runs.iter().all(|(run, ..)| started(s, *run))
+    });
+    for (_, job, node, form) in &runs {
+        assert_eq!(squeue_of(job, "%T %N"), format!("RUNNING {node}"), "{form:?}");
+        let gpus: u32 = slurm("scontrol", &["-d", "-o", "show", "job", job])
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("GRES=gpu:h100:"))
+            .and_then(|g| g.split('(').next()?.parse().ok())
+            .unwrap_or_default();
+        assert_eq!(gpus, 2, "{form:?}: bound GPUs");
+    }
+    for (run, ..) in &runs {
+        backend.signal(*run, StopSignal::Kill).expect("kill");
+    }
+    until(&mut backend, &mut seen, Duration::from_secs(30), "all ended", |s| {
+        runs.iter().all(|(run, ..)| ended(s, *run))
+    });
+}
+
 /// The GPUs Slurm bound, read per job (`scontrol show job -d`, a few starts) and from one
 /// `squeue --json` (many starts): the same answer either way.
 #[test]

@@ -124,6 +124,10 @@ fn gpu_requests_per_node_per_job_and_per_task() {
             ..Default::default()
         };
         let got = job.gpu_request_per_node();
+        // Typed exactly when the request names a type: a refused split still has one.
+        let typed = tres.iter().any(|t| t.starts_with("gres:gpu:h100"));
+        let asks_gpu = tres.iter().any(|t| t.starts_with("gres:gpu"));
+        assert_eq!(job.asks_typed_gpus(), asks_gpu.then_some(typed), "{tres:?}");
         match expected {
             Ok(want) => {
                 let got = got.unwrap_or_else(|e| panic!("{tres:?} on {nodes}: {e}"));

@@ -119,6 +119,8 @@ GresTypes=gpu
 SlurmdParameters=config_overrides
 ReturnToService=2
 JobRequeue=1
+# A cancel (allot's Terminate) is SIGTERM, then SIGKILL this long after. The backend contract's
+# "ignores Terminate" rule watches ~2.5 s for the run to keep running: keep this above that.
 KillWait=5
 # Finished jobs stay in squeue this long: the backend reads their exit codes there.
 MinJobAge=300

@@ -17,8 +17,9 @@
 //! code from the job's wait status (`exit_code`), which Slurm keeps for `MinJobAge` after the
 //! end.
 //!
-//! Signals go through `scancel --full`, which reaches the batch shell (without `--full` only
-//! job steps get them). One member runs as the batch shell itself (`exec`); several run as one
+//! Terminate is Slurm's cancel (`scancel`: SIGTERM, SIGKILL after `KillWait`, CANCELLED in
+//! accounting); the checkpoint signal and Kill go through `scancel --signal --full`, which
+//! reaches the batch shell (without `--full` only job steps get them). One member runs as the batch shell itself (`exec`); several run as one
 //! `srun` task each.
 //!
 //! Jobs submitted to Slurm directly are foreign work ([`Backend::watch_cluster`]): the gate
@@ -1334,12 +1335,13 @@ impl Backend for SlurmBackend {
             // Nothing runs yet that could checkpoint.
             (StopSignal::Checkpoint, false) => {}
             (StopSignal::Checkpoint, true) => self.scancel(t.job_id, &[&checkpoint, "--full"])?,
-            (StopSignal::Terminate, true) => {
-                self.scancel(t.job_id, &["--signal=TERM", "--full"])?
-            }
+            // Slurm's own cancel: SIGTERM, SIGKILL after the cluster's `KillWait`, and the job
+            // ends CANCELLED in Slurm's accounting (a SIGTERM sent with `--signal` would end
+            // it FAILED). A later Kill is then refused as "Invalid job id": Slurm kills it.
+            (StopSignal::Terminate, _) => self.scancel(t.job_id, &[])?,
             (StopSignal::Kill, true) => self.scancel(t.job_id, &["--signal=KILL", "--full"])?,
             // Pending or held: cancel it.
-            (StopSignal::Terminate | StopSignal::Kill, false) => self.scancel(t.job_id, &[])?,
+            (StopSignal::Kill, false) => self.scancel(t.job_id, &[])?,
         }
         self.poll_soon();
         Ok(())

@@ -614,6 +614,56 @@ fn drained_node_is_unusable_with_its_reason() {
     }
 }
 
+/// The cluster's job completion log once it has a line for `job`.
+fn jobcomp_with(job: u64) -> String {
+    let log =
+        slurm_conf().parent().and_then(Path::parent).expect("state dir").join("log/jobcomp.log");
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains(&format!("JobId={job} ")) {
+            return text;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no line for job {job} in {log:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A run stopped for good (a cancel, a max runtime) ends CANCELLED in Slurm's accounting, as
+/// `scancel` would leave it, not FAILED.
+#[test]
+fn terminate_ends_a_running_job_cancelled_in_slurms_accounting() {
+    if !enabled("terminate_ends_a_running_job_cancelled_in_slurms_accounting") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let run = RunId { workload: 31, attempt: 1 };
+    let launch = Launch {
+        run,
+        command: h.program_sleep(60),
+        env: BTreeMap::new(),
+        members: vec![member(&h.node(), 1)],
+        log_dir: h.tmp_dir().join("logs"),
+        adopt: None,
+        resources: Default::default(),
+    };
+    backend.launch(&launch).expect("launch");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(20), "Started", |s| started(s, run));
+    backend.signal(run, StopSignal::Terminate).expect("terminate");
+    until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
+    let job = backend.job_id(run).expect("job id");
+    let text = jobcomp_with(job);
+    let line = text.lines().find(|l| l.contains(&format!("JobId={job} "))).unwrap_or_default();
+    assert!(line.contains("JobState=CANCELLED"), "{line}");
+    let exited = seen.iter().find_map(|o| match o {
+        Observation::Exited { run: r, code, detail } if *r == run => Some((*code, detail.clone())),
+        _ => None,
+    });
+    assert!(matches!(&exited, Some((None, detail)) if detail.contains("CANCELLED")), "{exited:?}");
+}
+
 #[test]
 fn jobcomp_gpu_hours_of_a_known_job() {
     if !enabled("jobcomp_gpu_hours_of_a_known_job") {
@@ -636,17 +686,7 @@ fn jobcomp_gpu_hours_of_a_known_job() {
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
     let job = backend.job_id(run).expect("job id");
-    let log =
-        slurm_conf().parent().and_then(Path::parent).expect("state dir").join("log/jobcomp.log");
-    let start = Instant::now();
-    let text = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains(&format!("JobId={job} ")) {
-            break text;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "no line for job {job} in {log:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let text = jobcomp_with(job);
     let hours = allot_backend_slurm::jobcomp_gpu_hours(&text, |r| (r.job_id == job).then_some(3))
         .expect("the cluster's jobcomp log parses");
     let got = hours.by_account.get(&account).copied().expect("the account's hours");

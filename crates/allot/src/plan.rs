@@ -89,6 +89,19 @@ pub(crate) fn validate(file: &Path, cluster: Option<&Path>) -> Result<String> {
         policy.default_priority_class,
         policy.preemption_mode.as_str(),
     );
+    let guard = policy.preemption_guard;
+    let exempt = match guard.exempt_after_restart_ms {
+        0 => "restarted work is not exempt".to_string(),
+        ms => format!("restarted work is exempt for {}", crate::render::duration(ms)),
+    };
+    let cap = guard.limit.map_or("no cap per workload".to_string(), |l| {
+        format!(
+            "at most {} pre-emptions per workload per {}",
+            l.count,
+            crate::render::duration(l.window_ms)
+        )
+    });
+    let _ = writeln!(out, "pre-emption guard: {exempt}, {cap}");
     if let Some(fs) = &policy.fair_sharing {
         let names: Vec<&str> = fs.strategies.iter().map(|s| s.as_str()).collect();
         let _ = writeln!(out, "fair-sharing pre-emption: {}", names.join(", "));

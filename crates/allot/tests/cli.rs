@@ -11,6 +11,24 @@ fn validate_accepts_the_example_policy() {
     let out = allot(&["policy", "validate", "examples/policy.yaml"]);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     assert!(text(&out.stdout).contains("ok"));
+    assert!(
+        text(&out.stdout)
+            .contains("pre-emption guard: restarted work is exempt for 2m, no cap per workload"),
+        "{}",
+        text(&out.stdout)
+    );
+    let capped = broken("capped", |p| {
+        p.replace(
+            "  # max_per_workload: {count: 3, window: 6h}",
+            "  max_per_workload: {count: 3, window: 6h}",
+        )
+    });
+    let out = allot(&["policy", "validate", capped.to_str().expect("utf-8 path")]);
+    assert!(
+        text(&out.stdout).contains("at most 3 pre-emptions per workload per 6h00m"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = allot(&[
         "policy",
         "validate",

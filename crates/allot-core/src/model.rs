@@ -186,7 +186,7 @@ impl IdlePolicySpec {
     }
 }
 
-/// Protection from pre-emption thrash (ARCHITECTURE.md, "Pre-emption thrash"). Covers every
+/// Protection from pre-emption thrash (ARCHITECTURE.md, "Pre-emption: one arbiter, one cost"). Covers every
 /// pre-emption for other work — quota reclaim, priority, fair sharing, defragmentation — but
 /// not idle reclaim, which the idle rules' own `min_runtime` governs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

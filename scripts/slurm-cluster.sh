@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A real Slurm 22.05 (Debian 12) cluster on loopback for allot's Slurm backend tests:
 # munged + slurmctld + NODES x `slurmd -N nodeN`, each node with NODE_GPUS fake GPUs of type
-# GPU_TYPE. No slurmdbd/MariaDB: accounts are free-form strings (no enforcement), finished jobs'
-# exit codes come from `squeue --json` while Slurm keeps them (MinJobAge), and jobcomp/filetxt
-# writes one line per finished job to $STATE/jobcomp.log for people.
+# GPU_TYPE, and allot's submit-time gate (job_submit/lua) on partition "gated". No
+# slurmdbd/MariaDB: accounts are free-form strings (no enforcement), finished jobs' exit codes
+# come from `squeue --json` while Slurm keeps them (MinJobAge), and jobcomp/filetxt writes one
+# line per finished job to $STATE/jobcomp.log for people.
 #
 #   scripts/slurm-cluster.sh up     # install packages, write configs, start, wait until idle
 #   scripts/slurm-cluster.sh down   # stop every daemon it started, by pidfile
@@ -23,6 +24,7 @@ CTLD_PORT=${CTLD_PORT:-6817}
 # slurmd of nodeN listens on NODE_PORT_BASE+N.
 NODE_PORT_BASE=${NODE_PORT_BASE:-17000}
 CONF=$STATE/etc/slurm.conf
+GATE_SCRIPT=$(cd "$(dirname "$0")/.." && pwd)/crates/allot-backend-slurm/job_submit.lua
 
 stop_pidfile() {
   local f=$1 p
@@ -130,6 +132,9 @@ MaxJobCount=20000
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/log/jobcomp.log
+# allot's submit-time gate (job_submit.lua beside this file), here for partition "gated" only:
+# the tests of other partitions submit jobs that must run without allot.
+JobSubmitPlugins=lua
 EOF
   for n in $(seq 1 "$NODES"); do
     echo "NodeName=node$n NodeHostname=node$n NodeAddr=127.0.0.1 Port=$((NODE_PORT_BASE + n)) CPUs=$NODE_CPUS RealMemory=4000 Gres=gpu:$GPU_TYPE:$NODE_GPUS State=UNKNOWN" >> "$CONF"
@@ -138,7 +143,11 @@ EOF
 PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 # For tests of a partition allot leaves unmanaged.
 PartitionName=unmanaged Nodes=node$NODES Default=NO MaxTime=INFINITE State=UP
+# For tests of the submit-time gate: every job submitted here is held by job_submit.lua.
+PartitionName=gated Nodes=node$NODES Default=NO MaxTime=INFINITE State=UP
 EOF
+  sed 's/^local MANAGED = {}$/local MANAGED = { gated = true }/' "$GATE_SCRIPT" > "$STATE/etc/job_submit.lua"
+  grep -q '^local MANAGED = { gated = true }$' "$STATE/etc/job_submit.lua"
   cat > "$STATE/etc/gres.conf" <<EOF
 NodeName=node[1-$NODES] Name=gpu Type=$GPU_TYPE File=$STATE/fakegpu/nvidia[0-$((NODE_GPUS - 1))]
 EOF

@@ -383,6 +383,11 @@ pub struct BackendStatus {
     pub unreachable_since_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What keeps work from starting on the cluster without allot, read at start (Slurm:
+    /// `submit-time: job_submit/lua …` or `watch only: …`); absent where only allot starts
+    /// work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
 }
 
 /// One row of the goodput ledger, GPU-hours.

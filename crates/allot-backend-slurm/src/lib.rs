@@ -34,6 +34,7 @@
 //! requeued so gets the comment `allot:<next's job name>`, the only trace a restarted daemon
 //! can find it by. [`jobcomp`] reads Slurm's job completion log for accounting cross-checks.
 
+mod gate;
 pub mod jobcomp;
 pub mod parse;
 pub mod runner;
@@ -54,6 +55,7 @@ use allot_backend::{
 };
 use allot_core::{DeviceSpec, NodeSpec};
 
+pub use gate::{GATE_SCRIPT, gate_script};
 pub use jobcomp::{JobcompError, JobcompGpuHours, JobcompRecord, jobcomp_gpu_hours, parse_jobcomp};
 pub use parse::{Gres, Partition, SinfoNode, SqueueJob};
 pub use runner::{CommandError, Runner, Tool};
@@ -1235,6 +1237,11 @@ fn node_shape(launch: &Launch) -> BTreeMap<String, (usize, usize)> {
 impl Backend for SlurmBackend {
     fn name(&self) -> &str {
         "slurm"
+    }
+
+    fn gate(&mut self) -> Option<String> {
+        let config = self.run(Tool::Scontrol, &["show".to_string(), "config".to_string()]);
+        Some(gate::describe(config.ok().map(|out| out.stdout).as_deref()))
     }
 
     fn submitter_check(&self) -> Option<allot_backend::SubmitterCheck> {

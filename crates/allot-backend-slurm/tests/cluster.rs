@@ -429,6 +429,88 @@ fn plain_sbatch_job_is_foreign_and_held() {
     slurm("scancel", &[&job, &user_held]);
 }
 
+/// `cmd` run as the test cluster's unprivileged `allot-user` (from /tmp, which it can reach):
+/// whether it succeeded, and its stdout and stderr.
+fn as_user(cmd: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("runuser")
+        .env("SLURM_CONF", slurm_conf())
+        .current_dir("/tmp")
+        .args(["-u", "allot-user", "--"])
+        .args(cmd)
+        .output()
+        .expect("runuser");
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text.trim().to_string())
+}
+
+/// The submit-time gate (job_submit.lua, on the test cluster's partition `gated`): a job is
+/// held the moment Slurm accepts it, before any watch (no allot runs here at all); its user
+/// can neither release it nor move it out; allot imports it and starts it where it chose.
+/// Jobs of other partitions are not touched.
+#[test]
+fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
+    if !enabled("the_submit_time_gate_holds_every_job_before_allot_sees_it") {
+        return;
+    }
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let gate = allot_backend::Backend::gate(&mut backend).expect("slurm says its gate");
+    assert!(gate.starts_with("submit-time: job_submit/lua"), "{gate}");
+    let held = |job: &str| {
+        let state = squeue_of(job, "%T %r");
+        assert!(
+            state == "PENDING JobHeldUser" || state == "PENDING JobHeldAdmin",
+            "{job}: {state}"
+        );
+        let show = slurm("scontrol", &["show", "job", job]);
+        assert!(show.contains("AdminComment=allot-gate: held at submission"), "{show}");
+    };
+    let by_root =
+        sbatch_foreign(&["-J", "gated", "-p", "gated", "--gres=gpu:h100:1", "--wrap", "sleep 60"]);
+    held(&by_root);
+    let (ok, by_user) = as_user(&[
+        "sbatch",
+        "--parsable",
+        "-A",
+        "nlp",
+        "-o",
+        "/dev/null",
+        "-p",
+        "gated",
+        "--wrap",
+        "sleep 60",
+    ]);
+    assert!(ok, "{by_user}");
+    held(&by_user);
+    let (released, said) = as_user(&["scontrol", "release", &by_user]);
+    assert!(!released, "the user released a gated job: {said}");
+    let (moved, said) =
+        as_user(&["scontrol", "update", &format!("jobid={by_user}"), "partition=batch"]);
+    assert!(!moved, "the user moved a gated job out: {said}");
+    held(&by_user);
+    // The user may still hold it (and cancel it).
+    let (ok, said) = as_user(&["scontrol", "hold", &by_user]);
+    assert!(ok, "{said}");
+    let (ok, said) = as_user(&["scancel", &by_user]);
+    assert!(ok, "{said}");
+    // Another partition's job runs without allot.
+    let free = sbatch_foreign(&["-J", "ungated", "-p", "batch", "--wrap", "sleep 60"]);
+    wait_squeue(&free, "%T", "RUNNING", Duration::from_secs(20));
+    slurm("scancel", &[&free]);
+    // allot imports the held job and starts it on the node it chose.
+    let work = foreign_of(&mut backend, &by_root).expect("the gated job is foreign work");
+    assert!(work.running.is_empty() && work.refusal.is_none(), "{work:?}");
+    let run = RunId { workload: 60, attempt: 1 };
+    backend.launch(&adopt_launch(&h, run, &by_root, vec![member("node4", 1)])).expect("adopt");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(20), "Started", |s| started(s, run));
+    assert_eq!(squeue_of(&by_root, "%T %N"), "RUNNING node4");
+    backend.signal(run, StopSignal::Kill).expect("kill");
+    until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
+}
+
 #[test]
 fn cancel_foreign_cancels_a_held_foreign_job() {
     if !enabled("cancel_foreign_cancels_a_held_foreign_job") {

@@ -211,6 +211,13 @@ pub trait Backend: Send {
         None
     }
 
+    /// What keeps work from starting on this backend's cluster without allot (the gate), in a
+    /// sentence for `allot nodes`; read once at start. `None` (the default): nothing but allot
+    /// starts work here.
+    fn gate(&mut self) -> Option<String> {
+        None
+    }
+
     /// What keeps one running workload from another and from the daemon here, in a sentence
     /// for `allot why` (`None`, the default: nothing to say).
     fn isolation(&self) -> Option<String> {

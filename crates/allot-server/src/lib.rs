@@ -264,6 +264,7 @@ pub fn start(parts: Parts) -> Result<Started> {
     } = parts;
     let submitter_check = backend.submitter_check();
     let isolation = backend.isolation();
+    let gate = backend.gate();
     let config = boot::BootConfig {
         declared,
         inventory_source,
@@ -293,6 +294,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         backend: allot_api::BackendStatus {
             name: backend.name().to_string(),
             reachable: true,
+            gate,
             ..allot_api::BackendStatus::default()
         },
         inventory_source,

@@ -169,6 +169,9 @@ pub(crate) fn nodes(list: &NodeList) -> String {
         }
     }
     let mut out = format!("inventory: {}\n", list.source);
+    if let Some(gate) = &list.backend.gate {
+        out.push_str(&format!("gate: {gate}\n"));
+    }
     if !list.backend.reachable && !list.backend.name.is_empty() {
         out.push_str(&format!(
             "backend {}: UNREACHABLE since {} ({}); no new work is placed, running work runs on\n",

@@ -1,6 +1,7 @@
 //! `allot slurm reconcile`: the goodput ledger's GPU-hours per project next to what Slurm's
 //! own job completion log (`JobCompType=jobcomp/filetxt`) says each account used — a
-//! cross-check of allot's books against the workload manager's, without slurmdbd.
+//! cross-check of allot's books against the workload manager's, without slurmdbd. `allot
+//! slurm gate-script`: the submit-time gate (job_submit/lua) with a cluster's settings.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,6 +20,26 @@ pub(crate) enum SlurmCommand {
     /// allot's records: its own jobs by name (`<prefix>-W.A`), imported ones by job id.
     /// Viewer or admin token.
     Reconcile(ReconcileArgs),
+    /// Print allot's submit-time gate for Slurm's job_submit/lua plugin: save it as
+    /// job_submit.lua beside slurm.conf, set `JobSubmitPlugins=lua` and run `scontrol
+    /// reconfigure`. Every job of a managed partition is then held as slurmctld accepts it,
+    /// so none starts before allot admits it, even while allot is down. Needs no daemon.
+    GateScript(GateScriptArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct GateScriptArgs {
+    /// The partition allot manages (its `--slurm-partition`); without it, every partition
+    /// not named by `--unmanaged-partition`.
+    #[arg(long, value_name = "NAME")]
+    partition: Option<String>,
+    /// A partition allot leaves alone (its `--slurm-unmanaged-partition`); repeatable.
+    #[arg(long, value_name = "NAME")]
+    unmanaged_partition: Vec<String>,
+    /// A uid besides root's that may release held jobs: the user allot runs as, if not
+    /// root; repeatable.
+    #[arg(long, value_name = "UID")]
+    releaser_uid: Vec<u32>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -31,6 +52,11 @@ pub(crate) struct ReconcileArgs {
 pub(crate) fn run(remote: &RemoteArgs, command: &SlurmCommand) -> Result<String> {
     match command {
         SlurmCommand::Reconcile(args) => reconcile(remote, args),
+        SlurmCommand::GateScript(args) => Ok(allot_backend_slurm::gate_script(
+            args.partition.as_deref(),
+            &args.unmanaged_partition.iter().cloned().collect(),
+            &args.releaser_uid.iter().copied().collect(),
+        )),
     }
 }
 

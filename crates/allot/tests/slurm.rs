@@ -120,6 +120,9 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
     let serve = start(&dir);
     let nodes = serve.call("GET", "/api/v1/nodes", None);
     assert_eq!(nodes["nodes"].as_array().map(Vec::len), Some(4), "{nodes}");
+    // The test cluster runs allot's job_submit.lua (on its partition `gated`).
+    let gate = nodes["backend"]["gate"].as_str().unwrap_or_default();
+    assert!(gate.starts_with("submit-time: job_submit/lua"), "{nodes}");
 
     // 1. team-a borrows the whole cluster.
     let a: Vec<u64> = (0..4).map(|_| serve.submit("team-a", 8, "training", 600)).collect();

@@ -80,7 +80,7 @@ fn reconcile(remote: &RemoteArgs, args: &ReconcileArgs) -> Result<String> {
     // Both sides over the same work: allot's workloads that have ended (the log holds only
     // finished runs), every run of each.
     let mut slurm: BTreeMap<&str, f64> = BTreeMap::new();
-    let mut matched = 0usize;
+    let (mut matched, mut requeued) = (0usize, 0usize);
     // Runs that started before this daemon's first start are another daemon's (whose jobs
     // have names of the same shape). The log's times are the controller's local time, read
     // as UTC.
@@ -88,6 +88,8 @@ fn reconcile(remote: &RemoteArgs, args: &ReconcileArgs) -> Result<String> {
     for r in records.iter().filter(|r| r.start.is_some_and(|s| s >= since_s)) {
         let Some((project, gpus)) = ours.of(r) else { continue };
         matched += 1;
+        // A requeue ends the run's line with the job pending again: an attempt like another.
+        requeued += usize::from(matches!(r.state.as_str(), "PENDING" | "REQUEUED"));
         let hours = r.elapsed_seconds() as f64 * gpus as f64 / 3600.0;
         *slurm.entry(project).or_default() += hours;
     }
@@ -105,10 +107,12 @@ fn reconcile(remote: &RemoteArgs, args: &ReconcileArgs) -> Result<String> {
     names.sort_unstable();
     names.dedup();
     let mut out = format!(
-        "GPU-hours of the {} ended workload(s) ({} run(s) in the log): allot's ledger (allocated, \
-         from admission to release) against Slurm's job completion log (elapsed × GPUs)\n",
+        "GPU-hours of the {} ended workload(s) ({} run(s) in the log, {} of them ended by a \
+         requeue): allot's ledger (allocated, from admission to release) against Slurm's job \
+         completion log (elapsed × GPUs)\n",
         ours.ended.len(),
-        matched
+        matched,
+        requeued
     );
     out.push_str(&format!("{:<24} {:>10} {:>10} {:>9}\n", "PROJECT", "ALLOT", "SLURM", "DIFF"));
     for name in names {

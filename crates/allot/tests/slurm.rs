@@ -430,6 +430,95 @@ fn controller(what: &str) {
     assert!(out.status.success(), "ctld {what}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// The submit-time gate through the daemon (the test cluster's partition `gated`, node4): a
+/// job submitted to Slurm while allot is not running stays held — nothing starts while allot
+/// is down — and once allot runs (governing that partition) it is imported, admitted and
+/// started through allot; `allot nodes` names the gate; cancelled through allot, the job ends
+/// CANCELLED in Slurm's accounting.
+#[test]
+fn a_job_submitted_while_allot_is_down_waits_for_allot_and_a_cancel_is_cancelled() {
+    if !enabled() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = std::env::temp_dir().join(format!("allot-slurm-gate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("data dir");
+    let script = dir.join("direct.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 300\n").expect("script");
+    let job: u64 = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            "--account=team-a",
+            "--partition=gated",
+            "--nodes=1",
+            "--gpus-per-node=h100:4",
+            "--job-name=while-down",
+            &format!("--chdir={}", dir.display()),
+            &script.display().to_string(),
+        ],
+    )
+    .trim()
+    .parse()
+    .expect("job id");
+    let state =
+        || squeue().into_iter().find(|(id, ..)| *id == job).map(|(_, _, s, r)| format!("{s} {r}"));
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(state().as_deref(), Some("PENDING JobHeldUser"), "held with no allot running");
+
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
+        .args(["--slurm-partition", "gated"])
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--policy")
+        .arg(common::repo().join("examples/slurm-policy.yaml"));
+    let (child, addr, token) = common::spawn_serve(command, "http");
+    let serve = Serve { child, addr, token: token.expect("admin token on a first start") };
+    let out = Command::new(BIN)
+        .args(["nodes", "--url", &format!("http://{}", serve.addr), "--token", &serve.token])
+        .output()
+        .expect("allot nodes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("gate: submit-time: job_submit/lua"), "allot nodes: {text}");
+    let imported = || {
+        let list = serve.call("GET", "/api/v1/workloads", None);
+        list["workloads"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|w| w["name"] == "while-down")
+            .cloned()
+    };
+    serve.wait("the held job imported and running", Duration::from_secs(60), |_| {
+        imported().is_some_and(|w| w["state"] == "running")
+    });
+    assert_eq!(state().map(|s| s.starts_with("RUNNING")), Some(true), "{:?}", state());
+    let id = imported().and_then(|w| w["id"].as_u64()).expect("workload id");
+    serve.call("POST", &format!("/api/v1/workloads/{id}/cancel"), None);
+    serve.wait("the cancelled job ended", Duration::from_secs(60), |s| s.state(id) == "cancelled");
+    let config = slurm("scontrol", &["show", "config"]);
+    let jobcomp = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("JobCompLoc")?.split('=').nth(1).map(str::trim))
+        .expect("JobCompLoc in slurm.conf")
+        .to_string();
+    let start = Instant::now();
+    let line = loop {
+        let text = std::fs::read_to_string(&jobcomp).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.starts_with(&format!("JobId={job} "))) {
+            break line.to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no jobcomp line for {job}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(line.contains("JobState=CANCELLED"), "{line}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A start on an existing data directory (no admin token is printed; the first one works).
 fn restart(data_dir: &std::path::Path, token: &str) -> Serve {
     let mut command = Command::new(BIN);

@@ -22,10 +22,80 @@ pub(crate) struct OutputArgs {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct IdArgs {
-    /// The workload's id (from `allot submit` or `allot ls`).
-    pub(crate) id: u64,
+    /// The workload's id (from `allot submit` or `allot ls`), or a Slurm job id as
+    /// `slurm:JOBID` (a job allot imported, or one of its own, named `<prefix>-W.A`).
+    pub(crate) id: WorkloadRef,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
+}
+
+/// A workload named by allot's id or by the Slurm job that runs it (`slurm:JOBID`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WorkloadRef {
+    Id(u64),
+    SlurmJob(u64),
+}
+
+impl std::str::FromStr for WorkloadRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let number = |t: &str| t.parse::<u64>().ok();
+        match s.strip_prefix("slurm:") {
+            Some(job) => number(job)
+                .map(WorkloadRef::SlurmJob)
+                .ok_or_else(|| format!("{s:?}: a Slurm job id is a number, as in slurm:1234")),
+            None => number(s).map(WorkloadRef::Id).ok_or_else(|| {
+                format!("{s:?}: give a workload id (a number) or a Slurm job id as slurm:1234")
+            }),
+        }
+    }
+}
+
+/// The allot id of the workload `r` names. A Slurm job id is looked up among the workloads
+/// allot imported (`foreign JOBID`), then, through `squeue` on this host, by the job's name:
+/// allot's own jobs are named `<prefix>-W.A` (workload W, attempt A).
+pub(crate) fn resolve(client: &Client, r: WorkloadRef) -> Result<u64> {
+    let job = match r {
+        WorkloadRef::Id(id) => return Ok(id),
+        WorkloadRef::SlurmJob(job) => job,
+    };
+    let list = client.get::<WorkloadList>("/workloads")?.value;
+    let handle = job.to_string();
+    let imported = list
+        .workloads
+        .iter()
+        .find(|w| matches!(w.command.as_slice(), [tag, h] if tag == "foreign" && *h == handle));
+    if let Some(w) = imported {
+        return Ok(w.id);
+    }
+    let squeue = std::process::Command::new("squeue")
+        .args(["--noheader", "--states=all", "--format=%j", "--jobs", &handle])
+        .output();
+    let name = match &squeue {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        _ => String::new(),
+    };
+    let own = name
+        .rsplit_once('-')
+        .filter(|(prefix, _)| prefix.starts_with("allot"))
+        .and_then(|(_, run)| run.split_once('.')?.0.parse::<u64>().ok())
+        .filter(|id| list.workloads.iter().any(|w| w.id == *id));
+    own.ok_or_else(|| {
+        let seen = match (&squeue, name.is_empty()) {
+            (Err(e), _) => format!("squeue could not run here ({e})"),
+            (Ok(_), true) => "squeue does not list it (ended longer ago than MinJobAge?)".into(),
+            (Ok(_), false) => format!("squeue names it {name:?}, not an allot job <prefix>-W.A"),
+        };
+        Failure::new(
+            crate::EXIT_NOT_FOUND,
+            format!(
+                "Slurm job {job}: no workload allot imported has it, and {seen}; find the \
+                 workload with `allot ls`\n"
+            ),
+        )
+        .into()
+    })
 }
 
 #[derive(Debug, clap::Args)]
@@ -50,6 +120,9 @@ pub(crate) struct LsArgs {
     /// Hide workloads that have ended (succeeded, failed, cancelled, rejected).
     #[arg(long, conflicts_with = "state")]
     pub(crate) active: bool,
+    /// Only the workload this Slurm job runs (see `allot why slurm:JOBID`).
+    #[arg(long, value_name = "JOBID")]
+    pub(crate) slurm_job: Option<u64>,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
@@ -88,6 +161,14 @@ pub(crate) fn ls(remote: &RemoteArgs, args: &LsArgs) -> Result<String> {
         format!("/workloads?{}", query.join("&"))
     };
     let mut list = client.get::<WorkloadList>(&path)?;
+    if let Some(job) = args.slurm_job {
+        let id = resolve(&client, WorkloadRef::SlurmJob(job))?;
+        list.value.workloads.retain(|w| w.id == id);
+        list.edited = true;
+        if let Some(items) = list.raw.get_mut("workloads").and_then(|w| w.as_array_mut()) {
+            items.retain(|w| w.get("id").and_then(serde_json::Value::as_u64) == Some(id));
+        }
+    }
     if args.active {
         list.value.workloads.retain(|w| !w.state.is_final());
         list.edited = true;
@@ -106,7 +187,9 @@ pub(crate) fn ls(remote: &RemoteArgs, args: &LsArgs) -> Result<String> {
 }
 
 pub(crate) fn why(remote: &RemoteArgs, args: &IdArgs) -> Result<String> {
-    let why = Client::new(remote)?.get::<Why>(&format!("/workloads/{}/why", args.id))?;
+    let client = Client::new(remote)?;
+    let id = resolve(&client, args.id)?;
+    let why = client.get::<Why>(&format!("/workloads/{id}/why"))?;
     Ok(match args.output.output {
         Output::Json => why.pretty(),
         Output::Text => render::why(&why.value),

@@ -298,3 +298,15 @@ fn history_export_refuses_a_format_name_as_its_output_file() {
     assert!(!dir.join("json").exists(), "a file named json was written");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn why_names_the_two_forms_of_a_workload_reference_when_given_neither() {
+    for (arg, says) in [
+        ("slurm:abc", "a Slurm job id is a number, as in slurm:1234"),
+        ("12x", "give a workload id (a number) or a Slurm job id as slurm:1234"),
+    ] {
+        let out = allot(&["why", arg]);
+        assert_eq!(out.status.code(), Some(2), "{arg}");
+        assert!(text(&out.stderr).contains(says), "{arg}: {}", text(&out.stderr));
+    }
+}

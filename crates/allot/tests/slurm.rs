@@ -497,6 +497,36 @@ fn a_job_submitted_while_allot_is_down_waits_for_allot_and_a_cancel_is_cancelled
     });
     assert_eq!(state().map(|s| s.starts_with("RUNNING")), Some(true), "{:?}", state());
     let id = imported().and_then(|w| w["id"].as_u64()).expect("workload id");
+    // `allot why` and `allot ls` by Slurm job id: the imported job, and one of allot's own.
+    let own = serve.submit("team-b", 1, "batch", 300);
+    serve.wait("allot's own job running", Duration::from_secs(60), |s| s.state(own) == "running");
+    let own_job =
+        job_of(&std::collections::BTreeSet::new(), own, 1).expect("the own job's Slurm id");
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--url", &format!("http://{}", serve.addr), "--token", &serve.token])
+            .output()
+            .expect("allot runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    };
+    for (job, workload, name) in
+        [(job, id, "while-down".to_string()), (own_job, own, String::new())]
+    {
+        let why = cli(&["why", &format!("slurm:{job}")]);
+        assert!(why.starts_with(&format!("{workload} {name}")), "why slurm:{job}: {why}");
+        let ls = cli(&["ls", "--slurm-job", &job.to_string(), "--output", "json"]);
+        let listed: Value = serde_json::from_str(&ls).expect("json");
+        let ids: Vec<u64> = listed["workloads"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w["id"].as_u64())
+            .collect();
+        assert_eq!(ids, [workload], "ls --slurm-job {job}: {ls}");
+    }
     serve.call("POST", &format!("/api/v1/workloads/{id}/cancel"), None);
     serve.wait("the cancelled job ended", Duration::from_secs(60), |s| s.state(id) == "cancelled");
     let config = slurm("scontrol", &["show", "config"]);

@@ -239,9 +239,18 @@ impl Engine {
         for (m, key) in keys {
             if let Some((victims, _)) = sim.plan_preemption(now, id, m, key, false) {
                 let victims: Vec<WorkloadId> = victims.into_iter().map(|(v, _)| v).collect();
+                // An idle victim (judged idle, ready under pressure) is not guarded against
+                // thrash: only its own flag and min runtime protect it.
                 let protected = victims
                     .iter()
                     .filter_map(|&v| Some((v, self.protection_of(now, v)?)))
+                    .filter(|(v, p)| {
+                        !self.pressure_ready.contains(v)
+                            || matches!(
+                                p,
+                                Protection::NotPreemptible | Protection::MinRuntime { .. }
+                            )
+                    })
                     .collect();
                 explanation.counterfactuals.push(Counterfactual::Reclaim { victims, protected });
                 break;

@@ -587,8 +587,9 @@ fn render_protection(p: Protection) -> String {
             until.0
         ),
         Protection::Capped { count, window_ms, until } => format!(
-            "was pre-empted {count} times within {}: exempt until t={} ms \
+            "was pre-empted {count} {} within {}: exempt until t={} ms \
              (preemption.max_per_workload)",
+            if count == 1 { "time" } else { "times" },
             duration(window_ms),
             until.0
         ),

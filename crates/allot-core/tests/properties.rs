@@ -6,7 +6,9 @@
 //! After every `decide`:
 //! - each pending workload gets exactly one `Admit` or `Defer`, each rejected submission one
 //!   `Reject`, and nothing else gets one;
-//! - every victim was running, is preemptible, has run its min runtime, and goes once;
+//! - every victim was running, is preemptible, has run its min runtime, is not within the
+//!   policy's guard against thrash (restarted too recently, or pre-empted `count` times within
+//!   the window), and goes once;
 //! - a `Priority` pre-emption is inside one project and follows its `preempt_within_project`
 //!   (strictly outranks its victim; or the same priority and the victim queued later; or
 //!   never);
@@ -437,8 +439,9 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
 fn guard_of(raw: u8) -> allot_core::PreemptionGuard {
     use allot_core::{PreemptionGuard, PreemptionLimit};
     let exempt_after_restart_ms = [0, 2_000, 8_000][raw as usize % 3];
-    let limit =
-        (raw >= 3).then_some(PreemptionLimit { count: 1 + u32::from(raw % 2), window_ms: 10_000 });
+    // A short window (times leave it within a history) and a long one (the cap bites).
+    let window_ms = if raw == 3 { 5_000 } else { 600_000 };
+    let limit = (raw >= 3).then_some(PreemptionLimit { count: 1 + u32::from(raw % 2), window_ms });
     PreemptionGuard { exempt_after_restart_ms, limit }
 }
 
@@ -659,6 +662,10 @@ struct Known {
     submitted_at: Timestamp,
     /// Set when the engine moved it from admitted to running.
     started_at: Option<Timestamp>,
+    /// Told to stop for other work, and not stopped yet.
+    stopping_preempted: bool,
+    /// When each of its pre-emptions took effect (its stop), oldest first.
+    preempted_at: Vec<Timestamp>,
 }
 
 /// Quota line of a project by key name ("any" or a model name).
@@ -822,6 +829,8 @@ impl<'a> Checker<'a> {
                 total: spec.total_shares(),
                 submitted_at: now,
                 started_at: None,
+                stopping_preempted: false,
+                preempted_at: Vec::new(),
             },
         );
     }
@@ -843,8 +852,16 @@ impl<'a> Checker<'a> {
             return;
         };
         let before = self.engine.stage(id);
+        let stops = matches!(event, Event::WorkloadStopped { .. });
         self.apply_both(now, event);
         let after = self.engine.stage(id);
+        if stops
+            && before == Some(Stage::Stopping)
+            && let Some(k) = self.known.get_mut(&id)
+            && std::mem::take(&mut k.stopping_preempted)
+        {
+            k.preempted_at.push(now);
+        }
         if before == Some(Stage::Assumed)
             && after == Some(Stage::Running)
             && let Some(k) = self.known.get_mut(&id)
@@ -1054,6 +1071,11 @@ impl<'a> Checker<'a> {
                         &lasting,
                         &mut victims_seen,
                     )?;
+                    for d in &decisions[i..end] {
+                        if let Some(k) = self.known.get_mut(&d.workload()) {
+                            k.stopping_preempted = true;
+                        }
+                    }
                     match decisions.get(end) {
                         Some(Decision::Defer {
                             workload,
@@ -1187,6 +1209,25 @@ impl<'a> Checker<'a> {
                     now.since(started),
                     v.min_runtime_ms
                 ));
+            }
+            // The guard against thrash (no idle rules here: every victim is guarded).
+            let guard = self.case.policy.preemption_guard;
+            if !v.preempted_at.is_empty() && now.since(started) < guard.exempt_after_restart_ms {
+                return Err(format!(
+                    "victim {victim} restarted {} ms ago, within exempt_after_restart {} ms",
+                    now.since(started),
+                    guard.exempt_after_restart_ms
+                ));
+            }
+            if let Some(limit) = guard.limit {
+                let recent =
+                    v.preempted_at.iter().filter(|t| now.since(**t) < limit.window_ms).count();
+                if recent >= limit.count as usize {
+                    return Err(format!(
+                        "victim {victim} was pre-empted {recent} times within {} ms (cap {})",
+                        limit.window_ms, limit.count
+                    ));
+                }
             }
             let (vproject, vkey, vshares) = lasting
                 .get(victim)

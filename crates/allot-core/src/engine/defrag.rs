@@ -6,7 +6,8 @@
 //! of its way — same victim order (`victim_key`), same what-if (`lift`/`unlift`), same
 //! minimisation and the same `Preempt` decisions as priority pre-emption — under these rules:
 //!
-//! - candidates run on the model, are preemptible, past their min runtime, of priority at most
+//! - candidates run on the model, are not protected (`guard.rs`: preemptible, past their min
+//!   runtime, not restarted within `exempt_after_restart`, not capped), of priority at most
 //!   the claimant's (a lower priority never pushes out a higher one), and their project's
 //!   pre-emption mode is `suspend` or `requeue` (a move, never a delete);
 //! - per target node (the nodes holding candidates, cheapest estimate first, at most

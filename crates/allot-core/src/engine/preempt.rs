@@ -86,8 +86,10 @@ impl Engine {
     /// 4. most recently started first;
     /// 5. lower workload id.
     ///
-    /// With `protect`, non-preemptible workloads and those younger than their min runtime are
-    /// never candidates; `explain` drops it to name who would have to go.
+    /// With `protect`, workloads the guard protects (`guard.rs`: not preemptible, younger than
+    /// their min runtime, restarted within `exempt_after_restart`, capped) are never
+    /// candidates, idle victims only by the first two; `explain` drops it to name who would
+    /// have to go.
     /// Greedy removal in that order until the workload fits, then every victim but the last
     /// is put back if the workload still fits without it (Kueue's minimisation). The state is
     /// unchanged on return.

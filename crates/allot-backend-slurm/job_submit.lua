@@ -4,8 +4,9 @@
 -- (priority 0, tagged in its admin comment), so nothing starts before allot admits it: not
 -- between two of allot's cluster watches, and not while allot is down. allot imports each
 -- held job as pending work under its account and releases it onto the nodes it chose.
--- Users may still hold their own jobs, but only the uids in RELEASERS (root, allot's user)
--- may release a held job or move it out of a managed partition.
+-- A job moved into a managed partition is held the same way. Users may still hold their own
+-- jobs, but only the uids in RELEASERS (root, allot's user) may release a held job or move it
+-- out of a managed partition.
 --
 -- Install: save this file as job_submit.lua in the directory of slurm.conf, add
 -- `JobSubmitPlugins=lua` to slurm.conf and run `scontrol reconfigure`.
@@ -68,7 +69,15 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  if RELEASERS[modify_uid] or not gated(job_rec.partition, part_list) then
+  if RELEASERS[modify_uid] then
+    return slurm.SUCCESS
+  end
+  if not gated(job_rec.partition, part_list) then
+    -- Moved into a gated partition: held on entry, as if submitted there.
+    if job_desc.partition ~= nil and gated(job_desc.partition, part_list) then
+      job_desc.priority = 0
+      job_desc.admin_comment = TAG
+    end
     return slurm.SUCCESS
   end
   local priority = job_desc.priority

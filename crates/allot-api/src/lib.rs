@@ -384,7 +384,7 @@ pub struct BackendStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// What keeps work from starting on the cluster without allot, read at start (Slurm:
-    /// `submit-time: job_submit/lua …` or `watch only: …`); absent where only allot starts
+    /// `submit-time: a job_submit/lua plugin …` or `watch only: …`); absent where only allot starts
     /// work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<String>,

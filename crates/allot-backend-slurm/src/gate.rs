@@ -49,7 +49,9 @@ fn lua_string(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if c.is_control() => out.push_str(&format!("\\{}", c as u32)),
+            // Lua reads up to three decimal digits: pad, so that a digit after it is not
+            // taken into the escape.
+            c if c.is_control() => out.push_str(&format!("\\{:03}", c as u32)),
             c => out.push(c),
         }
     }
@@ -73,8 +75,9 @@ pub fn describe(config: Option<&str>) -> String {
     match plugins {
         Some(p) if p.split(',').any(|p| p.trim() == "lua" || p.trim() == "job_submit/lua") => {
             format!(
-                "submit-time: job_submit/lua holds jobs as slurmctld accepts them (allot's \
-                 script: allot slurm gate-script); {WATCH}, for jobs the script lets through"
+                "submit-time: a job_submit/lua plugin is configured (allot's script assumed: \
+                 allot slurm gate-script), holding jobs as slurmctld accepts them; {WATCH}, \
+                 for jobs the script lets through"
             )
         }
         Some(_) => format!(
@@ -107,7 +110,7 @@ mod tests {
     #[test]
     fn the_gate_is_told_from_job_submit_plugins() {
         let with = "Configuration data as of 2026-12-04T04:00:00\nJobSubmitPlugins        = lua\n";
-        assert!(describe(Some(with)).starts_with("submit-time: job_submit/lua"));
+        assert!(describe(Some(with)).starts_with("submit-time: a job_submit/lua plugin"));
         let without = "JobSubmitPlugins        = (null)\n";
         assert!(describe(Some(without)).starts_with("watch only"));
         assert!(describe(Some("")).starts_with("watch only"));

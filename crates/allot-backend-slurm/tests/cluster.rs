@@ -457,7 +457,7 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
     let h = SlurmHarness::new();
     let mut backend = SlurmBackend::new(config(&h.prefix));
     let gate = allot_backend::Backend::gate(&mut backend).expect("slurm says its gate");
-    assert!(gate.starts_with("submit-time: job_submit/lua"), "{gate}");
+    assert!(gate.starts_with("submit-time: a job_submit/lua plugin"), "{gate}");
     let held = |job: &str| {
         let state = squeue_of(job, "%T %r");
         assert!(
@@ -490,6 +490,25 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
         as_user(&["scontrol", "update", &format!("jobid={by_user}"), "partition=batch"]);
     assert!(!moved, "the user moved a gated job out: {said}");
     held(&by_user);
+    // A job moved into the gated partition is held on entry, as if submitted there.
+    let (ok, later) = as_user(&[
+        "sbatch",
+        "--parsable",
+        "-A",
+        "nlp",
+        "-o",
+        "/dev/null",
+        "-p",
+        "batch",
+        "--begin=now+1hour",
+        "--wrap",
+        "sleep 60",
+    ]);
+    assert!(ok, "{later}");
+    let (ok, said) = as_user(&["scontrol", "update", &format!("jobid={later}"), "partition=gated"]);
+    assert!(ok, "{said}");
+    held(&later);
+    slurm("scancel", &[&later]);
     // The user may still hold it (and cancel it).
     let (ok, said) = as_user(&["scontrol", "hold", &by_user]);
     assert!(ok, "{said}");

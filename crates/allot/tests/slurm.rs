@@ -122,7 +122,7 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
     assert_eq!(nodes["nodes"].as_array().map(Vec::len), Some(4), "{nodes}");
     // The test cluster runs allot's job_submit.lua (on its partition `gated`).
     let gate = nodes["backend"]["gate"].as_str().unwrap_or_default();
-    assert!(gate.starts_with("submit-time: job_submit/lua"), "{nodes}");
+    assert!(gate.starts_with("submit-time: a job_submit/lua plugin"), "{nodes}");
 
     // 1. team-a borrows the whole cluster.
     let a: Vec<u64> = (0..4).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
@@ -482,7 +482,7 @@ fn a_job_submitted_while_allot_is_down_waits_for_allot_and_a_cancel_is_cancelled
         .output()
         .expect("allot nodes");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("gate: submit-time: job_submit/lua"), "allot nodes: {text}");
+    assert!(text.contains("gate: submit-time: a job_submit/lua plugin"), "allot nodes: {text}");
     let imported = || {
         let list = serve.call("GET", "/api/v1/workloads", None);
         list["workloads"]

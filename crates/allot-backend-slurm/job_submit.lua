@@ -73,10 +73,10 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
     return slurm.SUCCESS
   end
   if not gated(job_rec.partition, part_list) then
-    -- Moved into a gated partition: held on entry, as if submitted there.
+    -- Moved into a gated partition: held on entry, as if submitted there (without the tag:
+    -- Slurm refuses a user's update that sets the admin comment).
     if job_desc.partition ~= nil and gated(job_desc.partition, part_list) then
       job_desc.priority = 0
-      job_desc.admin_comment = TAG
     end
     return slurm.SUCCESS
   end

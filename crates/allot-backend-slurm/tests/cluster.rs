@@ -454,6 +454,18 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
         return;
     }
     let _cluster = cluster_wide();
+    // Its jobs are cancelled however it ends: left held, they would be imported by the next
+    // test's daemon.
+    struct Cleanup;
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("scancel")
+                .env("SLURM_CONF", slurm_conf())
+                .args(["--name", "gate-test"])
+                .status();
+        }
+    }
+    let _cleanup = Cleanup;
     let h = SlurmHarness::new();
     let mut backend = SlurmBackend::new(config(&h.prefix));
     let gate = allot_backend::Backend::gate(&mut backend).expect("slurm says its gate");
@@ -467,12 +479,21 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
         let show = slurm("scontrol", &["show", "job", job]);
         assert!(show.contains("AdminComment=allot-gate: held at submission"), "{show}");
     };
-    let by_root =
-        sbatch_foreign(&["-J", "gated", "-p", "gated", "--gres=gpu:h100:1", "--wrap", "sleep 60"]);
+    let by_root = sbatch_foreign(&[
+        "-J",
+        "gate-test",
+        "-p",
+        "gated",
+        "--gres=gpu:h100:1",
+        "--wrap",
+        "sleep 60",
+    ]);
     held(&by_root);
     let (ok, by_user) = as_user(&[
         "sbatch",
         "--parsable",
+        "-J",
+        "gate-test",
         "-A",
         "nlp",
         "-o",
@@ -494,6 +515,8 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
     let (ok, later) = as_user(&[
         "sbatch",
         "--parsable",
+        "-J",
+        "gate-test",
         "-A",
         "nlp",
         "-o",
@@ -507,7 +530,7 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
     assert!(ok, "{later}");
     let (ok, said) = as_user(&["scontrol", "update", &format!("jobid={later}"), "partition=gated"]);
     assert!(ok, "{said}");
-    held(&later);
+    assert_eq!(squeue_of(&later, "%T %r %P"), "PENDING JobHeldUser gated");
     slurm("scancel", &[&later]);
     // The user may still hold it (and cancel it).
     let (ok, said) = as_user(&["scontrol", "hold", &by_user]);
@@ -515,7 +538,7 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
     let (ok, said) = as_user(&["scancel", &by_user]);
     assert!(ok, "{said}");
     // Another partition's job runs without allot.
-    let free = sbatch_foreign(&["-J", "ungated", "-p", "batch", "--wrap", "sleep 60"]);
+    let free = sbatch_foreign(&["-J", "gate-test", "-p", "batch", "--wrap", "sleep 60"]);
     wait_squeue(&free, "%T", "RUNNING", Duration::from_secs(20));
     slurm("scancel", &[&free]);
     // allot imports the held job and starts it on the node it chose.

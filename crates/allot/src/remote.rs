@@ -84,6 +84,10 @@ pub(crate) fn resolve(client: &Client, r: WorkloadRef) -> Result<u64> {
     own.ok_or_else(|| {
         let seen = match (&squeue, name.is_empty()) {
             (Err(e), _) => format!("squeue could not run here ({e})"),
+            (Ok(out), _) if !out.status.success() => format!(
+                "squeue failed here ({})",
+                String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("no message").trim()
+            ),
             (Ok(_), true) => "squeue does not list it (ended longer ago than MinJobAge?)".into(),
             (Ok(_), false) => format!("squeue names it {name:?}, not an allot job <prefix>-W.A"),
         };

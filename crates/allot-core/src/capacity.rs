@@ -10,6 +10,12 @@
 //! placed there until it is available again (`Capacity::set_unavailable`/`set_available`).
 //! On an unavailable node nothing is free; on an available one nothing is withheld.
 //!
+//! A device held by work allot does not govern (a Slurm job of an unmanaged partition, say)
+//! is *occupied*: the same holds for that one device — what no allocation holds is withheld,
+//! what allocations give back is withheld too (`Capacity::set_occupied`) — so nothing new is
+//! placed on it while the node's other devices stay usable. Nothing is free on an occupied
+//! device; on an available node only occupied devices withhold anything.
+//!
 //! A MIG-enabled device also carries its MIG slot state (`MigState`); a MIG instance holds
 //! its charge in shares like any slice, plus its slot. A device holding instances is in no
 //! whole or share index (it takes no whole or fractional request), and a device holding whole
@@ -32,8 +38,11 @@ pub(crate) struct DeviceCap {
     pub model: ModelId,
     pub island: u32,
     pub free: u32,
-    /// Shares no allocation holds while the node is unavailable (not free, not usable).
+    /// Shares no allocation holds while the node is unavailable or the device occupied (not
+    /// free, not usable).
     pub withheld: u32,
+    /// Held by work allot does not govern: see the module docs.
+    pub occupied: bool,
     /// The MIG slot state of a MIG-enabled device.
     pub mig: Option<MigDevice>,
 }
@@ -493,11 +502,12 @@ impl Capacity {
         }
     }
 
-    /// Takes `shares` of a device: free ones, or withheld ones on an unavailable node.
+    /// Takes `shares` of a device: free ones, or withheld ones on an unavailable node or an
+    /// occupied device.
     fn take_shares(&mut self, node: NodeId, device: u16, shares: u32) {
         let n = &mut self.nodes[node.0 as usize];
         let dev = &mut n.devices[device as usize];
-        if n.unavailable {
+        if n.unavailable || dev.occupied {
             dev.withheld = dev.withheld.saturating_sub(shares);
         } else {
             let free = dev.free.saturating_sub(shares);
@@ -505,11 +515,12 @@ impl Capacity {
         }
     }
 
-    /// Gives `shares` of a device back: free, or withheld on an unavailable node.
+    /// Gives `shares` of a device back: free, or withheld on an unavailable node or an
+    /// occupied device.
     fn give_shares(&mut self, node: NodeId, device: u16, shares: u32) {
         let n = &mut self.nodes[node.0 as usize];
         let dev = &mut n.devices[device as usize];
-        if n.unavailable {
+        if n.unavailable || dev.occupied {
             dev.withheld = (dev.withheld + shares).min(FULL);
         } else {
             let free = (dev.free + shares).min(FULL);
@@ -531,7 +542,8 @@ impl Capacity {
         n.withheld_mem = std::mem::take(&mut n.free_mem);
         for d in 0..n.devices.len() {
             let dev = &mut self.nodes[node.0 as usize].devices[d];
-            dev.withheld = dev.free;
+            // An occupied device has nothing free: what it withholds stays.
+            dev.withheld += dev.free;
             self.set_device_free(node, d as u16, 0);
         }
         // Flagged last: `set_device_free` above must see the free shares go.
@@ -553,8 +565,38 @@ impl Capacity {
         n.free_mem = (n.free_mem + std::mem::take(&mut n.withheld_mem)).min(n.mem_total);
         for d in 0..n.devices.len() {
             let dev = &mut self.nodes[node.0 as usize].devices[d];
+            if dev.occupied {
+                continue;
+            }
             let free = (dev.free + std::mem::take(&mut dev.withheld)).min(FULL);
             self.set_device_free(node, d as u16, free);
+        }
+    }
+
+    /// Marks a device held (`true`) or no longer held by work allot does not govern: what no
+    /// allocation holds there is withheld, or freed again (unless the node is unavailable,
+    /// which keeps it withheld). Idempotent; an unknown node or device is ignored.
+    pub fn set_occupied(&mut self, node: NodeId, device: u16, occupied: bool) {
+        let Some(n) = self.nodes.get(node.0 as usize) else { return };
+        let Some(dev) = n.devices.get(device as usize) else { return };
+        if dev.occupied == occupied {
+            return;
+        }
+        let unavailable = n.unavailable;
+        self.touch(node);
+        if occupied {
+            let dev = &mut self.nodes[node.0 as usize].devices[device as usize];
+            dev.withheld += dev.free;
+            self.set_device_free(node, device, 0);
+            // Flagged last: `set_device_free` above must see the free shares go.
+            self.nodes[node.0 as usize].devices[device as usize].occupied = true;
+        } else {
+            let dev = &mut self.nodes[node.0 as usize].devices[device as usize];
+            dev.occupied = false;
+            if !unavailable {
+                let free = (dev.free + std::mem::take(&mut dev.withheld)).min(FULL);
+                self.set_device_free(node, device, free);
+            }
         }
     }
 

@@ -147,6 +147,19 @@ impl<A: Codec, B: Codec, C: Codec> Codec for (A, B, C) {
     const MIN_BYTES: usize = A::MIN_BYTES + B::MIN_BYTES + C::MIN_BYTES;
 }
 
+impl<A: Codec, B: Codec, C: Codec, D: Codec> Codec for (A, B, C, D) {
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.0.encode(out);
+        self.1.encode(out);
+        self.2.encode(out);
+        self.3.encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, CodecError> {
+        Ok((A::decode(input)?, B::decode(input)?, C::decode(input)?, D::decode(input)?))
+    }
+    const MIN_BYTES: usize = A::MIN_BYTES + B::MIN_BYTES + C::MIN_BYTES + D::MIN_BYTES;
+}
+
 macro_rules! codec_seq {
     ($ty:ident, $push:ident, $bound:path) => {
         impl<T: Codec + $bound> Codec for $ty<T> {

@@ -73,6 +73,15 @@ use events::cpu_per_gpu;
 
 /// Limits on one submission, so that a malformed request cannot make a cycle unbounded.
 pub const MEMBERS_MAX: u32 = 4096;
+
+/// Devices of one node held by work allot does not govern (`Event::DevicesOccupied`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Occupancy {
+    /// Device indices on the node.
+    pub devices: std::collections::BTreeSet<u16>,
+    /// Who holds them, in the cluster's words (`Slurm job 812 (account physics)`).
+    pub by: String,
+}
 pub const WHOLE_GPUS_PER_MEMBER_MAX: u32 = 1024;
 
 /// Why the engine could not be built from a cluster and a policy.
@@ -291,6 +300,9 @@ pub struct Engine {
     /// Nodes the cluster reports down or drained, with its reason (`Event::NodeUnavailable`):
     /// exactly the nodes `capacity` flags unavailable.
     pub(crate) unavailable: BTreeMap<NodeId, String>,
+    /// Devices held by work allot does not govern, per node, with who holds them
+    /// (`Event::DevicesOccupied`): exactly the devices `capacity` flags occupied.
+    pub(crate) occupied: BTreeMap<NodeId, Occupancy>,
     pub(crate) capacity: Capacity,
     pub(crate) quota: QuotaBook,
     pub(crate) projects: Vec<ProjectState>,
@@ -416,6 +428,7 @@ impl Engine {
                     island: d.island,
                     free: SHARES_PER_GPU as u32,
                     withheld: 0,
+                    occupied: false,
                     mig,
                 });
             }
@@ -589,6 +602,7 @@ impl Engine {
                 .map(|(i, n)| (n.name.clone(), NodeId(i as u32)))
                 .collect(),
             unavailable: BTreeMap::new(),
+            occupied: BTreeMap::new(),
             capacity,
             quota,
             projects,
@@ -659,6 +673,10 @@ impl Engine {
     /// Every unavailable node with its reason, by node id.
     pub fn unavailable_nodes(&self) -> impl Iterator<Item = (NodeId, &str)> + '_ {
         self.unavailable.iter().map(|(n, r)| (*n, r.as_str()))
+    }
+    /// Every node with devices held by work allot does not govern, by node id.
+    pub fn occupied_devices(&self) -> impl Iterator<Item = (NodeId, &Occupancy)> + '_ {
+        self.occupied.iter().map(|(n, o)| (*n, o))
     }
     pub fn key_name(&self, key: QuotaKey) -> &str {
         match key {

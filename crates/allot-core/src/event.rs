@@ -45,6 +45,15 @@ pub enum Event {
     /// The node is usable again: its unused capacity is free from now on. Ignored for a node
     /// that is not unavailable or does not exist.
     NodeAvailable { node: NodeId },
+    /// These devices of the node are held by work allot does not govern (a Slurm job of
+    /// another partition, or one allot refused and left running), `by` saying whose: the
+    /// whole set for the node, replacing the last one (empty: none any more). Nothing new is
+    /// placed on them (admission, pre-emption plans, defragmentation, resumes) and they are
+    /// not free, capacity or fragmented; the node's other devices stay usable. An allocation
+    /// already there keeps them; what it gives back stays held until the set drops the
+    /// device. Unknown nodes and devices are ignored. CPU and memory are not taken (the
+    /// cluster does not say how much such work holds).
+    DevicesOccupied { node: NodeId, devices: Vec<u16>, by: String },
 }
 
 impl Event {
@@ -60,7 +69,9 @@ impl Event {
             | Event::WorkloadFinished { workload }
             | Event::ActivitySampled { workload, .. }
             | Event::ActivityProbed { workload, .. } => Some(*workload),
-            Event::NodeUnavailable { .. } | Event::NodeAvailable { .. } => None,
+            Event::NodeUnavailable { .. }
+            | Event::NodeAvailable { .. }
+            | Event::DevicesOccupied { .. } => None,
         }
     }
 }

@@ -25,11 +25,13 @@
 //!
 //! Cluster-wide, from snapshots (piecewise constant until the next): capacity, allocated, free
 //! and fragmented (free, but no pending request could use it) — so allocated + free =
-//! capacity × time exactly. Amounts are share-milliseconds (1000 shares × 3,600,000 ms = one
+//! capacity × time exactly — and unmanaged: GPUs held by work allot does not govern (outside
+//! capacity, like a down node's). Amounts are share-milliseconds (1000 shares × 3,600,000 ms = one
 //! GPU-hour) in `u128`: exact, no float until [`Books::gpu_hours`].
 
 use std::collections::BTreeMap;
 
+use crate::codec::Codec;
 use crate::decision::Decision;
 use crate::event::Event;
 use crate::idle::DeviceReading;
@@ -69,6 +71,8 @@ pub struct Books {
     pub capacity: u128,
     pub free: u128,
     pub fragmented: u128,
+    /// Cluster rows only: shares held by work allot does not govern (not in `capacity`).
+    pub unmanaged: u128,
 }
 
 impl Books {
@@ -105,6 +109,7 @@ impl Books {
         self.capacity += other.capacity;
         self.free += other.free;
         self.fragmented += other.fragmented;
+        self.unmanaged += other.unmanaged;
     }
 }
 
@@ -116,6 +121,9 @@ pub struct ClusterSnapshot {
     pub free_shares: u64,
     /// Free shares that no pending request could use now.
     pub fragmented_shares: u64,
+    /// Shares held by work allot does not govern (`Event::DevicesOccupied`), outside
+    /// `capacity_shares`.
+    pub unmanaged_shares: u64,
 }
 
 /// What the ledger remembers of one workload.
@@ -383,8 +391,11 @@ impl Ledger {
             }
             Event::ActivityProbed { .. } => {}
             // The cluster's books follow from the next `Engine::cluster_snapshot` (an
-            // unavailable node's unused capacity is neither capacity nor free).
-            Event::NodeUnavailable { .. } | Event::NodeAvailable { .. } => {}
+            // unavailable node's unused capacity is neither capacity nor free; an occupied
+            // device's is unmanaged).
+            Event::NodeUnavailable { .. }
+            | Event::NodeAvailable { .. }
+            | Event::DevicesOccupied { .. } => {}
             // Work found running outside allot: held from now (its time before is not ours
             // to book). The caller folds it only once the engine took it.
             Event::WorkloadAdopted { spec, placement } => {
@@ -467,6 +478,7 @@ impl Ledger {
                 b.capacity += u128::from(prev.capacity_shares) * len;
                 b.free += u128::from(prev.free_shares) * len;
                 b.fragmented += u128::from(prev.fragmented_shares) * len;
+                b.unmanaged += u128::from(prev.unmanaged_shares) * len;
                 at = end;
             }
         }
@@ -511,29 +523,57 @@ fn busiest_member(readings: &[DeviceReading]) -> Option<u16> {
     members.values().map(|&(sum, w)| (sum / w.max(1)) as u16).max()
 }
 
-// Snapshot encoding (`codec.rs`).
-crate::codec::codec_struct!(Books {
-    allocated,
-    active,
-    measured,
-    lost_to_preemption,
-    lost_active,
-    checkpoint_overhead,
-    queue_delay_ms,
-    admissions,
-    startup_delay_ms,
-    starts,
-    preemptions,
-    capacity,
-    free,
-    fragmented,
-});
-crate::codec::codec_struct!(ClusterSnapshot {
-    capacity_shares,
-    allocated_shares,
-    free_shares,
-    fragmented_shares,
-});
+// Snapshot encoding (`codec.rs`). The unmanaged amounts came later: they are written after
+// the rest of the ledger (`Ledger`'s codec below), so that a state written before reads back
+// with none.
+impl crate::codec::Codec for Books {
+    fn encode(&self, out: &mut Vec<u8>) {
+        (self.allocated, self.active, self.measured, self.lost_to_preemption).encode(out);
+        (self.lost_active, self.checkpoint_overhead, self.queue_delay_ms).encode(out);
+        (self.admissions, self.startup_delay_ms, self.starts, self.preemptions).encode(out);
+        (self.capacity, self.free, self.fragmented).encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        let (allocated, active, measured, lost_to_preemption) = Codec::decode(input)?;
+        let (lost_active, checkpoint_overhead, queue_delay_ms) = Codec::decode(input)?;
+        let (admissions, startup_delay_ms, starts, preemptions) = Codec::decode(input)?;
+        let (capacity, free, fragmented) = Codec::decode(input)?;
+        Ok(Books {
+            allocated,
+            active,
+            measured,
+            lost_to_preemption,
+            lost_active,
+            checkpoint_overhead,
+            queue_delay_ms,
+            admissions,
+            startup_delay_ms,
+            starts,
+            preemptions,
+            capacity,
+            free,
+            fragmented,
+            unmanaged: 0,
+        })
+    }
+}
+impl crate::codec::Codec for ClusterSnapshot {
+    fn encode(&self, out: &mut Vec<u8>) {
+        (self.capacity_shares, self.allocated_shares, self.free_shares, self.fragmented_shares)
+            .encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        let (capacity_shares, allocated_shares, free_shares, fragmented_shares) =
+            Codec::decode(input)?;
+        Ok(ClusterSnapshot {
+            capacity_shares,
+            allocated_shares,
+            free_shares,
+            fragmented_shares,
+            unmanaged_shares: 0,
+        })
+    }
+}
 crate::codec::codec_struct!(Tracked {
     project,
     user,
@@ -549,7 +589,37 @@ crate::codec::codec_struct!(Tracked {
     preempted,
     open,
 });
-crate::codec::codec_struct!(Ledger { period_ms, workloads, rows, cluster });
+impl crate::codec::Codec for Ledger {
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.period_ms.encode(out);
+        self.workloads.encode(out);
+        self.rows.encode(out);
+        self.cluster.encode(out);
+        // The unmanaged amounts: per cluster period, and the last snapshot's.
+        let unmanaged: BTreeMap<u64, u128> = self
+            .rows
+            .iter()
+            .filter(|((scope, _), b)| *scope == Scope::Cluster && b.unmanaged > 0)
+            .map(|((_, period), b)| (*period, b.unmanaged))
+            .collect();
+        (unmanaged, self.cluster.map_or(0, |(_, c)| c.unmanaged_shares)).encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, crate::codec::CodecError> {
+        let (period_ms, workloads, rows, cluster) = Codec::decode(input)?;
+        let mut ledger = Ledger { period_ms, workloads, rows, cluster };
+        if input.is_empty() {
+            return Ok(ledger);
+        }
+        let (unmanaged, now): (BTreeMap<u64, u128>, u64) = Codec::decode(input)?;
+        for (period, amount) in unmanaged {
+            ledger.rows.entry((Scope::Cluster, period)).or_default().unmanaged = amount;
+        }
+        if let Some((_, c)) = ledger.cluster.as_mut() {
+            c.unmanaged_shares = now;
+        }
+        Ok(ledger)
+    }
+}
 
 impl crate::codec::Codec for Scope {
     fn encode(&self, out: &mut Vec<u8>) {

@@ -29,8 +29,8 @@ pub use decision::{
 };
 pub use engine::{
     ConfigError, DefragPlan, DefragVictim, ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Engine, Eta, EtaCause,
-    EtaUnknown, InventoryChange, MEMBERS_MAX, Protection, ROUNDS_PER_INSTANT, Stage, Standing,
-    StateError, WHOLE_GPUS_PER_MEMBER_MAX,
+    EtaUnknown, InventoryChange, MEMBERS_MAX, Occupancy, Protection, ROUNDS_PER_INSTANT, Stage,
+    Standing, StateError, WHOLE_GPUS_PER_MEMBER_MAX,
 };
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};

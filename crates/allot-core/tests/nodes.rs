@@ -122,6 +122,12 @@ impl World {
         self.apply(at, Event::NodeAvailable { node });
     }
 
+    /// `node`'s devices `devices` are held by work allot does not govern (the whole set).
+    fn occupy(&mut self, at: u64, node: &str, devices: &[u16], by: &str) {
+        let node = self.node(node);
+        self.apply(at, Event::DevicesOccupied { node, devices: devices.to_vec(), by: by.into() });
+    }
+
     fn finish(&mut self, at: u64, name: &str) {
         let workload = self.id(name);
         self.apply(at, Event::WorkloadFinished { workload });
@@ -175,7 +181,7 @@ impl World {
     /// The ledger's view of the cluster, in GPUs.
     fn snapshot(&mut self, label: &str) {
         let s = self.engine.cluster_snapshot();
-        let _ = writeln!(
+        let _ = write!(
             self.out,
             "cluster {label}: capacity {} allocated {} free {} fragmented {}",
             Shares(s.capacity_shares),
@@ -183,6 +189,10 @@ impl World {
             Shares(s.free_shares),
             Shares(s.fragmented_shares)
         );
+        if s.unmanaged_shares > 0 {
+            let _ = write!(self.out, " unmanaged {}", Shares(s.unmanaged_shares));
+        }
+        let _ = writeln!(self.out);
     }
 }
 
@@ -507,4 +517,107 @@ fn mig_devices_of_an_unavailable_node_take_no_instance_until_it_is_back() {
     w.up(3, "n0");
     let decisions = w.decide(3);
     assert!(matches!(&decisions[..], [Decision::Admit { .. }]), "{decisions:?}");
+}
+
+#[test]
+fn devices_held_by_foreign_work_take_no_allot_work_until_it_ends() {
+    // Slurm job 812 of an account allot does not govern runs on n0's GPUs 0–5: an 8-GPU job
+    // goes to n1, a 2-GPU job fits n0's two left, and the six come back when 812 ends.
+    check(
+        &[("n0", 8), ("n1", 8)],
+        |w| {
+            w.occupy(0, "n0", &[0, 1, 2, 3, 4, 5], "Slurm job 812 (account physics)");
+            w.snapshot("812 runs");
+            w.whole(0, "big", 8);
+            w.whole(0, "small", 2);
+            w.whole(0, "third", 4);
+            w.settle(0);
+            w.snapshot("allot's work placed");
+            w.occupy(10, "n0", &[], "");
+            w.snapshot("812 ended");
+            w.settle(10);
+        },
+        "
+        cluster 812 runs: capacity 10 allocated 0 free 10 fragmented 10 unmanaged 6
+        decide at=0
+          admit big: within p's guarantee (8/64 any used); on A100 n1[0,1,2,3,4,5,6,7]
+          admit small: within p's guarantee (10/64 any used); on A100 n0[6,7]
+          defer third: no room for 4 A100: no whole device free; 0 whole free across 0 nodes (0 incl. partial)
+        decide at=0
+          defer third: no room for 4 A100: no whole device free; 0 whole free across 0 nodes (0 incl. partial)
+        cluster allot's work placed: capacity 10 allocated 10 free 0 fragmented 0 unmanaged 6
+        cluster 812 ended: capacity 16 allocated 10 free 6 fragmented 0
+        decide at=10
+          admit third: within p's guarantee (14/64 any used); on A100 n0[0,1,2,3]
+        decide at=10
+        ",
+    );
+}
+
+#[test]
+fn foreign_work_on_a_device_allot_holds_keeps_what_allot_frees_there() {
+    // A foreign job lands on n0[1] while allot's `a` holds n0[0,1] (the cluster double-booked
+    // it, or allot's view was late): the device counts as `a`'s while `a` runs; when `a`
+    // ends, n0[1] stays out of use (unmanaged), n0[0] is free. A drain keeps n0[1] withheld
+    // after the foreign job ends, and the node's return frees it.
+    check(
+        &[("n0", 2)],
+        |w| {
+            w.whole(0, "a", 2);
+            w.settle(0);
+            w.occupy(1, "n0", &[1], "Slurm job 9 (account other)");
+            w.snapshot("both on n0[1]");
+            w.finish(2, "a");
+            w.snapshot("a ended");
+            w.whole(3, "b", 2);
+            w.whole(3, "c", 1);
+            w.settle(3);
+            w.down(4, "n0", "drained");
+            w.occupy(5, "n0", &[], "");
+            w.snapshot("drained, foreign ended");
+            w.up(6, "n0");
+            w.snapshot("back");
+            w.settle(6);
+        },
+        "
+        decide at=0
+          admit a: within p's guarantee (2/64 any used); on A100 n0[0,1]
+        decide at=0
+        cluster both on n0[1]: capacity 2 allocated 2 free 0 fragmented 0
+        cluster a ended: capacity 1 allocated 0 free 1 fragmented 1 unmanaged 1
+        decide at=3
+          defer b: no room for 2 A100: largest free block 1 on n0; 1 whole free across 1 nodes (1 incl. partial)
+          admit c: within p's guarantee (1/64 any used); on A100 n0[0]
+        decide at=3
+          defer b: no room for 2 A100: no whole device free; 0 whole free across 0 nodes (0 incl. partial)
+        cluster drained, foreign ended: capacity 1 allocated 1 free 0 fragmented 0
+        cluster back: capacity 2 allocated 1 free 1 fragmented 1
+        decide at=6
+          defer b: no room for 2 A100: largest free block 1 on n0; 1 whole free across 1 nodes (1 incl. partial)
+        ",
+    );
+}
+
+#[test]
+fn occupancy_events_are_idempotent_bounded_and_survive_a_restart() {
+    let mut w = World::new(&[("n0", 4), ("n1", 4)]);
+    w.occupy(0, "n0", &[2, 3, 9], "Slurm job 5");
+    let once = format!("{:?}", w.engine);
+    w.occupy(0, "n0", &[3, 2, 2], "Slurm job 5");
+    assert_eq!(format!("{:?}", w.engine), once, "the same set again changes nothing");
+    let held: Vec<(NodeId, Vec<u16>, String)> = w
+        .engine
+        .occupied_devices()
+        .map(|(n, o)| (n, o.devices.iter().copied().collect(), o.by.clone()))
+        .collect();
+    assert_eq!(held, vec![(NodeId(0), vec![2, 3], "Slurm job 5".to_string())], "index 9 dropped");
+    w.apply(0, Event::DevicesOccupied { node: NodeId(7), devices: vec![0], by: "x".into() });
+    assert_eq!(format!("{:?}", w.engine), once, "an unknown node changes nothing");
+    // Saved and rebuilt (by `decide`), the occupancy is the same.
+    w.decide(1);
+    assert_eq!(w.engine.occupied_devices().count(), 1);
+    assert_eq!(
+        Event::DevicesOccupied { node: NodeId(0), devices: vec![], by: String::new() }.workload(),
+        None
+    );
 }

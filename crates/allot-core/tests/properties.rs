@@ -26,6 +26,8 @@
 //! - no `Admit` places a member on a node the history made unavailable
 //!   (`Event::NodeUnavailable`, flipped at random, sometimes for a node that does not exist),
 //!   and a `NodesUnavailable` deferral names only such nodes;
+//! - no `Admit` places a member on a device the history said foreign work holds
+//!   (`Event::DevicesOccupied`, random device sets, sometimes past the node's devices);
 //! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
 //!
 //! A second property builds random clusters (racks, pools, islands) with a settled mix, empties
@@ -112,6 +114,13 @@ enum RawOp {
     Node {
         node: u8,
         up: bool,
+    },
+    /// Work allot does not govern holds the devices of node `node` (taken as for `Node`)
+    /// whose bits are set in `mask` (the whole set: 0 frees them all; bits past the node's
+    /// devices name no device).
+    Occupy {
+        node: u8,
+        mask: u8,
     },
 }
 
@@ -220,6 +229,7 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
         3 => Just(RawOp::Decide),
         5 => Just(RawOp::Settle),
         2 => (any::<u8>(), any::<bool>()).prop_map(|(node, up)| RawOp::Node { node, up }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(node, mask)| RawOp::Occupy { node, mask }),
     ]
 }
 
@@ -643,6 +653,11 @@ fn build(raw: &RawCase) -> Case {
                     Event::NodeUnavailable { node, reason: format!("drained at {now}") }
                 })
             }
+            &RawOp::Occupy { node, mask } => {
+                let node = NodeId(u32::from(node) % (raw.nodes.len() as u32 + 1));
+                let devices = (0..8u16).filter(|d| mask & (1 << d) != 0).collect();
+                Step::Event(Event::DevicesOccupied { node, devices, by: format!("foreign {now}") })
+            }
         };
         steps.push((Timestamp(now), step));
     }
@@ -691,6 +706,8 @@ struct Checker<'a> {
     restore_each_cycle: bool,
     /// Nodes the history made unavailable (and that exist), by the test's own count.
     down: BTreeSet<NodeId>,
+    /// Devices held by work allot does not govern, as the history last said.
+    occupied: BTreeMap<NodeId, BTreeSet<u16>>,
     /// With `engine` running reference cycles: the engine as production runs it, fed the
     /// same history and asked `decide_changes`, with the deferral last seen per workload.
     incremental: Option<(Engine, BTreeMap<WorkloadId, DeferReason>)>,
@@ -733,6 +750,7 @@ impl<'a> Checker<'a> {
             transcript: Vec::new(),
             restore_each_cycle: false,
             down: BTreeSet::new(),
+            occupied: BTreeMap::new(),
             incremental: None,
         }
     }
@@ -845,6 +863,9 @@ impl<'a> Checker<'a> {
                 }
                 Event::NodeAvailable { node } => {
                     self.down.remove(node);
+                }
+                Event::DevicesOccupied { node, devices, .. } => {
+                    self.occupied.insert(*node, devices.iter().copied().collect());
                 }
                 _ => {}
             }
@@ -977,6 +998,18 @@ impl<'a> Checker<'a> {
                             "{workload} admitted onto unavailable {}",
                             self.engine.node_name(m.node)
                         ));
+                    }
+                    for m in &placement.members {
+                        let held = self.occupied.get(&m.node);
+                        if let Some(d) =
+                            m.devices.iter().find(|d| held.is_some_and(|h| h.contains(&d.device)))
+                        {
+                            return Err(format!(
+                                "{workload} admitted onto {}[{}], held by foreign work",
+                                self.engine.node_name(m.node),
+                                d.device
+                            ));
+                        }
                     }
                 }
                 Decision::Defer {

@@ -298,21 +298,45 @@ fn adopted_work_that_borrows_is_reclaimed_for_the_lenders_guarantee() {
 }
 
 #[test]
-fn a_version_3_state_without_preemption_times_still_reads() {
-    // Version 3 is version 4 without the trailing pre-emption times (an empty map here: the
-    // busy engine pre-empted nothing, 8 bytes of count 0). The version is the first field.
+fn older_states_without_preemption_times_or_occupancy_still_read() {
+    // Version 5 is version 4 plus the trailing occupancy map; version 4 is version 3 plus the
+    // pre-emption times before it (both empty here: the busy engine pre-empted nothing and
+    // no device is occupied, 8 bytes of count 0 each). The version is the first field.
     let original = busy_engine();
     let bytes = original.state().expect("after a cycle");
-    assert_eq!(&bytes[..4], &4u32.to_le_bytes());
-    assert_eq!(&bytes[bytes.len() - 8..], &[0u8; 8]);
-    let mut v3 = bytes[..bytes.len() - 8].to_vec();
-    v3[..4].copy_from_slice(&3u32.to_le_bytes());
+    assert_eq!(&bytes[..4], &5u32.to_le_bytes());
+    assert_eq!(&bytes[bytes.len() - 16..], &[0u8; 16]);
     let config = policy(&[("a", 4), ("b", 4)]);
-    let rebuilt = Engine::from_state(&nodes(), &config, &v3).expect("version 3 reads");
-    assert_eq!(format!("{rebuilt:?}"), format!("{original:?}"));
-    // A version-4 state cut before its times is damaged, not a version 3.
-    assert!(matches!(
-        Engine::from_state(&nodes(), &config, &bytes[..bytes.len() - 8]),
-        Err(StateError::Codec(_))
-    ));
+    for (version, cut) in [(4u32, 8), (3, 16)] {
+        let mut old = bytes[..bytes.len() - cut].to_vec();
+        old[..4].copy_from_slice(&version.to_le_bytes());
+        let rebuilt = Engine::from_state(&nodes(), &config, &old).expect("an older version reads");
+        assert_eq!(format!("{rebuilt:?}"), format!("{original:?}"), "version {version}");
+        // A version-5 state cut short is damaged, not an older version.
+        assert!(matches!(
+            Engine::from_state(&nodes(), &config, &bytes[..bytes.len() - cut]),
+            Err(StateError::Codec(_))
+        ));
+    }
+}
+
+#[test]
+fn occupied_devices_survive_a_restart_and_a_new_policy() {
+    let mut e = busy_engine();
+    let node = e.node_id(&nodes()[1].name).expect("a node");
+    e.apply(
+        Timestamp(50),
+        Event::DevicesOccupied { node, devices: vec![0, 1], by: "Slurm job 3".into() },
+    );
+    cycle(&mut e, 50);
+    let bytes = e.state().expect("after a cycle");
+    let config = policy(&[("a", 4), ("b", 4)]);
+    let rebuilt = Engine::from_state(&nodes(), &config, &bytes).expect("reads");
+    assert_eq!(format!("{rebuilt:?}"), format!("{e:?}"));
+    assert_eq!(rebuilt.occupied_devices().count(), 1);
+    rebuilt.audit().expect("consistent");
+    let renewed = e.with_policy(&nodes(), &policy(&[("a", 6), ("b", 4)])).expect("a looser one");
+    renewed.audit().expect("consistent under the new policy");
+    let held: Vec<_> = renewed.occupied_devices().map(|(n, o)| (n, o.by.clone())).collect();
+    assert_eq!(held, vec![(node, "Slurm job 3".to_string())]);
 }

@@ -15,8 +15,9 @@ use crate::quota::QuotaBook;
 impl Engine {
     /// Checks the invariants every cycle relies on, recomputing them from the allocations:
     /// no device share or CPU held twice (free + withheld + held = capacity on every device
-    /// and node; nothing free on an unavailable node, nothing withheld on an available one,
-    /// the unavailable nodes those the events named);
+    /// and node; nothing free on an unavailable node or an occupied device, nothing withheld
+    /// on an available node's other devices, the unavailable nodes and occupied devices those
+    /// the events named);
     /// quota `used` = the sum of charged allocations; cohort pools agree with their lines;
     /// no line above guarantee + borrow limit; stages agree with allocations and queues.
     pub fn audit(&self) -> Result<(), String> {
@@ -119,7 +120,17 @@ impl Engine {
             let devices_wrong = node
                 .devices
                 .iter()
-                .any(|d| if node.unavailable { d.free > 0 } else { d.withheld > 0 });
+                .any(|d| if node.unavailable || d.occupied { d.free > 0 } else { d.withheld > 0 });
+            let occupied: BTreeSet<u16> = (0..node.devices.len() as u16)
+                .filter(|&d| node.devices[usize::from(d)].occupied)
+                .collect();
+            let said = self.occupied.get(&NodeId(n as u32)).map(|o| &o.devices);
+            if said.map_or(!occupied.is_empty(), |s| *s != occupied || s.is_empty()) {
+                return Err(format!(
+                    "node {}: occupied devices {occupied:?} but the events said {said:?}",
+                    self.node_names[n]
+                ));
+            }
             if named != node.unavailable || free > 0 || withheld > 0 || devices_wrong {
                 return Err(format!(
                     "node {}: unavailable {} (events say {named}) but free and withheld \
@@ -130,6 +141,9 @@ impl Engine {
         }
         if self.unavailable.keys().any(|n| n.0 as usize >= self.capacity.nodes.len()) {
             return Err("an unavailable node that does not exist".into());
+        }
+        if self.occupied.keys().any(|n| n.0 as usize >= self.capacity.nodes.len()) {
+            return Err("an occupied node that does not exist".into());
         }
         if self.capacity.domains.recount(&self.capacity) != self.capacity.domains {
             return Err("rack or pool free counts out of step with the devices".into());
@@ -192,7 +206,9 @@ impl Engine {
     /// member fits — wrong model, too few whole devices or shares, or the host's CPU or memory
     /// gone). Capacity is what is usable: shares withheld on unavailable nodes (down or
     /// drained, held by no allocation) are neither capacity nor free, so allocated + free =
-    /// capacity still holds; work still running on such a node counts as allocated.
+    /// capacity still holds; work still running on such a node counts as allocated. Shares
+    /// withheld on occupied devices (held by work allot does not govern) are neither capacity
+    /// nor free either: they are `unmanaged`.
     /// Costs O(devices × distinct pending shapes).
     pub fn cluster_snapshot(&self) -> crate::ledger::ClusterSnapshot {
         let mut shapes: BTreeSet<(Vec<ModelId>, MemberShape)> = BTreeSet::new();
@@ -205,10 +221,13 @@ impl Engine {
                 }
             }
         }
-        let (mut capacity, mut free, mut fragmented) = (0u64, 0u64, 0u64);
+        let (mut capacity, mut free, mut fragmented, mut unmanaged) = (0u64, 0u64, 0u64, 0u64);
         for node in &self.capacity.nodes {
             for d in &node.devices {
                 capacity += SHARES_PER_GPU - u64::from(d.withheld);
+                if d.occupied {
+                    unmanaged += u64::from(d.withheld);
+                }
                 let f = u64::from(d.free);
                 free += f;
                 if f == 0 {
@@ -235,6 +254,7 @@ impl Engine {
             allocated_shares: capacity - free,
             free_shares: free,
             fragmented_shares: fragmented,
+            unmanaged_shares: unmanaged,
         }
     }
 }

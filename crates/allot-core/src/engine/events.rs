@@ -13,7 +13,7 @@ use super::{
 };
 use crate::decision::{Placement, QuotaKey, RejectReason, StopReason};
 use crate::event::Event;
-use crate::ids::{ModelId, ProjectId, SHARES_PER_GPU, Timestamp, WorkloadId};
+use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Timestamp, WorkloadId};
 use crate::mig::COMPUTE_SLICES;
 use crate::model::{GpuRequest, PreemptionMode, WorkloadSpec};
 
@@ -144,6 +144,27 @@ impl Engine {
                     self.capacity.set_available(node);
                 }
             }
+            Event::DevicesOccupied { node, devices, by } => self.occupy(node, &devices, by),
+        }
+    }
+
+    /// Applies `Event::DevicesOccupied`: the node's occupied set becomes `devices` (those the
+    /// node has).
+    pub(crate) fn occupy(&mut self, node: NodeId, devices: &[u16], by: String) {
+        let Some(count) = self.capacity.nodes.get(node.0 as usize).map(|n| n.devices.len()) else {
+            return;
+        };
+        let now: BTreeSet<u16> =
+            devices.iter().copied().filter(|&d| usize::from(d) < count).collect();
+        let before = self.occupied.remove(&node).map(|o| o.devices).unwrap_or_default();
+        for &d in before.difference(&now) {
+            self.capacity.set_occupied(node, d, false);
+        }
+        for &d in &now {
+            self.capacity.set_occupied(node, d, true);
+        }
+        if !now.is_empty() {
+            self.occupied.insert(node, crate::engine::Occupancy { devices: now, by });
         }
     }
 
@@ -231,6 +252,12 @@ impl Engine {
                 }
                 if Some(dev.model) != model {
                     return Err(format!("{name} device {} is not the placement's model", d.device));
+                }
+                if dev.occupied {
+                    return Err(format!(
+                        "{name} device {} is held by work allot does not govern",
+                        d.device
+                    ));
                 }
                 let free = if node.unavailable { dev.withheld } else { dev.free };
                 if free < d.shares {

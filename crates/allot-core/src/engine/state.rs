@@ -65,10 +65,11 @@ impl Codec for StopKind {
 
 /// Bumped whenever the saved fields change meaning. Version 2 appends the unavailable nodes
 /// after `Saved`, version 3 the demand census after those, version 4 the pre-emption times
-/// (`Engine::preempted_at`) after that; versions 1 (none), 2 (no census: placement starts
-/// learning the mix again) and 3 (no times: the pre-emption cap counts from the restart)
-/// are still read.
-const STATE_VERSION: u32 = 4;
+/// (`Engine::preempted_at`) after that, version 5 the occupied devices (`Engine::occupied`)
+/// after those; versions 1 (none), 2 (no census: placement starts learning the mix again),
+/// 3 (no times: the pre-emption cap counts from the restart) and 4 (nothing occupied: the
+/// next cluster watch says what is) are still read.
+const STATE_VERSION: u32 = 5;
 
 /// What `Engine::state` writes: the configuration's names (to refuse a foreign state) and
 /// the event-made fields; from version 2 followed by the unavailable nodes
@@ -174,6 +175,7 @@ impl Engine {
         self.unavailable.encode(&mut bytes);
         self.census.encode(&mut bytes);
         self.preempted_at.encode(&mut bytes);
+        self.saved_occupancy().encode(&mut bytes);
         Ok(bytes)
     }
 
@@ -210,6 +212,11 @@ impl Engine {
         } else {
             BTreeMap::new()
         };
+        let occupied: BTreeMap<NodeId, (Vec<u16>, String)> = if saved.version >= 5 {
+            Codec::decode(&mut input).map_err(StateError::Codec)?
+        } else {
+            BTreeMap::new()
+        };
         if !input.is_empty() {
             return Err(StateError::Codec(bad("bytes left over")));
         }
@@ -233,8 +240,14 @@ impl Engine {
         {
             return Err(StateError::Mismatch("a plan or idle state out of range".into()));
         }
-        if unavailable.keys().any(|n| n.0 as usize >= engine.node_names.len()) {
-            return Err(StateError::Mismatch("an unavailable node out of range".into()));
+        if unavailable
+            .keys()
+            .chain(occupied.keys())
+            .any(|n| n.0 as usize >= engine.node_names.len())
+        {
+            return Err(StateError::Mismatch(
+                "an unavailable or occupied node out of range".into(),
+            ));
         }
         engine.workloads = saved.workloads;
         engine.preemptors = saved.preemptors;
@@ -259,8 +272,19 @@ impl Engine {
         engine.preempted_at = preempted_at;
         engine.rebuild();
         engine.withhold_unavailable(unavailable);
+        for (node, (devices, by)) in occupied {
+            engine.occupy(node, &devices, by);
+        }
         engine.audit().map_err(StateError::Mismatch)?;
         Ok(engine)
+    }
+
+    /// The occupied devices as saved: node, device indices, who holds them.
+    fn saved_occupancy(&self) -> BTreeMap<NodeId, (Vec<u16>, String)> {
+        self.occupied
+            .iter()
+            .map(|(n, o)| (*n, (o.devices.iter().copied().collect(), o.by.clone())))
+            .collect()
     }
 
     /// Marks `nodes` unavailable, after `rebuild` booked every allocation: what no
@@ -479,6 +503,12 @@ impl Engine {
             .filter_map(|(n, reason)| Some((map_node(*n)?, reason.clone())))
             .collect();
         next.withhold_unavailable(unavailable);
+        for (node, o) in &self.occupied {
+            if let Some(n) = map_node(*node) {
+                let devices: Vec<u16> = o.devices.iter().copied().collect();
+                next.occupy(n, &devices, o.by.clone());
+            }
+        }
         for (id, w) in &next.workloads {
             if let (Some(max), Some(started)) =
                 (w.spec.max_runtime_ms, w.allocation.as_ref().and_then(|a| a.started_at))

@@ -285,6 +285,7 @@ mod tests {
             allocated_shares: 1000,
             free_shares: 7000,
             fragmented_shares: 0,
+            unmanaged_shares: 0,
         };
         let mut asked = 0;
         for k in 0..(SAMPLES_MAX as u64 + 10) * 5 {

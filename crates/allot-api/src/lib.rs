@@ -356,6 +356,18 @@ pub struct Node {
     /// it is usable. Work running there keeps running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unusable: Option<String>,
+    /// Devices held by work allot does not govern (a job of an unmanaged partition, foreign
+    /// work allot refused): offered to no allot work until it ends. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmanaged: Option<UnmanagedDevices>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UnmanagedDevices {
+    /// Device indices on the node.
+    pub devices: Vec<u32>,
+    /// The work holding them, in the cluster's words (`job 812 of bob (account physics, …)`).
+    pub by: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -407,6 +419,10 @@ pub struct LedgerRow {
     /// useful / allocated; null when nothing was allocated.
     #[serde(default)]
     pub goodput: Option<f64>,
+    /// Cluster row only: GPU-hours held by work allot does not govern (jobs of unmanaged
+    /// partitions, foreign work allot refused), outside capacity and allocation.
+    #[serde(default)]
+    pub unmanaged_gpu_hours: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

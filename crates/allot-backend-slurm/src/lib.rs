@@ -511,19 +511,27 @@ impl SlurmBackend {
     /// plus one `squeue --json` only when a running foreign job appeared whose GPU indices
     /// are not known yet.
     pub fn foreign_work(&mut self) -> Result<Vec<ForeignWork>, BackendError> {
+        Ok(self.scan_foreign()?.0)
+    }
+
+    /// [`SlurmBackend::foreign_work`], and beside it the running jobs allot must not govern
+    /// (every partition they name is unmanaged) with the GPUs they hold: on a node a managed
+    /// partition shares, those GPUs are occupied ([`ClusterNews::beside`]).
+    fn scan_foreign(&mut self) -> Result<(Vec<ForeignWork>, Vec<ForeignWork>), BackendError> {
         self.refresh_format()?;
         let tracked = self.tracked_jobs();
         let unmanaged = &self.config.unmanaged_partitions;
-        let foreign: Vec<SqueueJob> = self
+        // A pending job may list several partitions: unmanaged only if all are.
+        let all_unmanaged = |j: &SqueueJob| j.partition.split(',').all(|p| unmanaged.contains(p));
+        let (beside, foreign): (Vec<SqueueJob>, Vec<SqueueJob>) = self
             .jobs
             .iter()
             .flat_map(|j| j.values())
             .filter(|j| !self.is_ours(j) && !tracked.contains(&j.job_id))
             .filter(|j| j.is_pending() || j.is_running())
-            // A pending job may list several partitions: unmanaged only if all are.
-            .filter(|j| !j.partition.split(',').all(|p| unmanaged.contains(p)))
+            .filter(|j| j.is_running() || !all_unmanaged(j))
             .cloned()
-            .collect();
+            .partition(all_unmanaged);
         let to_hold: Vec<u64> = foreign
             .iter()
             .filter(|j| j.state == "PENDING" && !j.is_held())
@@ -532,8 +540,12 @@ impl SlurmBackend {
         if !to_hold.is_empty() {
             self.hold(&to_hold)?;
         }
-        let running: BTreeSet<(u64, u64)> =
-            foreign.iter().filter(|j| j.is_running()).map(|j| (j.job_id, j.restarts)).collect();
+        let running: BTreeSet<(u64, u64)> = foreign
+            .iter()
+            .chain(&beside)
+            .filter(|j| j.is_running())
+            .map(|j| (j.job_id, j.restarts))
+            .collect();
         self.foreign_gpus.retain(|k, _| running.contains(k));
         if running.iter().any(|k| !self.foreign_gpus.contains_key(k)) {
             self.refresh_json()?;
@@ -544,41 +556,39 @@ impl SlurmBackend {
                 }
             }
         }
-        Ok(foreign
-            .iter()
-            .map(|j| {
-                let asked = j.gpu_request_per_node();
-                let refusal = asked
-                    .as_ref()
-                    .err()
-                    .map(|why| format!("{why}; it stays held (cancel it and submit it again)"));
-                let asked = asked.ok().flatten();
-                let (running, started) = match self.foreign_gpus.get(&(j.job_id, j.restarts)) {
-                    Some((members, start)) if j.is_running() => {
-                        (members.clone(), Some(start.saturating_mul(1000)))
-                    }
-                    // Started between the two listings: its nodes without device indices.
-                    _ if j.is_running() => (members_of(j), None),
-                    _ => (Vec::new(), None),
-                };
-                let nodes = if running.is_empty() { j.node_count } else { running.len() as u64 };
-                ForeignWork {
-                    handle: j.job_id.to_string(),
-                    name: j.name.clone(),
-                    project: j.account.clone(),
-                    user: j.user.clone(),
-                    running,
-                    nodes: u32::try_from(nodes.max(1)).unwrap_or(u32::MAX),
-                    gpus_per_node: asked
-                        .as_ref()
-                        .map_or(0, |g| u32::try_from(g.count).unwrap_or(u32::MAX)),
-                    model: asked.and_then(|g| g.gres_type),
-                    started_ms: started,
-                    // Running work is taken as it runs, whatever it asked.
-                    refusal: if j.is_pending() { refusal } else { None },
+        let describe = |j: &SqueueJob| {
+            let asked = j.gpu_request_per_node();
+            let refusal = asked
+                .as_ref()
+                .err()
+                .map(|why| format!("{why}; it stays held (cancel it and submit it again)"));
+            let asked = asked.ok().flatten();
+            let (running, started) = match self.foreign_gpus.get(&(j.job_id, j.restarts)) {
+                Some((members, start)) if j.is_running() => {
+                    (members.clone(), Some(start.saturating_mul(1000)))
                 }
-            })
-            .collect())
+                // Started between the two listings: its nodes without device indices.
+                _ if j.is_running() => (members_of(j), None),
+                _ => (Vec::new(), None),
+            };
+            let nodes = if running.is_empty() { j.node_count } else { running.len() as u64 };
+            ForeignWork {
+                handle: j.job_id.to_string(),
+                name: j.name.clone(),
+                project: j.account.clone(),
+                user: j.user.clone(),
+                running,
+                nodes: u32::try_from(nodes.max(1)).unwrap_or(u32::MAX),
+                gpus_per_node: asked
+                    .as_ref()
+                    .map_or(0, |g| u32::try_from(g.count).unwrap_or(u32::MAX)),
+                model: asked.and_then(|g| g.gres_type),
+                started_ms: started,
+                // Running work is taken as it runs, whatever it asked.
+                refusal: if j.is_pending() { refusal } else { None },
+            }
+        };
+        Ok((foreign.iter().map(describe).collect(), beside.iter().map(describe).collect()))
     }
 
     /// Requeues a running run as `next` (pre-emption with requeue): Slurm stops the job and
@@ -1447,10 +1457,10 @@ impl Backend for SlurmBackend {
                 reason: node_state_words(n),
             })
             .collect();
-        let foreign = self.foreign_work()?;
+        let (foreign, beside) = self.scan_foreign()?;
         // The same `sinfo` as the node states: nodes added, removed or given other GRES.
         let inventory = Some(self.node_specs(&listed));
-        Ok(ClusterNews { inventory, nodes, foreign })
+        Ok(ClusterNews { inventory, nodes, foreign, beside })
     }
 
     fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {

@@ -57,6 +57,8 @@ struct World {
     unusable: std::collections::BTreeMap<String, String>,
     /// Work on the cluster that allot did not start and no launch took over, by handle.
     foreign: std::collections::BTreeMap<String, ForeignWork>,
+    /// Running work allot must not govern (`ClusterNews::beside`), by handle.
+    beside: std::collections::BTreeMap<String, ForeignWork>,
     /// Whether `requeue` keeps the work (as Slurm does) or is refused (as on a host).
     requeue_supported: bool,
     /// (run, next) of every requeue, in order.
@@ -186,6 +188,16 @@ impl FakeControl {
     /// Foreign work ends (or is cancelled) before a launch took it over. False if unknown.
     pub fn end_foreign(&self, handle: &str) -> bool {
         lock(&self.world).foreign.remove(handle).is_some()
+    }
+
+    /// Work allot must not govern starts running on the cluster's devices (`running`), as a
+    /// job of an unmanaged partition on a shared node; `None` ends the one with `handle`.
+    pub fn set_beside(&self, handle: &str, work: Option<ForeignWork>) {
+        let mut world = lock(&self.world);
+        match work {
+            Some(work) => world.beside.insert(handle.to_string(), work),
+            None => world.beside.remove(handle),
+        };
     }
 
     /// Foreign work no launch has taken over yet, by handle.
@@ -476,6 +488,7 @@ impl Backend for FakeBackend {
             inventory: Some(world.nodes.clone()),
             nodes,
             foreign: world.foreign.values().cloned().collect(),
+            beside: world.beside.values().cloned().collect(),
         })
     }
 

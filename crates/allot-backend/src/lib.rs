@@ -138,6 +138,10 @@ pub struct ClusterNews {
     /// Every piece of work now on the cluster that allot did not start and no launch has taken
     /// over yet.
     pub foreign: Vec<ForeignWork>,
+    /// Work running on the cluster's nodes that allot must not govern (Slurm: jobs of the
+    /// unmanaged partitions, on nodes a managed partition shares): the devices it holds are
+    /// occupied, never offered to allot's work, and the ledger counts them `unmanaged`.
+    pub beside: Vec<ForeignWork>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

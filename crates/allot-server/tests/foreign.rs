@@ -331,3 +331,76 @@ async fn pending_foreign_work_cancelled_through_allot_is_cancelled_on_the_cluste
     let (_, list) = d.call("GET", "/api/v1/workloads", Some(&d.admin), None).await;
     assert_eq!(list["workloads"].as_array().map(Vec::len), Some(3), "{list}");
 }
+
+/// Waits (up to 5 s) until `/api/v1/nodes` says foreign work holds `devices` of `node`.
+async fn wait_unmanaged(d: &TestDaemon, node: &str, devices: &[u32]) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..500 {
+        let (_, v) = d.call("GET", "/api/v1/nodes", Some(&d.admin), None).await;
+        let n = v["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == node).cloned();
+        if let Some(n) = n {
+            let held: Vec<u64> = n["unmanaged"]["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(serde_json::Value::as_u64)
+                .collect();
+            if held.iter().copied().eq(devices.iter().map(|&d| u64::from(d))) {
+                return n;
+            }
+            last = n;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{node} never showed {devices:?} held by foreign work: {last}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gpus_of_work_allot_does_not_govern_are_offered_to_no_allot_work_until_it_ends() {
+    let d = TestDaemon::new();
+    // A job of an unmanaged partition runs on six of h100-0's GPUs.
+    d.control.set_beside(
+        "7001",
+        Some(foreign("7001", "physics", vec![gpus("h100-0", &[0, 1, 2, 3, 4, 5])], 6)),
+    );
+    let n = wait_unmanaged(&d, "h100-0", &[0, 1, 2, 3, 4, 5]).await;
+    assert!(n["unmanaged"]["by"].as_str().unwrap_or_default().contains("job 7001 of bob"), "{n}");
+    // An 8-GPU job goes to h100-1; a second waits (h100-0 has two GPUs allot may use).
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    d.wait_state(a, "running").await;
+    assert_eq!(d.control.run(run(a, 1)).expect("run").launch.members[0].node, "h100-1");
+    let b = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(b, "pending").await;
+    // The ledger's cluster row counts the held GPUs as unmanaged, not capacity.
+    let mut unmanaged = 0.0;
+    for _ in 0..500 {
+        let (_, report) = d.call("GET", "/api/v1/report", Some(&d.admin), None).await;
+        let cluster =
+            report["rows"].as_array().into_iter().flatten().find(|r| r["scope"] == "cluster");
+        unmanaged = cluster.and_then(|r| r["unmanaged_gpu_hours"].as_f64()).unwrap_or(0.0);
+        if unmanaged > 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(unmanaged > 0.0, "the cluster row never counted unmanaged GPU-hours");
+    // The job ends: h100-0 is allot's again and the waiting work starts there.
+    d.control.set_beside("7001", None);
+    wait_unmanaged(&d, "h100-0", &[]).await;
+    d.wait_state(b, "running").await;
+    assert_eq!(d.control.run(run(b, 1)).expect("run").launch.members[0].node, "h100-0");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn running_work_allot_refused_occupies_its_gpus_until_it_ends() {
+    let d = TestDaemon::new();
+    d.control.add_foreign(foreign("7002", "physics", vec![gpus("h100-1", &[4, 5, 6, 7])], 4));
+    d.wait_state(1, "rejected").await;
+    let n = wait_unmanaged(&d, "h100-1", &[4, 5, 6, 7]).await;
+    assert!(n["unmanaged"]["by"].as_str().unwrap_or_default().contains("not governed"), "{n}");
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    d.wait_state(a, "running").await;
+    assert_eq!(d.control.run(run(a, 1)).expect("run").launch.members[0].node, "h100-0");
+    assert!(d.control.end_foreign("7002"));
+    wait_unmanaged(&d, "h100-1", &[]).await;
+}

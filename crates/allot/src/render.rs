@@ -158,7 +158,10 @@ pub(crate) fn nodes(list: &NodeList) -> String {
     let mut rows = Vec::new();
     for node in &list.nodes {
         for d in &node.devices {
-            let ids: Vec<String> = d.workloads.iter().map(u64::to_string).collect();
+            let mut ids: Vec<String> = d.workloads.iter().map(u64::to_string).collect();
+            if node.unmanaged.as_ref().is_some_and(|u| u.devices.contains(&d.index)) {
+                ids.push("unmanaged".to_string());
+            }
             rows.push(vec![
                 node.name.clone(),
                 d.index.to_string(),
@@ -191,6 +194,20 @@ pub(crate) fn nodes(list: &NodeList) -> String {
     if !unusable.is_empty() && list.backend.reachable {
         out.push_str("nodes taking no new work:\n");
         out.push_str(&unusable.join("\n"));
+        out.push('\n');
+    }
+    let unmanaged: Vec<String> = list
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let u = n.unmanaged.as_ref()?;
+            let devices: Vec<String> = u.devices.iter().map(u32::to_string).collect();
+            Some(format!("  {}[{}]: {}", n.name, devices.join(","), u.by))
+        })
+        .collect();
+    if !unmanaged.is_empty() {
+        out.push_str("GPUs held by work allot does not govern (offered to no allot work):\n");
+        out.push_str(&unmanaged.join("\n"));
         out.push('\n');
     }
     out.push_str(&table(&["NODE", "DEVICE", "MODEL", "USED", "WORKLOADS"], &rows));
@@ -240,6 +257,14 @@ pub(crate) fn report(report: &Report) -> String {
         &["SCOPE", "ALLOCATED", "ACTIVE", "MEASURED", "IDLE", "LOST", "USEFUL", "GOODPUT"],
         &rows,
     ));
+    if let Some(c) =
+        report.rows.iter().find(|r| r.scope == "cluster" && r.unmanaged_gpu_hours > 0.0)
+    {
+        out.push_str(&format!(
+            "unmanaged: {} GPU-hours held by work allot does not govern (not in the rows above)\n",
+            hours(c.unmanaged_gpu_hours)
+        ));
+    }
     out
 }
 
@@ -266,6 +291,7 @@ mod tests {
             lost_gpu_hours: 0.0,
             useful_gpu_hours: 0.0,
             goodput: Some(0.0),
+            unmanaged_gpu_hours: 0.0,
         };
         let text = report(&Report {
             since_ms: 0,

@@ -276,6 +276,7 @@ mod tests {
                 inventory_note: None,
                 nodes: vec![Node {
                     unusable: None,
+                    unmanaged: None,
                     name: "gpu-a".to_string(),
                     devices: vec![
                         Device {
@@ -333,6 +334,7 @@ mod tests {
                 inventory_note: None,
                 nodes: vec![Node {
                     unusable: None,
+                    unmanaged: None,
                     name: "gpu-a".to_string(),
                     devices: (0..64).map(device).collect(),
                 }],

@@ -82,6 +82,7 @@ fn row(scope: &str, allocated: f64, lost: f64) -> LedgerRow {
         lost_gpu_hours: lost,
         useful_gpu_hours: 0.0,
         goodput: Some(0.0),
+        unmanaged_gpu_hours: 0.0,
     }
 }
 
@@ -166,6 +167,7 @@ fn snapshot_fleet() {
         nodes: vec![
             Node {
                 unusable: None,
+                unmanaged: None,
                 name: "a100-0".into(),
                 devices: vec![
                     device(0, 1000, &[3]),
@@ -176,6 +178,7 @@ fn snapshot_fleet() {
             },
             Node {
                 unusable: None,
+                unmanaged: None,
                 name: "a100-1".into(),
                 devices: vec![
                     device(0, 250, &[4]),
@@ -184,7 +187,7 @@ fn snapshot_fleet() {
                     device(3, 1000, &[5]),
                 ],
             },
-            Node { name: "cpu-0".into(), devices: vec![], unusable: None },
+            Node { name: "cpu-0".into(), devices: vec![], unusable: None, unmanaged: None },
         ],
         warned: [3].into_iter().collect(),
         show_metrics: true,
@@ -548,6 +551,7 @@ fn fleet_with_a_full_series_on_500_devices() {
     let nodes = (0..63u64)
         .map(|n| Node {
             unusable: None,
+            unmanaged: None,
             name: format!("gpu-{n}"),
             devices: (0..if n == 62 { 4 } else { 8 })
                 .map(|i| Device {

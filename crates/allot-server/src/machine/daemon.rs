@@ -527,6 +527,7 @@ impl Daemon {
             Entry::InventoryReported { nodes } => {
                 self.inventory_reported(now, super::wire::specs(nodes));
             }
+            Entry::Occupied { node, devices, by } => self.occupied(now, node, devices, by),
             Entry::BackendUnreachable { error } => self.backend_health(now, Some(error)),
             Entry::BackendReachable => self.backend_health(now, None),
             Entry::LaunchDeferred { id, attempt, error } => {

@@ -108,6 +108,14 @@ pub(crate) enum Entry {
         usable: bool,
         reason: String,
     },
+    /// The devices of `node` held now by work allot does not govern (the whole set; empty:
+    /// none), where that differs from what the engine was told: a job of an unmanaged
+    /// partition, or foreign work allot refused and left running. `by` names that work.
+    Occupied {
+        node: String,
+        devices: Vec<u32>,
+        by: String,
+    },
     /// The backend's inventory now, where it differs from the engine's (at a start, or seen
     /// by a cluster watch): taken as far as live work allows (`inventory.rs`).
     InventoryReported {
@@ -136,7 +144,7 @@ pub(crate) enum Entry {
 /// Every record kind, in declaration order: the round-trip property test generates each of
 /// them and fails on a kind it does not cover.
 #[cfg(test)]
-pub(crate) const ENTRY_KINDS: [&str; 22] = [
+pub(crate) const ENTRY_KINDS: [&str; 23] = [
     "submitted",
     "cancel_requested",
     "suspend_requested",
@@ -159,6 +167,7 @@ pub(crate) const ENTRY_KINDS: [&str; 22] = [
     "backend_unreachable",
     "backend_reachable",
     "launch_deferred",
+    "occupied",
 ];
 
 impl Entry {
@@ -187,6 +196,7 @@ impl Entry {
             Entry::BackendUnreachable { .. } => "backend_unreachable",
             Entry::BackendReachable => "backend_reachable",
             Entry::LaunchDeferred { .. } => "launch_deferred",
+            Entry::Occupied { .. } => "occupied",
         }
     }
 }

@@ -2,7 +2,9 @@
 //! events, and work submitted to the cluster directly (a plain `sbatch`) is imported under the
 //! same policy. Running foreign work is adopted where it runs, charged to its account's
 //! project; pending foreign work (held by the backend) queues like a submission and starts
-//! only when allot admits it, on the nodes allot chose.
+//! only when allot admits it, on the nodes allot chose. Work allot must not govern (jobs of
+//! unmanaged partitions on shared nodes, foreign work it refused and left running) occupies
+//! the devices it holds: the engine is told, and offers them to no one.
 
 use allot_api::{SubmitRequest, WorkloadState};
 use allot_backend::{ClusterNews, ForeignWork, Launch, MemberLaunch, RunId};
@@ -75,6 +77,78 @@ impl Daemon {
             }
         }
         out
+    }
+
+    /// The `Entry::Occupied` entries a watch calls for (after its imports are applied, so
+    /// that work refused just now counts): per node, the devices held by work allot does not
+    /// govern, where that differs from what the engine holds.
+    pub(crate) fn occupancy_entries(&self, news: &ClusterNews) -> Vec<Entry> {
+        use std::collections::{BTreeMap, BTreeSet};
+        let refused_running = news.foreign.iter().filter(|w| {
+            !w.running.is_empty()
+                && self
+                    .foreign_ids
+                    .get(&w.handle)
+                    .and_then(|id| self.workloads.get(id))
+                    .is_some_and(|r| r.state.is_final())
+        });
+        let mut held: BTreeMap<&str, (BTreeSet<u32>, Vec<String>)> = BTreeMap::new();
+        for (work, why) in news
+            .beside
+            .iter()
+            .map(|w| (w, "unmanaged partition"))
+            .chain(refused_running.map(|w| (w, "not governed by allot")))
+        {
+            for m in work.running.iter().filter(|m| !m.devices.is_empty()) {
+                let (devices, by) = held.entry(m.node.as_str()).or_default();
+                devices.extend(m.devices.iter().map(|d| d.index));
+                let who =
+                    if work.user.is_empty() { String::new() } else { format!(" of {}", work.user) };
+                by.push(format!("job {}{who} (account {}, {why})", work.handle, work.project));
+            }
+        }
+        let engine_has: BTreeMap<&str, (Vec<u32>, &str)> = self
+            .engine
+            .occupied_devices()
+            .map(|(n, o)| {
+                let devices = o.devices.iter().map(|&d| u32::from(d)).collect();
+                (self.engine.node_name(n), (devices, o.by.as_str()))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for node in &self.nodes {
+            let now = held.get(node.name.as_str());
+            let had = engine_has.get(node.name.as_str());
+            // Indices past the node's devices name nothing (the engine would drop them).
+            let count = node.devices.len() as u32;
+            let devices: Vec<u32> = now
+                .map(|(d, _)| d.iter().copied().filter(|&i| i < count).collect())
+                .unwrap_or_default();
+            let by = if devices.is_empty() {
+                String::new()
+            } else {
+                now.map(|(_, by)| by.join("; ")).unwrap_or_default()
+            };
+            let same = match had {
+                Some((d, b)) => *d == devices && *b == by,
+                None => devices.is_empty(),
+            };
+            if !same {
+                out.push(Entry::Occupied { node: node.name.clone(), devices, by });
+            }
+        }
+        out
+    }
+
+    /// Applies `Entry::Occupied`: the engine is told (a node allot does not know is ignored).
+    pub(crate) fn occupied(&mut self, now: u64, node: &str, devices: &[u32], by: &str) {
+        let Some(index) = self.nodes.iter().position(|n| n.name == node) else { return };
+        let devices = devices.iter().filter_map(|&d| u16::try_from(d).ok()).collect();
+        self.event(
+            now,
+            Event::DevicesOccupied { node: NodeId(index as u32), devices, by: by.into() },
+        );
+        self.dirty = true;
     }
 
     /// Foreign work is imported once while it lives: again only when an adoption the engine

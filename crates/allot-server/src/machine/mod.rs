@@ -342,6 +342,9 @@ impl Machine {
                 for e in self.daemon.cluster_entries(&news) {
                     self.log(now, e, out);
                 }
+                for e in self.daemon.occupancy_entries(&news) {
+                    self.log(now, e, out);
+                }
             }
             Input::BackendHealth(down) => {
                 let e = match down {

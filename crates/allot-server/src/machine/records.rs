@@ -99,6 +99,7 @@ pub(crate) fn nodes<'a>(
         .iter()
         .map(|n| Node {
             unusable: unusable.get(&n.name).cloned(),
+            unmanaged: None,
             name: n.name.clone(),
             devices: n
                 .devices
@@ -113,6 +114,14 @@ pub(crate) fn nodes<'a>(
                 .collect(),
         })
         .collect();
+    for (node, held) in engine.occupied_devices() {
+        if let Some(n) = out.get_mut(node.0 as usize) {
+            n.unmanaged = Some(allot_api::UnmanagedDevices {
+                devices: held.devices.iter().map(|&d| u32::from(d)).collect(),
+                by: held.by.clone(),
+            });
+        }
+    }
     for (id, _) in records {
         let Some(placement) = engine.placement(allot_core::WorkloadId(*id)) else { continue };
         for m in &placement.members {
@@ -141,6 +150,7 @@ fn ledger_row(scope: String, b: &Books) -> LedgerRow {
         lost_gpu_hours: hours(b.lost_to_preemption),
         useful_gpu_hours: hours(b.useful()),
         goodput: (b.allocated > 0).then(|| b.goodput()),
+        unmanaged_gpu_hours: hours(b.unmanaged),
     }
 }
 

@@ -40,6 +40,7 @@ fn kind_index(e: &Entry) -> usize {
         Entry::BackendUnreachable { .. } => 19,
         Entry::BackendReachable => 20,
         Entry::LaunchDeferred { .. } => 21,
+        Entry::Occupied { .. } => 22,
     }
 }
 
@@ -225,6 +226,8 @@ fn entry() -> impl Strategy<Value = Entry> {
             attempt,
             error
         }),
+        (text(), prop::collection::vec(any::<u32>(), 0..4), text())
+            .prop_map(|(node, devices, by)| Entry::Occupied { node, devices, by }),
     ]
 }
 

@@ -898,6 +898,55 @@ fn foreign_jobs_are_listed_with_account_and_gpus() {
 }
 
 #[test]
+fn running_jobs_of_unmanaged_partitions_on_shared_nodes_are_reported_beside_with_their_gpus() {
+    if !enabled(
+        "running_jobs_of_unmanaged_partitions_on_shared_nodes_are_reported_beside_with_their_gpus",
+    ) {
+        return;
+    }
+    // node4 is in `unmanaged` and in `batch`: the job's six GPUs there are not allot's to give.
+    let _cluster = cluster_wide();
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let out = std::process::Command::new("sbatch")
+        .env("SLURM_CONF", slurm_conf())
+        .args(["--parsable", "-J", "beside", "-A", "physics", "-p", "unmanaged"])
+        .args(["--gres=gpu:h100:6", "-o", "/dev/null", "--wrap", "sleep 60"])
+        .output()
+        .expect("sbatch runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let cancel = || {
+        let _ = std::process::Command::new("scancel")
+            .env("SLURM_CONF", slurm_conf())
+            .arg(&job)
+            .status();
+    };
+    let start = Instant::now();
+    let news = loop {
+        let news = backend.watch_cluster().expect("watch_cluster");
+        if news.beside.iter().any(|w| w.handle == job && !w.running.is_empty()) {
+            break news;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            cancel();
+            panic!("the unmanaged job never showed running beside: {news:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    cancel();
+    assert!(news.foreign.iter().all(|w| w.handle != job), "not imported: {news:#?}");
+    let work = news.beside.iter().find(|w| w.handle == job).expect("listed");
+    assert_eq!(work.running.len(), 1, "{work:#?}");
+    assert_eq!(work.running[0].node, "node4");
+    let mut indices: Vec<u32> = work.running[0].devices.iter().map(|d| d.index).collect();
+    indices.sort_unstable();
+    indices.dedup();
+    assert_eq!(indices.len(), 6, "the indices Slurm bound: {work:#?}");
+    assert!(indices.iter().all(|&i| i < 8));
+}
+
+#[test]
 fn held_jobs_asking_gpus_per_job_are_adopted_per_node_or_refused_with_the_fix() {
     if !enabled("held_jobs_asking_gpus_per_job_are_adopted_per_node_or_refused_with_the_fix") {
         return;

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A real Slurm 22.05 (Debian 12) cluster on loopback for allot's Slurm backend tests:
-# munged + slurmctld + NODES x `slurmd -N nodeN`, each node with NODE_GPUS fake GPUs of type
-# GPU_TYPE, and allot's submit-time gate (job_submit/lua) on partition "gated". No
-# slurmdbd/MariaDB: accounts are free-form strings (no enforcement), finished jobs' exit codes
-# come from `squeue --json` while Slurm keeps them (MinJobAge), and jobcomp/filetxt writes one
-# line per finished job to $STATE/jobcomp.log for people.
+# munged + MariaDB + slurmdbd + slurmctld + NODES x `slurmd -N nodeN`, each node with NODE_GPUS
+# fake GPUs of type GPU_TYPE, and allot's submit-time gate (job_submit/lua) on partition
+# "gated". slurmdbd keeps accounting in MariaDB with `AccountingStorageTRES=gres/gpu`, so
+# `sacct` shows each job's GPUs; the accounts in ACCOUNTS exist for root and allot-user; finished
+# jobs' exit codes come from `squeue` while Slurm keeps them (MinJobAge); jobcomp/filetxt
+# also writes one line per finished run to $STATE/log/jobcomp.log.
 #
 #   scripts/slurm-cluster.sh up     # install packages, write configs, start, wait until idle
 #   scripts/slurm-cluster.sh down   # stop every daemon it started, by pidfile
@@ -23,6 +24,12 @@ GPU_TYPE=${GPU_TYPE:-h100}
 CTLD_PORT=${CTLD_PORT:-6817}
 # slurmd of nodeN listens on NODE_PORT_BASE+N.
 NODE_PORT_BASE=${NODE_PORT_BASE:-17000}
+# slurmdbd's port, and MariaDB's (on 127.0.0.1, away from a MySQL the host may run on 3306).
+DBD_PORT=${DBD_PORT:-6819}
+DB_PORT=${DB_PORT:-13306}
+# The Slurm accounts the tests submit under (allot's projects): with slurmdbd, a job's account
+# must be one of the user's associations, or Slurm puts the job in the user's default account.
+ACCOUNTS=${ACCOUNTS:-nlp,vision,research,physics,team-a,team-b,load}
 CONF=$STATE/etc/slurm.conf
 GATE_SCRIPT=$(cd "$(dirname "$0")/.." && pwd)/crates/allot-backend-slurm/job_submit.lua
 
@@ -40,6 +47,8 @@ stop_pidfile() {
 down() {
   for f in "$STATE"/run/slurmd-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
   stop_pidfile "$STATE/run/slurmctld.pid"
+  stop_pidfile "$STATE/run/slurmdbd.pid"
+  stop_pidfile "$STATE/run/mariadb.pid"
   # munged only if this script started it (another cluster on the host may share it).
   stop_pidfile "$STATE/run/munged.pid"
   echo "slurm-cluster: stopped (state kept in $STATE)"
@@ -47,7 +56,7 @@ down() {
 
 install_packages() {
   local need=""
-  for b in munged slurmctld slurmd sbatch; do command -v "$b" >/dev/null || need=yes; done
+  for b in munged slurmctld slurmd sbatch slurmdbd mariadbd; do command -v "$b" >/dev/null || need=yes; done
   [ -z "$need" ] && return 0
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   # policy-rc.d (exit 101) keeps the postinsts from starting the packaged services.
@@ -57,7 +66,8 @@ install_packages() {
   }
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-    --no-install-recommends munge slurm-wlm slurmctld slurmd slurm-client >/dev/null
+    --no-install-recommends munge slurm-wlm slurmctld slurmd slurm-client slurmdbd \
+    mariadb-server >/dev/null
 }
 
 start_munge() {
@@ -129,7 +139,11 @@ MinJobAge=300
 SlurmdTimeout=30
 InactiveLimit=0
 MaxJobCount=20000
-AccountingStorageType=accounting_storage/none
+# Accounting in slurmdbd (MariaDB), with each job's GPUs: `sacct -o AllocTRES` shows gres/gpu.
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/log/jobcomp.log
 # allot's submit-time gate (job_submit.lua beside this file), here for partition "gated" only:
@@ -151,8 +165,57 @@ EOF
   cat > "$STATE/etc/gres.conf" <<EOF
 NodeName=node[1-$NODES] Name=gpu Type=$GPU_TYPE File=$STATE/fakegpu/nvidia[0-$((NODE_GPUS - 1))]
 EOF
+  # slurmdbd reads slurmdbd.conf beside slurm.conf; it must be private to SlurmUser.
+  install -m 0600 /dev/null "$STATE/etc/slurmdbd.conf"
+  cat > "$STATE/etc/slurmdbd.conf" <<EOF
+AuthType=auth/munge
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$STATE/run/slurmdbd.pid
+LogFile=$STATE/log/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=allot-test
+StorageLoc=slurm_acct_db
+EOF
   # slurmd loads a cgroup plugin at start even with proctrack/linuxproc and task/none.
   printf 'CgroupPlugin=autodetect\nIgnoreSystemd=yes\n' > "$STATE/etc/cgroup.conf"
+}
+
+# MariaDB for slurmdbd, fresh each time (the controller starts fresh too, so job ids repeat).
+start_mariadb() {
+  rm -rf "$STATE/mariadb"
+  install -d -m 0700 "$STATE/mariadb"
+  mariadb-install-db --no-defaults --user=root --datadir="$STATE/mariadb" --skip-test-db \
+    --auth-root-authentication-method=socket > "$STATE/log/mariadb-install.log" 2>&1
+  mariadbd --no-defaults --user=root --datadir="$STATE/mariadb" --bind-address=127.0.0.1 \
+    --port="$DB_PORT" --socket="$STATE/run/mariadb.sock" --pid-file="$STATE/run/mariadb.pid" \
+    --log-error="$STATE/log/mariadb.log" --innodb-buffer-pool-size=64M --skip-name-resolve \
+    < /dev/null > /dev/null 2>&1 &
+  local sql=(mariadb --no-defaults --socket="$STATE/run/mariadb.sock" -uroot)
+  for _ in $(seq 1 120); do "${sql[@]}" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.25; done
+  "${sql[@]}" -e "CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY 'allot-test';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" || {
+    echo "slurm-cluster: MariaDB did not start; see $STATE/log/mariadb.log" >&2
+    exit 1
+  }
+}
+
+start_slurmdbd() {
+  slurmdbd
+  for _ in $(seq 1 120); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.25; done
+  sacctmgr -n list cluster >/dev/null || {
+    echo "slurm-cluster: slurmdbd did not answer; see $STATE/log/slurmdbd.log" >&2
+    exit 1
+  }
+  sacctmgr -i add cluster allot >/dev/null
+  sacctmgr -i add account "$ACCOUNTS" cluster=allot >/dev/null
+  sacctmgr -i add user root,allot-user account="$ACCOUNTS" cluster=allot >/dev/null
 }
 
 up() {
@@ -172,6 +235,8 @@ up() {
   id allot-user > /dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin allot-user
   start_munge
   export SLURM_CONF=$CONF
+  start_mariadb
+  start_slurmdbd
   # -c: a fresh controller, without the jobs of an earlier run.
   slurmctld -c -f "$CONF"
   for n in $(seq 1 "$NODES"); do slurmd -f "$CONF" -N "node$n"; done

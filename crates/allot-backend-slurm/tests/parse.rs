@@ -419,3 +419,38 @@ proptest! {
         }
     }
 }
+
+/// `sacct` of the test cluster (slurmdbd with `AccountingStorageTRES=gres/gpu`), recorded with
+/// `SLURM_TIME_FORMAT=%s sacct -a -X -D -P -n --format=SACCT_FORMAT`: a requeued job's two runs,
+/// an array job, a job cancelled before it started, a job whose account did not exist (Slurm
+/// put it in the user's default, `root`), and a name with a `|`.
+#[test]
+fn sacct_runs_with_slurms_gpu_counts() {
+    use allot_backend_slurm::{SACCT_FORMAT, parse_sacct, sacct_args};
+    let records = parse_sacct(&data("sacct.txt")).expect("recorded sacct output parses");
+    let ids: Vec<u64> = records.iter().map(|r| r.job_id).collect();
+    assert_eq!(ids, [85, 86, 146, 146, 149, 110], "array tasks (147_1) are left out");
+    let requeued: Vec<(&str, u64, Option<u64>)> = records
+        .iter()
+        .filter(|r| r.job_id == 146)
+        .map(|r| (r.state.as_str(), r.elapsed_seconds(), r.tres_gpus()))
+        .collect();
+    assert_eq!(requeued, [("REQUEUED", 2, Some(2)), ("CANCELLED", 1, Some(2))]);
+    assert_eq!(records[2].name, "req|uned job");
+    assert_eq!((records[2].account.as_str(), records[2].start), ("nlp", Some(1_796_407_730)));
+    assert_eq!((records[1].account.as_str(), records[1].tres_gpus()), ("root", None));
+    assert_eq!((records[4].node_list.as_str(), records[4].elapsed_seconds()), ("None assigned", 0));
+    assert_eq!(records[5].exit_code, "1:0");
+    // Seconds since the epoch, or nothing: a local time is refused with the fix.
+    let err = parse_sacct("7|u|COMPLETED|b|a|n1|1|/|2026-12-04T18:00:00|Unknown|cpu=1|0:0|x")
+        .expect_err("a local time");
+    assert!(err.to_string().contains("SLURM_TIME_FORMAT=%s"), "{err}");
+    let err = parse_sacct("7|u|COMPLETED").expect_err("too few fields");
+    assert!(err.to_string().contains("line 1: 3 field(s)"), "{err}");
+    let unknown = parse_sacct("7|u|PENDING|b|a|None assigned|1|/|Unknown|Unknown||0:0|x")
+        .expect("Unknown times");
+    assert_eq!((unknown[0].start, unknown[0].end), (None, None));
+    let args = sacct_args(90);
+    assert!(args.contains(&"--starttime=now-90seconds".to_string()), "{args:?}");
+    assert!(args.contains(&format!("--format={SACCT_FORMAT}")), "{args:?}");
+}

@@ -32,12 +32,14 @@
 //! requeuehold`: the job stops and waits, held, for the launch of the next attempt, which
 //! moves and releases it as above (same job id, Slurm's restart count + 1); an adopted job
 //! requeued so gets the comment `allot:<next's job name>`, the only trace a restarted daemon
-//! can find it by. [`jobcomp`] reads Slurm's job completion log for accounting cross-checks.
+//! can find it by. [`jobcomp`] reads Slurm's job completion log and [`sacct`] its accounting
+//! database (slurmdbd) for accounting cross-checks.
 
 mod gate;
 pub mod jobcomp;
 pub mod parse;
 pub mod runner;
+pub mod sacct;
 
 #[allow(clippy::disallowed_methods)] // backoff deadlines of the poller are real time
 mod clock {
@@ -51,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use allot_backend::{
     Backend, BackendError, ClusterNews, DeviceAssignment, ForeignWork, Launch, MemberLaunch,
-    NodeStatus, Observation, RunId, StopSignal, Vendor,
+    NodeStatus, Observation, RunId, StopSignal, Vendor, Waiting,
 };
 use allot_core::{DeviceSpec, NodeSpec};
 
@@ -59,6 +61,7 @@ pub use gate::{GATE_SCRIPT, gate_script};
 pub use jobcomp::{JobcompError, JobcompGpuHours, JobcompRecord, jobcomp_gpu_hours, parse_jobcomp};
 pub use parse::{Gres, Partition, SinfoNode, SqueueJob};
 pub use runner::{CommandError, Runner, Tool};
+pub use sacct::{SACCT_FORMAT, parse_sacct, sacct_args};
 
 use allot_backend::account::Account;
 
@@ -262,6 +265,11 @@ pub struct SlurmBackend {
     /// GPUs of running foreign jobs by (job id, restarts), from `squeue --json` (the only
     /// listing with device indices): read once per job start, not on every look.
     foreign_gpus: BTreeMap<(u64, u64), (Vec<MemberLaunch>, u64)>,
+    /// Jobs whose admin comment says why allot keeps them waiting (`explain_waiting`): told
+    /// "admitted" when released.
+    explained: BTreeSet<u64>,
+    /// Slurm refused an admin comment (the daemon is not a Slurm administrator): why, said once.
+    explain_refused: Option<String>,
 }
 
 /// Why `sbatch` did not submit a launch.
@@ -296,6 +304,8 @@ impl SlurmBackend {
             to_release: BTreeMap::new(),
             to_place: BTreeMap::new(),
             foreign_gpus: BTreeMap::new(),
+            explained: BTreeSet::new(),
+            explain_refused: None,
         }
     }
 
@@ -968,6 +978,11 @@ impl SlurmBackend {
     /// its run reported `LaunchFailed` (a held job must not linger for a later launch to adopt).
     fn release_submitted(&mut self) {
         let batch: Vec<(u64, RunId)> = std::mem::take(&mut self.to_release).into_iter().collect();
+        let admitted: Vec<u64> =
+            batch.iter().map(|(id, _)| *id).filter(|id| self.explained.remove(id)).collect();
+        if !admitted.is_empty() {
+            let _ = self.set_admin_comment(&admitted, "admitted; released to run");
+        }
         for chunk in batch.chunks(500) {
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.to_string()).collect();
             if self.run(Tool::Scontrol, &["release".into(), ids.join(",")]).is_ok() {
@@ -1522,6 +1537,28 @@ impl Backend for SlurmBackend {
         Ok(true)
     }
 
+    /// The reason in each waiting job's admin comment (`scontrol update AdminComment=allot:
+    /// waiting: …`), one call per distinct reason; the job's comment stays the user's (and
+    /// allot's run key). Shown by `scontrol show job` and `squeue --json` (and `squeue -O
+    /// AdminComment` from Slurm 23.02).
+    fn explain_waiting(&mut self, reasons: &[(Waiting, String)]) -> Result<(), BackendError> {
+        let mut by_text: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for (waiting, text) in reasons {
+            let job = match waiting {
+                Waiting::Foreign(handle) => handle.trim().parse::<u64>().ok(),
+                Waiting::Kept(run) => self.runs.get(run).map(|t| t.job_id).filter(|id| *id != 0),
+            };
+            if let Some(job) = job {
+                by_text.entry(text.as_str()).or_default().push(job);
+            }
+        }
+        for (text, jobs) in by_text {
+            self.set_admin_comment(&jobs, &format!("waiting: {text}"))?;
+            self.explained.extend(jobs);
+        }
+        Ok(())
+    }
+
     /// `scontrol requeuehold` of a running foreign job: pending (held) foreign work again.
     /// `Ok(false)` for a handle that is not a foreign job on the cluster (gone, allot's own,
     /// taken over); `Ok(true)` for one already pending (the gate holds it).
@@ -1549,6 +1586,50 @@ impl Backend for SlurmBackend {
 }
 
 impl SlurmBackend {
+    /// Sets the admin comment of `jobs` to `allot: <text>`, 500 jobs a call. Admin comments
+    /// are an administrator's to set: once Slurm refuses one, allot stops trying (and says so
+    /// in the daemon's log, once).
+    fn set_admin_comment(&mut self, jobs: &[u64], text: &str) -> Result<(), BackendError> {
+        if self.explain_refused.is_some() {
+            return Ok(());
+        }
+        // One line, without the `|` that would shift a `squeue --Format` field, and short.
+        let mut text: String =
+            text.chars().map(|c| if c == '|' || c.is_control() { ' ' } else { c }).collect();
+        if let Some((cut, _)) = text.char_indices().nth(400) {
+            text.truncate(cut);
+        }
+        for chunk in jobs.chunks(500) {
+            let ids: Vec<String> = chunk.iter().map(u64::to_string).collect();
+            let args = [
+                "update".to_string(),
+                format!("jobid={}", ids.join(",")),
+                format!("AdminComment=allot: {text}"),
+            ];
+            match self.config.runner.run(Tool::Scontrol, &args, &BTreeMap::new()) {
+                Ok(_) => {}
+                Err(e) if e.is_unreachable() => return Err(io(e)),
+                Err(e) if e.stderr.contains("ermission denied") || e.stderr.contains("Access") => {
+                    let why = format!(
+                        "Slurm refused allot's reasons in admin comments ({}); run the daemon \
+                         as root or SlurmUser to show them in scontrol show job",
+                        e.stderr.trim()
+                    );
+                    self.explain_refused = Some(why.clone());
+                    return Err(BackendError::Invalid(why));
+                }
+                // A job that ended meanwhile makes the whole call fail: one by one then.
+                Err(_) if chunk.len() > 1 => {
+                    for id in chunk {
+                        let _ = self.set_admin_comment(&[*id], &text);
+                    }
+                }
+                Err(e) => return Err(io(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// The managed nodes of a `sinfo` listing as the engine's specs (GRES GPUs by type),
     /// remembering each node's GRES type for launches.
     fn node_specs(&mut self, nodes: &[SinfoNode]) -> Vec<NodeSpec> {

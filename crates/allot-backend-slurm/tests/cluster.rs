@@ -446,8 +446,8 @@ fn as_user(cmd: &[&str]) -> (bool, String) {
 
 /// The submit-time gate (job_submit.lua, on the test cluster's partition `gated`): a job is
 /// held the moment Slurm accepts it, before any watch (no allot runs here at all); its user
-/// can neither release it nor move it out; allot imports it and starts it where it chose.
-/// Jobs of other partitions are not touched.
+/// can neither release it nor move it out; allot imports it, says why it waits in its admin
+/// comment, and starts it where it chose. Jobs of other partitions are not touched.
 #[test]
 fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
     if !enabled("the_submit_time_gate_holds_every_job_before_allot_sees_it") {
@@ -544,11 +544,22 @@ fn the_submit_time_gate_holds_every_job_before_allot_sees_it() {
     // allot imports the held job and starts it on the node it chose.
     let work = foreign_of(&mut backend, &by_root).expect("the gated job is foreign work");
     assert!(work.running.is_empty() && work.refusal.is_none(), "{work:?}");
+    // While it waits, allot's reason is its admin comment, for Slurm's own tools.
+    let why = "1 GPU of H100 | vision is at its quota".to_string();
+    let waiting = allot_backend::Waiting::Foreign(by_root.clone());
+    allot_backend::Backend::explain_waiting(&mut backend, &[(waiting, why)]).expect("explain");
+    let admin_comment = |job: &str| {
+        let show = slurm("scontrol", &["show", "job", job]);
+        let line = show.lines().find_map(|l| l.trim().strip_prefix("AdminComment="));
+        line.unwrap_or_default().to_string()
+    };
+    assert_eq!(admin_comment(&by_root), "allot: waiting: 1 GPU of H100   vision is at its quota");
     let run = RunId { workload: 60, attempt: 1 };
     backend.launch(&adopt_launch(&h, run, &by_root, vec![member("node4", 1)])).expect("adopt");
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(20), "Started", |s| started(s, run));
     assert_eq!(squeue_of(&by_root, "%T %N"), "RUNNING node4");
+    assert_eq!(admin_comment(&by_root), "allot: admitted; released to run");
     backend.signal(run, StopSignal::Kill).expect("kill");
     until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
 }
@@ -788,15 +799,18 @@ fn terminate_ends_a_running_job_cancelled_in_slurms_accounting() {
     assert!(matches!(&exited, Some((None, detail)) if detail.contains("CANCELLED")), "{exited:?}");
 }
 
+/// The cluster accounts GPUs (slurmdbd, `AccountingStorageTRES=gres/gpu`): a finished run's
+/// GPUs and GPU-hours come from Slurm itself, in the job completion log and in `sacct`, under
+/// its project's account.
 #[test]
-fn jobcomp_gpu_hours_of_a_known_job() {
-    if !enabled("jobcomp_gpu_hours_of_a_known_job") {
+fn gpu_hours_of_a_known_job_in_the_jobcomp_log_and_in_sacct() {
+    if !enabled("gpu_hours_of_a_known_job_in_the_jobcomp_log_and_in_sacct") {
         return;
     }
     let h = SlurmHarness::new();
     let mut backend = SlurmBackend::new(config(&h.prefix));
     let run = RunId { workload: 30, attempt: 1 };
-    let account = format!("gpuhours{}", std::process::id());
+    let account = "research".to_string();
     let launch = Launch {
         run,
         command: h.program_sleep(2),
@@ -810,13 +824,38 @@ fn jobcomp_gpu_hours_of_a_known_job() {
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(20), "the end", |s| ended(s, run));
     let job = backend.job_id(run).expect("job id");
+    // sleep 2 on 3 GPUs: 2-4 s of allocation (whole seconds) × 3 GPUs.
+    let expected = 6.0 / 3600.0..=12.0 / 3600.0;
     let text = jobcomp_with(job);
-    let hours = allot_backend_slurm::jobcomp_gpu_hours(&text, |r| (r.job_id == job).then_some(3))
+    let line = text.lines().rfind(|l| l.starts_with(&format!("JobId={job} ")));
+    // No GPU count from the caller: Slurm's TRES is the only source.
+    let hours = allot_backend_slurm::jobcomp_gpu_hours(line.unwrap_or_default(), |_| None)
         .expect("the cluster's jobcomp log parses");
     let got = hours.by_account.get(&account).copied().expect("the account's hours");
-    // sleep 2 on 3 GPUs: 2-4 s of allocation (whole seconds) × 3 GPUs.
-    assert!((6.0 / 3600.0..=12.0 / 3600.0).contains(&got), "{got} GPU-hours");
-    assert!(!hours.unknown_gpus.contains(&job));
+    assert!(expected.contains(&got), "{got} GPU-hours from {line:?}");
+    assert!(hours.unknown_gpus.is_empty(), "{hours:?}");
+
+    let start = Instant::now();
+    let record = loop {
+        let out = std::process::Command::new("sacct")
+            .args(allot_backend_slurm::sacct_args(600))
+            .env("SLURM_TIME_FORMAT", "%s")
+            .output()
+            .expect("sacct runs");
+        assert!(out.status.success(), "sacct: {}", String::from_utf8_lossy(&out.stderr));
+        let records = allot_backend_slurm::parse_sacct(&String::from_utf8_lossy(&out.stdout))
+            .expect("sacct output parses");
+        let done = records.into_iter().find(|r| r.job_id == job && r.end.is_some());
+        if let Some(r) = done {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "sacct has no finished job {job}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!((record.account.as_str(), record.state.as_str()), ("research", "COMPLETED"));
+    assert_eq!(record.tres_gpus(), Some(3), "{record:?}");
+    let sacct_hours = record.elapsed_seconds() as f64 * 3.0 / 3600.0;
+    assert!(expected.contains(&sacct_hours), "{record:?}");
 }
 
 #[test]

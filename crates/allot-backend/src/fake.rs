@@ -69,6 +69,8 @@ struct World {
     unreachable: Option<String>,
     /// So many next polls fail (a slow or failing status query), changing nothing.
     failing_polls: u32,
+    /// The last reason `explain_waiting` gave for each waiting work.
+    explained: std::collections::BTreeMap<crate::Waiting, String>,
 }
 
 #[derive(Debug)]
@@ -248,6 +250,12 @@ impl FakeControl {
     }
 
     /// Every (run, next) requeued, in order.
+    /// The last reason the daemon gave for each work waiting on the cluster
+    /// (`Backend::explain_waiting`).
+    pub fn explained(&self) -> std::collections::BTreeMap<crate::Waiting, String> {
+        lock(&self.world).explained.clone()
+    }
+
     pub fn requeues(&self) -> Vec<(RunId, RunId)> {
         lock(&self.world).requeues.clone()
     }
@@ -536,6 +544,15 @@ impl Backend for FakeBackend {
             }
             None => Ok(false),
         }
+    }
+
+    fn explain_waiting(
+        &mut self,
+        reasons: &[(crate::Waiting, String)],
+    ) -> Result<(), BackendError> {
+        self.reachable()?;
+        lock(&self.world).explained.extend(reasons.iter().cloned());
+        Ok(())
     }
 
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {

@@ -292,6 +292,23 @@ pub trait Backend: Send {
         let _ = handle;
         Ok(false)
     }
+
+    /// Says, where the cluster's own tools show it, why allot keeps each of this work waiting
+    /// (Slurm: the job's admin comment, in `scontrol show job` and `squeue --json`). Sent when
+    /// a reason changes; best effort (the default: nowhere to say it).
+    fn explain_waiting(&mut self, reasons: &[(Waiting, String)]) -> Result<(), BackendError> {
+        let _ = reasons;
+        Ok(())
+    }
+}
+
+/// Work that waits on the backend's own cluster for allot to admit it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Waiting {
+    /// Imported foreign work no launch has taken yet, by its handle (a Slurm job id).
+    Foreign(String),
+    /// Work the backend keeps for this attempt (`requeue`'s `next`: a requeued job, held).
+    Kept(RunId),
 }
 
 /// Finds `program` as a shell would: a path as given, else on `PATH` (`path_var`; `None`:

@@ -257,6 +257,14 @@ fn run_command(
             ))),
             Err(e) => Err(e),
         },
+        // Best effort: a refusal is logged in a line, not with every reason.
+        Command::ExplainWaiting(reasons) => match backend.explain_waiting(reasons) {
+            Err(e) if !e.is_transient() => {
+                tracing_log(&format!("backend: explaining {} waiting: {e}", reasons.len()));
+                Ok(())
+            }
+            other => other,
+        },
         Command::ReturnForeign(handle) => match backend.return_foreign(handle) {
             Ok(true) => Ok(()),
             Ok(false) => Err(allot_backend::BackendError::Invalid(format!(

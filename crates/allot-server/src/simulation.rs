@@ -1003,6 +1003,7 @@ fn command_note(c: &crate::machine::Command) -> String {
         Command::Requeue { run, next } => format!("requeue {run} as {next}"),
         Command::ReturnForeign(h) => format!("return foreign {h}"),
         Command::CancelForeign(h) => format!("cancel foreign {h}"),
+        Command::ExplainWaiting(reasons) => format!("explain {} waiting", reasons.len()),
         Command::Recover(l) => format!("recover {} runs", l.len()),
     }
 }

@@ -271,6 +271,16 @@ async fn telemetry_follows_the_devices_the_backend_bound_not_the_launched_ones()
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(text.contains("allot_active_gpus{project=\"vision\"} 2.0"), "{text}");
+    // `allot nodes` shows it on the GPUs the cluster bound.
+    let (_, v) = d.call("GET", "/api/v1/nodes", Some(&d.admin), None).await;
+    let node = v["nodes"].as_array().and_then(|n| n.iter().find(|n| n["name"] == "h100-0"));
+    let devices = node.and_then(|n| n["devices"].as_array()).expect("h100-0's devices");
+    let on: Vec<u64> = devices
+        .iter()
+        .filter(|g| g["workloads"].as_array().is_some_and(|w| w.contains(&id.into())))
+        .filter_map(|g| g["index"].as_u64())
+        .collect();
+    assert_eq!(on, [6, 7], "{v}");
 }
 
 /// Waits (up to 5 s) until `/api/v1/nodes` says `node` is unusable for `reason` (`None`: usable).
@@ -403,4 +413,47 @@ async fn running_work_allot_refused_occupies_its_gpus_until_it_ends() {
     assert_eq!(d.control.run(run(a, 1)).expect("run").launch.members[0].node, "h100-0");
     assert!(d.control.end_foreign("7002"));
     wait_unmanaged(&d, "h100-1", &[]).await;
+}
+
+/// Waits (up to 5 s) for the reason the backend was told for `waiting`.
+async fn wait_explained(d: &TestDaemon, waiting: &allot_backend::Waiting) -> String {
+    for _ in 0..500 {
+        if let Some(text) = d.control.explained().get(waiting) {
+            return text.clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{waiting:?} was never explained: {:?}", d.control.explained());
+}
+
+/// Work that waits on the cluster for allot (imported and never launched, or kept by a
+/// requeue) is told allot's reason there (Slurm: its admin comment), the one `allot why`
+/// gives; work allot holds nowhere on the cluster (its own, not yet submitted) is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn work_waiting_on_the_cluster_is_told_allots_reason_there() {
+    use allot_backend::Waiting;
+    let d = TestDaemon::new();
+    d.control.support_requeue();
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    let b = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(a, "running").await;
+    d.wait_state(b, "running").await;
+    d.control.add_foreign(foreign("202", "vision", Vec::new(), 4));
+    d.wait_state(3, "pending").await;
+    let text = wait_explained(&d, &Waiting::Foreign("202".into())).await;
+    let (_, v) = d.call("GET", "/api/v1/workloads/3", Some(&d.admin), None).await;
+    assert_eq!(v["reason"].as_str(), Some(text.as_str()), "{v}");
+    assert!(text.contains("vision"), "{text}");
+    // vision's own next job waits in allot only: nothing of it is on the cluster.
+    let own = submit(&d, &submit_body("vision", 4)).await;
+    d.wait_state(own, "pending").await;
+    // speech claims its guarantee: vision's borrowed job is requeued, kept, and told why.
+    let s = submit(&d, &submit_body("speech", 4)).await;
+    d.wait_state(s, "running").await;
+    let v = d.wait_state(b, "pending").await;
+    assert_eq!(v["attempt"], 1, "{v}");
+    let kept = wait_explained(&d, &Waiting::Kept(run(b, 2))).await;
+    assert!(!kept.is_empty());
+    let told: Vec<Waiting> = d.control.explained().into_keys().collect();
+    assert_eq!(told, [Waiting::Foreign("202".into()), Waiting::Kept(run(b, 2))], "{told:?}");
 }

@@ -229,30 +229,55 @@ fn allot_reclaims_through_slurm_and_keeps_the_ledger() {
     }
     assert!(ra["lost_gpu_hours"].as_f64().is_some_and(|h| h > 0.0), "{ra}");
 
-    // 5. Slurm's own books (jobcomp/filetxt) next to the ledger.
+    // 5. Slurm's own books next to the ledger: its job completion log, and its accounting
+    // database (slurmdbd) through sacct. Both hold the same runs with the GPUs Slurm
+    // accounted (gres/gpu in the TRES), so their GPU-hours agree.
     let config = slurm("scontrol", &["show", "config"]);
     let jobcomp = config
         .lines()
         .find_map(|l| l.trim().strip_prefix("JobCompLoc")?.split('=').nth(1).map(str::trim))
         .expect("JobCompLoc in slurm.conf")
         .to_string();
-    let out = Command::new(BIN)
-        .args(["slurm", "reconcile", "--jobcomp", &jobcomp])
-        .env("ALLOT_URL", format!("http://{}", serve.addr))
-        .env("ALLOT_TOKEN", &serve.token)
-        .output()
-        .expect("allot slurm reconcile runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    eprintln!("{text}");
-    for project in ["team-a", "team-b"] {
-        let line = text.lines().find(|l| l.starts_with(project)).expect("a row per project");
-        let slurm_hours: f64 =
-            line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-        assert!(slurm_hours > 0.0, "Slurm's log has {project}'s finished runs: {text}");
+    let reconcile = |source: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["slurm", "reconcile"])
+            .args(source)
+            .env("ALLOT_URL", format!("http://{}", serve.addr))
+            .env("ALLOT_TOKEN", &serve.token)
+            .output()
+            .expect("allot slurm reconcile runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!("{text}");
+        let hours: Vec<f64> = ["team-a", "team-b"]
+            .iter()
+            .map(|project| {
+                let line =
+                    text.lines().find(|l| l.starts_with(project)).expect("a row per project");
+                let slurm_hours: f64 =
+                    line.split_whitespace().nth(2).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+                assert!(slurm_hours > 0.0, "Slurm has {project}'s finished runs: {text}");
+                slurm_hours
+            })
+            .collect();
+        // Every run's GPUs are Slurm's own count (the cluster accounts gres/gpu).
+        assert!(!text.contains("without GPUs in Slurm's TRES"), "{text}");
+        hours
+    };
+    let from_log = reconcile(&["--jobcomp", &jobcomp]);
+    let from_sacct = reconcile(&["--sacct"]);
+    for (log, sacct) in from_log.iter().zip(&from_sacct) {
+        assert!((log - sacct).abs() <= 0.02 * log.max(*sacct), "{from_log:?} vs {from_sacct:?}");
     }
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job's admin comment (`scontrol show job`), where allot says why it keeps a job waiting.
+fn admin_comment(job: &str) -> String {
+    let show = slurm("scontrol", &["show", "job", job]);
+    let line = show.lines().find_map(|l| l.trim().strip_prefix("AdminComment="));
+    line.unwrap_or_default().to_string()
 }
 
 /// The two tests share the cluster: one at a time.
@@ -368,6 +393,19 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     let w = serve.workload(foreign);
     assert_eq!(w["project"], "team-b", "{w}");
     assert_eq!((w["gpus"].as_str(), w["members"].as_u64()), (Some("8"), Some(1)), "{w}");
+    // Slurm's own tools show why work waits: a team-a job requeued for team-b's (held for
+    // its next attempt) carries allot's reason in its admin comment.
+    serve.wait("allot's reason in a requeued job's admin comment", Duration::from_secs(60), |s| {
+        before.iter().any(|(id, first)| {
+            let w = s.workload(*id);
+            let reason = w["reason"].as_str().unwrap_or_default().replace('|', " ");
+            w["state"] == "pending"
+                && w["attempt"] == 1
+                && first.is_some_and(|j| {
+                    admin_comment(&j.to_string()) == format!("allot: waiting: {reason}")
+                })
+        })
+    });
 
     // 3. The node comes back; team-b's guarantee reclaims from team-a by requeue: the
     //    reclaimed job stays the same Slurm job and comes back as attempt 2.
@@ -390,6 +428,11 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     assert!(!requeued.is_empty(), "team-a gave GPUs back by requeue: {:?}", squeue());
     for (id, first, again) in &requeued {
         assert_eq!(again, &Some(*first), "workload {id}: its job was requeued, not replaced");
+        // Held for its next attempt, it says why it waits.
+        if serve.state(*id) == "pending" {
+            let said = admin_comment(&first.to_string());
+            assert!(said.starts_with("allot: waiting: "), "workload {id}: {said}");
+        }
     }
     serve.wait("the imported job done", Duration::from_secs(60), |s| {
         s.state(foreign) == "succeeded"

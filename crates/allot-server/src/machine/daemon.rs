@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use allot_api::{ApiError, SubmitRequest, WorkloadState};
 use allot_backend::files::WorkloadFiles;
 use allot_backend::{
-    DeviceAssignment, Launch, MemberLaunch, MemberResources, RunId, StopSignal, Vendor,
+    DeviceAssignment, Launch, MemberLaunch, MemberResources, RunId, StopSignal, Vendor, Waiting,
 };
 use allot_core::ledger::Ledger;
 use allot_core::{
@@ -114,9 +114,25 @@ pub(crate) enum Command {
     /// Imported pending work cancelled through allot before any launch took it: the backend
     /// cancels it where it waits (`Backend::cancel_foreign`).
     CancelForeign(String),
+    /// Why each of this work, waiting on the cluster for allot, waits, for the cluster's own
+    /// tools (`Backend::explain_waiting`): the deferrals whose reason changed this cycle.
+    ExplainWaiting(Vec<(Waiting, String)>),
     /// The runs live at start, for a backend that did not answer then (`Backend::recover`,
     /// asked once it answers; never made by `apply`).
     Recover(Vec<Launch>),
+}
+
+/// The cluster's own handle of pending work that waits there for allot: a requeued run the
+/// backend keeps, or imported work never launched. `None`: nothing of it waits on the cluster.
+fn waiting_on_cluster(id: u64, record: &Record) -> Option<Waiting> {
+    if record.state != WorkloadState::Pending {
+        return None;
+    }
+    match (record.kept, &record.foreign) {
+        (Some(attempt), _) => Some(Waiting::Kept(RunId { workload: id, attempt })),
+        (None, Some(handle)) if record.attempt == 0 => Some(Waiting::Foreign(handle.clone())),
+        _ => None,
+    }
 }
 
 /// Counters for `/metrics`, all derived from the log (so they survive a restart).
@@ -788,6 +804,7 @@ impl Daemon {
         self.counters.cycles += 1;
         let decisions = self.engine.decide(Timestamp(now));
         let mut out = Vec::new();
+        let mut explain = Vec::new();
         for d in &decisions {
             self.ledger.decision(Timestamp(now), d);
             let id = d.workload().0;
@@ -834,6 +851,11 @@ impl Daemon {
                     if let Some(r) = self.workloads.get_mut(&id)
                         && r.reason.as_ref() != Some(&reason)
                     {
+                        if let Decision::Defer { .. } = d
+                            && let Some(waiting) = waiting_on_cluster(id, r)
+                        {
+                            explain.push((waiting, reason.1.clone()));
+                        }
                         r.reason = Some(reason);
                         self.changed.insert(id);
                     }
@@ -847,6 +869,9 @@ impl Daemon {
             }
         }
         self.ledger.cluster(Timestamp(now), self.engine.cluster_snapshot());
+        if !explain.is_empty() {
+            out.push(Command::ExplainWaiting(explain));
+        }
         out
     }
 

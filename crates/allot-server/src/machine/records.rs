@@ -88,7 +88,8 @@ pub(crate) fn projects<'a>(
         .collect()
 }
 
-/// Nodes and devices with what runs on them, from the records' placements.
+/// Nodes and devices with what runs on them: the devices the backend bound where it picked
+/// them itself (Slurm's GRES indices, `Record::devices`), else the engine's placement.
 pub(crate) fn nodes<'a>(
     engine: &Engine,
     nodes: &[allot_core::NodeSpec],
@@ -122,8 +123,22 @@ pub(crate) fn nodes<'a>(
             });
         }
     }
-    for (id, _) in records {
+    for (id, record) in records {
         let Some(placement) = engine.placement(allot_core::WorkloadId(*id)) else { continue };
+        if let Some(bound) = &record.devices {
+            for m in bound {
+                let Some(node) = out.iter_mut().find(|n| n.name == m.node) else { continue };
+                for d in &m.devices {
+                    if let Some(dev) = node.devices.get_mut(d.index as usize) {
+                        dev.used_shares += d.shares;
+                        if dev.workloads.last() != Some(id) {
+                            dev.workloads.push(*id);
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         for m in &placement.members {
             let Some(node) = out.get_mut(m.node.0 as usize) else { continue };
             for d in &m.devices {

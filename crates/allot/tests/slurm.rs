@@ -437,6 +437,24 @@ fn foreign_jobs_drained_nodes_and_requeue_are_governed_through_slurm() {
     serve.wait("the imported job done", Duration::from_secs(60), |s| {
         s.state(foreign) == "succeeded"
     });
+    // A requeued job running again is exempt from pre-emption for a while (the policy's
+    // default `preemption.exempt_after_restart`, as Slurm's PreemptExemptTime): `allot why`
+    // says so.
+    let again = |s: &Serve| {
+        requeued.iter().map(|(id, ..)| *id).find(|id| {
+            let w = s.workload(*id);
+            w["state"] == "running" && w["attempt"] == 2
+        })
+    };
+    serve.wait("a requeued job running again", Duration::from_secs(60), |s| again(s).is_some());
+    let restarted = again(&serve).expect("running again");
+    let out = Command::new(BIN)
+        .args(["why", &restarted.to_string()])
+        .args(["--url", &format!("http://{}", serve.addr), "--token", &serve.token])
+        .output()
+        .expect("allot why");
+    let why = String::from_utf8_lossy(&out.stdout);
+    assert!(why.contains("restarted after a stop: exempt until"), "allot why {restarted}: {why}");
     // Cancelling everything through allot leaves nothing of this daemon's in Slurm's queue:
     // a requeued job held for its next attempt is cancelled with its workload.
     drop(serve);
@@ -728,6 +746,108 @@ fn kill_9_and_a_controller_restart_lose_nothing() {
     assert!(failed.is_empty(), "nothing failed for the controller's absence: {failed:?}");
     assert!(running.iter().all(|id| serve.state(*id) == "running"), "{:?}", states(&serve));
     let _ = Command::new("scancel").arg(direct.to_string()).status();
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// GPUs held by a job of a partition allot leaves alone, on a node a managed partition shares
+/// (node4 is in `batch` and in `unmanaged`), are occupied: allot places nothing on them —
+/// an 8-GPU job waits rather than sit PENDING in Slurm on node4 — shows them in `allot nodes`,
+/// counts them `unmanaged` in the ledger, and uses node4 once that job ends.
+#[test]
+fn gpus_held_by_an_unmanaged_partitions_job_take_no_allot_work() {
+    if !enabled() {
+        return;
+    }
+    let _one = CLUSTER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = std::env::temp_dir().join(format!("allot-slurm-beside-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("test dir");
+    let script = dir.join("beside.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 300\n").expect("script");
+    let beside: u64 = slurm(
+        "sbatch",
+        &[
+            "--parsable",
+            "--account=physics",
+            "--partition=unmanaged",
+            "--gres=gpu:h100:6",
+            "--job-name=beside-allot",
+            &format!("--chdir={}", dir.display()),
+            &script.display().to_string(),
+        ],
+    )
+    .trim()
+    .parse()
+    .expect("job id");
+    struct Cancel(u64);
+    impl Drop for Cancel {
+        fn drop(&mut self) {
+            let _ = Command::new("scancel").arg(self.0.to_string()).status();
+        }
+    }
+    let _cancel = Cancel(beside);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !squeue().iter().any(|(id, _, state, _)| *id == beside && state == "RUNNING") {
+        assert!(Instant::now() < deadline, "the unmanaged job never ran: {:?}", squeue());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
+        .args(["--slurm-unmanaged-partition", "unmanaged"])
+        .arg("--data-dir")
+        .arg(&dir)
+        .arg("--policy")
+        .arg(common::repo().join("examples/slurm-policy.yaml"));
+    let (child, addr, token) = common::spawn_serve(command, "http");
+    let serve = Serve { child, addr, token: token.expect("admin token on a first start") };
+    let occupied = |s: &Serve| {
+        let nodes = s.call("GET", "/api/v1/nodes", None);
+        let node4 = nodes["nodes"].as_array()?.iter().find(|n| n["name"] == "node4")?.clone();
+        Some(node4["unmanaged"]["devices"].as_array()?.len())
+    };
+    serve.wait("node4's six GPUs shown occupied", Duration::from_secs(30), |s| {
+        occupied(s) == Some(6)
+    });
+    let a: Vec<u64> = (0..4).map(|_| serve.submit("team-a", 8, "training", 600)).collect();
+    serve.wait("three of team-a's jobs running", Duration::from_secs(60), |s| {
+        a.iter().filter(|id| s.state(**id) == "running").count() == 3
+    });
+    let waiting = *a.iter().find(|id| serve.state(**id) == "pending").expect("one waits");
+    std::thread::sleep(Duration::from_secs(6));
+    let w = serve.workload(waiting);
+    assert_eq!(w["state"], "pending", "nothing placed on node4's occupied GPUs: {w}");
+    // None of allot's jobs is on node4, in allot's books or in Slurm's.
+    for id in &a {
+        let placed = serve.workload(*id)["placement"].to_string();
+        assert!(!placed.contains("node4"), "workload {id} placed on node4: {placed}");
+    }
+    let out = Command::new(BIN)
+        .args(["nodes", "--url", &format!("http://{}", serve.addr), "--token", &serve.token])
+        .output()
+        .expect("allot nodes");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("GPUs held by work allot does not govern"), "allot nodes: {text}");
+    let report = serve.call("GET", "/api/v1/report", None);
+    eprintln!("report rows: {}", report["rows"]);
+
+    // The unmanaged job ends: node4 is allot's again and the waiting job runs there.
+    slurm("scancel", &[&beside.to_string()]);
+    serve.wait("the waiting job running on node4", Duration::from_secs(60), |s| {
+        let w = s.workload(waiting);
+        w["state"] == "running" && w["placement"].to_string().contains("node4")
+    });
+    assert_eq!(occupied(&serve), None, "nothing occupied once the job ended");
+    let report = serve.call("GET", "/api/v1/report", None);
+    let unmanaged: f64 = report["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["unmanaged_gpu_hours"].as_f64())
+        .fold(0.0, f64::max);
+    assert!(unmanaged > 0.0, "the ledger counts the occupied GPUs' hours: {report}");
     drop(serve);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -439,6 +439,38 @@ pub struct PolicyView {
     pub source: String,
     /// The policy file's text.
     pub text: String,
+    /// Its number in the daemon's policy history (`GET /api/v1/policy/versions`).
+    #[serde(default)]
+    pub version: u32,
+}
+
+/// Every policy the daemon ran under, oldest first (`allot policy history`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyHistory {
+    /// The version in effect (the last).
+    pub active: u32,
+    pub versions: Vec<PolicyVersion>,
+}
+
+/// One policy the daemon ran under.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PolicyVersion {
+    /// 1 for the policy the daemon's data began with, then one more per policy applied.
+    pub version: u32,
+    /// When it took effect (ms since the epoch); absent for version 1, in effect since the
+    /// first start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
+    /// The file (or form) it came from.
+    pub source: String,
+    /// The admin who applied it; absent for a policy file read when the daemon started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// The earlier version whose text it brought back (`allot policy rollback`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<u32>,
+    /// The policy file's text.
+    pub text: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -4,9 +4,9 @@
 //! rejection from the framework.
 
 use allot_api::{
-    API_PREFIX, ApiError, HistoryExport, NodeList, PolicyValidation, PolicyView, ProjectList,
-    Report, SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated, TokenRequest, Why,
-    Workload, WorkloadList, WorkloadState, limits,
+    API_PREFIX, ApiError, HistoryExport, NodeList, PolicyHistory, PolicyValidation, PolicyVersion,
+    PolicyView, ProjectList, Report, SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated,
+    TokenRequest, Why, Workload, WorkloadList, WorkloadState, limits,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -519,7 +519,145 @@ async fn policy(
     Ok(axum::Json(PolicyView {
         source: view.policy_source.clone(),
         text: view.policy_text.clone(),
+        version: view.policy_versions.last().map_or(1, |v| v.version),
     }))
+}
+
+/// Every policy the daemon ran under, oldest first, with who applied each and when.
+#[utoipa::path(get, path = "/api/v1/policy/versions", responses((status = 200, body = PolicyHistory)), security(("bearer" = [])))]
+async fn policy_versions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<PolicyHistory>> {
+    principal(&state, &headers)?;
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    Ok(axum::Json(PolicyHistory {
+        active: view.policy_versions.last().map_or(1, |v| v.version),
+        versions: view.policy_versions.clone(),
+    }))
+}
+
+fn version_of(version: Result<Path<u32>, PathRejection>) -> ApiResult<u32> {
+    version.map(|Path(v)| v).map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("bad policy version: {e}"),
+                field: Some("version".into()),
+                fix: Some(
+                    "versions are whole numbers, as `allot policy history` shows them".into(),
+                ),
+            },
+        )
+    })
+}
+
+/// One policy of the history, by number.
+fn stored_version(state: &AppState, version: u32) -> ApiResult<PolicyVersion> {
+    let view =
+        state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+    let last = view.policy_versions.last().map_or(1, |v| v.version);
+    view.policy_versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
+        HttpError::new(
+            404,
+            ApiError {
+                error: format!("no policy version {version}: the versions are 1 to {last}"),
+                field: Some("version".into()),
+                fix: Some("pick one `allot policy history` lists".into()),
+            },
+        )
+    })
+}
+
+#[utoipa::path(get, path = "/api/v1/policy/versions/{version}", params(("version" = u32, Path)),
+    responses((status = 200, body = PolicyVersion), (status = 404, body = ApiError)), security(("bearer" = [])))]
+async fn policy_version(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    version: Result<Path<u32>, PathRejection>,
+) -> ApiResult<axum::Json<PolicyVersion>> {
+    let version = version_of(version)?;
+    principal(&state, &headers)?;
+    stored_version(&state, version).map(axum::Json)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackQuery {
+    /// The version to bring back; default: the one before the active version.
+    version: Option<u32>,
+}
+
+/// Brings back an earlier policy as a new version (live work moves to it as with `PUT
+/// /api/v1/policy`, or 422 names every problem and nothing changes). Admins only.
+#[utoipa::path(post, path = "/api/v1/policy/rollback",
+    params(("version" = Option<u32>, Query, description = "the version to bring back (default: the one before the active version)")),
+    responses((status = 200, body = PolicyView), (status = 403, body = ApiError), (status = 404, body = ApiError),
+        (status = 409, body = ApiError), (status = 422, body = ApiError)),
+    security(("bearer" = [])))]
+async fn rollback_policy(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<RollbackQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<axum::Json<PolicyView>> {
+    let principal = principal(&state, &headers)?;
+    if !principal.is_admin() {
+        return Err(HttpError::plain(
+            403,
+            format!("{} is not an admin: only admins change the policy", principal.name),
+            Some("ask an admin"),
+        ));
+    }
+    let Query(query) = query.map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("bad query: {e}"),
+                field: Some("version".into()),
+                fix: Some(
+                    "pass at most `?version=N`, N a version `allot policy history` lists".into(),
+                ),
+            },
+        )
+    })?;
+    let active = {
+        let view = state
+            .handle
+            .view
+            .read()
+            .map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
+        view.policy_versions.last().cloned()
+    };
+    let active_version = active.as_ref().map_or(1, |v| v.version);
+    let version = match query.version {
+        Some(v) => v,
+        None if active_version > 1 => active_version - 1,
+        None => {
+            return Err(HttpError::plain(
+                409,
+                "version 1 is in effect: there is no earlier policy to roll back to",
+                Some("apply another policy with `allot policy apply FILE`"),
+            ));
+        }
+    };
+    let target = stored_version(&state, version)?;
+    if active.is_some_and(|a| a.text == target.text) {
+        return Err(HttpError::plain(
+            409,
+            format!(
+                "version {version} has the text of the policy in effect (version {active_version})"
+            ),
+            Some("pick another version from `allot policy history`"),
+        ));
+    }
+    let ask = Ask::ApplyPolicy {
+        source: format!("rollback to version {version} ({})", target.source),
+        text: target.text,
+        by: principal.name.clone(),
+        rollback_of: Some(version),
+    };
+    state.handle.policy(ask).await.map(axum::Json)
 }
 
 /// Checks a candidate policy (its YAML text) as `allot policy validate` does: 200 with the
@@ -605,7 +743,8 @@ async fn apply_policy(
     let text = policy_text(&body)?;
     let source = query.source.unwrap_or_else(|| "applied policy".to_string());
     let text = text.to_string();
-    state.handle.policy(Ask::ApplyPolicy { source, text }).await.map(axum::Json)
+    let ask = Ask::ApplyPolicy { source, text, by: principal.name.clone(), rollback_of: None };
+    state.handle.policy(ask).await.map(axum::Json)
 }
 
 /// Device readings from a node agent (`allot agent`); admins only (give agents an admin
@@ -773,7 +912,7 @@ impl utoipa::Modify for BearerScheme {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
-    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, post_telemetry, create_token, history),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, policy_versions, policy_version, rollback_policy, post_telemetry, create_token, history),
     modifiers(&BearerScheme)
 )]
 pub(crate) struct ApiDoc;
@@ -796,6 +935,9 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/history", get(history))
         .route("/policy", get(policy).put(apply_policy))
         .route("/policy/validate", post(validate_policy))
+        .route("/policy/versions", get(policy_versions))
+        .route("/policy/versions/{version}", get(policy_version))
+        .route("/policy/rollback", post(rollback_policy))
         .route("/tokens", post(create_token))
         .route("/telemetry", post(post_telemetry));
     Router::new()

@@ -28,10 +28,14 @@ pub(crate) enum Ask {
     Report {
         principal: Principal,
     },
-    /// `allot policy apply` (admins only; the API checks the role).
+    /// `allot policy apply` or `rollback` (admins only; the API checks the role).
     ApplyPolicy {
         source: String,
         text: String,
+        /// The admin applying it.
+        by: String,
+        /// The version it brings back (`allot policy rollback`).
+        rollback_of: Option<u32>,
     },
     /// The workloads as a job trace (`GET /api/v1/history`, the dashboard's what-if).
     History {

@@ -195,7 +195,7 @@ pub(crate) fn recover(
     let given_before = durable.store.meta(GIVEN_AT_LAST_START)?.unwrap_or(initial_text);
     if config.policy_text != given_before {
         let daemon = &durable.machine.daemon;
-        match daemon.prepare_policy(&config.policy_source, &config.policy_text) {
+        match daemon.prepare_policy(&config.policy_source, &config.policy_text, None, None) {
             Ok(None) => {}
             Ok(Some(entry)) => {
                 commands.extend(durable.apply_logged(now, std::slice::from_ref(&entry))?);

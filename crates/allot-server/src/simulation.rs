@@ -538,7 +538,12 @@ impl World {
                 self.injected("policy_apply");
                 let text = accepted_policy(&mut self.rng);
                 inputs.push(self.ask(
-                    Ask::ApplyPolicy { source: "edited.yaml".into(), text },
+                    Ask::ApplyPolicy {
+                        source: "edited.yaml".into(),
+                        text,
+                        by: "admin".into(),
+                        rollback_of: None,
+                    },
                     "apply a policy".into(),
                 ));
             }
@@ -546,7 +551,12 @@ impl World {
                 self.injected("policy_apply_removing_a_project");
                 let text = refused_policy();
                 inputs.push(self.ask(
-                    Ask::ApplyPolicy { source: "cut.yaml".into(), text },
+                    Ask::ApplyPolicy {
+                        source: "cut.yaml".into(),
+                        text,
+                        by: "admin".into(),
+                        rollback_of: None,
+                    },
                     "apply a policy without solo".into(),
                 ));
             }

@@ -299,10 +299,16 @@ async fn a_daemon_that_logged_telemetry_restarts() {
 }
 
 /// Issue 18, defect 4: a policy applied through the API stays in effect after a restart with
-/// the same (unchanged) policy file; only a file edited since the last start is applied.
+/// the same (unchanged) policy file; only a file edited since the last start is applied. The
+/// policy history survives too, from the log alone and from a snapshot.
 #[test]
 fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
-    let (dir, control, mut d, admin) = first_start("applied", None);
+    applied_policy_across_restarts("applied", None);
+    applied_policy_across_restarts("applied-snap", Some(1));
+}
+
+fn applied_policy_across_restarts(name: &str, snapshot_every: Option<u64>) {
+    let (dir, control, mut d, admin) = first_start(name, snapshot_every);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let applied = POLICY.replacen("half_life: 7d", "half_life: 2d", 1);
     let uri = "/api/v1/policy?source=edited.yaml";
@@ -316,17 +322,45 @@ fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
     let router = d.started.as_ref().expect("running").router.clone();
     let response = rt.block_on(tower::ServiceExt::oneshot(router, request)).expect("answer");
     assert_eq!(response.status(), StatusCode::OK);
+    // A workload and its cycles, so that a snapshot is taken after the apply.
+    let body = common::submit_body("vision", 1);
+    let (status, v) = rt.block_on(d.call("POST", "/api/v1/workloads", Some(&admin), Some(&body)));
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    rt.block_on(d.wait_state(v["id"].as_u64().expect("id"), "running"));
     d.stop();
+    let versions = |d: &TestDaemon| {
+        let (_, v) = rt.block_on(d.call("GET", "/api/v1/policy/versions", Some(&admin), None));
+        let list = v["versions"].as_array().cloned().unwrap_or_default();
+        let rows: Vec<(u64, String, Option<String>)> = list
+            .iter()
+            .map(|x| {
+                let source = x["source"].as_str().unwrap_or_default().to_string();
+                (x["version"].as_u64().unwrap_or(0), source, x["by"].as_str().map(str::to_string))
+            })
+            .collect();
+        (rows, v["active"].as_u64())
+    };
+    let two = vec![
+        (1, "policy.yaml".to_string(), None),
+        (2, "edited.yaml".to_string(), Some("admin".to_string())),
+    ];
 
     for _ in 0..2 {
-        let started = start(parts(&dir, control.backend())).expect("restart, same file");
+        let mut again = parts(&dir, control.backend());
+        again.snapshot_every = snapshot_every;
+        let started = start(again).expect("restart, same file");
         let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
         let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
         assert_eq!(policy["text"], applied.as_str(), "the applied policy is still in effect");
         assert_eq!(policy["source"], "edited.yaml");
+        assert_eq!(versions(&d), (two.clone(), Some(2)), "{name}: the history survives");
         d.stop_keeping_dir();
     }
-    // The file edited since the last start: that edit is applied.
+    if snapshot_every.is_some() {
+        let store = SqliteStore::open(&dir).expect("store");
+        assert!(store.latest_snapshot().expect("read").is_some(), "{name}: a snapshot was taken");
+    }
+    // The file edited since the last start: that edit is applied, as a version of its own.
     let mut edited = parts(&dir, control.backend());
     edited.policy_text = POLICY.replacen("half_life: 7d", "half_life: 1d", 1);
     edited.policy = allot_config::parse_policy("policy.yaml", &edited.policy_text).expect("policy");
@@ -335,6 +369,9 @@ fn an_applied_policy_survives_a_restart_with_the_unchanged_file() {
     let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
     let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
     assert_eq!(policy["text"], expected.as_str());
+    let mut three = two;
+    three.push((3, "policy.yaml".to_string(), None));
+    assert_eq!(versions(&d), (three, Some(3)), "{name}");
     drop(d);
     let _ = std::fs::remove_dir_all(&dir);
 }

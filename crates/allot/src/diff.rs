@@ -58,6 +58,15 @@ pub(crate) fn unified(
     Ok(out)
 }
 
+/// Lines added and removed going from `old` to `new` (`allot policy history`).
+pub(crate) fn counts(old: &str, new: &str) -> Result<(usize, usize), String> {
+    let a: Vec<&str> = old.lines().collect();
+    let b: Vec<&str> = new.lines().collect();
+    let script = edits(&a, &b)?;
+    let count = |kind: Edit| script.iter().filter(|(e, _, _)| *e == kind).count();
+    Ok((count(Edit::Added), count(Edit::Removed)))
+}
+
 /// Unified-diff range: 1-based start, and the count when it is not 1 (an empty range starts
 /// at the line before).
 fn range(at: usize, count: usize) -> String {

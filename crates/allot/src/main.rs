@@ -181,8 +181,19 @@ enum PolicyCommand {
         #[command(flatten)]
         output: remote::OutputArgs,
     },
-    /// Print the daemon's active policy (its YAML text).
-    Show(remote::OutputArgs),
+    /// Print the daemon's active policy (its YAML text), or an earlier version of it.
+    Show(remote::PolicyShowArgs),
+    /// Every policy the daemon ran under: version, when, who applied it, from where, and the
+    /// lines it changed from the version before.
+    History(remote::OutputArgs),
+    /// Bring back an earlier policy (admins) as a new version, with the same checks as
+    /// `policy apply`: refused with every problem named (exit 1) if live work cannot move.
+    Rollback {
+        /// The version to bring back (default: the one before the active version).
+        version: Option<u32>,
+        #[command(flatten)]
+        output: remote::OutputArgs,
+    },
     /// Line diff between the daemon's active policy and FILE; exit 0 whether or not they differ.
     Diff {
         /// The policy YAML file to compare with the active one.
@@ -273,7 +284,11 @@ fn main() -> ExitCode {
             PolicyCommand::Apply { file, output } => {
                 remote::policy_apply(&remote, &file, output.output)
             }
-            PolicyCommand::Show(args) => remote::policy_show(&remote, args.output),
+            PolicyCommand::Show(args) => remote::policy_show(&remote, &args),
+            PolicyCommand::History(args) => remote::policy_history(&remote, args.output),
+            PolicyCommand::Rollback { version, output } => {
+                remote::policy_rollback(&remote, version, output.output)
+            }
             PolicyCommand::Diff { file } => remote::policy_diff(&remote, &file),
         },
         Command::Token { command: TokenCommand::Create(args) } => {

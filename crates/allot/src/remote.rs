@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use allot_api::{
-    NodeList, PolicyValidation, PolicyView, ProjectList, Report, Why, Workload, WorkloadList,
-    WorkloadState,
+    NodeList, PolicyHistory, PolicyValidation, PolicyVersion, PolicyView, ProjectList, Report, Why,
+    Workload, WorkloadList, WorkloadState,
 };
 use anyhow::Result;
 
@@ -378,17 +378,112 @@ fn validation_text(file: &Path, validation: &PolicyValidation) -> String {
     out
 }
 
-pub(crate) fn policy_show(remote: &RemoteArgs, output: Output) -> Result<String> {
-    let view = Client::new(remote)?.get::<PolicyView>("/policy")?;
+#[derive(Debug, clap::Args)]
+pub(crate) struct PolicyShowArgs {
+    /// A version of `allot policy history` instead of the active policy.
+    #[arg(long, value_name = "N")]
+    pub(crate) version: Option<u32>,
+    /// Print the version's line diff against the version before it instead of its text.
+    #[arg(long, requires = "version")]
+    pub(crate) diff: bool,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+}
+
+pub(crate) fn policy_show(remote: &RemoteArgs, args: &PolicyShowArgs) -> Result<String> {
+    let client = Client::new(remote)?;
+    let Some(version) = args.version else {
+        let view = client.get::<PolicyView>("/policy")?;
+        return Ok(match args.output.output {
+            Output::Json => view.pretty(),
+            Output::Text => with_newline(view.value.text),
+        });
+    };
+    if args.diff {
+        let history = client.get::<PolicyHistory>("/policy/versions")?.value;
+        let Some(this) = history.versions.iter().find(|v| v.version == version) else {
+            return Err(Failure::new(
+                crate::EXIT_NOT_FOUND,
+                format!("no policy version {version}; `allot policy history` lists them\n"),
+            )
+            .into());
+        };
+        let before = history.versions.iter().rev().find(|v| v.version < version);
+        let (old, old_name) = match before {
+            Some(b) => (b.text.as_str(), format!("version {} ({})", b.version, b.source)),
+            None => ("", "nothing (the first version)".to_string()),
+        };
+        let new_name = format!("version {version} ({})", this.source);
+        return diff::unified(old, &this.text, &old_name, &new_name)
+            .map_err(|e| Failure::new(EXIT_INVALID, format!("{e}\n")).into());
+    }
+    let v = client.get::<PolicyVersion>(&format!("/policy/versions/{version}"))?;
+    Ok(match args.output.output {
+        Output::Json => v.pretty(),
+        Output::Text => with_newline(v.value.text),
+    })
+}
+
+fn with_newline(mut text: String) -> String {
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
+/// `policy history`: a line per version, the active one marked.
+pub(crate) fn policy_history(remote: &RemoteArgs, output: Output) -> Result<String> {
+    let history = Client::new(remote)?.get::<PolicyHistory>("/policy/versions")?;
+    if output == Output::Json {
+        return Ok(history.pretty());
+    }
+    let versions = &history.value.versions;
+    let rows: Vec<Vec<String>> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let before = i.checked_sub(1).map_or("", |b| versions[b].text.as_str());
+            let change = match diff::counts(before, &v.text) {
+                Ok((added, removed)) if i > 0 => format!("+{added} -{removed} lines"),
+                Ok(_) => "first".to_string(),
+                Err(_) => "too large to compare".to_string(),
+            };
+            let mark = if v.version == history.value.active { "*" } else { "" };
+            let source = match v.rollback_of {
+                Some(n) => format!("{} (back to {n})", v.source),
+                None => v.source.clone(),
+            };
+            vec![
+                format!("{}{mark}", v.version),
+                v.at_ms.map_or("first start".to_string(), render::utc),
+                v.by.clone().unwrap_or_else(|| "policy file at start".to_string()),
+                source,
+                change,
+            ]
+        })
+        .collect();
+    let mut out = render::table(&["VERSION", "APPLIED", "BY", "SOURCE", "CHANGE"], &rows);
+    out.push_str("* in effect; `allot policy show --version N [--diff]` prints one, `allot policy rollback [N]` brings one back\n");
+    Ok(out)
+}
+
+/// `policy rollback`: an earlier version becomes the policy in effect, as a new version.
+pub(crate) fn policy_rollback(
+    remote: &RemoteArgs,
+    version: Option<u32>,
+    output: Output,
+) -> Result<String> {
+    let path = match version {
+        Some(v) => format!("/policy/rollback?version={v}"),
+        None => "/policy/rollback".to_string(),
+    };
+    let view = Client::new(remote)?.post::<PolicyView>(&path, None::<&()>)?;
     Ok(match output {
         Output::Json => view.pretty(),
-        Output::Text => {
-            let mut text = view.value.text;
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-            text
-        }
+        Output::Text => format!(
+            "rolled back: the daemon's policy is now version {}, {}\n",
+            view.value.version, view.value.source
+        ),
     })
 }
 
@@ -401,7 +496,10 @@ pub(crate) fn policy_apply(remote: &RemoteArgs, file: &Path, output: Output) -> 
     let view = Client::new(remote)?.put_text::<PolicyView>(&path, &text)?;
     Ok(match output {
         Output::Json => view.pretty(),
-        Output::Text => format!("applied: the daemon's policy is now {}\n", view.value.source),
+        Output::Text => format!(
+            "applied: the daemon's policy is now version {}, {}\n",
+            view.value.version, view.value.source
+        ),
     })
 }
 

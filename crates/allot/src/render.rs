@@ -215,7 +215,7 @@ pub(crate) fn nodes(list: &NodeList) -> String {
 }
 
 /// A time in ms since the Unix epoch as UTC (`2026-12-01 21:57:50 UTC`).
-fn utc(ms: u64) -> String {
+pub(crate) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
     let (year, month, day) = allot_core::civil_from_days((secs / 86_400) as i64);

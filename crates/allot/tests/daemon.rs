@@ -544,3 +544,62 @@ fn a_node_agent_forwards_its_hosts_readings_to_the_daemon() {
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `allot policy history`, `show --version N [--diff]` and `rollback [N]`: each applied policy
+/// is a version, readable and diffable by number; a rollback brings one back as a new version,
+/// across a restart too.
+#[test]
+fn policy_versions_through_the_cli_survive_a_restart() {
+    let dir = temp_dir("policy-versions");
+    let (daemon, token) = Daemon::start(&dir);
+    let token = token.expect("a first start prints an admin token");
+    let run = |daemon: &Daemon, args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("ALLOT_URL", &daemon.url)
+            .env("ALLOT_TOKEN", &token)
+            .output()
+            .expect("allot runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code(), text, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let cli = |daemon: &Daemon, args: &[&str]| {
+        let (code, out, err) = run(daemon, args);
+        assert_eq!(code, Some(0), "allot {args:?}: {out}{err}");
+        out
+    };
+    let original = std::fs::read_to_string(repo_file("examples/policy.yaml")).expect("policy");
+    let edited = dir.join("edited.yaml");
+    std::fs::write(&edited, original.replacen("half_life: 7d", "half_life: 1d", 1)).expect("write");
+    let edited = edited.display().to_string();
+    let said = cli(&daemon, &["policy", "apply", &edited]);
+    assert!(said.starts_with("applied: the daemon's policy is now version 2"), "{said}");
+    let history = cli(&daemon, &["policy", "history"]);
+    let lines: Vec<&str> = history.lines().collect();
+    assert!(lines[0].starts_with("VERSION"), "{history}");
+    assert!(lines[1].starts_with("1 ") && lines[1].contains("first start"), "{history}");
+    assert!(lines[2].starts_with("2* ") && lines[2].contains("+1 -1 lines"), "{history}");
+    assert!(lines[2].contains(&edited), "{history}");
+    let diff = cli(&daemon, &["policy", "show", "--version", "2", "--diff"]);
+    assert!(diff.contains("-  half_life: 7d") && diff.contains("+  half_life: 1d"), "{diff}");
+    assert_eq!(cli(&daemon, &["policy", "show", "--version", "1"]), original);
+    let (code, _, err) = run(&daemon, &["policy", "show", "--version", "7"]);
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("no policy version 7"), "{err}");
+    daemon.terminate();
+
+    let (daemon, _) = Daemon::start(&dir);
+    let said = cli(&daemon, &["policy", "rollback"]);
+    assert!(said.starts_with("rolled back: the daemon's policy is now version 3"), "{said}");
+    assert_eq!(cli(&daemon, &["policy", "show"]), original);
+    let history = cli(&daemon, &["policy", "history"]);
+    assert!(
+        history.lines().nth(3).is_some_and(|l| l.starts_with("3* ") && l.contains("(back to 1)")),
+        "{history}"
+    );
+    let (code, _, err) = run(&daemon, &["policy", "rollback", "1"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("has the text of the policy in effect"), "{err}");
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}

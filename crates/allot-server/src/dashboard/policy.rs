@@ -38,6 +38,8 @@ const WHATIF_POLL_SECONDS: u32 = 2;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct PolicyData {
     pub active: PolicyView,
+    /// Every policy the daemon ran under, oldest first (the last is `active`).
+    pub versions: Vec<allot_api::PolicyVersion>,
     /// The candidate's text and what validation said, after a POST.
     pub candidate: Option<(String, PolicyValidation)>,
     /// The what-if for a valid candidate.
@@ -75,9 +77,15 @@ pub(crate) fn routes() -> Router<AppState> {
         .layer(Extension(Arc::new(Runs::default())))
 }
 
-fn active(state: &AppState) -> Result<PolicyView, Box<Response>> {
+/// The active policy, and every version of the history.
+fn active(state: &AppState) -> Result<(PolicyView, Vec<allot_api::PolicyVersion>), Box<Response>> {
     let view = read_view(state)?;
-    Ok(PolicyView { source: view.policy_source.clone(), text: view.policy_text.clone() })
+    let active = PolicyView {
+        source: view.policy_source.clone(),
+        text: view.policy_text.clone(),
+        version: view.policy_versions.last().map_or(1, |v| v.version),
+    };
+    Ok((active, view.policy_versions.clone()))
 }
 
 fn page_response(
@@ -97,7 +105,7 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let active = match active(&state) {
+    let (active, versions) = match active(&state) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -105,7 +113,7 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
         &state,
         StatusCode::OK,
         &principal,
-        &PolicyData { active, candidate: None, whatif: None },
+        &PolicyData { active, versions, candidate: None, whatif: None },
     )
 }
 
@@ -138,7 +146,7 @@ pub(crate) async fn upload(
         Err(r) => return *r,
     };
     let refused = |status: StatusCode, name: &str, error: String, fix: &str| {
-        let active = match active(&state) {
+        let (active, versions) = match active(&state) {
             Ok(a) => a,
             Err(r) => return *r,
         };
@@ -147,8 +155,12 @@ pub(crate) async fn upload(
             summary: format!("{name}: not checked"),
             problems: vec![ApiError { error, field: None, fix: Some(fix.to_string()) }],
         };
-        let data =
-            PolicyData { active, candidate: Some((String::new(), validation)), whatif: None };
+        let data = PolicyData {
+            active,
+            versions,
+            candidate: Some((String::new(), validation)),
+            whatif: None,
+        };
         page_response(&state, status, &principal, &data)
     };
     let too_large = || {
@@ -212,7 +224,7 @@ async fn check(
     name: String,
     text: String,
 ) -> Response {
-    let active = match active(state) {
+    let (active, versions) = match active(state) {
         Ok(a) => a,
         Err(r) => return *r,
     };
@@ -231,7 +243,7 @@ async fn check(
     } else {
         None
     };
-    let data = PolicyData { active, candidate: Some((text, validation)), whatif };
+    let data = PolicyData { active, versions, candidate: Some((text, validation)), whatif };
     page_response(state, StatusCode::OK, principal, &data)
 }
 
@@ -452,8 +464,22 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
             " " button type="submit" { "Check file" }
         }
         h2 { "Active policy " a.note href="/api/v1/policy" { "(JSON)" } }
-        p { "From " code { (data.active.source) } "." }
+        p { "Version " (data.active.version) ", from " code { (data.active.source) } "." }
         pre { (data.active.text) }
+        h2 { "Versions " a.note href="/api/v1/policy/versions" { "(JSON)" } }
+        p.note { "Every policy this daemon ran under. " code { "allot policy show --version N --diff" }
+            " prints what one changed; " code { "allot policy rollback N" } " (admins) brings one back." }
+        table {
+            tr { th { "version" } th { "applied" } th { "by" } th { "source" } }
+            @for v in data.versions.iter().rev() {
+                tr {
+                    td { (v.version) @if v.version == data.active.version { " (in effect)" } }
+                    td { @match v.at_ms { Some(ms) => (crate::views::utc(ms)), None => "first start" } }
+                    td { (v.by.as_deref().unwrap_or("policy file at start")) }
+                    td { code { (v.source) } @if let Some(n) = v.rollback_of { " — back to version " (n) } }
+                }
+            }
+        }
     }
 }
 

@@ -114,6 +114,19 @@ fn warned() -> Workload {
 }
 
 /// Compares with the committed file, or rewrites it under `ALLOT_UPDATE_SNAPSHOTS=1`.
+/// A history of two versions: the first start's file, then one an admin applied.
+fn versions() -> Vec<allot_api::PolicyVersion> {
+    let version = |version: u32, at_ms: Option<u64>, by: Option<&str>| allot_api::PolicyVersion {
+        version,
+        at_ms,
+        source: format!("policy-{version}.yaml"),
+        by: by.map(str::to_string),
+        rollback_of: None,
+        text: "projects:\n  - name: vision\n".into(),
+    };
+    vec![version(1, None, None), version(2, Some(1_796_046_291_054), Some("alice"))]
+}
+
 fn check(name: &str, tab: Tab, content: &Markup) {
     let page = layout(name, &frame(tab), &live(&format!("/{name}"), content));
     let text = page.into_string().replace("><", ">\n<") + "\n";
@@ -405,8 +418,11 @@ fn snapshot_idle() {
 
 #[test]
 fn snapshot_policy() {
-    let active =
-        PolicyView { source: "policy.yaml".into(), text: "projects:\n  - name: vision\n".into() };
+    let active = PolicyView {
+        source: "policy.yaml".into(),
+        text: "projects:\n  - name: vision\n".into(),
+        version: 2,
+    };
     let bad = PolicyValidation {
         ok: false,
         summary: "candidate policy: 1 problem(s)".into(),
@@ -418,6 +434,7 @@ fn snapshot_policy() {
     };
     let data = policy::PolicyData {
         active,
+        versions: versions(),
         candidate: Some(("projects: <x>\n".into(), bad)),
         whatif: None,
     };
@@ -481,8 +498,11 @@ fn replay_report(label: &str, scale: f64, preemptions: u64) -> allot_sim::outcom
 
 #[test]
 fn snapshot_policy_whatif() {
-    let active =
-        PolicyView { source: "policy.yaml".into(), text: "projects:\n  - name: vision\n".into() };
+    let active = PolicyView {
+        source: "policy.yaml".into(),
+        text: "projects:\n  - name: vision\n".into(),
+        version: 2,
+    };
     let ok = PolicyValidation {
         ok: true,
         summary: "team.yaml: ok — 2 projects, 3 priority classes, 0 idle rules".into(),
@@ -510,6 +530,7 @@ fn snapshot_policy_whatif() {
     };
     let data = policy::PolicyData {
         active,
+        versions: versions(),
         candidate: Some(("projects: []\n".into(), ok)),
         whatif: Some(policy::WhatIf::Done(Box::new(result))),
     };

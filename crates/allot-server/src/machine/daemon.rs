@@ -169,6 +169,8 @@ pub(crate) struct Daemon {
     /// The policy in effect: the one the log started with, or the last one applied.
     pub policy_source: String,
     pub policy_text: String,
+    /// Every policy the daemon has run under, oldest first; the last is in effect.
+    pub policy_versions: Vec<PolicyVersion>,
     /// Nodes the backend reports unusable for new work, with its reason (`Entry::NodeState`).
     pub unusable_nodes: BTreeMap<String, String>,
     /// The newest workload imported for each foreign handle.
@@ -184,6 +186,35 @@ pub(crate) struct Daemon {
     pub backend_down: Option<super::wire::Unreachable>,
     /// What the last inventory change did, for the operator.
     pub inventory_note: Option<String>,
+}
+
+/// One policy the daemon ran under (`allot policy history`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PolicyVersion {
+    /// 1 for the policy the log began with, then one more for each applied.
+    pub version: u32,
+    /// When it took effect; `None` for the first (in effect since the first start).
+    pub at_ms: Option<u64>,
+    pub source: String,
+    /// The admin who applied it; `None`: a policy file read at a start.
+    pub by: Option<String>,
+    /// The version whose text this one brought back (`allot policy rollback`).
+    pub rollback_of: Option<u32>,
+    pub text: String,
+}
+
+impl PolicyVersion {
+    pub(crate) fn first(source: &str, text: &str) -> PolicyVersion {
+        PolicyVersion {
+            version: 1,
+            at_ms: None,
+            source: source.to_string(),
+            by: None,
+            rollback_of: None,
+            text: text.to_string(),
+        }
+    }
 }
 
 /// The names a submission may use under `policy` on `nodes`.
@@ -232,6 +263,7 @@ impl Daemon {
             dirty: false,
             last_cycle_ms: 0,
             workload_dir,
+            policy_versions: vec![PolicyVersion::first(&policy_source, &policy_text)],
             policy_source,
             policy_text,
             unusable_nodes: BTreeMap::new(),
@@ -617,7 +649,7 @@ impl Daemon {
                 }
                 out = self.cycle(now);
             }
-            Entry::PolicyApplied { source, text } => {
+            Entry::PolicyApplied { source, text, by, rollback_of } => {
                 // Checked before it was logged (`prepare_policy`); the same check again here
                 // gives the same answer, so a replay switches at the same point.
                 if let Ok((engine, known, policy)) = self.policy_engine(source, text) {
@@ -626,6 +658,15 @@ impl Daemon {
                     self.policy = policy;
                     self.policy_source.clone_from(source);
                     self.policy_text.clone_from(text);
+                    let version = self.policy_versions.last().map_or(1, |v| v.version + 1);
+                    self.policy_versions.push(PolicyVersion {
+                        version,
+                        at_ms: Some(now),
+                        source: source.clone(),
+                        by: by.clone(),
+                        rollback_of: *rollback_of,
+                        text: text.clone(),
+                    });
                     self.changed.extend(self.workloads.keys().copied());
                     self.dirty = true;
                 }
@@ -666,16 +707,25 @@ impl Daemon {
 
     /// Checks a policy for `allot policy apply`; nothing is changed. `Ok(None)`: it is the
     /// policy in effect already.
+    /// `by`: the admin applying it (`None`: a policy file read at a start); `rollback_of`: the
+    /// version it brings back.
     pub(crate) fn prepare_policy(
         &self,
         source: &str,
         text: &str,
+        by: Option<&str>,
+        rollback_of: Option<u32>,
     ) -> Result<Option<Entry>, Vec<String>> {
         if text == self.policy_text {
             return Ok(None);
         }
         self.policy_engine(source, text)?;
-        Ok(Some(Entry::PolicyApplied { source: source.to_string(), text: text.to_string() }))
+        Ok(Some(Entry::PolicyApplied {
+            source: source.to_string(),
+            text: text.to_string(),
+            by: by.map(str::to_string),
+            rollback_of,
+        }))
     }
 
     /// A launch that did not start: `LaunchFailed`, or `LaunchDeferred` (the backend could not

@@ -138,6 +138,13 @@ pub(crate) enum Entry {
     PolicyApplied {
         source: String,
         text: String,
+        /// The admin who applied it; absent for a policy file read at a start (and in logs
+        /// written before policies were versioned).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+        /// The version it brings back (`allot policy rollback`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rollback_of: Option<u32>,
     },
 }
 

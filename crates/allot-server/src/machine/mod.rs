@@ -419,16 +419,18 @@ impl Machine {
                     }
                 }
             }
-            Ask::ApplyPolicy { source, text } => match self.daemon.prepare_policy(&source, &text) {
-                Ok(Some(entry)) => {
-                    self.log(now, entry, out);
-                    waiting.push(Waiting::Policy(ticket));
+            Ask::ApplyPolicy { source, text, by, rollback_of } => {
+                match self.daemon.prepare_policy(&source, &text, Some(&by), rollback_of) {
+                    Ok(Some(entry)) => {
+                        self.log(now, entry, out);
+                        waiting.push(Waiting::Policy(ticket));
+                    }
+                    Ok(None) => out.answers.push((ticket, Answer::Policy(Ok(self.policy_view())))),
+                    Err(problems) => {
+                        out.answers.push((ticket, Answer::Policy(Err(policy_refused(&problems)))));
+                    }
                 }
-                Ok(None) => out.answers.push((ticket, Answer::Policy(Ok(self.policy_view())))),
-                Err(problems) => {
-                    out.answers.push((ticket, Answer::Policy(Err(policy_refused(&problems)))));
-                }
-            },
+            }
             query @ (Ask::Why { .. } | Ask::Report { .. } | Ask::History { .. }) => {
                 queries.push((ticket, query));
             }
@@ -544,6 +546,7 @@ impl Machine {
         PolicyView {
             source: self.daemon.policy_source.clone(),
             text: self.daemon.policy_text.clone(),
+            version: self.daemon.policy_versions.last().map_or(1, |v| v.version),
         }
     }
 

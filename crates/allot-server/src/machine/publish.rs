@@ -38,9 +38,13 @@ impl Machine {
             return;
         }
         let Ok(mut view) = shared.write() else { return };
-        if view.policy_text != self.daemon.policy_text {
+        if view.policy_text != self.daemon.policy_text
+            || view.policy_versions.len() != self.daemon.policy_versions.len()
+        {
             view.policy_text.clone_from(&self.daemon.policy_text);
             view.policy_source.clone_from(&self.daemon.policy_source);
+            view.policy_versions =
+                self.daemon.policy_versions.iter().map(records::policy_version).collect();
         }
         for id in changed {
             if let Some(r) = self.daemon.workloads.get(&id) {

@@ -88,6 +88,18 @@ pub(crate) fn projects<'a>(
         .collect()
 }
 
+/// A policy of the daemon's history as the API shows it.
+pub(crate) fn policy_version(v: &super::daemon::PolicyVersion) -> allot_api::PolicyVersion {
+    allot_api::PolicyVersion {
+        version: v.version,
+        at_ms: v.at_ms,
+        source: v.source.clone(),
+        by: v.by.clone(),
+        rollback_of: v.rollback_of,
+        text: v.text.clone(),
+    }
+}
+
 /// Nodes and devices with what runs on them: the devices the backend bound where it picked
 /// them itself (Slurm's GRES indices, `Record::devices`), else the engine's placement.
 pub(crate) fn nodes<'a>(

@@ -193,7 +193,14 @@ fn entry() -> impl Strategy<Value = Entry> {
         prop::collection::btree_map(id, prop::collection::vec(reading(), 0..3), 0..4)
             .prop_map(|workloads| Entry::Sampled { workloads }),
         Just(Entry::Decided),
-        (text(), text()).prop_map(|(source, text)| Entry::PolicyApplied { source, text }),
+        (text(), text(), proptest::option::of(text()), proptest::option::of(1u32..100)).prop_map(
+            |(source, text, by, rollback_of)| Entry::PolicyApplied {
+                source,
+                text,
+                by,
+                rollback_of
+            }
+        ),
         (
             id,
             text(),

@@ -19,7 +19,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
-use super::daemon::{Counters, Daemon, Intent, Record, StopPlan};
+use super::daemon::{Counters, Daemon, Intent, PolicyVersion, Record, StopPlan};
 use super::submit;
 use super::wire::{self, SavedNode};
 
@@ -58,6 +58,10 @@ struct Body {
     backend_down: Option<super::wire::Unreachable>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     inventory_note: Option<String>,
+    /// Absent in snapshots written before policies were versioned: the history then starts
+    /// with the policy in effect as version 1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    policy_versions: Vec<PolicyVersion>,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -145,6 +149,7 @@ impl Daemon {
             kept_nodes: self.kept_nodes.clone(),
             backend_down: self.backend_down.clone(),
             inventory_note: self.inventory_note.clone(),
+            policy_versions: self.policy_versions.clone(),
         };
         Ok(Some(serde_json::to_string(&body)?))
     }
@@ -231,6 +236,9 @@ impl Daemon {
         daemon.kept_nodes = body.kept_nodes;
         daemon.backend_down = body.backend_down;
         daemon.inventory_note = body.inventory_note;
+        if !body.policy_versions.is_empty() {
+            daemon.policy_versions = body.policy_versions;
+        }
         Ok(daemon)
     }
 }
@@ -245,6 +253,7 @@ mod tests {
     use allot_store::{Snapshot, Store};
     use proptest::prelude::*;
 
+    use super::super::daemon::PolicyVersion;
     use super::super::roundtrip::{TempStore, members, nodes, request, text};
     use super::{Body, SavedRecord};
     use crate::machine::daemon::{Counters, Intent, StopPlan};
@@ -403,11 +412,26 @@ mod tests {
             ),
             prop::option::of(text()),
         );
-        (a, b, c).prop_map(
+        let d = prop::collection::vec(
+            (
+                1u32..50,
+                prop::option::of(any::<u64>()),
+                text(),
+                prop::option::of(text()),
+                prop::option::of(1u32..50),
+                text(),
+            )
+                .prop_map(|(version, at_ms, source, by, rollback_of, text)| {
+                    PolicyVersion { version, at_ms, source, by, rollback_of, text }
+                }),
+            0..3,
+        );
+        (a, b, c, d).prop_map(
             |(
                 (version, policy_source, policy_text, engine, ledger, workloads),
                 (stops, counters, next_id, last_now, first_ms, dirty, last_cycle_ms),
                 (unusable_nodes, nodes, reported_nodes, kept_nodes, backend_down, inventory_note),
+                policy_versions,
             )| Body {
                 version,
                 policy_source,
@@ -428,6 +452,7 @@ mod tests {
                 kept_nodes,
                 backend_down,
                 inventory_note,
+                policy_versions,
             },
         )
     }

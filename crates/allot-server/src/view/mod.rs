@@ -50,6 +50,8 @@ pub(crate) struct View {
     pub inventory_source: String,
     pub policy_source: String,
     pub policy_text: String,
+    /// Every policy the daemon ran under, oldest first; the last is in effect.
+    pub policy_versions: Vec<allot_api::PolicyVersion>,
     /// The dashboard's fleet samples and workload timelines.
     pub dashboard: Tracker,
     /// Some telemetry round had readings: the ledger's active and idle hours are measured.

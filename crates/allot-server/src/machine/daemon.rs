@@ -1052,7 +1052,7 @@ impl Daemon {
                 (&self.counters, self.next_id, self.last_now, self.first_ms, self.dirty),
                 (self.last_cycle_ms, &self.policy_source, &self.policy_text, &self.unusable_nodes),
                 (&self.foreign_ids, &self.reported_nodes, &self.kept_nodes, &self.backend_down),
-                &self.inventory_note,
+                (&self.inventory_note, &self.policy_versions),
             )
         )
     }

@@ -452,6 +452,52 @@ pub struct PolicyHistory {
     pub versions: Vec<PolicyVersion>,
 }
 
+/// A candidate policy run in shadow beside the active one (`allot policy apply FILE
+/// --shadow`): at every decision cycle it decides over the same live work; what it would have
+/// done differently is counted here, never executed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ShadowReport {
+    /// The candidate's file (or form).
+    pub source: String,
+    /// The admin who started the shadow.
+    pub by: String,
+    /// When it started (ms since the epoch), and now.
+    pub since_ms: u64,
+    pub now_ms: u64,
+    /// Decision cycles the candidate decided beside the active policy.
+    pub cycles: u64,
+    /// Cycles the candidate could not take the live work over (e.g. it lacks a project that
+    /// has running work), with the last reason; they count nothing.
+    pub failed_cycles: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+    /// Whether idle reclaims are compared: only when the candidate's idle rules are the
+    /// active ones (otherwise its idle timers would start afresh every cycle).
+    pub idle_compared: bool,
+    /// The candidate's policy text.
+    pub text: String,
+    pub projects: Vec<ShadowProject>,
+}
+
+/// Per project: what the active policy did and what the candidate would have done.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ShadowProject {
+    pub project: String,
+    /// Workloads the candidate would have admitted sooner; of those, the active policy has
+    /// since admitted `admitted_since` (sooner by `wait_saved_ms` in all).
+    pub sooner: u64,
+    pub admitted_since: u64,
+    pub wait_saved_ms: u64,
+    /// Workloads the active policy admitted that the candidate would have kept waiting.
+    pub held_back: u64,
+    /// Distinct workloads pre-empted for other work: by the active policy, by the candidate.
+    pub preempted_active: u64,
+    pub preempted_candidate: u64,
+    /// Distinct workloads reclaimed for idleness: by the active policy, by the candidate.
+    pub reclaimed_active: u64,
+    pub reclaimed_candidate: u64,
+}
+
 /// One policy the daemon ran under.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PolicyVersion {

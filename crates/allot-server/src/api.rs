@@ -5,8 +5,8 @@
 
 use allot_api::{
     API_PREFIX, ApiError, HistoryExport, NodeList, PolicyHistory, PolicyValidation, PolicyVersion,
-    PolicyView, ProjectList, Report, SubmitRequest, SubmitResponse, TelemetryPost, TokenCreated,
-    TokenRequest, Why, Workload, WorkloadList, WorkloadState, limits,
+    PolicyView, ProjectList, Report, ShadowReport, SubmitRequest, SubmitResponse, TelemetryPost,
+    TokenCreated, TokenRequest, Why, Workload, WorkloadList, WorkloadState, limits,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -523,6 +523,86 @@ async fn policy(
     }))
 }
 
+fn admin_only(principal: &Principal) -> ApiResult<()> {
+    if principal.is_admin() {
+        return Ok(());
+    }
+    Err(HttpError::plain(
+        403,
+        format!("{} is not an admin: only admins change the policy", principal.name),
+        Some("ask an admin"),
+    ))
+}
+
+/// Runs a candidate policy in shadow beside the active one (replacing a shadow already
+/// running): at every decision cycle it decides over the same live work and what it would
+/// have done differently is counted, never executed. 422 names every problem if it cannot
+/// take the live work over now. Admins only.
+#[utoipa::path(put, path = "/api/v1/policy/shadow", request_body(content = String, content_type = "application/yaml"),
+    params(("source" = Option<String>, Query, description = "name of the candidate (its file)")),
+    responses((status = 200, body = ShadowReport), (status = 403, body = ApiError), (status = 422, body = ApiError)),
+    security(("bearer" = [])))]
+async fn start_shadow(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    query: Result<Query<ApplyQuery>, axum::extract::rejection::QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<axum::Json<ShadowReport>> {
+    let body = bytes_of(body)?;
+    let principal = principal(&state, &headers)?;
+    admin_only(&principal)?;
+    let Query(query) = query.map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("bad query: {e}"),
+                field: Some("source".into()),
+                fix: Some("pass at most `?source=NAME`".into()),
+            },
+        )
+    })?;
+    let text = policy_text(&body)?.to_string();
+    let source = query.source.unwrap_or_else(|| "shadow policy".to_string());
+    let ask = Ask::StartShadow { source, text, by: principal.name.clone() };
+    state.handle.shadow(ask).await.map(axum::Json)
+}
+
+/// What the policy in shadow would have done differently so far, per project. Viewers and
+/// admins (it covers every project).
+#[utoipa::path(get, path = "/api/v1/policy/shadow",
+    responses((status = 200, body = ShadowReport), (status = 403, body = ApiError), (status = 404, body = ApiError)),
+    security(("bearer" = [])))]
+async fn shadow_report(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<ShadowReport>> {
+    let principal = principal(&state, &headers)?;
+    if principal.role == allot_api::Role::Member {
+        return Err(HttpError::plain(
+            403,
+            format!(
+                "{} is a project member: the shadow's report covers every project",
+                principal.name
+            ),
+            Some("use a viewer or admin token"),
+        ));
+    }
+    state.handle.shadow(Ask::ShadowReport).await.map(axum::Json)
+}
+
+/// Stops the policy in shadow; answers with its last report. Admins only.
+#[utoipa::path(delete, path = "/api/v1/policy/shadow",
+    responses((status = 200, body = ShadowReport), (status = 403, body = ApiError), (status = 404, body = ApiError)),
+    security(("bearer" = [])))]
+async fn stop_shadow(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<axum::Json<ShadowReport>> {
+    let principal = principal(&state, &headers)?;
+    admin_only(&principal)?;
+    state.handle.shadow(Ask::StopShadow).await.map(axum::Json)
+}
+
 /// Every policy the daemon ran under, oldest first, with who applied each and when.
 #[utoipa::path(get, path = "/api/v1/policy/versions", responses((status = 200, body = PolicyHistory)), security(("bearer" = [])))]
 async fn policy_versions(
@@ -912,7 +992,7 @@ impl utoipa::Modify for BearerScheme {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "allot", description = "GPU capacity orchestrator: quotas, queues, idle reclaim, goodput ledger."),
-    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, policy_versions, policy_version, rollback_policy, post_telemetry, create_token, history),
+    paths(submit, list, get_workload, why, cancel, suspend, resume, checkpoint, logs, projects, nodes, report, policy, apply_policy, validate_policy, policy_versions, policy_version, rollback_policy, start_shadow, shadow_report, stop_shadow, post_telemetry, create_token, history),
     modifiers(&BearerScheme)
 )]
 pub(crate) struct ApiDoc;
@@ -938,6 +1018,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/policy/versions", get(policy_versions))
         .route("/policy/versions/{version}", get(policy_version))
         .route("/policy/rollback", post(rollback_policy))
+        .route("/policy/shadow", get(shadow_report).put(start_shadow).delete(stop_shadow))
         .route("/tokens", post(create_token))
         .route("/telemetry", post(post_telemetry));
     Router::new()

@@ -2,7 +2,9 @@
 //! requests the machine takes (`Input::Ask`) and the answers it gives, in the words of the
 //! API's types. A leaf beside the view: readers build these and nothing else.
 
-use allot_api::{HistoryExport, PolicyView, Report, SubmitRequest, SubmitResponse, Why, Workload};
+use allot_api::{
+    HistoryExport, PolicyView, Report, ShadowReport, SubmitRequest, SubmitResponse, Why, Workload,
+};
 
 use crate::auth::Principal;
 use crate::view::HttpError;
@@ -41,6 +43,16 @@ pub(crate) enum Ask {
     History {
         limit: usize,
     },
+    /// `allot policy apply FILE --shadow` (admins only; the API checks the role).
+    StartShadow {
+        source: String,
+        text: String,
+        by: String,
+    },
+    /// `allot policy shadow --stop` (admins only): the last report.
+    StopShadow,
+    /// `allot policy shadow`: what the candidate would have done differently so far.
+    ShadowReport,
 }
 
 /// A user's action on one workload.
@@ -64,4 +76,5 @@ pub(crate) enum Answer {
     Report(Result<Report, HttpError>),
     Policy(Result<PolicyView, HttpError>),
     History(Result<HistoryExport, HttpError>),
+    Shadow(Result<ShadowReport, HttpError>),
 }

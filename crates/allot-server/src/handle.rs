@@ -104,6 +104,13 @@ impl Handle {
         }
     }
 
+    pub(crate) async fn shadow(&self, ask: Ask) -> Result<allot_api::ShadowReport, HttpError> {
+        match self.ask(ask).await? {
+            Answer::Shadow(r) => r,
+            other => Err(mismatch(&other)),
+        }
+    }
+
     pub(crate) async fn history(&self, ask: Ask) -> Result<allot_api::HistoryExport, HttpError> {
         match self.ask(ask).await? {
             Answer::History(r) => r,

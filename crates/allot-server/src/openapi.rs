@@ -189,7 +189,11 @@ pub(crate) fn build() -> (Value, Vec<String>) {
         None => missing.push(body.to_string()),
     }
     // A policy travels as YAML text but is a mapping of fields: anything else is a 400.
-    for operation in ["/paths/~1api~1v1~1policy/put", "/paths/~1api~1v1~1policy~1validate/post"] {
+    for operation in [
+        "/paths/~1api~1v1~1policy/put",
+        "/paths/~1api~1v1~1policy~1validate/post",
+        "/paths/~1api~1v1~1policy~1shadow/put",
+    ] {
         let pointer = format!("{operation}/requestBody/content/application~1yaml/schema");
         match doc.pointer_mut(&pointer) {
             Some(schema) => *schema = json!({"type": "object"}),

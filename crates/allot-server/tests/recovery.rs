@@ -530,3 +530,64 @@ async fn an_unreachable_backend_fails_nothing_and_says_so() {
     let states: Vec<String> = d.control.runs().iter().map(|r| format!("{:?}", r.state)).collect();
     assert!(!states.iter().any(|s| s.contains("LaunchFailed")), "{states:?}");
 }
+
+/// A policy in shadow keeps running across restarts, its figures rebuilt the same from the
+/// log alone and from a snapshot.
+#[test]
+fn a_shadow_survives_a_restart_with_its_figures() {
+    for (name, snapshot_every) in [("shadow", None), ("shadow-snap", Some(1))] {
+        let (dir, control, mut d, admin) = first_start(name, snapshot_every);
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+        let submit = |d: &TestDaemon, gpus: u32| {
+            let body = common::submit_body("vision", gpus);
+            let (status, v) =
+                rt.block_on(d.call("POST", "/api/v1/workloads", Some(&admin), Some(&body)));
+            assert_eq!(status, StatusCode::CREATED, "{v}");
+            v["id"].as_u64().expect("id")
+        };
+        for gpus in [8, 4] {
+            let id = submit(&d, gpus);
+            rt.block_on(d.wait_state(id, "running"));
+        }
+        let generous = POLICY.replacen(
+            "{model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}",
+            "{model: H100, guaranteed: 10, borrow_limit: 8, lend_limit: 4}",
+            1,
+        );
+        let (status, v) = rt.block_on(d.call(
+            "PUT",
+            "/api/v1/policy/shadow?source=c.yaml",
+            Some(&admin),
+            Some(&generous),
+        ));
+        assert_eq!(status, StatusCode::OK, "{v}");
+        submit(&d, 2);
+        let sooner = |d: &TestDaemon| {
+            let (status, v) =
+                rt.block_on(d.call("GET", "/api/v1/policy/shadow", Some(&admin), None));
+            assert_eq!(status, StatusCode::OK, "{name}: {v}");
+            let rows = v["projects"].as_array().cloned().unwrap_or_default();
+            let vision = rows.iter().find(|r| r["project"] == "vision").cloned();
+            (vision.map(|r| r["sooner"].clone()), v["source"].clone())
+        };
+        for _ in 0..500 {
+            if sooner(&d).0 == Some(serde_json::json!(1)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(sooner(&d), (Some(serde_json::json!(1)), serde_json::json!("c.yaml")), "{name}");
+        d.stop();
+        let mut again = parts(&dir, control.backend());
+        again.snapshot_every = snapshot_every;
+        let started = start(again).expect("restart");
+        let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+        assert_eq!(
+            sooner(&d),
+            (Some(serde_json::json!(1)), serde_json::json!("c.yaml")),
+            "{name}: after a restart"
+        );
+        drop(d);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

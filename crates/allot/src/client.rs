@@ -176,6 +176,11 @@ impl Client {
         self.request("POST", path, &Body::Json(&bytes)).map(|_| ())
     }
 
+    /// DELETE (the policy in shadow).
+    pub(crate) fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<Json<T>> {
+        decode(path, &self.request("DELETE", path, &Body::None)?)
+    }
+
     /// PUT with a plain-text body (the policy to apply).
     pub(crate) fn put_text<T: DeserializeOwned>(&self, path: &str, text: &str) -> Result<Json<T>> {
         decode(path, &self.request("PUT", path, &Body::Text(text))?)
@@ -185,8 +190,9 @@ impl Client {
     fn request(&self, method: &str, path: &str, body: &Body<'_>) -> Result<String> {
         let url = format!("{}{API_PREFIX}{path}", self.base);
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
-        let sent = if method == "GET" {
-            let mut request = self.agent.get(&url);
+        let sent = if method == "GET" || method == "DELETE" {
+            let mut request =
+                if method == "GET" { self.agent.get(&url) } else { self.agent.delete(&url) };
             if let Some(auth) = &auth {
                 request = request.header("Authorization", auth);
             }

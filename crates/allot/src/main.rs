@@ -178,11 +178,23 @@ enum PolicyCommand {
     Apply {
         /// The policy YAML file.
         file: PathBuf,
+        /// Run it in shadow instead: beside the active policy, deciding over the same live
+        /// work at every cycle, its decisions counted (`allot policy shadow`), never executed.
+        #[arg(long)]
+        shadow: bool,
         #[command(flatten)]
         output: remote::OutputArgs,
     },
     /// Print the daemon's active policy (its YAML text), or an earlier version of it.
     Show(remote::PolicyShowArgs),
+    /// What the policy in shadow would have done differently so far, per project (viewer or
+    /// admin); `--stop` ends the shadow (admins) with its last report.
+    Shadow {
+        #[arg(long)]
+        stop: bool,
+        #[command(flatten)]
+        output: remote::OutputArgs,
+    },
     /// Every policy the daemon ran under: version, when, who applied it, from where, and the
     /// lines it changed from the version before.
     History(remote::OutputArgs),
@@ -281,8 +293,14 @@ fn main() -> ExitCode {
             PolicyCommand::Validate { file, cluster, remote: false, output: _ } => {
                 plan::validate(&file, cluster.as_deref())
             }
-            PolicyCommand::Apply { file, output } => {
+            PolicyCommand::Apply { file, shadow: false, output } => {
                 remote::policy_apply(&remote, &file, output.output)
+            }
+            PolicyCommand::Apply { file, shadow: true, output } => {
+                remote::shadow_start(&remote, &file, output.output)
+            }
+            PolicyCommand::Shadow { stop, output } => {
+                remote::shadow_report(&remote, stop, output.output)
             }
             PolicyCommand::Show(args) => remote::policy_show(&remote, &args),
             PolicyCommand::History(args) => remote::policy_history(&remote, args.output),

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use allot_api::{
-    NodeList, PolicyHistory, PolicyValidation, PolicyVersion, PolicyView, ProjectList, Report, Why,
-    Workload, WorkloadList, WorkloadState,
+    NodeList, PolicyHistory, PolicyValidation, PolicyVersion, PolicyView, ProjectList, Report,
+    ShadowReport, Why, Workload, WorkloadList, WorkloadState,
 };
 use anyhow::Result;
 
@@ -464,6 +464,97 @@ pub(crate) fn policy_history(remote: &RemoteArgs, output: Output) -> Result<Stri
         .collect();
     let mut out = render::table(&["VERSION", "APPLIED", "BY", "SOURCE", "CHANGE"], &rows);
     out.push_str("* in effect; `allot policy show --version N [--diff]` prints one, `allot policy rollback [N]` brings one back\n");
+    Ok(out)
+}
+
+/// `policy apply FILE --shadow`: the candidate decides beside the active policy from now on.
+pub(crate) fn shadow_start(remote: &RemoteArgs, file: &Path, output: Output) -> Result<String> {
+    let text = read_local(file)?;
+    let source = file.display().to_string();
+    let path = format!("/policy/shadow?source={}", percent_encode(&source));
+    let report = Client::new(remote)?.put_text::<ShadowReport>(&path, &text)?;
+    Ok(match output {
+        Output::Json => report.pretty(),
+        Output::Text => format!(
+            "in shadow: {} decides beside the active policy at every cycle, nothing of it \
+             executed; `allot policy shadow` shows what it would have done differently{}\n",
+            report.value.source,
+            if report.value.idle_compared {
+                ""
+            } else {
+                " (idle reclaims are not compared: its idle rules differ from the active ones)"
+            }
+        ),
+    })
+}
+
+/// `policy shadow [--stop]`: the shadow's report, per project.
+pub(crate) fn shadow_report(remote: &RemoteArgs, stop: bool, output: Output) -> Result<String> {
+    let client = Client::new(remote)?;
+    let report = if stop {
+        client.delete::<ShadowReport>("/policy/shadow")?
+    } else {
+        client.get::<ShadowReport>("/policy/shadow")?
+    };
+    if output == Output::Json {
+        return Ok(report.pretty());
+    }
+    let r = &report.value;
+    let mut out = format!(
+        "{} in shadow since {} (by {}): {} cycle(s) compared",
+        r.source,
+        render::utc(r.since_ms),
+        r.by,
+        r.cycles
+    );
+    if r.failed_cycles > 0 {
+        let why = r.last_failure.as_deref().unwrap_or("unknown");
+        out.push_str(&format!(
+            ", {} not (it could not take the live work: {why})",
+            r.failed_cycles
+        ));
+    }
+    out.push_str(if stop { "; stopped\n" } else { "\n" });
+    let rows: Vec<Vec<String>> = r
+        .projects
+        .iter()
+        .map(|p| {
+            let saved = (p.wait_saved_ms / 1000)
+                .checked_div(p.admitted_since)
+                .map_or_else(|| "-".to_string(), |s| format!("{s} s"));
+            vec![
+                p.project.clone(),
+                p.sooner.to_string(),
+                p.admitted_since.to_string(),
+                saved,
+                p.held_back.to_string(),
+                format!("{} / {}", p.preempted_active, p.preempted_candidate),
+                if r.idle_compared {
+                    format!("{} / {}", p.reclaimed_active, p.reclaimed_candidate)
+                } else {
+                    "not compared".to_string()
+                },
+            ]
+        })
+        .collect();
+    out.push_str(&render::table(
+        &[
+            "PROJECT",
+            "SOONER",
+            "ADMITTED SINCE",
+            "MEAN SAVED",
+            "HELD BACK",
+            "PREEMPTED A/C",
+            "RECLAIMED A/C",
+        ],
+        &rows,
+    ));
+    out.push_str(
+        "SOONER: workloads the candidate would have started while the active policy kept them \
+         waiting (ADMITTED SINCE of them the active policy started later, MEAN SAVED sooner on \
+         average); HELD BACK: started by the active policy, kept waiting by the candidate; A/C: \
+         distinct workloads stopped by the active policy / by the candidate\n",
+    );
     Ok(out)
 }
 

@@ -603,3 +603,102 @@ fn policy_versions_through_the_cli_survive_a_restart() {
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `allot policy apply FILE --shadow`, `allot policy shadow [--stop]`: a candidate that would
+/// start vision's waiting job now is counted, not executed.
+#[test]
+fn a_policy_in_shadow_through_the_cli() {
+    let dir = temp_dir("policy-shadow");
+    let (daemon, token) = Daemon::start(&dir);
+    let token = token.expect("a first start prints an admin token");
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("ALLOT_URL", &daemon.url)
+            .env("ALLOT_TOKEN", &token)
+            .output()
+            .expect("allot runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code(), text, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let cli = |args: &[&str]| {
+        let (code, out, err) = run(args);
+        assert_eq!(code, Some(0), "allot {args:?}: {out}{err}");
+        out
+    };
+    let submit = |gpus: &str| {
+        let id = cli(&[
+            "submit",
+            "--project",
+            "vision",
+            "--gpus",
+            gpus,
+            "--kind",
+            "batch",
+            "--",
+            "sleep",
+            "60",
+        ]);
+        id.trim().to_string()
+    };
+    let (a, b) = (submit("8"), submit("4"));
+    let policy = std::fs::read_to_string(repo_file("examples/policy.yaml")).expect("policy");
+    let candidate = dir.join("generous.yaml");
+    std::fs::write(
+        &candidate,
+        policy.replacen(
+            "{model: H100, guaranteed: 8, borrow_limit: 8, lend_limit: 4}",
+            "{model: H100, guaranteed: 10, borrow_limit: 8, lend_limit: 4}",
+            1,
+        ),
+    )
+    .expect("write");
+    let (code, _, err) = run(&["policy", "shadow"]);
+    assert_eq!(code, Some(4), "no shadow yet: {err}");
+    let said = cli(&["policy", "apply", &candidate.display().to_string(), "--shadow"]);
+    assert!(said.starts_with("in shadow: "), "{said}");
+    let waiting = submit("2");
+    let mut tries = 0;
+    let report = loop {
+        let json: Value = serde_json::from_str(&cli(&["policy", "shadow", "--output", "json"]))
+            .expect("shadow JSON");
+        let vision = json["projects"]
+            .as_array()
+            .and_then(|p| p.iter().find(|r| r["project"] == "vision").cloned());
+        if vision.is_some_and(|v| v["sooner"] == 1) {
+            break json;
+        }
+        tries += 1;
+        assert!(tries < 100, "never counted in 20 s: {json}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(report["failed_cycles"], 0, "{report}");
+    let ls: Value = serde_json::from_str(&cli(&["ls", "--output", "json"])).expect("ls JSON");
+    let state = |id: &str| {
+        ls["workloads"].as_array().and_then(|w| {
+            w.iter()
+                .find(|w| w["id"].as_u64().is_some_and(|i| i.to_string() == id))
+                .map(|w| w["state"].clone())
+        })
+    };
+    assert_eq!(
+        state(&waiting),
+        Some(Value::from("pending")),
+        "shadow decisions are not executed: {ls}"
+    );
+    assert!(
+        [state(&a), state(&b)].iter().all(|s| s.as_ref().is_some_and(|s| s == "running")),
+        "{ls}"
+    );
+    let text = cli(&["policy", "shadow"]);
+    assert!(text.contains("PROJECT") && text.lines().any(|l| l.starts_with("vision ")), "{text}");
+    let stopped = cli(&["policy", "shadow", "--stop"]);
+    assert!(stopped.lines().next().is_some_and(|l| l.ends_with("; stopped")), "{stopped}");
+    let (code, _, _) = run(&["policy", "shadow"]);
+    assert_eq!(code, Some(4));
+    for id in [a, b, waiting] {
+        cli(&["cancel", &id]);
+    }
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -385,6 +385,25 @@ impl Engine {
         self.carry_over(nodes, policy, CarryIdle::Restart)
     }
 
+    /// The engine another policy would be now, over the same live work, for a shadow run
+    /// (decisions recorded, never executed): as `with_policy`, except that with `keep_idle`
+    /// (the candidate's idle rules are the active ones) idle timers run on, so the shadow's
+    /// idle reclaims can be compared with the real ones.
+    pub fn shadow_of(
+        &self,
+        nodes: &[NodeSpec],
+        policy: &PolicySpec,
+        keep_idle: bool,
+    ) -> Result<Engine, StateError> {
+        if !keep_idle {
+            return self.with_policy(nodes, policy);
+        }
+        if nodes.iter().map(|n| &n.name).ne(self.node_names.iter()) {
+            return Err(StateError::Incompatible(vec!["the nodes differ".into()]));
+        }
+        self.carry_over(nodes, policy, CarryIdle::Keep)
+    }
+
     /// Live work carried into an engine over `nodes` and `policy`. Nodes are matched by name
     /// (their ids may differ); every allocation must find its node and devices there.
     /// `idle`: restart idle timers (another policy) or keep them (the same rules).

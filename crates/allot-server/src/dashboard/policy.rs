@@ -40,6 +40,8 @@ pub(crate) struct PolicyData {
     pub active: PolicyView,
     /// Every policy the daemon ran under, oldest first (the last is `active`).
     pub versions: Vec<allot_api::PolicyVersion>,
+    /// The policy in shadow and what it would have done differently (viewers and admins).
+    pub shadow: Option<allot_api::ShadowReport>,
     /// The candidate's text and what validation said, after a POST.
     pub candidate: Option<(String, PolicyValidation)>,
     /// The what-if for a valid candidate.
@@ -109,12 +111,21 @@ pub(crate) async fn page(State(state): State<AppState>, headers: HeaderMap) -> R
         Ok(a) => a,
         Err(r) => return *r,
     };
+    let shadow = shadow_of(&state, &principal).await;
     page_response(
         &state,
         StatusCode::OK,
         &principal,
-        &PolicyData { active, versions, candidate: None, whatif: None },
+        &PolicyData { active, versions, shadow, candidate: None, whatif: None },
     )
+}
+
+/// The policy in shadow, for a viewer or an admin (`None`: none runs, or a member asks).
+async fn shadow_of(state: &AppState, principal: &Principal) -> Option<allot_api::ShadowReport> {
+    if principal.role == Role::Member {
+        return None;
+    }
+    state.handle.shadow(Ask::ShadowReport).await.ok()
 }
 
 pub(crate) async fn validate(
@@ -158,6 +169,7 @@ pub(crate) async fn upload(
         let data = PolicyData {
             active,
             versions,
+            shadow: None,
             candidate: Some((String::new(), validation)),
             whatif: None,
         };
@@ -243,7 +255,8 @@ async fn check(
     } else {
         None
     };
-    let data = PolicyData { active, versions, candidate: Some((text, validation)), whatif };
+    let shadow = shadow_of(state, principal).await;
+    let data = PolicyData { active, versions, shadow, candidate: Some((text, validation)), whatif };
     page_response(state, StatusCode::OK, principal, &data)
 }
 
@@ -466,6 +479,7 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
         h2 { "Active policy " a.note href="/api/v1/policy" { "(JSON)" } }
         p { "Version " (data.active.version) ", from " code { (data.active.source) } "." }
         pre { (data.active.text) }
+        @if let Some(s) = &data.shadow { (shadow_section(s)) }
         h2 { "Versions " a.note href="/api/v1/policy/versions" { "(JSON)" } }
         p.note { "Every policy this daemon ran under. " code { "allot policy show --version N --diff" }
             " prints what one changed; " code { "allot policy rollback N" } " (admins) brings one back." }
@@ -477,6 +491,32 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
                     td { @match v.at_ms { Some(ms) => (crate::views::utc(ms)), None => "first start" } }
                     td { (v.by.as_deref().unwrap_or("policy file at start")) }
                     td { code { (v.source) } @if let Some(n) = v.rollback_of { " — back to version " (n) } }
+                }
+            }
+        }
+    }
+}
+
+/// The policy in shadow: per project, what it would have done differently from the active one.
+fn shadow_section(s: &allot_api::ShadowReport) -> Markup {
+    html! {
+        h2 { "In shadow: " code { (s.source) } " " a.note href="/api/v1/policy/shadow" { "(JSON)" } }
+        p.note { "Started by " (s.by) " at " (crate::views::utc(s.since_ms)) "; " (s.cycles)
+            " decision cycle(s) compared, nothing of it executed. "
+            @if s.failed_cycles > 0 { (s.failed_cycles) " cycle(s) it could not take the live work: "
+                (s.last_failure.as_deref().unwrap_or("")) ". " }
+            @if !s.idle_compared { "Idle reclaims are not compared: its idle rules differ from the active ones. " }
+            code { "allot policy shadow --stop" } " ends it." }
+        table {
+            tr { th { "project" } th { "sooner" } th { "admitted since" } th { "mean saved" }
+                th { "held back" } th { "pre-empted (active / candidate)" } th { "reclaimed (active / candidate)" } }
+            @for p in &s.projects {
+                tr {
+                    td { (p.project) } td { (p.sooner) } td { (p.admitted_since) }
+                    td { @if p.admitted_since > 0 { (super::duration(p.wait_saved_ms / p.admitted_since)) } @else { "–" } }
+                    td { (p.held_back) }
+                    td { (p.preempted_active) " / " (p.preempted_candidate) }
+                    td { @if s.idle_compared { (p.reclaimed_active) " / " (p.reclaimed_candidate) } @else { "not compared" } }
                 }
             }
         }

@@ -127,6 +127,33 @@ fn versions() -> Vec<allot_api::PolicyVersion> {
     vec![version(1, None, None), version(2, Some(1_796_046_291_054), Some("alice"))]
 }
 
+/// A candidate in shadow for an hour: vision's jobs would have started sooner.
+fn shadow() -> allot_api::ShadowReport {
+    let row = |project: &str, sooner: u64, preempted: (u64, u64)| allot_api::ShadowProject {
+        project: project.into(),
+        sooner,
+        admitted_since: sooner.saturating_sub(1),
+        wait_saved_ms: 90_000 * sooner.saturating_sub(1),
+        held_back: 0,
+        preempted_active: preempted.0,
+        preempted_candidate: preempted.1,
+        reclaimed_active: 1,
+        reclaimed_candidate: 1,
+    };
+    allot_api::ShadowReport {
+        source: "generous.yaml".into(),
+        by: "alice".into(),
+        since_ms: NOW - 3_600_000,
+        now_ms: NOW,
+        cycles: 412,
+        failed_cycles: 0,
+        last_failure: None,
+        idle_compared: true,
+        text: "projects: []\n".into(),
+        projects: vec![row("speech", 0, (2, 3)), row("vision", 3, (0, 0))],
+    }
+}
+
 fn check(name: &str, tab: Tab, content: &Markup) {
     let page = layout(name, &frame(tab), &live(&format!("/{name}"), content));
     let text = page.into_string().replace("><", ">\n<") + "\n";
@@ -435,6 +462,7 @@ fn snapshot_policy() {
     let data = policy::PolicyData {
         active,
         versions: versions(),
+        shadow: None,
         candidate: Some(("projects: <x>\n".into(), bad)),
         whatif: None,
     };
@@ -531,6 +559,7 @@ fn snapshot_policy_whatif() {
     let data = policy::PolicyData {
         active,
         versions: versions(),
+        shadow: Some(shadow()),
         candidate: Some(("projects: []\n".into(), ok)),
         whatif: Some(policy::WhatIf::Done(Box::new(result))),
     };

@@ -169,8 +169,10 @@ pub(crate) struct Daemon {
     /// The policy in effect: the one the log started with, or the last one applied.
     pub policy_source: String,
     pub policy_text: String,
-    /// Every policy the daemon has run under, oldest first; the last is in effect.
+    /// Every policy the daemon ran under, oldest first; the last is in effect.
     pub policy_versions: Vec<PolicyVersion>,
+    /// A candidate policy deciding beside the active one, its decisions only counted.
+    pub shadow: Option<super::shadow::Shadow>,
     /// Nodes the backend reports unusable for new work, with its reason (`Entry::NodeState`).
     pub unusable_nodes: BTreeMap<String, String>,
     /// The newest workload imported for each foreign handle.
@@ -264,6 +266,7 @@ impl Daemon {
             last_cycle_ms: 0,
             workload_dir,
             policy_versions: vec![PolicyVersion::first(&policy_source, &policy_text)],
+            shadow: None,
             policy_source,
             policy_text,
             unusable_nodes: BTreeMap::new(),
@@ -375,6 +378,9 @@ impl Daemon {
             if state.is_final() || state == WorkloadState::Suspended {
                 r.ended_ms = Some(now);
                 r.pids.clear();
+                if let Some(shadow) = &mut self.shadow {
+                    shadow.ended(id);
+                }
             }
         }
         self.changed.insert(id);
@@ -649,6 +655,20 @@ impl Daemon {
                 }
                 out = self.cycle(now);
             }
+            Entry::ShadowStarted { source, text, by } => {
+                // Checked before it was logged (`prepare_shadow`).
+                if let Ok(policy) = allot_config::parse_policy(source, text) {
+                    self.shadow = Some(super::shadow::Shadow::new(
+                        source,
+                        text,
+                        by,
+                        now,
+                        policy,
+                        &self.policy,
+                    ));
+                }
+            }
+            Entry::ShadowStopped => self.shadow = None,
             Entry::PolicyApplied { source, text, by, rollback_of } => {
                 // Checked before it was logged (`prepare_policy`); the same check again here
                 // gives the same answer, so a replay switches at the same point.
@@ -658,6 +678,15 @@ impl Daemon {
                     self.policy = policy;
                     self.policy_source.clone_from(source);
                     self.policy_text.clone_from(text);
+                    // A shadow of this very text is the policy in effect now; another one is
+                    // compared with the new active policy from here on.
+                    if self.shadow.as_ref().is_some_and(|s| &s.text == text) {
+                        self.shadow = None;
+                    }
+                    if let Some(shadow) = &mut self.shadow {
+                        shadow.keep_idle =
+                            shadow.policy.as_ref().is_some_and(|p| p.idle == self.policy.idle);
+                    }
                     let version = self.policy_versions.last().map_or(1, |v| v.version + 1);
                     self.policy_versions.push(PolicyVersion {
                         version,
@@ -726,6 +755,32 @@ impl Daemon {
             by: by.map(str::to_string),
             rollback_of,
         }))
+    }
+
+    /// Checks a candidate for `allot policy apply --shadow`: it must parse and take over the
+    /// live work now, as a shadow cycle will. Nothing is changed.
+    pub(crate) fn prepare_shadow(
+        &self,
+        source: &str,
+        text: &str,
+        by: &str,
+    ) -> Result<Entry, Vec<String>> {
+        let policy = allot_config::parse_policy(source, text).map_err(|diagnostics| {
+            diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>()
+        })?;
+        self.engine.shadow_of(&self.nodes, &policy, policy.idle == self.policy.idle).map_err(
+            |e| match e {
+                allot_core::StateError::Incompatible(problems) => problems,
+                other => vec![other.to_string()],
+            },
+        )?;
+        Ok(Entry::ShadowStarted { source: source.into(), text: text.into(), by: by.into() })
+    }
+
+    /// The shadow's report now, per project.
+    pub(crate) fn shadow_report(&self, now: u64) -> Option<allot_api::ShadowReport> {
+        let shadow = self.shadow.as_ref()?;
+        Some(shadow.report(now, |id| self.workloads.get(&id).map(|r| r.spec.project.clone())))
     }
 
     /// A launch that did not start: `LaunchFailed`, or `LaunchDeferred` (the backend could not
@@ -852,7 +907,15 @@ impl Daemon {
         self.dirty = false;
         self.last_cycle_ms = now;
         self.counters.cycles += 1;
+        // The shadow decides first, over the live work as the real cycle finds it.
+        let candidate = match &mut self.shadow {
+            Some(shadow) => shadow.decide(&self.engine, &self.nodes, now),
+            None => None,
+        };
         let decisions = self.engine.decide(Timestamp(now));
+        if let (Some(shadow), Some(candidate)) = (&mut self.shadow, candidate) {
+            shadow.compare(now, &decisions, &candidate);
+        }
         let mut out = Vec::new();
         let mut explain = Vec::new();
         for d in &decisions {
@@ -1052,7 +1115,7 @@ impl Daemon {
                 (&self.counters, self.next_id, self.last_now, self.first_ms, self.dirty),
                 (self.last_cycle_ms, &self.policy_source, &self.policy_text, &self.unusable_nodes),
                 (&self.foreign_ids, &self.reported_nodes, &self.kept_nodes, &self.backend_down),
-                (&self.inventory_note, &self.policy_versions),
+                (&self.inventory_note, &self.policy_versions, &self.shadow),
             )
         )
     }

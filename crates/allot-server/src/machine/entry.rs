@@ -146,12 +146,21 @@ pub(crate) enum Entry {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rollback_of: Option<u32>,
     },
+    /// `allot policy apply FILE --shadow`: the candidate decides beside the active policy
+    /// from now on (replacing a shadow already running); checked before it is logged.
+    ShadowStarted {
+        source: String,
+        text: String,
+        by: String,
+    },
+    /// The shadow stopped (`allot policy shadow --stop`).
+    ShadowStopped,
 }
 
 /// Every record kind, in declaration order: the round-trip property test generates each of
 /// them and fails on a kind it does not cover.
 #[cfg(test)]
-pub(crate) const ENTRY_KINDS: [&str; 23] = [
+pub(crate) const ENTRY_KINDS: [&str; 25] = [
     "submitted",
     "cancel_requested",
     "suspend_requested",
@@ -175,6 +184,8 @@ pub(crate) const ENTRY_KINDS: [&str; 23] = [
     "backend_reachable",
     "launch_deferred",
     "occupied",
+    "shadow_started",
+    "shadow_stopped",
 ];
 
 impl Entry {
@@ -204,6 +215,8 @@ impl Entry {
             Entry::BackendReachable => "backend_reachable",
             Entry::LaunchDeferred { .. } => "launch_deferred",
             Entry::Occupied { .. } => "occupied",
+            Entry::ShadowStarted { .. } => "shadow_started",
+            Entry::ShadowStopped => "shadow_stopped",
         }
     }
 }

@@ -21,6 +21,7 @@ mod publish;
 mod records;
 #[cfg(test)]
 mod roundtrip;
+mod shadow;
 mod snapshot;
 mod submit;
 mod wire;
@@ -164,6 +165,7 @@ enum Waiting {
     Submitted(Ticket, u64),
     Acted(Ticket, u64),
     Policy(Ticket),
+    Shadow(Ticket),
 }
 
 impl Machine {
@@ -253,6 +255,7 @@ impl Machine {
                     (ticket, Answer::Workload(w))
                 }
                 Waiting::Policy(ticket) => (ticket, Answer::Policy(Ok(self.policy_view()))),
+                Waiting::Shadow(ticket) => (ticket, Answer::Shadow(self.shadow_answer(now))),
             });
         }
         if out.cycled && !self.awaiting_admission.is_empty() {
@@ -431,7 +434,28 @@ impl Machine {
                     }
                 }
             }
-            query @ (Ask::Why { .. } | Ask::Report { .. } | Ask::History { .. }) => {
+            Ask::StartShadow { source, text, by } => {
+                match self.daemon.prepare_shadow(&source, &text, &by) {
+                    Ok(entry) => {
+                        self.log(now, entry, out);
+                        waiting.push(Waiting::Shadow(ticket));
+                    }
+                    Err(problems) => {
+                        out.answers.push((ticket, Answer::Shadow(Err(policy_refused(&problems)))));
+                    }
+                }
+            }
+            Ask::StopShadow => match self.shadow_answer(now) {
+                Ok(report) => {
+                    self.log(now, Entry::ShadowStopped, out);
+                    out.answers.push((ticket, Answer::Shadow(Ok(report))));
+                }
+                Err(e) => out.answers.push((ticket, Answer::Shadow(Err(e)))),
+            },
+            query @ (Ask::Why { .. }
+            | Ask::Report { .. }
+            | Ask::History { .. }
+            | Ask::ShadowReport) => {
                 queries.push((ticket, query));
             }
         }
@@ -486,7 +510,22 @@ impl Machine {
             Ask::ApplyPolicy { .. } => {
                 Answer::Policy(Err(HttpError::plain(500, "not a query", None)))
             }
+            Ask::ShadowReport => Answer::Shadow(self.shadow_answer(now)),
+            Ask::StartShadow { .. } | Ask::StopShadow => {
+                Answer::Shadow(Err(HttpError::plain(500, "not a query", None)))
+            }
         }
+    }
+
+    /// The shadow's report, or 404 when none runs.
+    fn shadow_answer(&self, now: u64) -> Result<allot_api::ShadowReport, HttpError> {
+        self.daemon.shadow_report(now).ok_or_else(|| {
+            HttpError::plain(
+                404,
+                "no policy runs in shadow",
+                Some("start one with `allot policy apply FILE --shadow`"),
+            )
+        })
     }
 
     fn row_visible(&self, principal: &Principal, scope: &str) -> bool {

@@ -41,6 +41,8 @@ fn kind_index(e: &Entry) -> usize {
         Entry::BackendReachable => 20,
         Entry::LaunchDeferred { .. } => 21,
         Entry::Occupied { .. } => 22,
+        Entry::ShadowStarted { .. } => 23,
+        Entry::ShadowStopped => 24,
     }
 }
 
@@ -235,6 +237,12 @@ fn entry() -> impl Strategy<Value = Entry> {
         }),
         (text(), prop::collection::vec(any::<u32>(), 0..4), text())
             .prop_map(|(node, devices, by)| Entry::Occupied { node, devices, by }),
+        (text(), text(), text()).prop_map(|(source, text, by)| Entry::ShadowStarted {
+            source,
+            text,
+            by
+        }),
+        Just(Entry::ShadowStopped),
     ]
 }
 

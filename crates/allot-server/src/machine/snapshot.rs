@@ -20,6 +20,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
 use super::daemon::{Counters, Daemon, Intent, PolicyVersion, Record, StopPlan};
+use super::shadow::Shadow;
 use super::submit;
 use super::wire::{self, SavedNode};
 
@@ -62,6 +63,8 @@ struct Body {
     /// with the policy in effect as version 1.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     policy_versions: Vec<PolicyVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shadow: Option<Shadow>,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -150,6 +153,7 @@ impl Daemon {
             backend_down: self.backend_down.clone(),
             inventory_note: self.inventory_note.clone(),
             policy_versions: self.policy_versions.clone(),
+            shadow: self.shadow.clone(),
         };
         Ok(Some(serde_json::to_string(&body)?))
     }
@@ -239,6 +243,19 @@ impl Daemon {
         if !body.policy_versions.is_empty() {
             daemon.policy_versions = body.policy_versions;
         }
+        // The candidate's parsed policy is not saved: parsed again from its text.
+        daemon.shadow = body.shadow.map(|mut shadow| {
+            match allot_config::parse_policy(&shadow.source, &shadow.text) {
+                Ok(policy) => shadow.policy = Some(policy),
+                Err(d) => {
+                    shadow.last_failure = Some(format!(
+                        "the candidate no longer parses: {}",
+                        allot_config::render(&d)
+                    ));
+                }
+            }
+            shadow
+        });
         Ok(daemon)
     }
 }
@@ -255,6 +272,7 @@ mod tests {
 
     use super::super::daemon::PolicyVersion;
     use super::super::roundtrip::{TempStore, members, nodes, request, text};
+    use super::super::shadow::Shadow;
     use super::{Body, SavedRecord};
     use crate::machine::daemon::{Counters, Intent, StopPlan};
     use crate::machine::wire::Unreachable;
@@ -426,13 +444,54 @@ mod tests {
                 }),
             0..3,
         );
-        (a, b, c, d).prop_map(
+        let ids = || prop::collection::btree_set(any::<u64>(), 0..3);
+        let times = || prop::collection::btree_map(any::<u64>(), any::<u64>(), 0..3);
+        let e = prop::option::of(
+            (
+                (text(), text(), text(), any::<u64>(), any::<bool>()),
+                (any::<u64>(), any::<u64>(), prop::option::of(text())),
+                (times(), times(), ids()),
+                (ids(), ids(), ids(), ids()),
+            )
+                .prop_map(
+                    |(
+                        (source, text, by, since_ms, keep_idle),
+                        (cycles, failed_cycles, last_failure),
+                        (sooner, saved, held_back),
+                        (
+                            preempted_active,
+                            preempted_candidate,
+                            reclaimed_active,
+                            reclaimed_candidate,
+                        ),
+                    )| Shadow {
+                        source,
+                        text,
+                        by,
+                        since_ms,
+                        keep_idle,
+                        cycles,
+                        failed_cycles,
+                        last_failure,
+                        sooner,
+                        saved,
+                        held_back,
+                        preempted_active,
+                        preempted_candidate,
+                        reclaimed_active,
+                        reclaimed_candidate,
+                        policy: None,
+                    },
+                ),
+        );
+        (a, b, c, (d, e)).prop_map(
             |(
                 (version, policy_source, policy_text, engine, ledger, workloads),
                 (stops, counters, next_id, last_now, first_ms, dirty, last_cycle_ms),
                 (unusable_nodes, nodes, reported_nodes, kept_nodes, backend_down, inventory_note),
-                policy_versions,
+                (policy_versions, shadow),
             )| Body {
+                shadow,
                 version,
                 policy_source,
                 policy_text,

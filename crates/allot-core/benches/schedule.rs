@@ -203,6 +203,19 @@ fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool) {
         t.elapsed().as_secs_f64() * 1e3,
         count(&quiet, "defer")
     );
+    // A policy in shadow: each daemon cycle also takes the live work over into the candidate
+    // (here the same policy) and decides there.
+    let t = Instant::now();
+    let mut shadow =
+        engine.shadow_of(&cluster(nodes), &policy(nodes, defrag), true).expect("shadow take-over");
+    let take_over_s = t.elapsed().as_secs_f64();
+    let shadow_decisions = shadow.decide(Timestamp(3_000_002));
+    println!(
+        "shadow cycle: {:.1} ms ({:.1} ms of it the take-over), {} decisions",
+        t.elapsed().as_secs_f64() * 1e3,
+        take_over_s * 1e3,
+        shadow_decisions.len()
+    );
     if let Some(id) = churn.iter().find(|d| d.action() == "defer").map(Decision::workload) {
         let t = Instant::now();
         let e = engine.explain(Timestamp(3_000_002), id);

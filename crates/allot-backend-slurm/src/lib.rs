@@ -978,8 +978,16 @@ impl SlurmBackend {
     /// its run reported `LaunchFailed` (a held job must not linger for a later launch to adopt).
     fn release_submitted(&mut self) {
         let batch: Vec<(u64, RunId)> = std::mem::take(&mut self.to_release).into_iter().collect();
-        let admitted: Vec<u64> =
-            batch.iter().map(|(id, _)| *id).filter(|id| self.explained.remove(id)).collect();
+        // Jobs that may carry a waiting reason: explained by this backend, or adopted or
+        // requeued ones (explained, maybe, before a daemon restart).
+        let admitted: Vec<u64> = batch
+            .iter()
+            .filter(|(id, run)| {
+                let kept = self.runs.get(run).is_some_and(|t| t.adopted || t.min_restarts > 0);
+                self.explained.remove(id) || kept
+            })
+            .map(|(id, _)| *id)
+            .collect();
         if !admitted.is_empty() {
             let _ = self.set_admin_comment(&admitted, "admitted; released to run");
         }

@@ -130,8 +130,8 @@ fn reconcile(remote: &RemoteArgs, args: &ReconcileArgs) -> Result<String> {
     // TRES): they take allot's count, and are named.
     let mut unaccounted: Vec<u64> = Vec::new();
     // Runs that started before this daemon's first start are another daemon's (whose jobs
-    // have names of the same shape). The log's times are the controller's local time, read
-    // as UTC.
+    // have names of the same shape). The jobcomp log's times are the controller's local time,
+    // read as UTC; sacct's are seconds since the epoch.
     let since_s = i64::try_from(report.since_ms / 1000).unwrap_or(i64::MAX);
     for r in records.iter().filter(|r| r.start.is_some_and(|s| s >= since_s)) {
         let Some((project, allot_gpus)) = ours.of(r) else { continue };

@@ -735,9 +735,8 @@ impl Daemon {
     }
 
     /// Checks a policy for `allot policy apply`; nothing is changed. `Ok(None)`: it is the
-    /// policy in effect already.
-    /// `by`: the admin applying it (`None`: a policy file read at a start); `rollback_of`: the
-    /// version it brings back.
+    /// policy in effect already. `by`: the admin applying it (`None`: a policy file read at a
+    /// start); `rollback_of`: the version it brings back.
     pub(crate) fn prepare_policy(
         &self,
         source: &str,

@@ -139,7 +139,7 @@ MinJobAge=300
 SlurmdTimeout=30
 InactiveLimit=0
 MaxJobCount=20000
-# Accounting in slurmdbd (MariaDB), with each job's GPUs: `sacct -o AllocTRES` shows gres/gpu.
+# Accounting in slurmdbd (MariaDB), with each job's GPUs: sacct -o AllocTRES shows gres/gpu.
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT

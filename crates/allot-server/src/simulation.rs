@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::RwLock;
 
 use allot_api::{Role, SubmitRequest, WorkloadState};
-use allot_backend::{FakeBackend, FakeControl, ForeignWork, RunId};
+use allot_backend::{FakeBackend, FakeControl, ForeignWork, MemberLaunch, RunId};
 use allot_core::ledger::{Books, Scope};
 use allot_core::{DeviceSpec, NodeSpec, Stage, WorkloadId};
 use allot_sim::rng::SimRng;
@@ -715,6 +715,64 @@ impl World {
                 self.injected("clock_jump_backward");
                 self.note("the wall clock jumps backward");
             }
+            76 | 77 => {
+                // Work allot does not govern (a job of an unmanaged partition) starts on some
+                // devices of a node, or the one there ends.
+                let nodes = self.control.nodes();
+                if !nodes.is_empty() {
+                    let n = &nodes[self.rng.below(nodes.len() as u64) as usize];
+                    let handle = format!("beside-{}", n.name);
+                    let count = n.devices.len() as u64;
+                    if count > 0 && self.rng.below(2) == 0 {
+                        let first = self.rng.below(count) as u32;
+                        let take = 1 + self.rng.below(count - u64::from(first)) as u32;
+                        let devices = (first..first + take)
+                            .map(|index| allot_backend::DeviceAssignment {
+                                index,
+                                uuid: None,
+                                vendor: allot_backend::Vendor::Nvidia,
+                                shares: 1000,
+                            })
+                            .collect();
+                        let member = MemberLaunch { node: n.name.clone(), devices };
+                        self.control.set_beside(
+                            &handle,
+                            Some(ForeignWork {
+                                handle: handle.clone(),
+                                name: "unmanaged-job".into(),
+                                project: "physics".into(),
+                                user: "dora".into(),
+                                running: vec![member],
+                                nodes: 1,
+                                gpus_per_node: take,
+                                model: None,
+                                started_ms: Some(self.wall_ms),
+                                refusal: None,
+                            }),
+                        );
+                        self.injected("work_beside");
+                        self.note(format!("unmanaged work holds {take} device(s) of {}", n.name));
+                    } else {
+                        self.control.set_beside(&handle, None);
+                        self.injected("work_beside_ends");
+                        self.note(format!("unmanaged work on {} ends", n.name));
+                    }
+                }
+            }
+            78 => {
+                // A candidate policy starts (or replaces one) in shadow, or the shadow stops.
+                if self.rng.below(3) == 0 {
+                    inputs.push(self.ask(Ask::StopShadow, "shadow stop".into()));
+                    self.injected("shadow_stop");
+                } else {
+                    let text = accepted_policy(&mut self.rng);
+                    inputs.push(self.ask(
+                        Ask::StartShadow { source: "shadow.yaml".into(), text, by: "admin".into() },
+                        "shadow start".into(),
+                    ));
+                    self.injected("shadow_start");
+                }
+            }
             // The liveness phase: submissions and telemetry only.
             100..=104 => {
                 let r = self.submission(true);
@@ -807,7 +865,10 @@ impl World {
                 }
                 (_, None) => return Err(self.violation(format!("an answer to no ask: #{ticket}"))),
                 (
-                    Answer::Submitted(Err(e)) | Answer::Workload(Err(e)) | Answer::Policy(Err(e)),
+                    Answer::Submitted(Err(e))
+                    | Answer::Workload(Err(e))
+                    | Answer::Policy(Err(e))
+                    | Answer::Shadow(Err(e)),
                     _,
                 ) if e.status >= 500 => {
                     return Err(self.violation(format!("a 5xx answer: {e:?}")));

@@ -89,6 +89,10 @@ fn seeded_runs_hold_every_invariant() {
         "crash",
         "crash_mid_step",
         "clock_jump_backward",
+        "work_beside",
+        "work_beside_ends",
+        "shadow_start",
+        "shadow_stop",
     ] {
         assert!(total.contains(&format!("\"{kind}\"")), "no {kind} injected: {total}");
     }

@@ -480,7 +480,7 @@ pub struct ShadowReport {
 }
 
 /// Per project: what the active policy did and what the candidate would have done.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ShadowProject {
     pub project: String,
     /// Workloads the candidate would have admitted sooner; of those, the active policy has

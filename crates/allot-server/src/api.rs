@@ -519,7 +519,7 @@ async fn policy(
     Ok(axum::Json(PolicyView {
         source: view.policy_source.clone(),
         text: view.policy_text.clone(),
-        version: view.policy_versions.last().map_or(1, |v| v.version),
+        version: view.policy_version(),
     }))
 }
 
@@ -551,18 +551,9 @@ async fn start_shadow(
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     admin_only(&principal)?;
-    let Query(query) = query.map_err(|e| {
-        HttpError::new(
-            400,
-            ApiError {
-                error: format!("bad query: {e}"),
-                field: Some("source".into()),
-                fix: Some("pass at most `?source=NAME`".into()),
-            },
-        )
-    })?;
+    let source = source_of(query)?;
     let text = policy_text(&body)?.to_string();
-    let source = query.source.unwrap_or_else(|| "shadow policy".to_string());
+    let source = source.unwrap_or_else(|| "shadow policy".to_string());
     let ask = Ask::StartShadow { source, text, by: principal.name.clone() };
     state.handle.shadow(ask).await.map(axum::Json)
 }
@@ -613,7 +604,7 @@ async fn policy_versions(
     let view =
         state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
     Ok(axum::Json(PolicyHistory {
-        active: view.policy_versions.last().map_or(1, |v| v.version),
+        active: view.policy_version(),
         versions: view.policy_versions.clone(),
     }))
 }
@@ -637,7 +628,7 @@ fn version_of(version: Result<Path<u32>, PathRejection>) -> ApiResult<u32> {
 fn stored_version(state: &AppState, version: u32) -> ApiResult<PolicyVersion> {
     let view =
         state.handle.view.read().map_err(|_| HttpError::plain(500, "view lock poisoned", None))?;
-    let last = view.policy_versions.last().map_or(1, |v| v.version);
+    let last = view.policy_version();
     view.policy_versions.iter().find(|v| v.version == version).cloned().ok_or_else(|| {
         HttpError::new(
             404,
@@ -682,13 +673,7 @@ async fn rollback_policy(
     query: Result<Query<RollbackQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<axum::Json<PolicyView>> {
     let principal = principal(&state, &headers)?;
-    if !principal.is_admin() {
-        return Err(HttpError::plain(
-            403,
-            format!("{} is not an admin: only admins change the policy", principal.name),
-            Some("ask an admin"),
-        ));
-    }
+    admin_only(&principal)?;
     let Query(query) = query.map_err(|e| {
         HttpError::new(
             400,
@@ -789,6 +774,23 @@ struct ApplyQuery {
     source: Option<String>,
 }
 
+/// The `?source=NAME` of a policy upload (apply or shadow).
+fn source_of(
+    query: Result<Query<ApplyQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Option<String>> {
+    let Query(query) = query.map_err(|e| {
+        HttpError::new(
+            400,
+            ApiError {
+                error: format!("bad query: {e}"),
+                field: Some("source".into()),
+                fix: Some("pass at most `?source=NAME`".into()),
+            },
+        )
+    })?;
+    Ok(query.source)
+}
+
 /// Applies a policy to the running daemon: live work moves to it (running work keeps its
 /// devices), or, if it cannot, 422 names every problem and nothing changes. Admins only.
 #[utoipa::path(put, path = "/api/v1/policy", request_body(content = String, content_type = "application/yaml"),
@@ -803,25 +805,10 @@ async fn apply_policy(
 ) -> ApiResult<axum::Json<PolicyView>> {
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
-    if !principal.is_admin() {
-        return Err(HttpError::plain(
-            403,
-            format!("{} is not an admin: only admins change the policy", principal.name),
-            Some("ask an admin"),
-        ));
-    }
-    let Query(query) = query.map_err(|e| {
-        HttpError::new(
-            400,
-            ApiError {
-                error: format!("bad query: {e}"),
-                field: Some("source".into()),
-                fix: Some("pass at most `?source=NAME`".into()),
-            },
-        )
-    })?;
+    admin_only(&principal)?;
+    let source = source_of(query)?;
     let text = policy_text(&body)?;
-    let source = query.source.unwrap_or_else(|| "applied policy".to_string());
+    let source = source.unwrap_or_else(|| "applied policy".to_string());
     let text = text.to_string();
     let ask = Ask::ApplyPolicy { source, text, by: principal.name.clone(), rollback_of: None };
     state.handle.policy(ask).await.map(axum::Json)

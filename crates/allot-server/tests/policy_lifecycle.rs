@@ -55,6 +55,13 @@ async fn submit(d: &TestDaemon, project: &str, gpus: u32) -> u64 {
     v["id"].as_u64().expect("id")
 }
 
+/// The example policy without project `vision`: refused while vision has live work.
+fn without_vision() -> String {
+    let cut = POLICY.find("  - name: vision").expect("vision");
+    let end = POLICY.find("  - name: speech").expect("speech");
+    format!("{}{}", &POLICY[..cut], &POLICY[end..])
+}
+
 /// The history as (version, source, by, rollback_of), and the active version.
 async fn history(d: &TestDaemon) -> (Vec<(u64, String, Option<String>, Option<u64>)>, u64) {
     let (status, v) = d.call("GET", "/api/v1/policy/versions", Some(&d.admin), None).await;
@@ -104,11 +111,7 @@ async fn applied_policies_are_versions_with_who_and_when_and_one_can_be_brought_
     // A policy live work cannot move to is refused and leaves no version.
     let workload = submit(&d, "vision", 2).await;
     d.wait_state(workload, "running").await;
-    let (cut, end) = (
-        POLICY.find("  - name: vision").expect("vision"),
-        POLICY.find("  - name: speech").expect("speech"),
-    );
-    let without_vision = format!("{}{}", &POLICY[..cut], &POLICY[end..]);
+    let without_vision = without_vision();
     let v = check(
         &d,
         &d.admin,
@@ -285,11 +288,7 @@ async fn a_shadow_live_work_cannot_move_to_is_refused_by_name() {
     let d = TestDaemon::new();
     let id = submit(&d, "vision", 1).await;
     d.wait_state(id, "running").await;
-    let (cut, end) = (
-        POLICY.find("  - name: vision").expect("vision"),
-        POLICY.find("  - name: speech").expect("speech"),
-    );
-    let without_vision = format!("{}{}", &POLICY[..cut], &POLICY[end..]);
+    let without_vision = without_vision();
     let v = check(
         &d,
         &d.admin,

@@ -70,6 +70,18 @@ fn workloads(addr: &str, token: &str) -> Vec<Value> {
     v["workloads"].as_array().cloned().unwrap_or_default()
 }
 
+/// `allot ARGS` against `daemon` with `token`: its exit code, stdout and stderr.
+fn allot(daemon: &Daemon, token: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("ALLOT_URL", &daemon.url)
+        .env("ALLOT_TOKEN", token)
+        .output()
+        .expect("allot runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code(), text, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("allot-daemon-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -553,16 +565,7 @@ fn policy_versions_through_the_cli_survive_a_restart() {
     let dir = temp_dir("policy-versions");
     let (daemon, token) = Daemon::start(&dir);
     let token = token.expect("a first start prints an admin token");
-    let run = |daemon: &Daemon, args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(args)
-            .env("ALLOT_URL", &daemon.url)
-            .env("ALLOT_TOKEN", &token)
-            .output()
-            .expect("allot runs");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.code(), text, String::from_utf8_lossy(&out.stderr).into_owned())
-    };
+    let run = |daemon: &Daemon, args: &[&str]| allot(daemon, &token, args);
     let cli = |daemon: &Daemon, args: &[&str]| {
         let (code, out, err) = run(daemon, args);
         assert_eq!(code, Some(0), "allot {args:?}: {out}{err}");
@@ -611,16 +614,7 @@ fn a_policy_in_shadow_through_the_cli() {
     let dir = temp_dir("policy-shadow");
     let (daemon, token) = Daemon::start(&dir);
     let token = token.expect("a first start prints an admin token");
-    let run = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(args)
-            .env("ALLOT_URL", &daemon.url)
-            .env("ALLOT_TOKEN", &token)
-            .output()
-            .expect("allot runs");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.code(), text, String::from_utf8_lossy(&out.stderr).into_owned())
-    };
+    let run = |args: &[&str]| allot(&daemon, &token, args);
     let cli = |args: &[&str]| {
         let (code, out, err) = run(args);
         assert_eq!(code, Some(0), "allot {args:?}: {out}{err}");

@@ -98,9 +98,15 @@ fn enabled() -> bool {
 }
 
 fn start(data_dir: &std::path::Path) -> Serve {
+    start_with(data_dir, &[])
+}
+
+/// A first start with more `allot serve` arguments (`--slurm-partition gated`, …).
+fn start_with(data_dir: &std::path::Path, extra: &[&str]) -> Serve {
     let mut command = Command::new(BIN);
     command
         .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
+        .args(extra)
         .arg("--data-dir")
         .arg(data_dir)
         .arg("--policy")
@@ -528,16 +534,7 @@ fn a_job_submitted_while_allot_is_down_waits_for_allot_and_a_cancel_is_cancelled
     std::thread::sleep(Duration::from_secs(8));
     assert_eq!(state().as_deref(), Some("PENDING JobHeldUser"), "held with no allot running");
 
-    let mut command = Command::new(BIN);
-    command
-        .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
-        .args(["--slurm-partition", "gated"])
-        .arg("--data-dir")
-        .arg(&dir)
-        .arg("--policy")
-        .arg(common::repo().join("examples/slurm-policy.yaml"));
-    let (child, addr, token) = common::spawn_serve(command, "http");
-    let serve = Serve { child, addr, token: token.expect("admin token on a first start") };
+    let serve = start_with(&dir, &["--slurm-partition", "gated"]);
     let out = Command::new(BIN)
         .args(["nodes", "--url", &format!("http://{}", serve.addr), "--token", &serve.token])
         .output()
@@ -793,16 +790,7 @@ fn gpus_held_by_an_unmanaged_partitions_job_take_no_allot_work() {
         std::thread::sleep(Duration::from_millis(300));
     }
 
-    let mut command = Command::new(BIN);
-    command
-        .args(["serve", "--backend", "slurm", "--telemetry", "none", "--listen", "127.0.0.1:0"])
-        .args(["--slurm-unmanaged-partition", "unmanaged"])
-        .arg("--data-dir")
-        .arg(&dir)
-        .arg("--policy")
-        .arg(common::repo().join("examples/slurm-policy.yaml"));
-    let (child, addr, token) = common::spawn_serve(command, "http");
-    let serve = Serve { child, addr, token: token.expect("admin token on a first start") };
+    let serve = start_with(&dir, &["--slurm-unmanaged-partition", "unmanaged"]);
     let occupied = |s: &Serve| {
         let nodes = s.call("GET", "/api/v1/nodes", None);
         let node4 = nodes["nodes"].as_array()?.iter().find(|n| n["name"] == "node4")?.clone();

@@ -85,7 +85,7 @@ fn active(state: &AppState) -> Result<(PolicyView, Vec<allot_api::PolicyVersion>
     let active = PolicyView {
         source: view.policy_source.clone(),
         text: view.policy_text.clone(),
-        version: view.policy_versions.last().map_or(1, |v| v.version),
+        version: view.policy_version(),
     };
     Ok((active, view.policy_versions.clone()))
 }

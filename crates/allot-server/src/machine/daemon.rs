@@ -687,7 +687,7 @@ impl Daemon {
                         shadow.keep_idle =
                             shadow.policy.as_ref().is_some_and(|p| p.idle == self.policy.idle);
                     }
-                    let version = self.policy_versions.last().map_or(1, |v| v.version + 1);
+                    let version = self.policy_version() + 1;
                     self.policy_versions.push(PolicyVersion {
                         version,
                         at_ms: Some(now),
@@ -774,6 +774,11 @@ impl Daemon {
             },
         )?;
         Ok(Entry::ShadowStarted { source: source.into(), text: text.into(), by: by.into() })
+    }
+
+    /// The number of the policy in effect (the history's last version).
+    pub(crate) fn policy_version(&self) -> u32 {
+        self.policy_versions.last().map_or(1, |v| v.version)
     }
 
     /// The shadow's report now, per project.

@@ -585,7 +585,7 @@ impl Machine {
         PolicyView {
             source: self.daemon.policy_source.clone(),
             text: self.daemon.policy_text.clone(),
-            version: self.daemon.policy_versions.last().map_or(1, |v| v.version),
+            version: self.daemon.policy_version(),
         }
     }
 

@@ -21,17 +21,8 @@ fn row(
     project: Option<String>,
 ) -> &mut allot_api::ShadowProject {
     let name = project.unwrap_or_else(|| "(unknown)".to_string());
-    rows.entry(name.clone()).or_insert_with(|| allot_api::ShadowProject {
-        project: name,
-        sooner: 0,
-        admitted_since: 0,
-        wait_saved_ms: 0,
-        held_back: 0,
-        preempted_active: 0,
-        preempted_candidate: 0,
-        reclaimed_active: 0,
-        reclaimed_candidate: 0,
-    })
+    rows.entry(name.clone())
+        .or_insert_with(|| allot_api::ShadowProject { project: name, ..Default::default() })
 }
 
 /// The shadow's state: what it was started with and what it saw.

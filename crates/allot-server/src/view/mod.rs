@@ -39,6 +39,13 @@ impl HttpError {
     }
 }
 
+impl View {
+    /// The number of the policy in effect (the history's last version).
+    pub(crate) fn policy_version(&self) -> u32 {
+        self.policy_versions.last().map_or(1, |v| v.version)
+    }
+}
+
 /// What readers see without asking the loop.
 #[derive(Debug, Default)]
 pub(crate) struct View {

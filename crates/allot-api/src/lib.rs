@@ -442,6 +442,56 @@ pub struct PolicyView {
     /// Its number in the daemon's policy history (`GET /api/v1/policy/versions`).
     #[serde(default)]
     pub version: u32,
+    /// The scoped rollout in effect, or the last one and how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutView>,
+}
+
+/// A scoped rollout (`allot policy apply FILE --scope … --rollback-if …`): the candidate's
+/// rules for one scope, the active policy's elsewhere, watched by its rollback conditions.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RolloutView {
+    /// The policy version the rollout is, and the one before it (what a rollback restores).
+    pub version: u32,
+    pub base_version: u32,
+    /// `project=NAME`, `pool=MODEL` or `kind=KIND`.
+    pub scope: String,
+    /// The candidate's file (or form).
+    pub candidate: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub since_ms: u64,
+    /// The window before the rollout its figures are compared with.
+    pub baseline_ms: u64,
+    /// An idle reclaim its user undid within this long counts as a false one.
+    pub false_reclaim_within_ms: u64,
+    /// Observations a window needs before an average or percentile is judged.
+    pub min_sample: u64,
+    /// What of the candidate the rollout carries, and what it leaves out (kept as before).
+    pub carried: Vec<String>,
+    pub left_out: Vec<String>,
+    pub conditions: Vec<RolloutCondition>,
+    /// How it ended (`rolled back by allot …: why`, `promoted …`); absent while in effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+}
+
+/// One rollback condition with its figures for the scope now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RolloutCondition {
+    /// As written: `p95_wait>1.5x`, `failure_rate>0.2`.
+    pub condition: String,
+    /// The figure in the baseline window before the rollout, and since it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<f64>,
+    pub baseline_samples: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<f64>,
+    pub samples: u64,
+    /// `ok`, `tripped`, or why it is not judged yet (`2 of 5 observations since the rollout`).
+    pub state: String,
 }
 
 /// Every policy the daemon ran under, oldest first (`allot policy history`).
@@ -517,6 +567,12 @@ pub struct PolicyVersion {
     pub rollback_of: Option<u32>,
     /// The policy file's text.
     pub text: String,
+    /// The scope of the rollout this version is (`project=nlp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Why allot applied it itself (the rollback condition that tripped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -192,6 +192,8 @@ mod cluster;
 mod decode;
 mod diagnostic;
 mod policy;
+mod render;
+mod scope;
 mod tree;
 mod workloads;
 
@@ -203,12 +205,22 @@ use allot_core::{NodeSpec, PolicySpec};
 pub use cluster::parse_cluster;
 pub use diagnostic::{Diagnostic, render};
 pub use policy::{not_a_mapping, parse_policy};
+pub use render::render_policy;
+pub use scope::{Scope, Scoped, scoped_policy};
 pub use workloads::{Running, RunningMember, WorkloadFile, check_workloads, parse_workloads};
 
 /// Largest config file read (workload traces as JSON lines are the big ones).
 const FILE_BYTES_MAX: u64 = 256 * 1024 * 1024;
 
 /// Reads and parses a cluster file.
+/// A duration as the config files write it (`30s`, `15m`, `7d`, `1h30m`), in milliseconds;
+/// the error says what is wrong with it.
+pub fn duration_ms(text: &str) -> Result<u64, String> {
+    decode::parse_duration_ms(text).map_err(|_| {
+        format!("`{text}` is not a duration: write a number with a unit (ms, s, m, h or d), e.g. 30m or 7d")
+    })
+}
+
 pub fn load_cluster(path: &Path) -> Result<Vec<NodeSpec>, Vec<Diagnostic>> {
     let (file, text) = read(path)?;
     parse_cluster(&file, &text)

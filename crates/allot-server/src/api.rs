@@ -520,6 +520,7 @@ async fn policy(
         source: view.policy_source.clone(),
         text: view.policy_text.clone(),
         version: view.policy_version(),
+        rollout: view.rollout.clone(),
     }))
 }
 
@@ -551,9 +552,21 @@ async fn start_shadow(
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     admin_only(&principal)?;
-    let source = source_of(query)?;
+    let query = apply_query(query)?;
+    let rollout_asked = query.scope.is_some()
+        || query.rollback_if.is_some()
+        || query.baseline.is_some()
+        || query.false_reclaim_within.is_some()
+        || query.min_sample.is_some();
+    if rollout_asked {
+        return Err(HttpError::plain(
+            400,
+            "a policy in shadow covers the whole fleet: it has no scope or rollback conditions",
+            Some("drop `scope` and `rollback_if`, or apply it as a scoped rollout"),
+        ));
+    }
     let text = policy_text(&body)?.to_string();
-    let source = source.unwrap_or_else(|| "shadow policy".to_string());
+    let source = query.source.unwrap_or_else(|| "shadow policy".to_string());
     let ask = Ask::StartShadow { source, text, by: principal.name.clone() };
     state.handle.shadow(ask).await.map(axum::Json)
 }
@@ -721,6 +734,7 @@ async fn rollback_policy(
         text: target.text,
         by: principal.name.clone(),
         rollback_of: Some(version),
+        rollout: None,
     };
     state.handle.policy(ask).await.map(axum::Json)
 }
@@ -767,34 +781,102 @@ fn policy_text(body: &Bytes) -> ApiResult<&str> {
     Ok(text)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ApplyQuery {
     /// A name for the policy (the file it came from), shown by `allot policy show`.
     source: Option<String>,
+    /// A scoped rollout: `project=NAME`, `pool=MODEL` or `kind=KIND`.
+    scope: Option<String>,
+    /// Rollback conditions, comma-separated: `p95_wait>1.5x,failure_rate>0.2`.
+    rollback_if: Option<String>,
+    /// The window before the rollout its figures are compared with (default 7d).
+    baseline: Option<String>,
+    /// An idle reclaim undone within this long was a false one (default 30m).
+    false_reclaim_within: Option<String>,
+    /// Observations a window needs before an average or percentile is judged (default 5).
+    min_sample: Option<u64>,
 }
 
-/// The `?source=NAME` of a policy upload (apply or shadow).
-fn source_of(
+/// The query of a policy upload (apply or shadow).
+fn apply_query(
     query: Result<Query<ApplyQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Option<String>> {
+) -> ApiResult<ApplyQuery> {
     let Query(query) = query.map_err(|e| {
         HttpError::new(
             400,
             ApiError {
                 error: format!("bad query: {e}"),
                 field: Some("source".into()),
-                fix: Some("pass at most `?source=NAME`".into()),
+                fix: Some(
+                    "pass `?source=NAME`, and for a rollout `scope`, `rollback_if`, `baseline`, \
+                     `false_reclaim_within`, `min_sample`"
+                        .into(),
+                ),
             },
         )
     })?;
-    Ok(query.source)
+    Ok(query)
+}
+
+/// The rollout a policy upload asks for, if any.
+fn rollout_of(query: &ApplyQuery) -> ApiResult<Option<crate::ask::RolloutAsk>> {
+    let bad = |field: &str, error: String, fix: &str| {
+        HttpError::new(400, ApiError { error, field: Some(field.into()), fix: Some(fix.into()) })
+    };
+    let Some(scope) = query.scope.clone() else {
+        if query.rollback_if.is_some()
+            || query.baseline.is_some()
+            || query.false_reclaim_within.is_some()
+            || query.min_sample.is_some()
+        {
+            return Err(bad(
+                "scope",
+                "rollback conditions belong to a scoped rollout".into(),
+                "add `scope=project=NAME` (or pool=MODEL, kind=KIND)",
+            ));
+        }
+        return Ok(None);
+    };
+    let duration = |field: &str, text: Option<&String>, default: u64| match text {
+        None => Ok(default),
+        Some(t) => allot_config::duration_ms(t).map_err(|e| bad(field, e, "e.g. 7d, 24h or 30m")),
+    };
+    let conditions = query
+        .rollback_if
+        .as_deref()
+        .map(|c| c.split(',').map(|c| c.trim().to_string()).filter(|c| !c.is_empty()).collect())
+        .unwrap_or_default();
+    let baseline_ms = duration("baseline", query.baseline.as_ref(), 7 * 86_400_000)?;
+    if baseline_ms == 0 || baseline_ms > 30 * 86_400_000 {
+        return Err(bad(
+            "baseline",
+            format!("baseline window must be in (0, 30d], got {}ms", baseline_ms),
+            "e.g. 7d or 24h",
+        ));
+    }
+    Ok(Some(crate::ask::RolloutAsk {
+        scope,
+        conditions,
+        baseline_ms,
+        false_reclaim_within_ms: duration(
+            "false_reclaim_within",
+            query.false_reclaim_within.as_ref(),
+            30 * 60_000,
+        )?,
+        min_sample: query.min_sample.unwrap_or(5),
+    }))
 }
 
 /// Applies a policy to the running daemon: live work moves to it (running work keeps its
 /// devices), or, if it cannot, 422 names every problem and nothing changes. Admins only.
 #[utoipa::path(put, path = "/api/v1/policy", request_body(content = String, content_type = "application/yaml"),
-    params(("source" = Option<String>, Query, description = "name of the policy (its file)")),
+    params(("source" = Option<String>, Query, description = "name of the policy (its file)"),
+        ("scope" = Option<String>, Query, description = "a scoped rollout: project=NAME, pool=MODEL or kind=KIND"),
+        ("rollback_if" = Option<String>, Query, description = "rollback conditions, comma-separated: METRIC>LIMIT or METRIC>FACTORx"),
+        ("baseline" = Option<String>, Query, description = "the window before the rollout to compare with (default 7d)"),
+        ("false_reclaim_within" = Option<String>, Query, description = "an idle reclaim undone within this long is a false one (default 30m)"),
+        ("min_sample" = Option<u64>, Query, description = "observations before an average or percentile is judged (default 5)")),
     responses((status = 200, body = PolicyView), (status = 403, body = ApiError), (status = 422, body = ApiError)),
     security(("bearer" = [])))]
 async fn apply_policy(
@@ -806,11 +888,13 @@ async fn apply_policy(
     let body = bytes_of(body)?;
     let principal = principal(&state, &headers)?;
     admin_only(&principal)?;
-    let source = source_of(query)?;
+    let query = apply_query(query)?;
+    let rollout = rollout_of(&query)?;
     let text = policy_text(&body)?;
-    let source = source.unwrap_or_else(|| "applied policy".to_string());
+    let source = query.source.unwrap_or_else(|| "applied policy".to_string());
     let text = text.to_string();
-    let ask = Ask::ApplyPolicy { source, text, by: principal.name.clone(), rollback_of: None };
+    let ask =
+        Ask::ApplyPolicy { source, text, by: principal.name.clone(), rollback_of: None, rollout };
     state.handle.policy(ask).await.map(axum::Json)
 }
 

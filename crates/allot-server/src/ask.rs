@@ -38,6 +38,8 @@ pub(crate) enum Ask {
         by: String,
         /// The version it brings back (`allot policy rollback`).
         rollback_of: Option<u32>,
+        /// `--scope …`: a scoped rollout of `text` (the candidate) with its conditions.
+        rollout: Option<RolloutAsk>,
     },
     /// The workloads as a job trace (`GET /api/v1/history`, the dashboard's what-if).
     History {
@@ -53,6 +55,18 @@ pub(crate) enum Ask {
     StopShadow,
     /// `allot policy shadow`: what the candidate would have done differently so far.
     ShadowReport,
+}
+
+/// A scoped rollout as asked (`allot policy apply FILE --scope … --rollback-if …`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RolloutAsk {
+    /// `project=NAME`, `pool=MODEL` or `kind=KIND`.
+    pub scope: String,
+    /// `METRIC>LIMIT` or `METRIC>FACTORx`, each.
+    pub conditions: Vec<String>,
+    pub baseline_ms: u64,
+    pub false_reclaim_within_ms: u64,
+    pub min_sample: u64,
 }
 
 /// A user's action on one workload.

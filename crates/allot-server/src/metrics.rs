@@ -30,6 +30,12 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConditionLabel {
+    pub scope: String,
+    pub condition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: String,
 }
@@ -54,6 +60,12 @@ pub struct Metrics {
     pub preemptions: Family<ReasonLabel, Gauge>,
     /// 1 while the backend answers, 0 while it does not (no new work is placed then).
     pub backend_up: Gauge,
+    /// 1 while a scoped rollout is in effect.
+    pub rollout_active: Gauge,
+    /// Rollouts allot rolled back itself because a condition tripped.
+    pub rollout_rollbacks: Gauge,
+    /// Each rollback condition of the rollout in effect: its figure since the rollout.
+    pub rollout_condition: Family<ConditionLabel, Gauge<f64, AtomicU64>>,
     pub submissions: Counter,
     pub cycle_seconds: Histogram,
     pub log_append_seconds: Histogram,
@@ -78,6 +90,9 @@ impl Metrics {
         let preemptions = Family::<ReasonLabel, Gauge>::default();
         let submissions = Counter::default();
         let backend_up = Gauge::default();
+        let rollout_active = Gauge::default();
+        let rollout_rollbacks = Gauge::default();
+        let rollout_condition = Family::<ConditionLabel, Gauge<f64, AtomicU64>>::default();
         let cycle_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let log_append_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
         let snapshot_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
@@ -126,6 +141,21 @@ impl Metrics {
             backend_up.clone(),
         );
         registry.register(
+            "policy_rollout_active",
+            "1 while a scoped policy rollout is in effect",
+            rollout_active.clone(),
+        );
+        registry.register(
+            "policy_rollbacks",
+            "Scoped rollouts allot rolled back itself (a rollback condition tripped), since the first start",
+            rollout_rollbacks.clone(),
+        );
+        registry.register(
+            "policy_rollout_condition",
+            "Each rollback condition's figure for the rollout's scope since it started",
+            rollout_condition.clone(),
+        );
+        registry.register(
             "submissions",
             "Workloads submitted since this start",
             submissions.clone(),
@@ -164,6 +194,9 @@ impl Metrics {
             workloads_by_state,
             preemptions,
             backend_up,
+            rollout_active,
+            rollout_rollbacks,
+            rollout_condition,
             submissions,
             cycle_seconds,
             log_append_seconds,

@@ -543,6 +543,7 @@ impl World {
                         text,
                         by: "admin".into(),
                         rollback_of: None,
+                        rollout: None,
                     },
                     "apply a policy".into(),
                 ));
@@ -556,6 +557,7 @@ impl World {
                         text,
                         by: "admin".into(),
                         rollback_of: None,
+                        rollout: None,
                     },
                     "apply a policy without solo".into(),
                 ));

@@ -336,3 +336,37 @@ async fn the_active_policy_in_shadow_finds_no_difference() {
         assert_eq!(row["reclaimed_active"], row["reclaimed_candidate"], "{report}");
     }
 }
+
+/// A scoped rollout is refused, by name and with nothing changed, when its scope, its
+/// conditions or their place are wrong.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollout_with_a_wrong_scope_or_condition_is_refused_by_name() {
+    let d = TestDaemon::new();
+    let candidate = POLICY.replacen("    weight: 1.5\n", "    weight: 3\n", 1);
+    for (query, status, says) in [
+        ("rollback_if=failure_rate%3E0.5", StatusCode::BAD_REQUEST, "belong to a scoped rollout"),
+        ("scope=project%3Dphysics", StatusCode::UNPROCESSABLE_ENTITY, "no project `physics`"),
+        ("scope=team%3Dnlp", StatusCode::UNPROCESSABLE_ENTITY, "unknown scope `team`"),
+        (
+            "scope=project%3Dvision",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "changes nothing in project=vision",
+        ),
+        (
+            "scope=project%3Dnlp&rollback_if=wait%3E2",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown metric `wait`",
+        ),
+        ("scope=project%3Dnlp&baseline=forever", StatusCode::BAD_REQUEST, "not a duration"),
+    ] {
+        let uri = format!("/api/v1/policy?source=c.yaml&{query}");
+        let (got, v) = d.call("PUT", &uri, Some(&d.admin), Some(&candidate)).await;
+        assert_eq!(got, status, "{query}: {v}");
+        assert!(v.to_string().contains(says), "{query}: {v}");
+    }
+    let uri = "/api/v1/policy/shadow?source=c.yaml&scope=project%3Dnlp";
+    let (got, v) = d.call("PUT", uri, Some(&d.admin), Some(&candidate)).await;
+    assert_eq!(got, StatusCode::BAD_REQUEST, "{v}");
+    let (versions, active) = history(&d).await;
+    assert_eq!((versions.len(), active), (1, 1), "nothing was applied");
+}

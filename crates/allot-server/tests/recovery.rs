@@ -591,3 +591,101 @@ fn a_shadow_survives_a_restart_with_its_figures() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A scoped rollout survives restarts (log alone, and from a snapshot) with its scope, plan
+/// and the outcomes its conditions measure, and rolls itself back after one when its
+/// condition trips on work of its scope.
+#[test]
+fn a_rollout_survives_a_restart_and_rolls_itself_back_after_it() {
+    rollout_across_a_restart("rollout", None);
+    rollout_across_a_restart("rollout-snap", Some(1));
+}
+
+fn rollout_across_a_restart(name: &str, snapshot_every: Option<u64>) {
+    use allot_backend::RunId;
+    let (dir, control, d, admin) = first_start(name, snapshot_every);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let submit = |d: &TestDaemon, project: &str| {
+        let body = common::submit_body(project, 1);
+        let (status, v) =
+            rt.block_on(d.call("POST", "/api/v1/workloads", Some(&admin), Some(&body)));
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        let id = v["id"].as_u64().expect("id");
+        rt.block_on(d.wait_state(id, "running"));
+        id
+    };
+    // The baseline: three nlp workloads that succeed.
+    for _ in 0..3 {
+        let id = submit(&d, "nlp");
+        assert!(control.finish(RunId { workload: id, attempt: 1 }, 0));
+        rt.block_on(d.wait_state(id, "succeeded"));
+    }
+    let candidate = POLICY.replacen("    weight: 1.5\n", "    weight: 3\n", 1);
+    assert_ne!(candidate, POLICY);
+    let uri = "/api/v1/policy?source=nlp-weight.yaml&scope=project%3Dnlp\
+               &rollback_if=failure_rate%3E0.5&min_sample=2&baseline=1d";
+    let (status, v) = rt.block_on(d.call("PUT", uri, Some(&admin), Some(&candidate)));
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["version"], 2, "{v}");
+    assert_eq!(v["rollout"]["scope"], "project=nlp", "{v}");
+    assert_eq!(v["rollout"]["carried"], serde_json::json!(["project nlp"]), "{v}");
+    assert_eq!(v["rollout"]["conditions"][0]["baseline_samples"], 3, "{v}");
+    let text = v["text"].as_str().expect("text").to_string();
+    let scoped = allot_config::parse_policy("v2.yaml", &text).expect("the version parses");
+    let weight = |p: &allot_core::PolicySpec, n: &str| {
+        p.projects.iter().find(|x| x.name == n).map(|x| x.weight_milli)
+    };
+    assert_eq!((weight(&scoped, "nlp"), weight(&scoped, "vision")), (Some(3000), Some(2000)));
+    // A second rollout while this one is in effect is refused.
+    let (status, v) = rt.block_on(d.call("PUT", uri, Some(&admin), Some(&candidate)));
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(v["error"].as_str().unwrap_or("").contains("rolls out"), "{v}");
+    // One failure in scope before the restart: 1 of 2 observations, not judged yet.
+    let failed = submit(&d, "nlp");
+    assert!(control.finish(RunId { workload: failed, attempt: 1 }, 1));
+    rt.block_on(d.wait_state(failed, "failed"));
+    d.stop_keeping_dir();
+
+    let mut again = parts(&dir, control.backend());
+    again.snapshot_every = snapshot_every;
+    let d = TestDaemon::wrap(start(again).expect("restart"), control.clone(), admin.clone(), dir);
+    let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
+    assert_eq!(
+        (policy["version"].as_u64(), policy["text"].as_str()),
+        (Some(2), Some(text.as_str()))
+    );
+    let condition = &policy["rollout"]["conditions"][0];
+    assert_eq!(
+        (condition["samples"].as_u64(), condition["baseline_samples"].as_u64()),
+        (Some(1), Some(3)),
+        "{policy}"
+    );
+    assert!(policy["rollout"]["ended"].is_null(), "{name}: still in effect: {policy}");
+    // Work of another project failing does not count; a second nlp failure trips it.
+    let other = submit(&d, "vision");
+    assert!(control.finish(RunId { workload: other, attempt: 1 }, 1));
+    let second = submit(&d, "nlp");
+    assert!(control.finish(RunId { workload: second, attempt: 1 }, 1));
+    // Conditions are judged every 5 s: 200 tries of 100 ms are 20 s.
+    let mut policy = Value::Null;
+    for _ in 0..200 {
+        policy = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None)).1;
+        if policy["version"] == 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(policy["version"], 3, "{name}: rolled back by itself: {policy}");
+    assert_eq!(policy["text"], POLICY, "version 1's text is back");
+    let ended = policy["rollout"]["ended"].as_str().unwrap_or_default();
+    assert!(ended.starts_with("rolled back by allot as version 3"), "{ended}");
+    assert!(ended.contains("failure_rate>0.5"), "{ended}");
+    let (_, history) = rt.block_on(d.call("GET", "/api/v1/policy/versions", Some(&admin), None));
+    let three = &history["versions"][2];
+    assert_eq!((three["by"].as_str(), three["rollback_of"].as_u64()), (Some("allot"), Some(1)));
+    assert!(three["why"].as_str().unwrap_or("").contains("2 observations"), "{three}");
+    assert_eq!(history["versions"][1]["scope"], "project=nlp");
+    let (_, metrics) = rt.block_on(d.call("GET", "/metrics", Some(&admin), None));
+    let metrics = metrics.as_str().map(str::to_string).unwrap_or_else(|| metrics.to_string());
+    assert!(metrics.contains("allot_policy_rollbacks 1"), "{metrics}");
+}

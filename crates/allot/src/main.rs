@@ -180,11 +180,16 @@ enum PolicyCommand {
         file: PathBuf,
         /// Run it in shadow instead: beside the active policy, deciding over the same live
         /// work at every cycle, its decisions counted (`allot policy shadow`), never executed.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "scope")]
         shadow: bool,
+        #[command(flatten)]
+        rollout: remote::RolloutArgs,
         #[command(flatten)]
         output: remote::OutputArgs,
     },
+    /// The scoped rollout in effect (or the last one): its scope, what it carries, and each
+    /// rollback condition's figure against its baseline.
+    Rollout(remote::OutputArgs),
     /// Print the daemon's active policy (its YAML text), or an earlier version of it.
     Show(remote::PolicyShowArgs),
     /// What the policy in shadow would have done differently so far, per project (viewer or
@@ -293,12 +298,13 @@ fn main() -> ExitCode {
             PolicyCommand::Validate { file, cluster, remote: false, output: _ } => {
                 plan::validate(&file, cluster.as_deref())
             }
-            PolicyCommand::Apply { file, shadow: false, output } => {
-                remote::policy_apply(&remote, &file, output.output)
+            PolicyCommand::Apply { file, shadow: false, rollout, output } => {
+                remote::policy_apply(&remote, &file, &rollout, output.output)
             }
-            PolicyCommand::Apply { file, shadow: true, output } => {
+            PolicyCommand::Apply { file, shadow: true, rollout: _, output } => {
                 remote::shadow_start(&remote, &file, output.output)
             }
+            PolicyCommand::Rollout(args) => remote::policy_rollout(&remote, args.output),
             PolicyCommand::Shadow { stop, output } => {
                 remote::shadow_report(&remote, stop, output.output)
             }

@@ -580,18 +580,130 @@ pub(crate) fn policy_rollback(
 
 /// `policy apply`: the daemon moves its live work to the policy in FILE, or names every
 /// problem (exit 1) and changes nothing.
-pub(crate) fn policy_apply(remote: &RemoteArgs, file: &Path, output: Output) -> Result<String> {
+pub(crate) fn policy_apply(
+    remote: &RemoteArgs,
+    file: &Path,
+    rollout: &RolloutArgs,
+    output: Output,
+) -> Result<String> {
     let text = read_local(file)?;
     let source = file.display().to_string();
-    let path = format!("/policy?source={}", percent_encode(&source));
+    let mut path = format!("/policy?source={}", percent_encode(&source));
+    if let Some(scope) = &rollout.scope {
+        let _ = write!(path, "&scope={}", percent_encode(scope));
+        if !rollout.rollback_if.is_empty() {
+            let _ = write!(path, "&rollback_if={}", percent_encode(&rollout.rollback_if.join(",")));
+        }
+        for (key, value) in [
+            ("baseline", &rollout.baseline),
+            ("false_reclaim_within", &rollout.false_reclaim_within),
+        ] {
+            if let Some(v) = value {
+                let _ = write!(path, "&{key}={}", percent_encode(v));
+            }
+        }
+        if let Some(n) = rollout.min_sample {
+            let _ = write!(path, "&min_sample={n}");
+        }
+    }
     let view = Client::new(remote)?.put_text::<PolicyView>(&path, &text)?;
     Ok(match output {
         Output::Json => view.pretty(),
-        Output::Text => format!(
-            "applied: the daemon's policy is now version {}, {}\n",
-            view.value.version, view.value.source
-        ),
+        Output::Text => {
+            let mut out = format!(
+                "applied: the daemon's policy is now version {}, {}\n",
+                view.value.version, view.value.source
+            );
+            if let Some(r) = view.value.rollout.as_ref().filter(|_| rollout.scope.is_some()) {
+                out.push_str(&rollout_text(r));
+            }
+            out
+        }
     })
+}
+
+/// `policy apply … --scope`: a scoped rollout and its rollback conditions.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct RolloutArgs {
+    /// Apply the candidate's rules to one scope only, the active policy's elsewhere:
+    /// `project=NAME` (its quotas and settings, and idle rules for its work), `pool=MODEL`
+    /// (every project's quota line for that GPU model) or `kind=KIND` (idle rules for that
+    /// kind of work).
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Roll the scope back by itself when this holds for the scope's work since the rollout
+    /// (repeatable): `METRIC>LIMIT` or `METRIC>FACTORx` (against the baseline). Metrics:
+    /// failure_rate, p95_wait (s), lost_gpu_hours_per_day, gpu_hours_per_finished,
+    /// false_idle_reclaims.
+    #[arg(long = "rollback-if", requires = "scope", value_name = "CONDITION")]
+    pub rollback_if: Vec<String>,
+    /// The window before the rollout its figures are compared with (default 7d).
+    #[arg(long, requires = "scope", value_name = "DURATION")]
+    pub baseline: Option<String>,
+    /// An idle reclaim its user undoes (resume, or the same name submitted again) within
+    /// this long counts as false (default 30m).
+    #[arg(long, requires = "scope", value_name = "DURATION")]
+    pub false_reclaim_within: Option<String>,
+    /// Observations a window needs before an average or percentile is judged (default 5).
+    #[arg(long, requires = "scope", value_name = "N")]
+    pub min_sample: Option<u64>,
+}
+
+/// A rollout as lines for a person.
+fn rollout_text(r: &allot_api::RolloutView) -> String {
+    let mut out = format!(
+        "rollout: version {} applies {} to {} (since {}; a rollback brings back version {})\n",
+        r.version,
+        r.candidate,
+        r.scope,
+        render::utc(r.since_ms),
+        r.base_version
+    );
+    let _ = writeln!(out, "  carried: {}", r.carried.join(", "));
+    let left_out =
+        if r.left_out.is_empty() { "nothing".to_string() } else { r.left_out.join(", ") };
+    let _ = writeln!(out, "  left out (as version {} has them): {left_out}", r.base_version);
+    match &r.ended {
+        Some(how) => {
+            let _ = writeln!(out, "  ended: {how}");
+        }
+        None => out.push_str("  in effect\n"),
+    }
+    if r.conditions.is_empty() {
+        out.push_str("  no rollback conditions: only an admin ends it\n");
+        return out;
+    }
+    let _ = writeln!(out, "  baseline: the {} before the rollout", render::duration(r.baseline_ms));
+    let figure = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let rows: Vec<Vec<String>> = r
+        .conditions
+        .iter()
+        .map(|c| {
+            vec![
+                c.condition.clone(),
+                format!("{} ({})", figure(c.baseline), c.baseline_samples),
+                format!("{} ({})", figure(c.current), c.samples),
+                c.state.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&render::table(&["CONDITION", "BASELINE (N)", "SINCE (N)", "STATE"], &rows));
+    out
+}
+
+/// `policy rollout`: the rollout in effect, or the last one.
+pub(crate) fn policy_rollout(remote: &RemoteArgs, output: Output) -> Result<String> {
+    let view = Client::new(remote)?.get::<PolicyView>("/policy")?;
+    match (&view.value.rollout, output) {
+        (None, _) => Err(Failure::new(
+            EXIT_INVALID,
+            "no scoped rollout: start one with `allot policy apply FILE --scope project=NAME \
+             --rollback-if 'p95_wait>1.5x'`\n",
+        )
+        .into()),
+        (Some(r), Output::Json) => Ok(serde_json::to_string_pretty(r)? + "\n"),
+        (Some(r), Output::Text) => Ok(rollout_text(r)),
+    }
 }
 
 /// Percent-encodes everything but unreserved characters (RFC 3986), for a query value.

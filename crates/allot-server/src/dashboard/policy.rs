@@ -86,6 +86,7 @@ fn active(state: &AppState) -> Result<(PolicyView, Vec<allot_api::PolicyVersion>
         source: view.policy_source.clone(),
         text: view.policy_text.clone(),
         version: view.policy_version(),
+        rollout: view.rollout.clone(),
     };
     Ok((active, view.policy_versions.clone()))
 }
@@ -479,6 +480,7 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
         h2 { "Active policy " a.note href="/api/v1/policy" { "(JSON)" } }
         p { "Version " (data.active.version) ", from " code { (data.active.source) } "." }
         pre { (data.active.text) }
+        @if let Some(r) = &data.active.rollout { (rollout_section(r)) }
         @if let Some(s) = &data.shadow { (shadow_section(s)) }
         h2 { "Versions " a.note href="/api/v1/policy/versions" { "(JSON)" } }
         p.note { "Every policy this daemon ran under. " code { "allot policy show --version N --diff" }
@@ -490,7 +492,40 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
                     td { (v.version) @if v.version == data.active.version { " (in effect)" } }
                     td { @match v.at_ms { Some(ms) => (crate::views::utc(ms)), None => "first start" } }
                     td { (v.by.as_deref().unwrap_or("policy file at start")) }
-                    td { code { (v.source) } @if let Some(n) = v.rollback_of { " — back to version " (n) } }
+                    td { code { (v.source) } @if let Some(n) = v.rollback_of { " — back to version " (n) }
+                        @if let Some(why) = &v.why { br; span.note { (why) } } }
+                }
+            }
+        }
+    }
+}
+
+/// The scoped rollout: its scope, what it carries, and each rollback condition's figures.
+fn rollout_section(r: &allot_api::RolloutView) -> Markup {
+    let figure = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.3}"));
+    html! {
+        h2 { "Rollout: " code { (r.candidate) } " to " code { (r.scope) } }
+        p.note { "Version " (r.version) " since " (crate::views::utc(r.since_ms))
+            @if let Some(by) = &r.by { " (by " (by) ")" } "; a rollback brings back version " (r.base_version)
+            ". Carried: " (r.carried.join(", ")) ". Left out (as version " (r.base_version) " has them): "
+            @if r.left_out.is_empty() { "nothing" } @else { (r.left_out.join(", ")) } ". Baseline: the "
+            (super::duration(r.baseline_ms)) " before the rollout." }
+        @match &r.ended {
+            Some(how) => p role="status" { "Ended: " (how) "." },
+            None => p role="status" { "In effect. " code { "allot policy rollback" } " ends it; "
+                code { "allot policy apply " (r.candidate) } " promotes it to the whole fleet." },
+        }
+        @if r.conditions.is_empty() { p.note { "No rollback conditions: only an admin ends it." } }
+        @else {
+            table {
+                tr { th { "condition" } th { "baseline" } th { "since the rollout" } th { "state" } }
+                @for c in &r.conditions {
+                    tr {
+                        td { code { (c.condition) } }
+                        td { (figure(c.baseline)) " (" (c.baseline_samples) ")" }
+                        td { (figure(c.current)) " (" (c.samples) ")" }
+                        td { (c.state) }
+                    }
                 }
             }
         }

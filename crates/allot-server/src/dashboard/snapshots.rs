@@ -123,8 +123,48 @@ fn versions() -> Vec<allot_api::PolicyVersion> {
         by: by.map(str::to_string),
         rollback_of: None,
         text: "projects:\n  - name: vision\n".into(),
+        scope: None,
+        why: None,
     };
     vec![version(1, None, None), version(2, Some(1_796_046_291_054), Some("alice"))]
+}
+
+/// Version 2 rolls a candidate out to nlp, one condition judged and one waiting for data.
+fn rollout() -> allot_api::RolloutView {
+    let condition =
+        |condition: &str, baseline, current, samples, state: &str| allot_api::RolloutCondition {
+            condition: condition.into(),
+            baseline,
+            baseline_samples: 40,
+            current,
+            samples,
+            state: state.into(),
+        };
+    allot_api::RolloutView {
+        version: 2,
+        base_version: 1,
+        scope: "project=nlp".into(),
+        candidate: "nlp-weight.yaml".into(),
+        by: Some("alice".into()),
+        since_ms: 1_796_046_291_054,
+        baseline_ms: 7 * 86_400_000,
+        false_reclaim_within_ms: 30 * 60_000,
+        min_sample: 5,
+        carried: vec!["project nlp".into()],
+        left_out: vec!["defragmentation".into()],
+        conditions: vec![
+            condition("p95_wait>1.5x", Some(120.0), Some(95.5), 12, "ok"),
+            condition(
+                "failure_rate>0.2",
+                Some(0.05),
+                None,
+                0,
+                "not judged: 0 of 5 observations since the rollout",
+            ),
+        ],
+        ended: None,
+        ended_ms: None,
+    }
 }
 
 /// A candidate in shadow for an hour: vision's jobs would have started sooner.
@@ -449,6 +489,7 @@ fn snapshot_policy() {
         source: "policy.yaml".into(),
         text: "projects:\n  - name: vision\n".into(),
         version: 2,
+        rollout: Some(rollout()),
     };
     let bad = PolicyValidation {
         ok: false,
@@ -530,6 +571,7 @@ fn snapshot_policy_whatif() {
         source: "policy.yaml".into(),
         text: "projects:\n  - name: vision\n".into(),
         version: 2,
+        rollout: None,
     };
     let ok = PolicyValidation {
         ok: true,

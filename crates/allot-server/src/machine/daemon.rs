@@ -145,6 +145,9 @@ pub(crate) struct Counters {
     /// Telemetry rounds that had readings (the ledger's active hours then mean something).
     #[serde(default)]
     pub sampled: u64,
+    /// Rollouts allot rolled back itself (a condition tripped).
+    #[serde(default)]
+    pub rollbacks: u64,
 }
 
 #[derive(Debug)]
@@ -188,6 +191,10 @@ pub(crate) struct Daemon {
     pub backend_down: Option<super::wire::Unreachable>,
     /// What the last inventory change did, for the operator.
     pub inventory_note: Option<String>,
+    /// The scoped rollout in effect, or the last one with how it ended.
+    pub rollout: Option<super::rollout::Rollout>,
+    /// Outcomes of work that rollback conditions measure.
+    pub outcomes: super::rollout::Outcomes,
 }
 
 /// One policy the daemon ran under (`allot policy history`).
@@ -204,6 +211,12 @@ pub(crate) struct PolicyVersion {
     /// The version whose text this one brought back (`allot policy rollback`).
     pub rollback_of: Option<u32>,
     pub text: String,
+    /// The scope of a rollout (`project=nlp`) this version is.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Why allot applied it itself (a rollback condition that tripped).
+    #[serde(default)]
+    pub why: Option<String>,
 }
 
 impl PolicyVersion {
@@ -215,6 +228,8 @@ impl PolicyVersion {
             by: None,
             rollback_of: None,
             text: text.to_string(),
+            scope: None,
+            why: None,
         }
     }
 }
@@ -276,6 +291,8 @@ impl Daemon {
             kept_nodes: BTreeMap::new(),
             backend_down: None,
             inventory_note: None,
+            rollout: None,
+            outcomes: super::rollout::Outcomes::default(),
         })
     }
 
@@ -368,11 +385,65 @@ impl Daemon {
     }
 
     pub(crate) fn event(&mut self, now: u64, event: Event) {
+        // What a stop after a pre-emption lost: the ledger books it as the run closes.
+        let stopped = match &event {
+            Event::WorkloadStopped { workload } => Some(*workload),
+            _ => None,
+        };
+        let lost = |ledger: &Ledger, w: WorkloadId| {
+            ledger.total(&allot_core::ledger::Scope::Workload(w)).lost_to_preemption
+        };
+        let before = stopped.map(|w| lost(&self.ledger, w));
         self.ledger.event(Timestamp(now), &event);
+        if let (Some(w), Some(before)) = (stopped, before) {
+            let share_ms = lost(&self.ledger, w).saturating_sub(before);
+            if share_ms > 0 {
+                let share_ms = u64::try_from(share_ms).unwrap_or(u64::MAX);
+                self.outcome(now, w.0, super::rollout::Fact::Lost { share_ms });
+            }
+        }
         self.engine.apply(Timestamp(now), event);
     }
 
+    /// Notes what happened to workload `id` for rollback conditions.
+    fn outcome(&mut self, now: u64, id: u64, fact: super::rollout::Fact) {
+        let Some(r) = self.workloads.get(&id) else { return };
+        self.outcomes.push(super::rollout::Outcome {
+            at_ms: now,
+            project: r.spec.project.clone(),
+            kind: r.spec.kind,
+            models: r.spec.gpu_models.clone(),
+            fact,
+        });
+    }
+
+    /// Work stopped for idleness: its user may undo that (resume it, or submit it again).
+    fn idle_reclaimed(&mut self, now: u64, id: u64) {
+        let Some(r) = self.workloads.get(&id) else { return };
+        let name = super::rollout::name_key(&r.spec.project, &r.spec.user, &r.spec.name);
+        self.outcomes.reclaimed.insert(id, now);
+        self.outcomes.reclaimed_names.insert(name, now);
+        self.outcome(now, id, super::rollout::Fact::IdleReclaimed);
+    }
+
+    /// A user brought back work reclaimed for idleness at `reclaimed_ms`.
+    fn returned(&mut self, now: u64, id: u64, reclaimed_ms: Option<u64>) {
+        if let Some(at) = reclaimed_ms {
+            let after_ms = now.saturating_sub(at);
+            self.outcome(now, id, super::rollout::Fact::Returned { after_ms });
+        }
+    }
+
     fn set_state(&mut self, id: u64, state: WorkloadState, now: u64) {
+        if matches!(state, WorkloadState::Succeeded | WorkloadState::Failed)
+            && self.workloads.get(&id).is_some_and(|r| !r.state.is_final())
+        {
+            let workload = allot_core::ledger::Scope::Workload(WorkloadId(id));
+            let share_ms =
+                u64::try_from(self.ledger.total(&workload).allocated).unwrap_or(u64::MAX);
+            let failed = state == WorkloadState::Failed;
+            self.outcome(now, id, super::rollout::Fact::Finished { failed, share_ms });
+        }
         if let Some(r) = self.workloads.get_mut(&id) {
             r.state = state;
             if state.is_final() || state == WorkloadState::Suspended {
@@ -445,6 +516,9 @@ impl Daemon {
                     },
                 );
                 self.changed.insert(*id);
+                let name = super::rollout::name_key(&spec.project, &spec.user, &spec.name);
+                let reclaimed = self.outcomes.reclaimed_names.remove(&name);
+                self.returned(now, *id, reclaimed);
                 if pending {
                     self.event(now, Event::WorkloadSubmitted(spec));
                     self.dirty = true;
@@ -508,6 +582,8 @@ impl Daemon {
                     self.set_state(*id, WorkloadState::Pending, now);
                     self.event(now, Event::WorkloadSubmitted(spec));
                     self.dirty = true;
+                    let reclaimed = self.outcomes.reclaimed.remove(id);
+                    self.returned(now, *id, reclaimed);
                 }
             }
             Entry::Started { id, attempt, pids } => {
@@ -669,7 +745,7 @@ impl Daemon {
                 }
             }
             Entry::ShadowStopped => self.shadow = None,
-            Entry::PolicyApplied { source, text, by, rollback_of } => {
+            Entry::PolicyApplied { source, text, by, rollback_of, rollout, why } => {
                 // Checked before it was logged (`prepare_policy`); the same check again here
                 // gives the same answer, so a replay switches at the same point.
                 if let Ok((engine, known, policy)) = self.policy_engine(source, text) {
@@ -695,7 +771,17 @@ impl Daemon {
                         by: by.clone(),
                         rollback_of: *rollback_of,
                         text: text.clone(),
+                        scope: rollout.as_ref().map(|r| r.scope.clone()),
+                        why: why.clone(),
                     });
+                    self.rollout_moved(
+                        now,
+                        version,
+                        (source, by.as_deref()),
+                        *rollback_of,
+                        rollout.as_ref(),
+                        why.as_deref(),
+                    );
                     self.changed.extend(self.workloads.keys().copied());
                     self.dirty = true;
                 }
@@ -753,6 +839,8 @@ impl Daemon {
             text: text.to_string(),
             by: by.map(str::to_string),
             rollback_of,
+            rollout: None,
+            why: None,
         }))
     }
 
@@ -779,6 +867,173 @@ impl Daemon {
     /// The number of the policy in effect (the history's last version).
     pub(crate) fn policy_version(&self) -> u32 {
         self.policy_versions.last().map_or(1, |v| v.version)
+    }
+
+    /// Checks a scoped rollout for `allot policy apply FILE --scope …`: the candidate's rules
+    /// for the scope merged into the policy in effect, written out whole, then checked as any
+    /// apply is. Refused while another rollout is in effect. Nothing is changed.
+    pub(crate) fn prepare_rollout(
+        &self,
+        source: &str,
+        candidate_text: &str,
+        by: &str,
+        ask: &crate::ask::RolloutAsk,
+    ) -> Result<Entry, Vec<String>> {
+        if let Some(r) = self.rollout.as_ref().filter(|r| r.ended.is_none()) {
+            return Err(vec![format!(
+                "version {} rolls out {} to {} already: promote it with `allot policy apply                  FILE`, or end it with `allot policy rollback`",
+                r.version, r.plan.candidate, r.plan.scope
+            )]);
+        }
+        let scope = allot_config::Scope::parse(&ask.scope).map_err(|e| vec![e])?;
+        let candidate =
+            allot_config::parse_policy(source, candidate_text).map_err(|diagnostics| {
+                diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>()
+            })?;
+        let scoped =
+            allot_config::scoped_policy(&self.policy, &candidate, &scope).map_err(|e| vec![e])?;
+        let conditions = ask
+            .conditions
+            .iter()
+            .map(|c| super::rollout::Condition::parse(c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| vec![e])?;
+        let header = format!(
+            "Scoped rollout of {source} to {scope}, on top of version {} ({}).\n\
+             Carried: {}.\nLeft out (kept as version {}): {}.",
+            self.policy_version(),
+            self.policy_source,
+            scoped.carried.join(", "),
+            self.policy_version(),
+            if scoped.left_out.is_empty() { "nothing".into() } else { scoped.left_out.join(", ") },
+        );
+        let text = allot_config::render_policy(&scoped.policy, &header);
+        let plan = super::rollout::RolloutPlan {
+            scope: scope.to_string(),
+            candidate: source.to_string(),
+            conditions,
+            baseline_ms: ask.baseline_ms,
+            false_reclaim_within_ms: ask.false_reclaim_within_ms,
+            min_sample: ask.min_sample,
+            carried: scoped.carried,
+            left_out: scoped.left_out,
+        };
+        let scoped_source = format!("{source} scoped to {scope}");
+        self.policy_engine(&scoped_source, &text)?;
+        Ok(Entry::PolicyApplied {
+            source: scoped_source,
+            text,
+            by: Some(by.to_string()),
+            rollback_of: None,
+            rollout: Some(plan),
+            why: None,
+        })
+    }
+
+    /// A policy version took effect: a rollout in effect ends (rolled back, promoted or
+    /// replaced), and one starts if this version is one.
+    fn rollout_moved(
+        &mut self,
+        now: u64,
+        version: u32,
+        (source, by): (&str, Option<&str>),
+        rollback_of: Option<u32>,
+        plan: Option<&super::rollout::RolloutPlan>,
+        why: Option<&str>,
+    ) {
+        if let Some(r) = self.rollout.as_mut().filter(|r| r.ended.is_none()) {
+            let how = match (rollback_of, why) {
+                (Some(v), Some(why)) if v == r.base_version => {
+                    format!("rolled back by allot as version {version}: {why}")
+                }
+                (Some(v), None) if v == r.base_version => {
+                    format!("rolled back by {} as version {version}", by.unwrap_or("an admin"))
+                }
+                _ if source == r.plan.candidate => {
+                    format!("promoted to the whole fleet as version {version}")
+                }
+                _ => format!("replaced by version {version} ({source})"),
+            };
+            r.ended = Some((now, how));
+            self.counters.rollbacks += u64::from(why.is_some());
+        }
+        if let Some(plan) = plan {
+            self.rollout = Some(super::rollout::Rollout {
+                version,
+                base_version: version.saturating_sub(1).max(1),
+                by: by.map(str::to_string),
+                started_ms: now,
+                plan: plan.clone(),
+                ended: None,
+            });
+        }
+    }
+
+    /// The rollout in effect (or the last one) with its conditions' figures at `now` (at its
+    /// end, for one that ended).
+    pub(crate) fn rollout_view(&self, now: u64) -> Option<allot_api::RolloutView> {
+        let r = self.rollout.as_ref()?;
+        let at = r.ended.as_ref().map_or(now, |(ended, _)| *ended);
+        let conditions = r
+            .judge(&self.outcomes, at)
+            .into_iter()
+            .map(|j| allot_api::RolloutCondition {
+                condition: j.condition.text(),
+                baseline: j.baseline,
+                baseline_samples: j.baseline_samples,
+                current: j.current,
+                samples: j.samples,
+                state: match j.verdict {
+                    Ok(true) => "tripped".into(),
+                    Ok(false) => "ok".into(),
+                    Err(why) => format!("not judged: {why}"),
+                },
+            })
+            .collect();
+        Some(allot_api::RolloutView {
+            version: r.version,
+            base_version: r.base_version,
+            scope: r.plan.scope.clone(),
+            candidate: r.plan.candidate.clone(),
+            by: r.by.clone(),
+            since_ms: r.started_ms,
+            baseline_ms: r.plan.baseline_ms,
+            false_reclaim_within_ms: r.plan.false_reclaim_within_ms,
+            min_sample: r.plan.min_sample,
+            carried: r.plan.carried.clone(),
+            left_out: r.plan.left_out.clone(),
+            conditions,
+            ended: r.ended.as_ref().map(|(_, how)| how.clone()),
+            ended_ms: r.ended.as_ref().map(|(at, _)| *at),
+        })
+    }
+
+    /// The rollout in effect's first tripped condition at `now`, as the entry that rolls it
+    /// back (the version before it, with why).
+    pub(crate) fn rollback_due(&self, now: u64) -> Option<Entry> {
+        let r = self.rollout.as_ref().filter(|r| r.ended.is_none())?;
+        let judged = r.judge(&self.outcomes, now);
+        let tripped = judged.iter().find(|j| j.verdict == Ok(true))?;
+        let base = self.policy_versions.iter().find(|v| v.version == r.base_version)?;
+        let figure = |f: Option<f64>| f.map_or("none".to_string(), |v| format!("{v:.3}"));
+        let why = format!(
+            "rollback condition {} tripped in {}: {} since the rollout ({} observations), {} in \
+             the baseline before it ({} observations)",
+            tripped.condition.text(),
+            r.plan.scope,
+            figure(tripped.current),
+            tripped.samples,
+            figure(tripped.baseline),
+            tripped.baseline_samples,
+        );
+        Some(Entry::PolicyApplied {
+            source: format!("rollback to version {} ({})", base.version, base.source),
+            text: base.text.clone(),
+            by: Some("allot".into()),
+            rollback_of: Some(base.version),
+            rollout: None,
+            why: Some(why),
+        })
     }
 
     /// The shadow's report now, per project.
@@ -931,6 +1186,12 @@ impl Daemon {
             );
             match d {
                 Decision::Admit { placement, .. } => {
+                    if let Some(r) = self.workloads.get(&id)
+                        && r.attempt == 0
+                    {
+                        let wait_ms = now.saturating_sub(r.submitted_ms);
+                        self.outcome(now, id, super::rollout::Fact::Admitted { wait_ms });
+                    }
                     if let Some(launch) = self.admit(now, id, placement) {
                         out.push(Command::Launch(launch));
                     }
@@ -943,6 +1204,9 @@ impl Daemon {
                 Decision::Preempt { checkpoint_grace_ms, mode, .. }
                 | Decision::Reclaim { checkpoint_grace_ms, mode, .. } => {
                     *self.counters.preemptions.entry(reason.0.clone()).or_default() += 1;
+                    if reason.0 == "idle" {
+                        self.idle_reclaimed(now, id);
+                    }
                     let resumes = *mode != PreemptionMode::Delete;
                     out.extend(self.stop(now, id, *checkpoint_grace_ms, reason, resumes));
                 }

@@ -145,6 +145,13 @@ pub(crate) enum Entry {
         /// The version it brings back (`allot policy rollback`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rollback_of: Option<u32>,
+        /// A scoped rollout (`--scope`): `text` is the active policy with the candidate's
+        /// rules for the scope, and these are its conditions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rollout: Option<super::rollout::RolloutPlan>,
+        /// Why it was applied, when allot applied it itself (a rollback condition tripped).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
     },
     /// `allot policy apply FILE --shadow`: the candidate decides beside the active policy
     /// from now on (replacing a shadow already running); checked before it is logged.

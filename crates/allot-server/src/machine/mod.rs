@@ -19,6 +19,7 @@ pub(crate) mod history;
 mod inventory;
 mod publish;
 mod records;
+mod rollout;
 #[cfg(test)]
 mod roundtrip;
 mod shadow;
@@ -50,6 +51,9 @@ pub(crate) const BATCH_MAX: usize = 1024;
 const AWAITING_ADMISSION_MAX: usize = 100_000;
 /// Most process-group entries kept from collectors (pid → group), pruned to running work.
 const GROUPS_MAX: usize = 100_000;
+/// A rollout's conditions are judged at most this often (each judgement reads every outcome
+/// of its windows).
+const ROLLOUT_CHECK_MS: u64 = 5_000;
 
 /// Names an `Ask` so that its answer finds the asker (the driver keeps the reply channel).
 pub(crate) type Ticket = u64;
@@ -150,6 +154,8 @@ pub(crate) struct Machine {
     /// Submissions waiting for their first admission: when they were received.
     awaiting_admission: BTreeMap<u64, u64>,
     last_telemetry_ms: u64,
+    /// When a rollout's conditions were last judged.
+    last_rollout_check_ms: u64,
     /// When the readers' project and node views were last rebuilt (`publish`).
     last_view_ms: u64,
     /// The policy text the readers' view was last rebuilt under (`publish`).
@@ -179,6 +185,7 @@ impl Machine {
             probed: BTreeMap::new(),
             awaiting_admission: BTreeMap::new(),
             last_telemetry_ms: 0,
+            last_rollout_check_ms: 0,
             last_view_ms: 0,
             view_policy: String::new(),
             checked_hosts: BTreeSet::new(),
@@ -235,6 +242,17 @@ impl Machine {
             self.last_telemetry_ms = now;
             for e in self.telemetry_round(now) {
                 self.log(now, e, &mut out);
+            }
+        }
+        // A rollout whose condition tripped rolls back before the cycle, so the cycle decides
+        // under the policy before it (and `Decided` stays last for a snapshot).
+        if now.saturating_sub(self.last_rollout_check_ms) >= ROLLOUT_CHECK_MS {
+            self.last_rollout_check_ms = now;
+            if let Some(entry) = self.daemon.rollback_due(now) {
+                if let Entry::PolicyApplied { why: Some(why), source, .. } = &entry {
+                    out.notes.push(format!("policy: {source}: {why}"));
+                }
+                self.log(now, entry, &mut out);
             }
         }
         if self.daemon.cycle_due(now, self.cadence.decide_interval_ms) {
@@ -422,8 +440,12 @@ impl Machine {
                     }
                 }
             }
-            Ask::ApplyPolicy { source, text, by, rollback_of } => {
-                match self.daemon.prepare_policy(&source, &text, Some(&by), rollback_of) {
+            Ask::ApplyPolicy { source, text, by, rollback_of, rollout } => {
+                let prepared = match &rollout {
+                    Some(ask) => self.daemon.prepare_rollout(&source, &text, &by, ask).map(Some),
+                    None => self.daemon.prepare_policy(&source, &text, Some(&by), rollback_of),
+                };
+                match prepared {
                     Ok(Some(entry)) => {
                         self.log(now, entry, out);
                         waiting.push(Waiting::Policy(ticket));
@@ -586,6 +608,7 @@ impl Machine {
             source: self.daemon.policy_source.clone(),
             text: self.daemon.policy_text.clone(),
             version: self.daemon.policy_version(),
+            rollout: self.daemon.rollout_view(self.daemon.last_now),
         }
     }
 

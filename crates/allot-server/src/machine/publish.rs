@@ -8,7 +8,9 @@ use std::sync::RwLock;
 use allot_api::WorkloadState;
 
 use super::{Machine, records};
-use crate::metrics::{DeviceLabels, Metrics, ProjectLabel, ReasonLabel, StateLabel};
+use crate::metrics::{
+    ConditionLabel, DeviceLabels, Metrics, ProjectLabel, ReasonLabel, StateLabel,
+};
 use crate::view::View;
 
 /// How often the readers' project and node views are rebuilt at most.
@@ -45,6 +47,9 @@ impl Machine {
             view.policy_source.clone_from(&self.daemon.policy_source);
             view.policy_versions =
                 self.daemon.policy_versions.iter().map(records::policy_version).collect();
+        }
+        if policy_changed || full || view.rollout.is_none() != self.daemon.rollout.is_none() {
+            view.rollout = self.daemon.rollout_view(now);
         }
         for id in changed {
             if let Some(r) = self.daemon.workloads.get(&id) {
@@ -149,6 +154,17 @@ impl Machine {
                 .set(*idle.get(&p.name).unwrap_or(&0.0));
         }
         m.backend_up.set(i64::from(self.daemon.backend_down.is_none()));
+        m.rollout_rollbacks.set(self.daemon.counters.rollbacks as i64);
+        m.rollout_condition.clear();
+        let live = view.rollout.as_ref().filter(|r| r.ended.is_none());
+        m.rollout_active.set(i64::from(live.is_some()));
+        if let Some(r) = live {
+            for c in &r.conditions {
+                let label =
+                    ConditionLabel { scope: r.scope.clone(), condition: c.condition.clone() };
+                m.rollout_condition.get_or_create(&label).set(c.current.unwrap_or(0.0));
+            }
+        }
         for (reason, n) in &self.daemon.counters.preemptions {
             m.preemptions.get_or_create(&ReasonLabel { reason: reason.clone() }).set(*n as i64);
         }

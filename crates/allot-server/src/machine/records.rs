@@ -97,6 +97,8 @@ pub(crate) fn policy_version(v: &super::daemon::PolicyVersion) -> allot_api::Pol
         by: v.by.clone(),
         rollback_of: v.rollback_of,
         text: v.text.clone(),
+        scope: v.scope.clone(),
+        why: v.why.clone(),
     }
 }
 

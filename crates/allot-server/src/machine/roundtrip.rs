@@ -195,14 +195,13 @@ fn entry() -> impl Strategy<Value = Entry> {
         prop::collection::btree_map(id, prop::collection::vec(reading(), 0..3), 0..4)
             .prop_map(|workloads| Entry::Sampled { workloads }),
         Just(Entry::Decided),
-        (text(), text(), proptest::option::of(text()), proptest::option::of(1u32..100)).prop_map(
-            |(source, text, by, rollback_of)| Entry::PolicyApplied {
-                source,
-                text,
-                by,
-                rollback_of
-            }
-        ),
+        (
+            (text(), text(), proptest::option::of(text()), proptest::option::of(1u32..100)),
+            (proptest::option::of(rollout_plan()), proptest::option::of(text())),
+        )
+            .prop_map(|((source, text, by, rollback_of), (rollout, why))| {
+                Entry::PolicyApplied { source, text, by, rollback_of, rollout, why }
+            }),
         (
             id,
             text(),
@@ -335,4 +334,43 @@ fn a_sampled_entry_with_ids_reads_back() {
     let e = Entry::Sampled { workloads };
     let body = serde_json::to_string(&e).expect("encodes");
     assert_eq!(serde_json::from_str::<Entry>(&body).expect("reads back"), e);
+}
+
+/// A rollout's plan, as logged with its version.
+pub(super) fn rollout_plan() -> impl Strategy<Value = super::rollout::RolloutPlan> {
+    use super::rollout::{Condition, RolloutPlan};
+    let condition =
+        (0usize..5, any::<u64>(), any::<bool>()).prop_map(|(m, limit_milli, relative)| {
+            let text = [
+                "failure_rate>1",
+                "p95_wait>1",
+                "lost_gpu_hours_per_day>1",
+                "gpu_hours_per_finished>1",
+                "false_idle_reclaims>1",
+            ][m];
+            Condition { limit_milli, relative, ..Condition::parse(text).expect("metric") }
+        });
+    (
+        (text(), text(), prop::collection::vec(condition, 0..3)),
+        (any::<u64>(), any::<u64>(), any::<u64>()),
+        (prop::collection::vec(text(), 0..3), prop::collection::vec(text(), 0..3)),
+    )
+        .prop_map(
+            |(
+                (scope, candidate, conditions),
+                (baseline_ms, false_reclaim_within_ms, min_sample),
+                (carried, left_out),
+            )| {
+                RolloutPlan {
+                    scope,
+                    candidate,
+                    conditions,
+                    baseline_ms,
+                    false_reclaim_within_ms,
+                    min_sample,
+                    carried,
+                    left_out,
+                }
+            },
+        )
 }

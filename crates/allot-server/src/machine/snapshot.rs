@@ -65,6 +65,10 @@ struct Body {
     policy_versions: Vec<PolicyVersion>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     shadow: Option<Shadow>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rollout: Option<super::rollout::Rollout>,
+    #[serde(default)]
+    outcomes: super::rollout::Outcomes,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -154,6 +158,8 @@ impl Daemon {
             inventory_note: self.inventory_note.clone(),
             policy_versions: self.policy_versions.clone(),
             shadow: self.shadow.clone(),
+            rollout: self.rollout.clone(),
+            outcomes: self.outcomes.clone(),
         };
         Ok(Some(serde_json::to_string(&body)?))
     }
@@ -243,6 +249,8 @@ impl Daemon {
         if !body.policy_versions.is_empty() {
             daemon.policy_versions = body.policy_versions;
         }
+        daemon.rollout = body.rollout;
+        daemon.outcomes = body.outcomes;
         // The candidate's parsed policy is not saved: parsed again from its text.
         daemon.shadow = body.shadow.map(|mut shadow| {
             match allot_config::parse_policy(&shadow.source, &shadow.text) {
@@ -401,24 +409,23 @@ mod tests {
     fn body() -> impl Strategy<Value = Body> {
         let a =
             (any::<u32>(), text(), text(), text(), text(), prop::collection::vec(record(), 0..3));
-        let b =
+        let b = (
+            prop::collection::btree_map(any::<u64>(), stop_plan(), 0..3),
             (
-                prop::collection::btree_map(any::<u64>(), stop_plan(), 0..3),
-                (
-                    prop::collection::btree_map(text(), any::<u64>(), 0..3),
-                    any::<u64>(),
-                    any::<u64>(),
-                    any::<u64>(),
-                )
-                    .prop_map(|(preemptions, cycles, submitted, sampled)| {
-                        Counters { preemptions, cycles, submitted, sampled }
-                    }),
+                prop::collection::btree_map(text(), any::<u64>(), 0..3),
                 any::<u64>(),
                 any::<u64>(),
-                prop::option::of(any::<u64>()),
-                any::<bool>(),
-                any::<u64>(),
-            );
+                (any::<u64>(), any::<u64>()),
+            )
+                .prop_map(|(preemptions, cycles, submitted, (sampled, rollbacks))| {
+                    Counters { preemptions, cycles, submitted, sampled, rollbacks }
+                }),
+            any::<u64>(),
+            any::<u64>(),
+            prop::option::of(any::<u64>()),
+            any::<bool>(),
+            any::<u64>(),
+        );
         let c = (
             prop::collection::btree_map(text(), text(), 0..3),
             prop::option::of(nodes()),
@@ -438,10 +445,20 @@ mod tests {
                 prop::option::of(text()),
                 prop::option::of(1u32..50),
                 text(),
+                (prop::option::of(text()), prop::option::of(text())),
             )
-                .prop_map(|(version, at_ms, source, by, rollback_of, text)| {
-                    PolicyVersion { version, at_ms, source, by, rollback_of, text }
-                }),
+                .prop_map(
+                    |(version, at_ms, source, by, rollback_of, text, (scope, why))| PolicyVersion {
+                        version,
+                        at_ms,
+                        source,
+                        by,
+                        rollback_of,
+                        text,
+                        scope,
+                        why,
+                    },
+                ),
             0..3,
         );
         let ids = || prop::collection::btree_set(any::<u64>(), 0..3);
@@ -484,14 +501,17 @@ mod tests {
                     },
                 ),
         );
-        (a, b, c, (d, e)).prop_map(
+        let f = (prop::option::of(rollout()), outcomes());
+        (a, b, c, (d, e, f)).prop_map(
             |(
                 (version, policy_source, policy_text, engine, ledger, workloads),
                 (stops, counters, next_id, last_now, first_ms, dirty, last_cycle_ms),
                 (unusable_nodes, nodes, reported_nodes, kept_nodes, backend_down, inventory_note),
-                (policy_versions, shadow),
+                (policy_versions, shadow, (rollout, outcomes)),
             )| Body {
                 shadow,
+                rollout,
+                outcomes,
                 version,
                 policy_source,
                 policy_text,
@@ -514,6 +534,59 @@ mod tests {
                 policy_versions,
             },
         )
+    }
+
+    fn rollout() -> impl Strategy<Value = super::super::rollout::Rollout> {
+        (
+            (1u32..50, 1u32..50, prop::option::of(text()), any::<u64>()),
+            super::super::roundtrip::rollout_plan(),
+            prop::option::of((any::<u64>(), text())),
+        )
+            .prop_map(|((version, base_version, by, started_ms), plan, ended)| {
+                super::super::rollout::Rollout {
+                    version,
+                    base_version,
+                    by,
+                    started_ms,
+                    plan,
+                    ended,
+                }
+            })
+    }
+
+    fn outcomes() -> impl Strategy<Value = super::super::rollout::Outcomes> {
+        use super::super::rollout::{Fact, Outcome, Outcomes};
+        let fact = prop_oneof![
+            any::<u64>().prop_map(|wait_ms| Fact::Admitted { wait_ms }),
+            (any::<bool>(), any::<u64>())
+                .prop_map(|(failed, share_ms)| Fact::Finished { failed, share_ms }),
+            any::<u64>().prop_map(|share_ms| Fact::Lost { share_ms }),
+            Just(Fact::IdleReclaimed),
+            any::<u64>().prop_map(|after_ms| Fact::Returned { after_ms }),
+        ];
+        let kinds = [
+            allot_core::WorkloadKind::Training,
+            allot_core::WorkloadKind::Notebook,
+            allot_core::WorkloadKind::Service,
+        ];
+        let outcome = (any::<u64>(), text(), 0usize..3, prop::collection::vec(text(), 0..2), fact)
+            .prop_map(move |(at_ms, project, k, models, fact)| Outcome {
+                at_ms,
+                project,
+                kind: kinds[k],
+                models,
+                fact,
+            });
+        (
+            prop::collection::vec_deque(outcome, 0..4),
+            prop::collection::btree_map(any::<u64>(), any::<u64>(), 0..3),
+            prop::collection::btree_map(text(), any::<u64>(), 0..3),
+        )
+            .prop_map(|(facts, reclaimed, reclaimed_names)| Outcomes {
+                facts,
+                reclaimed,
+                reclaimed_names,
+            })
     }
 
     fn cases() -> u32 {

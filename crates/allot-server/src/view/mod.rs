@@ -59,6 +59,8 @@ pub(crate) struct View {
     pub policy_text: String,
     /// Every policy the daemon ran under, oldest first; the last is in effect.
     pub policy_versions: Vec<allot_api::PolicyVersion>,
+    /// The scoped rollout in effect (or the last), with its conditions' figures.
+    pub rollout: Option<allot_api::RolloutView>,
     /// The dashboard's fleet samples and workload timelines.
     pub dashboard: Tracker,
     /// Some telemetry round had readings: the ledger's active and idle hours are measured.

@@ -100,9 +100,8 @@ pub(crate) fn main_loop(
     mut durable: Durable,
     receiver: &Receiver<Message>,
     executor: &std::sync::mpsc::Sender<Vec<Command>>,
-    view: &Arc<RwLock<View>>,
-    metrics: &Metrics,
-    probes: &ProbeTable,
+    (view, metrics, probes): (&Arc<RwLock<View>>, &Metrics, &ProbeTable),
+    webhook: Option<&crate::webhook::Webhook>,
 ) -> Result<()> {
     let mut replies: BTreeMap<Ticket, oneshot::Sender<Answer>> = BTreeMap::new();
     let mut next_ticket: Ticket = 0;
@@ -165,6 +164,11 @@ pub(crate) fn main_loop(
         }
         for note in &turn.output.notes {
             tracing_log(note);
+        }
+        if let Some(hook) = webhook {
+            for event in &turn.output.events {
+                hook.send(event.clone());
+            }
         }
         if turn.output.cycled {
             let other = turn.append_seconds + turn.snapshot_seconds.unwrap_or(0.0);

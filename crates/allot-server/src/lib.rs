@@ -29,6 +29,7 @@ pub mod telemetry;
 mod tls;
 mod view;
 pub mod views;
+mod webhook;
 pub mod whatif;
 
 use std::net::SocketAddr;
@@ -89,6 +90,8 @@ pub struct ServeConfig {
     /// Telemetry source specs (`nvml`, `sysfs`, `dcgm-exporter=URL`, …); empty: this host's
     /// GPUs when NVML or amdgpu sysfs can read them; `none`: no source (agents may post).
     pub telemetry: Vec<String>,
+    /// `--policy-webhook URL`: where a rollout's own rollback is posted (JSON).
+    pub policy_webhook: Option<String>,
     /// Where workloads' logs, heartbeat and checkpoint files go (`None`: see
     /// [`default_workload_dir`]).
     pub workload_dir: Option<PathBuf>,
@@ -208,6 +211,8 @@ pub struct Parts {
     pub cluster_watch_ms: Option<u64>,
     /// Where GPU activity is read (node agents may post more through the API).
     pub telemetry_sources: Vec<allot_telemetry::collect::Source>,
+    /// Where events such as a rollout's own rollback are posted (JSON), if anywhere.
+    pub policy_webhook: Option<String>,
 }
 
 impl std::fmt::Debug for Parts {
@@ -261,7 +266,10 @@ pub fn start(parts: Parts) -> Result<Started> {
         snapshot_every,
         cluster_watch_ms,
         telemetry_sources,
+        policy_webhook,
     } = parts;
+    let webhook =
+        policy_webhook.as_deref().map(webhook::Webhook::new).transpose().map_err(|e| anyhow!(e))?;
     let submitter_check = backend.submitter_check();
     let isolation = backend.isolation();
     let gate = backend.gate();
@@ -333,7 +341,13 @@ pub fn start(parts: Parts) -> Result<Started> {
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
         move || {
-            let ended = driver::main_loop(durable, &receiver, &executor, &view, &metrics, &probes);
+            let ended = driver::main_loop(
+                durable,
+                &receiver,
+                &executor,
+                (&view, &metrics, &probes),
+                webhook.as_ref(),
+            );
             if let Err(e) = &ended {
                 driver::tracing_log(&format!("the main loop stopped: {e:#}"));
             }
@@ -499,6 +513,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
         snapshot_every: Some(config.snapshot_every),
         cluster_watch_ms: None,
         telemetry_sources: telemetry_sources(&config.telemetry)?,
+        policy_webhook: config.policy_webhook.clone(),
     })?;
     let Started { router, admin_token: first_token, replayed, loop_done, sender, loop_thread } =
         started;

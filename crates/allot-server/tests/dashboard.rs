@@ -590,6 +590,7 @@ fn restart_parts(
         cluster_watch_ms: None,
         snapshot_every,
         telemetry_sources: Vec::new(),
+        policy_webhook: None,
     }
 }
 

@@ -63,6 +63,7 @@ async fn pages_with_ten_thousand_workloads_on_500_devices() {
         cluster_watch_ms: None,
         snapshot_every: None,
         telemetry_sources: Vec::new(),
+        policy_webhook: None,
     })
     .expect("daemon starts");
     let token = started.admin_token.clone().expect("admin token").token;

@@ -29,6 +29,7 @@ fn parts(dir: &std::path::Path, backend: FakeBackend) -> Parts {
         cluster_watch_ms: Some(50),
         snapshot_every: None,
         telemetry_sources: Vec::new(),
+        policy_webhook: None,
     }
 }
 
@@ -646,8 +647,10 @@ fn rollout_across_a_restart(name: &str, snapshot_every: Option<u64>) {
     rt.block_on(d.wait_state(failed, "failed"));
     d.stop_keeping_dir();
 
+    let (hook_url, hook) = webhook_receiver();
     let mut again = parts(&dir, control.backend());
     again.snapshot_every = snapshot_every;
+    again.policy_webhook = Some(hook_url);
     let d = TestDaemon::wrap(start(again).expect("restart"), control.clone(), admin.clone(), dir);
     let (_, policy) = rt.block_on(d.call("GET", "/api/v1/policy", Some(&admin), None));
     assert_eq!(
@@ -688,4 +691,51 @@ fn rollout_across_a_restart(name: &str, snapshot_every: Option<u64>) {
     let (_, metrics) = rt.block_on(d.call("GET", "/metrics", Some(&admin), None));
     let metrics = metrics.as_str().map(str::to_string).unwrap_or_else(|| metrics.to_string());
     assert!(metrics.contains("allot_policy_rollbacks 1"), "{metrics}");
+    let event = hook.recv_timeout(std::time::Duration::from_secs(20)).expect("webhook posted");
+    let event: Value = serde_json::from_str(&event).expect("JSON");
+    assert_eq!(event["event"], "policy_rolled_back", "{event}");
+    assert_eq!(
+        (event["scope"].as_str(), event["restored_version"].as_u64()),
+        (Some("project=nlp"), Some(1))
+    );
+    assert!(event["why"].as_str().unwrap_or("").contains("failure_rate>0.5"), "{event}");
+}
+
+/// A one-request HTTP server on loopback: its URL, and the body it received.
+fn webhook_receiver() -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("address"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else { return };
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Headers, then as many body bytes as Content-Length says.
+        loop {
+            let Ok(n) = stream.read(&mut buf) else { return };
+            if n == 0 {
+                return;
+            }
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                    })
+                    .unwrap_or(0);
+                if got.len() >= end + 4 + length {
+                    let body = String::from_utf8_lossy(&got[end + 4..end + 4 + length]).to_string();
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                    let _ = tx.send(body);
+                    return;
+                }
+            }
+        }
+    });
+    (url, rx)
 }

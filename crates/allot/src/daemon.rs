@@ -51,6 +51,10 @@ pub(crate) struct ServeArgs {
     /// agents (`allot agent`) may post more.
     #[arg(long = "telemetry", value_name = "SPEC")]
     pub(crate) telemetry: Vec<String>,
+    /// Post events to this URL as JSON: a scoped policy rollout that rolled itself back
+    /// because a rollback condition tripped (`allot policy apply FILE --scope … --rollback-if …`).
+    #[arg(long, value_name = "URL")]
+    pub(crate) policy_webhook: Option<String>,
     /// What runs the workloads: `local` (this host, processes) or `slurm` (a Slurm cluster:
     /// its nodes and GRES GPUs are the inventory; each run is a held job released onto the
     /// nodes allot chose).
@@ -104,6 +108,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
         checkpoint_signal: args.checkpoint_signal,
         snapshot_every: args.snapshot_every,
         telemetry: args.telemetry,
+        policy_webhook: args.policy_webhook,
         workload_dir: args.workload_dir,
         single_user: args.single_user,
         backend: match args.backend {

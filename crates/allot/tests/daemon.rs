@@ -696,3 +696,57 @@ fn a_policy_in_shadow_through_the_cli() {
     daemon.terminate();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `allot policy apply FILE --scope … --rollback-if …`, `allot policy rollout`: a rollout to
+/// one project, its conditions with their figures, and `policy rollback` ending it.
+#[test]
+fn a_scoped_rollout_through_the_cli() {
+    let dir = temp_dir("policy-rollout");
+    let (daemon, token) = Daemon::start(&dir);
+    let token = token.expect("a first start prints an admin token");
+    let run = |args: &[&str]| allot(&daemon, &token, args);
+    let cli = |args: &[&str]| {
+        let (code, out, err) = run(args);
+        assert_eq!(code, Some(0), "allot {args:?}: {out}{err}");
+        out
+    };
+    let (code, _, err) = run(&["policy", "rollout"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no scoped rollout"), "{err}");
+    let original = std::fs::read_to_string(repo_file("examples/policy.yaml")).expect("policy");
+    let candidate = dir.join("nlp-weight.yaml");
+    std::fs::write(&candidate, original.replacen("    weight: 1.5\n", "    weight: 3\n", 1))
+        .expect("write");
+    let candidate = candidate.display().to_string();
+    let (code, _, err) = run(&["policy", "apply", &candidate, "--rollback-if", "p95_wait>2x"]);
+    assert_eq!(code, Some(2), "conditions need a scope: {err}");
+    let said = cli(&[
+        "policy",
+        "apply",
+        &candidate,
+        "--scope",
+        "project=nlp",
+        "--rollback-if",
+        "p95_wait>2x",
+        "--rollback-if",
+        "failure_rate>0.25",
+        "--baseline",
+        "1d",
+    ]);
+    assert!(said.starts_with("applied: the daemon's policy is now version 2"), "{said}");
+    assert!(said.contains("to project=nlp") && said.contains("carried: project nlp"), "{said}");
+    let rollout = cli(&["policy", "rollout"]);
+    assert!(rollout.contains("baseline: the 1d"), "{rollout}");
+    assert!(rollout.contains("p95_wait>2x") && rollout.contains("failure_rate>0.25"), "{rollout}");
+    assert!(rollout.contains("not judged: 0 of 5 observations since the rollout"), "{rollout}");
+    let shown = cli(&["policy", "show"]);
+    assert!(shown.starts_with("# Scoped rollout of"), "{shown}");
+    let history = cli(&["policy", "history"]);
+    assert!(history.contains("scoped to project=nlp"), "{history}");
+    cli(&["policy", "rollback"]);
+    let rollout = cli(&["policy", "rollout"]);
+    assert!(rollout.contains("ended: rolled back by admin as version 3"), "{rollout}");
+    assert_eq!(cli(&["policy", "show"]), original);
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}

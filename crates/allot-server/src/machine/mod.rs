@@ -126,6 +126,8 @@ pub(crate) struct Output {
     /// What the operator should hear about (the driver writes them to the log stream): not
     /// state, so not logged as entries.
     pub notes: Vec<String>,
+    /// Events for the policy webhook (JSON): a rollout that rolled itself back.
+    pub events: Vec<serde_json::Value>,
 }
 
 /// How often the machine does what it does on its own.
@@ -249,8 +251,19 @@ impl Machine {
         if now.saturating_sub(self.last_rollout_check_ms) >= ROLLOUT_CHECK_MS {
             self.last_rollout_check_ms = now;
             if let Some(entry) = self.daemon.rollback_due(now) {
-                if let Entry::PolicyApplied { why: Some(why), source, .. } = &entry {
+                if let Entry::PolicyApplied { why: Some(why), source, rollback_of, .. } = &entry {
                     out.notes.push(format!("policy: {source}: {why}"));
+                    let rollout = self.daemon.rollout.as_ref();
+                    out.events.push(serde_json::json!({
+                        "event": "policy_rolled_back",
+                        "at_ms": now,
+                        "rollout_version": rollout.map(|r| r.version),
+                        "scope": rollout.map(|r| r.plan.scope.clone()),
+                        "candidate": rollout.map(|r| r.plan.candidate.clone()),
+                        "restored_version": rollback_of,
+                        "new_version": self.daemon.policy_version() + 1,
+                        "why": why,
+                    }));
                 }
                 self.log(now, entry, &mut out);
             }

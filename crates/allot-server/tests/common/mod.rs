@@ -51,6 +51,7 @@ impl TestDaemon {
             cluster_watch_ms: Some(50),
             snapshot_every: None,
             telemetry_sources: Vec::new(),
+            policy_webhook: None,
         })
         .expect("daemon starts");
         let admin = started.admin_token.clone().expect("first start makes an admin token").token;

@@ -193,6 +193,7 @@ mod decode;
 mod diagnostic;
 mod policy;
 mod render;
+pub mod rollout;
 mod scope;
 mod tree;
 mod workloads;

@@ -56,6 +56,9 @@ pub struct ReplayReport {
     pub decide_calls: u64,
     /// Trace rows skipped as malformed (`--skip-bad-rows`).
     pub bad_rows_skipped: usize,
+    /// A rollout rehearsed on this history (`ReplayConfig::rehearsal`), and how it went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<RehearsalReport>,
 }
 
 /// One sample of the cluster over time.
@@ -82,4 +85,29 @@ pub struct ProjectLedger {
     pub jobs_total: usize,
     /// Times this project's jobs were pre-empted.
     pub preemptions: u64,
+}
+
+/// How a rehearsed rollout went: when it started, whether and why it rolled back, and each
+/// condition's figures at the end (or at the rollback).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RehearsalReport {
+    pub scope: String,
+    pub started_s: f64,
+    /// When a condition tripped and the replay went back to the active policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolled_back_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    pub conditions: Vec<RehearsedCondition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RehearsedCondition {
+    pub condition: String,
+    pub baseline: Option<f64>,
+    pub baseline_samples: u64,
+    pub current: Option<f64>,
+    pub samples: u64,
+    /// `ok`, `tripped`, or why it was not judged.
+    pub state: String,
 }

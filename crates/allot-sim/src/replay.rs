@@ -61,6 +61,21 @@ pub struct ReplayConfig {
     pub activity: ActivityParams,
     /// Check the engine's invariants after every cycle (tests; slow on big traces).
     pub audit: bool,
+    /// A scoped rollout rehearsed on the trace, with its rollback conditions.
+    pub rehearsal: Option<Rehearsal>,
+}
+
+/// A rollout rehearsed on history: from `at_s` the replay runs under `policy` (the active
+/// policy with the candidate's rules for `scope`, `allot_config::scoped_policy`); every
+/// `check_every_s` its conditions are judged on the replay's own outcomes, as the daemon
+/// judges them, and when one trips the replay goes back to the active policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rehearsal {
+    pub at_s: f64,
+    pub policy: PolicySpec,
+    pub scope: allot_config::Scope,
+    pub rules: allot_config::rollout::RollbackRules,
+    pub check_every_s: f64,
 }
 
 impl Default for ReplayConfig {
@@ -76,6 +91,7 @@ impl Default for ReplayConfig {
             default_checkpoint_interval_s: None,
             activity: ActivityParams::default(),
             audit: false,
+            rehearsal: None,
         }
     }
 }
@@ -246,6 +262,43 @@ struct Sim<'a> {
     decide_calls: u64,
     preemptions: u64,
     timeline: Vec<TimelinePoint>,
+    /// Outcomes of the jobs, for a rehearsal's conditions (empty without one).
+    outcomes: allot_config::rollout::Outcomes,
+    rehearsal: Option<RehearsalState>,
+}
+
+/// A rehearsal under way.
+struct RehearsalState {
+    started: bool,
+    next_check_ms: u64,
+    report: crate::outcome::RehearsalReport,
+    /// Stays with the replay: the policy to go back to.
+    active: PolicySpec,
+    nodes: Vec<NodeSpec>,
+}
+
+/// GPU-seconds as share-milliseconds (the daemon's unit for outcomes).
+fn gpu_s_as_share_ms(gpu_s: f64) -> u64 {
+    (gpu_s.max(0.0) * (SHARES_PER_GPU * 1000) as f64).round() as u64
+}
+
+/// Judged conditions as the report shows them.
+fn rehearsed(judged: &[allot_config::rollout::Judged]) -> Vec<crate::outcome::RehearsedCondition> {
+    judged
+        .iter()
+        .map(|j| crate::outcome::RehearsedCondition {
+            condition: j.condition.text(),
+            baseline: j.baseline,
+            baseline_samples: j.baseline_samples,
+            current: j.current,
+            samples: j.samples,
+            state: match &j.verdict {
+                Ok(true) => "tripped".into(),
+                Ok(false) => "ok".into(),
+                Err(why) => format!("not judged: {why}"),
+            },
+        })
+        .collect()
 }
 
 fn ms(s: f64) -> u64 {
@@ -367,6 +420,18 @@ fn replay_inner(
         decide_calls: 0,
         preemptions: 0,
         timeline: Vec::new(),
+        outcomes: Default::default(),
+        rehearsal: config.rehearsal.as_ref().map(|r| RehearsalState {
+            started: false,
+            next_check_ms: ms(r.at_s),
+            report: crate::outcome::RehearsalReport {
+                scope: r.scope.to_string(),
+                started_s: r.at_s,
+                ..Default::default()
+            },
+            active: policy.clone(),
+            nodes: nodes.to_vec(),
+        }),
     };
     for (i, job) in jobs.iter().enumerate() {
         sim.push(ms(job.submit_s), Happening::Arrive { job: i });
@@ -404,6 +469,7 @@ fn replay_inner(
             return Err(ReplayError::Stalled { at_s: secs(t), happenings: at_instant });
         }
         end_ms = t;
+        sim.rehearse(t)?;
         sim.handle(t, happening)?;
         if sim.dirty && sim.queued > 0 && sim.decide_at_ms.is_none() {
             sim.schedule_decide(t);
@@ -415,10 +481,72 @@ fn replay_inner(
         next_sample_ms += step_ms;
     }
     sim.close_open_runs(secs(end_ms));
+    sim.finish_rehearsal(end_ms);
     Ok(sim.report(label, capacity_shares, secs(end_ms)))
 }
 
 impl Sim<'_> {
+    /// Notes what happened to `job` for a rehearsal's conditions.
+    fn outcome(&mut self, t_ms: u64, job: usize, fact: allot_config::rollout::Fact) {
+        if self.rehearsal.is_none() {
+            return;
+        }
+        let j = &self.jobs[job];
+        self.outcomes.push(allot_config::rollout::Outcome {
+            at_ms: t_ms,
+            project: j.project.clone(),
+            kind: self.state[job].activity.kind(),
+            models: j.gpu_models.clone(),
+            fact,
+        });
+    }
+
+    /// The rehearsal at `t_ms`: the scoped policy takes over at its time; its conditions are
+    /// judged on the replay's outcomes; a tripped one brings the active policy back.
+    fn rehearse(&mut self, t_ms: u64) -> Result<(), ReplayError> {
+        let Some(plan) = self.config.rehearsal.as_ref() else { return Ok(()) };
+        let Some(state) = self.rehearsal.as_mut() else { return Ok(()) };
+        if state.report.rolled_back_s.is_some() || t_ms < state.next_check_ms {
+            return Ok(());
+        }
+        if !state.started {
+            state.started = true;
+            state.report.started_s = secs(t_ms);
+            self.engine = self
+                .engine
+                .with_policy(&state.nodes, &plan.policy)
+                .map_err(|e| ReplayError::Config(format!("the rehearsed rollout: {e}")))?;
+            self.dirty = true;
+        } else {
+            let started_ms = ms(state.report.started_s);
+            let judged = plan.rules.judge(&plan.scope, &self.outcomes, started_ms, t_ms);
+            if let Some(why) = allot_config::rollout::RollbackRules::tripped(&judged, &plan.scope) {
+                state.report.rolled_back_s = Some(secs(t_ms));
+                state.report.why = Some(why);
+                state.report.conditions = rehearsed(&judged);
+                self.engine = self
+                    .engine
+                    .with_policy(&state.nodes, &state.active)
+                    .map_err(|e| ReplayError::Config(format!("rolling the rehearsal back: {e}")))?;
+                self.dirty = true;
+                return Ok(());
+            }
+        }
+        state.next_check_ms = t_ms + ms(plan.check_every_s.max(1.0));
+        Ok(())
+    }
+
+    /// The conditions' figures at the end, for a rehearsal that did not roll back.
+    fn finish_rehearsal(&mut self, end_ms: u64) {
+        let Some(plan) = self.config.rehearsal.as_ref() else { return };
+        let Some(state) = self.rehearsal.as_mut() else { return };
+        if state.started && state.report.rolled_back_s.is_none() {
+            let started_ms = ms(state.report.started_s);
+            state.report.conditions =
+                rehearsed(&plan.rules.judge(&plan.scope, &self.outcomes, started_ms, end_ms));
+        }
+    }
+
     fn push(&mut self, t_ms: u64, h: Happening) {
         self.seq += 1;
         self.queue.push(Reverse((t_ms, h.class(), self.seq, h)));
@@ -505,15 +633,28 @@ impl Sim<'_> {
                     s.fate = Fate::Finished;
                     s.finish_s = Some(t);
                     s.run_no += 1;
+                    let share_ms = gpu_s_as_share_ms(s.allocated);
                     self.engine.apply(now, Event::WorkloadFinished { workload: self.wid(job) });
                     self.dirty = true;
+                    let finished =
+                        allot_config::rollout::Fact::Finished { failed: false, share_ms };
+                    self.outcome(t_ms, job, finished);
                 }
             }
             Happening::Stop { job, run } => {
                 if self.state[job].run_no == run
                     && let Some(r) = self.state[job].run
                 {
+                    let lost_before = self.state[job].lost;
                     self.stop(job, t, r.stopping);
+                    let lost = gpu_s_as_share_ms(self.state[job].lost - lost_before);
+                    if lost > 0 {
+                        self.outcome(
+                            t_ms,
+                            job,
+                            allot_config::rollout::Fact::Lost { share_ms: lost },
+                        );
+                    }
                     self.engine.apply(now, Event::WorkloadStopped { workload: self.wid(job) });
                     self.dirty = true;
                 }
@@ -567,6 +708,7 @@ impl Sim<'_> {
                 let is_restart = s.preemptions > 0;
                 s.run_no += 1;
                 s.fate = Fate::Holding;
+                let first = s.first_admit_s.is_none();
                 s.first_admit_s.get_or_insert(t);
                 s.run = Some(Run {
                     admitted_s: t,
@@ -587,11 +729,22 @@ impl Sim<'_> {
                     self.config.launch_delay_s
                 };
                 self.push(t_ms + ms(delay), Happening::Start { job, run });
+                if first {
+                    let wait_ms = t_ms.saturating_sub(ms(self.jobs[job].submit_s));
+                    self.outcome(t_ms, job, allot_config::rollout::Fact::Admitted { wait_ms });
+                }
             }
             Decision::Warn { .. } => {}
             Decision::Preempt { mode, checkpoint_grace_ms, .. }
             | Decision::Reclaim { mode, checkpoint_grace_ms, .. } => {
                 self.preemptions += 1;
+                if matches!(
+                    decision,
+                    Decision::Reclaim { .. }
+                        | Decision::Preempt { reason: allot_core::PreemptReason::Idle { .. }, .. }
+                ) {
+                    self.outcome(t_ms, job, allot_config::rollout::Fact::IdleReclaimed);
+                }
                 let s = &mut self.state[job];
                 if let Some(r) = s.run.as_mut() {
                     r.stopping = Some(mode);
@@ -853,6 +1006,7 @@ impl Sim<'_> {
             idle_gpu_hours: hours(idle),
             decide_calls: self.decide_calls,
             bad_rows_skipped: 0,
+            rehearsal: self.rehearsal.take().map(|r| r.report),
         }
     }
 }

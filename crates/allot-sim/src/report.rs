@@ -215,6 +215,40 @@ pub fn replay_text(reports: &[ReplayReport]) -> String {
     }
     out.push('\n');
     out.push_str(&ledger_text(reports));
+    for r in reports {
+        if let Some(h) = &r.rehearsal {
+            out.push_str(&rehearsal_text(&r.policy, h));
+        }
+    }
+    out
+}
+
+/// A rehearsed rollout: when it started, whether it rolled back and why, each condition.
+fn rehearsal_text(policy: &str, h: &crate::outcome::RehearsalReport) -> String {
+    let mut out =
+        format!("\nrehearsed rollout ({policy}): {} from t={:.0}s\n", h.scope, h.started_s);
+    match (&h.rolled_back_s, &h.why) {
+        (Some(at), Some(why)) => {
+            out.push_str(&format!("rolled back at t={at:.0}s: {why}\n"));
+        }
+        _ => out.push_str("not rolled back: no condition tripped\n"),
+    }
+    let figure = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let rows: Vec<Vec<String>> = h
+        .conditions
+        .iter()
+        .map(|c| {
+            vec![
+                c.condition.clone(),
+                format!("{} ({})", figure(c.baseline), c.baseline_samples),
+                format!("{} ({})", figure(c.current), c.samples),
+                c.state.clone(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        out.push_str(&table(&["condition", "baseline (n)", "since (n)", "state"], &rows));
+    }
     out
 }
 
@@ -451,6 +485,8 @@ fn scalar_fields(report: &ReplayReport) -> Vec<(String, Value)> {
     shell.timeline = Vec::new();
     shell.queue_delays_s = Vec::new();
     shell.projects = Vec::new();
+    // A rehearsal has a section of its own (and in the CSV, no column).
+    shell.rehearsal = None;
     let Ok(Value::Object(map)) = serde_json::to_value(&shell) else {
         return Vec::new();
     };

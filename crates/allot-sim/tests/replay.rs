@@ -434,3 +434,59 @@ mod random_traces {
         }
     }
 }
+
+/// A rollout rehearsed on a replay: from its time the scoped policy decides, its conditions
+/// are judged on the replay's own outcomes at each check, and one that trips ends it there
+/// with the figures that tripped it; one that holds leaves it in place to the end.
+#[test]
+fn a_rehearsed_rollout_rolls_back_when_its_condition_trips_and_not_otherwise() {
+    use allot_config::rollout::{Condition, RollbackRules};
+    let nodes = vec![node("n0", 4)];
+    let active = policy(PreemptionMode::Suspend);
+    let mut candidate = active.clone();
+    candidate.projects[0].weight_milli = 3000;
+    let scope = allot_config::Scope::Project("a".into());
+    let scoped = allot_config::scoped_policy(&active, &candidate, &scope).expect("scoped");
+    // One 1-GPU job of each project every 100 s, 60 s long: 40 jobs over 2,000 s.
+    let jobs: Vec<TraceJob> = (0..40)
+        .map(|i| job(i + 1, if i % 2 == 0 { "a" } else { "b" }, (i / 2) as f64 * 100.0, 60.0, 1))
+        .collect();
+    let rehearse = |condition: &str| {
+        let rules = RollbackRules {
+            conditions: vec![Condition::parse(condition).expect("condition")],
+            baseline_ms: 1_000_000,
+            false_reclaim_within_ms: 1_800_000,
+            min_sample: 3,
+        };
+        let rehearsal = allot_sim::replay::Rehearsal {
+            at_s: 500.0,
+            policy: scoped.policy.clone(),
+            scope: scope.clone(),
+            rules,
+            check_every_s: 100.0,
+        };
+        let config = ReplayConfig { rehearsal: Some(rehearsal), ..config() };
+        replay(&nodes, &active, "rehearsed", &jobs, &config).expect("replay")
+    };
+    // Every finished job of `a` had 60 s on a GPU: 0.0167 GPU-h each, above 0.01.
+    let tripped = rehearse("gpu_hours_per_finished>0.01");
+    let h = tripped.rehearsal.as_ref().expect("rehearsal report");
+    assert_eq!(h.scope, "project=a");
+    assert_eq!(h.started_s, 500.0);
+    let at = h.rolled_back_s.expect("rolled back");
+    // Three of a's jobs (at 500, 600, 700 s) finish by 760 s: judged at the check after it.
+    assert_eq!(at, 800.0, "{h:?}");
+    assert!(h.why.as_deref().unwrap_or("").contains("gpu_hours_per_finished>0.01"), "{h:?}");
+    assert_eq!((h.conditions[0].state.as_str(), h.conditions[0].samples), ("tripped", 3));
+    assert_books_balance(&tripped);
+    // A limit no job reaches: the rollout stays to the end, judged on all of a's jobs after it.
+    let held = rehearse("gpu_hours_per_finished>1");
+    let h = held.rehearsal.as_ref().expect("rehearsal report");
+    assert_eq!(h.rolled_back_s, None);
+    assert_eq!((h.conditions[0].state.as_str(), h.conditions[0].samples), ("ok", 15), "{h:?}");
+    assert_eq!(held.jobs_finished, 40);
+    // Without a rehearsal the report has none, and the figures are the replay's own.
+    let plain = replay(&nodes, &active, "plain", &jobs, &config()).expect("replay");
+    assert!(plain.rehearsal.is_none());
+    assert_eq!(plain.jobs_finished, held.jobs_finished);
+}

@@ -65,6 +65,7 @@ fn report(policy: &str, delays: usize, points: usize) -> ReplayReport {
         idle_gpu_hours: 245.46,
         decide_calls: 12_345,
         bad_rows_skipped: 2,
+        rehearsal: None,
     }
 }
 

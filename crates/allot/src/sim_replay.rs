@@ -94,6 +94,29 @@ pub(crate) struct ReplayOptions {
     /// Report `wall_ms` as 0 so that the whole output is byte-identical between runs.
     #[arg(long)]
     no_timing: bool,
+    /// Rehearse a scoped rollout of this candidate policy on the trace: replayed once under
+    /// the active `--policy` alone and once with the candidate's rules for `--scope` from
+    /// `--rehearse-at`, its `--rollback-if` conditions judged as the daemon judges them.
+    #[arg(long, requires = "scope", value_name = "CANDIDATE")]
+    rehearse: Option<PathBuf>,
+    /// The rollout's scope: `project=NAME`, `pool=MODEL` or `kind=KIND`.
+    #[arg(long, requires = "rehearse")]
+    scope: Option<String>,
+    /// Virtual time the rollout starts (a duration after the first job, e.g. 12h).
+    #[arg(long, requires = "rehearse", default_value = "0s", value_name = "DURATION")]
+    rehearse_at: String,
+    /// A rollback condition (repeatable): `METRIC>LIMIT` or `METRIC>FACTORx`.
+    #[arg(long = "rollback-if", requires = "rehearse", value_name = "CONDITION")]
+    rollback_if: Vec<String>,
+    /// The window before the rollout its figures are compared with.
+    #[arg(long, requires = "rehearse", default_value = "7d", value_name = "DURATION")]
+    baseline: String,
+    /// Observations a window needs before an average or percentile is judged.
+    #[arg(long, requires = "rehearse", default_value_t = 5)]
+    min_sample: u64,
+    /// Virtual seconds between judgements of the conditions.
+    #[arg(long, requires = "rehearse", default_value_t = 60.0)]
+    check_every: f64,
 }
 
 fn positive(flag: &str, value: f64) -> Result<()> {
@@ -163,7 +186,15 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
         default_checkpoint_interval_s: args.checkpoint_every,
         ..ReplayConfig::default()
     };
-    let labels = labels(&args.policy);
+    let mut labels = labels(&args.policy);
+    let rehearsal = rehearsal(args, &policies, &jobs)?;
+    if let Some((_, policy)) = &rehearsal {
+        // The same active policy twice: alone, then with the rollout.
+        let (path, _) = policies[0].clone();
+        labels.push(format!("{} rehearsed", labels[0]));
+        policies.push((path, policy.clone()));
+    }
+    let rehearsal = rehearsal.map(|(r, _)| r);
     let mut reports = Vec::with_capacity(policies.len());
     let progress = Progress::new((jobs.len() * policies.len()) as u64, "replaying jobs");
     for ((path, policy), label) in policies.iter().zip(labels) {
@@ -171,6 +202,11 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
         #[allow(clippy::disallowed_methods)] // the CLI measures wall time; the replay does not
         let started = std::time::Instant::now();
         let tick = || progress.inc(1);
+        let rehearsed = label.ends_with(" rehearsed") && rehearsal.is_some();
+        let config = ReplayConfig {
+            rehearsal: if rehearsed { rehearsal.clone() } else { None },
+            ..config.clone()
+        };
         let mut report = replay_with_progress(&nodes, &policy, &label, &jobs, &config, &tick)
             .map_err(|e| anyhow::Error::from(InvalidInput(format!("{}: {e}\n", path.display()))))?;
         report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
@@ -187,6 +223,54 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
         ReplayOutput::Json => report::replay_json(&reports),
         ReplayOutput::Csv => report::replay_csv(&reports),
     })
+}
+
+/// The rollout `--rehearse` asks for, and the active policy to run it on (the one `--policy`,
+/// with the trace's unlisted projects added as the replay adds them).
+fn rehearsal(
+    args: &ReplayOptions,
+    policies: &[(PathBuf, PolicySpec)],
+    jobs: &[TraceJob],
+) -> Result<Option<(allot_sim::replay::Rehearsal, PolicySpec)>> {
+    let (Some(candidate_path), Some(scope)) = (&args.rehearse, &args.scope) else {
+        return Ok(None);
+    };
+    let bad = |text: String| anyhow::Error::from(InvalidInput(text));
+    if policies.len() != 1 {
+        return Err(bad("--rehearse: give exactly one --policy, the active one\n".into()));
+    }
+    let candidate = allot_config::load_policy(candidate_path).map_err(|d| {
+        bad(format!("{}{} problem(s) found; nothing was run.\n", allot_config::render(&d), d.len()))
+    })?;
+    let (active, _) = add_unlisted_projects(&policies[0].1, jobs);
+    let (candidate, _) = add_unlisted_projects(&candidate, jobs);
+    let scope = allot_config::Scope::parse(scope).map_err(|e| bad(format!("--scope: {e}\n")))?;
+    let scoped = allot_config::scoped_policy(&active, &candidate, &scope)
+        .map_err(|e| bad(format!("--rehearse {}: {e}\n", candidate_path.display())))?;
+    let conditions = args
+        .rollback_if
+        .iter()
+        .map(|c| allot_config::rollout::Condition::parse(c))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("--rollback-if: {e}\n")))?;
+    let duration = |flag: &str, text: &str| {
+        allot_config::duration_ms(text).map_err(|e| bad(format!("{flag}: {e}\n")))
+    };
+    positive("--check-every", args.check_every)?;
+    let rules = allot_config::rollout::RollbackRules {
+        conditions,
+        baseline_ms: duration("--baseline", &args.baseline)?,
+        false_reclaim_within_ms: 30 * 60_000,
+        min_sample: args.min_sample,
+    };
+    let rehearsal = allot_sim::replay::Rehearsal {
+        at_s: duration("--rehearse-at", &args.rehearse_at)? as f64 / 1000.0,
+        policy: scoped.policy,
+        scope,
+        rules,
+        check_every_s: args.check_every,
+    };
+    Ok(Some((rehearsal, active)))
 }
 
 fn load_nodes(args: &ReplayOptions, bad_rows: BadRows) -> Result<Vec<NodeSpec>> {

@@ -562,6 +562,7 @@ fn replay_report(label: &str, scale: f64, preemptions: u64) -> allot_sim::outcom
         idle_gpu_hours: 4.2,
         decide_calls: 30,
         bad_rows_skipped: 0,
+        rehearsal: None,
     }
 }
 

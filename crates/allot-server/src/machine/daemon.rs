@@ -194,7 +194,7 @@ pub(crate) struct Daemon {
     /// The scoped rollout in effect, or the last one with how it ended.
     pub rollout: Option<super::rollout::Rollout>,
     /// Outcomes of work that rollback conditions measure.
-    pub outcomes: super::rollout::Outcomes,
+    pub outcomes: allot_config::rollout::Outcomes,
 }
 
 /// One policy the daemon ran under (`allot policy history`).
@@ -292,7 +292,7 @@ impl Daemon {
             backend_down: None,
             inventory_note: None,
             rollout: None,
-            outcomes: super::rollout::Outcomes::default(),
+            outcomes: allot_config::rollout::Outcomes::default(),
         })
     }
 
@@ -399,16 +399,16 @@ impl Daemon {
             let share_ms = lost(&self.ledger, w).saturating_sub(before);
             if share_ms > 0 {
                 let share_ms = u64::try_from(share_ms).unwrap_or(u64::MAX);
-                self.outcome(now, w.0, super::rollout::Fact::Lost { share_ms });
+                self.outcome(now, w.0, allot_config::rollout::Fact::Lost { share_ms });
             }
         }
         self.engine.apply(Timestamp(now), event);
     }
 
     /// Notes what happened to workload `id` for rollback conditions.
-    fn outcome(&mut self, now: u64, id: u64, fact: super::rollout::Fact) {
+    fn outcome(&mut self, now: u64, id: u64, fact: allot_config::rollout::Fact) {
         let Some(r) = self.workloads.get(&id) else { return };
-        self.outcomes.push(super::rollout::Outcome {
+        self.outcomes.push(allot_config::rollout::Outcome {
             at_ms: now,
             project: r.spec.project.clone(),
             kind: r.spec.kind,
@@ -420,17 +420,17 @@ impl Daemon {
     /// Work stopped for idleness: its user may undo that (resume it, or submit it again).
     fn idle_reclaimed(&mut self, now: u64, id: u64) {
         let Some(r) = self.workloads.get(&id) else { return };
-        let name = super::rollout::name_key(&r.spec.project, &r.spec.user, &r.spec.name);
+        let name = allot_config::rollout::name_key(&r.spec.project, &r.spec.user, &r.spec.name);
         self.outcomes.reclaimed.insert(id, now);
         self.outcomes.reclaimed_names.insert(name, now);
-        self.outcome(now, id, super::rollout::Fact::IdleReclaimed);
+        self.outcome(now, id, allot_config::rollout::Fact::IdleReclaimed);
     }
 
     /// A user brought back work reclaimed for idleness at `reclaimed_ms`.
     fn returned(&mut self, now: u64, id: u64, reclaimed_ms: Option<u64>) {
         if let Some(at) = reclaimed_ms {
             let after_ms = now.saturating_sub(at);
-            self.outcome(now, id, super::rollout::Fact::Returned { after_ms });
+            self.outcome(now, id, allot_config::rollout::Fact::Returned { after_ms });
         }
     }
 
@@ -442,7 +442,7 @@ impl Daemon {
             let share_ms =
                 u64::try_from(self.ledger.total(&workload).allocated).unwrap_or(u64::MAX);
             let failed = state == WorkloadState::Failed;
-            self.outcome(now, id, super::rollout::Fact::Finished { failed, share_ms });
+            self.outcome(now, id, allot_config::rollout::Fact::Finished { failed, share_ms });
         }
         if let Some(r) = self.workloads.get_mut(&id) {
             r.state = state;
@@ -516,7 +516,7 @@ impl Daemon {
                     },
                 );
                 self.changed.insert(*id);
-                let name = super::rollout::name_key(&spec.project, &spec.user, &spec.name);
+                let name = allot_config::rollout::name_key(&spec.project, &spec.user, &spec.name);
                 let reclaimed = self.outcomes.reclaimed_names.remove(&name);
                 self.returned(now, *id, reclaimed);
                 if pending {
@@ -895,7 +895,7 @@ impl Daemon {
         let conditions = ask
             .conditions
             .iter()
-            .map(|c| super::rollout::Condition::parse(c))
+            .map(|c| allot_config::rollout::Condition::parse(c))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| vec![e])?;
         let header = format!(
@@ -1013,19 +1013,8 @@ impl Daemon {
     pub(crate) fn rollback_due(&self, now: u64) -> Option<Entry> {
         let r = self.rollout.as_ref().filter(|r| r.ended.is_none())?;
         let judged = r.judge(&self.outcomes, now);
-        let tripped = judged.iter().find(|j| j.verdict == Ok(true))?;
+        let why = allot_config::rollout::RollbackRules::tripped(&judged, &r.plan.scope()?)?;
         let base = self.policy_versions.iter().find(|v| v.version == r.base_version)?;
-        let figure = |f: Option<f64>| f.map_or("none".to_string(), |v| format!("{v:.3}"));
-        let why = format!(
-            "rollback condition {} tripped in {}: {} since the rollout ({} observations), {} in \
-             the baseline before it ({} observations)",
-            tripped.condition.text(),
-            r.plan.scope,
-            figure(tripped.current),
-            tripped.samples,
-            figure(tripped.baseline),
-            tripped.baseline_samples,
-        );
         Some(Entry::PolicyApplied {
             source: format!("rollback to version {} ({})", base.version, base.source),
             text: base.text.clone(),
@@ -1190,7 +1179,7 @@ impl Daemon {
                         && r.attempt == 0
                     {
                         let wait_ms = now.saturating_sub(r.submitted_ms);
-                        self.outcome(now, id, super::rollout::Fact::Admitted { wait_ms });
+                        self.outcome(now, id, allot_config::rollout::Fact::Admitted { wait_ms });
                     }
                     if let Some(launch) = self.admit(now, id, placement) {
                         out.push(Command::Launch(launch));

@@ -338,7 +338,8 @@ fn a_sampled_entry_with_ids_reads_back() {
 
 /// A rollout's plan, as logged with its version.
 pub(super) fn rollout_plan() -> impl Strategy<Value = super::rollout::RolloutPlan> {
-    use super::rollout::{Condition, RolloutPlan};
+    use super::rollout::RolloutPlan;
+    use allot_config::rollout::Condition;
     let condition =
         (0usize..5, any::<u64>(), any::<bool>()).prop_map(|(m, limit_milli, relative)| {
             let text = [

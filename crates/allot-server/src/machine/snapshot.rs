@@ -68,7 +68,7 @@ struct Body {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rollout: Option<super::rollout::Rollout>,
     #[serde(default)]
-    outcomes: super::rollout::Outcomes,
+    outcomes: allot_config::rollout::Outcomes,
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -554,8 +554,8 @@ mod tests {
             })
     }
 
-    fn outcomes() -> impl Strategy<Value = super::super::rollout::Outcomes> {
-        use super::super::rollout::{Fact, Outcome, Outcomes};
+    fn outcomes() -> impl Strategy<Value = allot_config::rollout::Outcomes> {
+        use allot_config::rollout::{Fact, Outcome, Outcomes};
         let fact = prop_oneof![
             any::<u64>().prop_map(|wait_ms| Fact::Admitted { wait_ms }),
             (any::<bool>(), any::<u64>())

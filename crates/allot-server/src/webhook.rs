@@ -48,12 +48,12 @@ impl Webhook {
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
-            crate::driver::tracing_log(&format!(
+            crate::os::tracing_log(&format!(
                 "the policy webhook {url} did not take an event after {TRIES} tries: {last}"
             ));
         });
         if let Err(e) = spawned {
-            crate::driver::tracing_log(&format!("no thread for the policy webhook: {e}"));
+            crate::os::tracing_log(&format!("no thread for the policy webhook: {e}"));
         }
     }
 }

@@ -664,6 +664,13 @@ pub struct HistoryExport {
     /// The policy in effect and where it came from (`allot sim replay --policy`).
     pub policy_source: String,
     pub policy_text: String,
+    /// The mean time from admission to start the daemon measured (its ledger): the what-if's
+    /// start-up and restart delay, instead of a modelled one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_delay_s: Option<f64>,
+    /// The least time between the daemon's decision cycles: the what-if decides as often.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decide_interval_s: Option<f64>,
 }
 
 /// What the export holds and what it left out, and why.
@@ -729,4 +736,20 @@ pub struct HistoryJob {
     pub checkpoint_interval_s: Option<f64>,
     pub cpu_milli: u64,
     pub memory_mib: u64,
+    /// What happened to it in the daemon, from its ledger: the what-if compares its replay
+    /// of the active policy with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<RecordedOutcome>,
+}
+
+/// One workload's recorded outcome (`HistoryJob::recorded`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RecordedOutcome {
+    /// Submission to first admission; absent if it was never admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_delay_s: Option<f64>,
+    /// GPU-hours allocated to it over all its runs so far.
+    pub allocated_gpu_hours: f64,
+    /// Times it was pre-empted or reclaimed.
+    pub preemptions: u64,
 }

@@ -72,13 +72,112 @@ pub struct WhatIfResult {
     pub added_candidate: Vec<String>,
     /// Wall time of both replays (they run side by side).
     pub wall_ms: u64,
+    /// How well the active policy's replay reproduces what was recorded, per project and in
+    /// all ("all" first): the side-by-side is only as good as this.
+    pub fidelity: Vec<FidelityRow>,
+}
+
+/// The active policy's replay against the recorded outcome, for one project (or `all`), over
+/// the exported work that ended after running.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FidelityRow {
+    pub project: String,
+    /// Jobs admitted both in the daemon and in the replay (the waits compare these).
+    pub jobs: usize,
+    /// (recorded, replayed)
+    pub wait_p50_s: (f64, f64),
+    pub wait_p95_s: (f64, f64),
+    pub allocated_gpu_hours: (f64, f64),
+    pub preemptions: (u64, u64),
+}
+
+impl FidelityRow {
+    /// The largest gap of the four figures, relative to the recorded one; a figure whose
+    /// recorded and replayed values both stay under its floor (1 s of wait, 0.01 GPU-h, one
+    /// pre-emption per hundred jobs, at least one) counts as matching, and gaps are taken
+    /// against at least the floor: a relative gap of almost nothing says nothing.
+    pub fn worst_gap(&self) -> f64 {
+        let gap = |(recorded, replayed): (f64, f64), floor: f64| {
+            if recorded.abs() < floor && replayed.abs() < floor {
+                0.0
+            } else {
+                (replayed - recorded).abs() / recorded.abs().max(floor)
+            }
+        };
+        let (a, b) = self.preemptions;
+        [
+            gap(self.wait_p50_s, 1.0),
+            gap(self.wait_p95_s, 1.0),
+            gap(self.allocated_gpu_hours, 0.01),
+            gap((a as f64, b as f64), (self.jobs as f64 / 100.0).max(1.0)),
+        ]
+        .into_iter()
+        .fold(0.0, f64::max)
+    }
+}
+
+/// The active replay's figures against the recorded ones of `export`'s jobs that ended after
+/// running (`DurationBasis::Ran`): for running and pending work the replay invents a future
+/// the record does not have yet.
+pub fn fidelity(export: &HistoryExport, active: &ReplayReport) -> Vec<FidelityRow> {
+    let ended = |j: &&allot_api::HistoryJob| j.duration_basis == allot_api::DurationBasis::Ran;
+    let mut projects: Vec<&str> =
+        export.jobs.iter().filter(ended).map(|j| j.project.as_str()).collect();
+    projects.sort_unstable();
+    projects.dedup();
+    let row = |name: &str, within: &dyn Fn(&str) -> bool| {
+        let (mut recorded_waits, mut replayed_waits) = (Vec::new(), Vec::new());
+        let (mut recorded_hours, mut replayed_hours) = (0.0, 0.0);
+        let (mut recorded_preemptions, mut replayed_preemptions) = (0u64, 0u64);
+        for j in export.jobs.iter().filter(ended).filter(|j| within(&j.project)) {
+            let (Some(r), Some(o)) = (&j.recorded, active.by_job.get(&j.id)) else { continue };
+            recorded_hours += r.allocated_gpu_hours;
+            replayed_hours += o.allocated_gpu_hours;
+            recorded_preemptions += r.preemptions;
+            replayed_preemptions += u64::from(o.preemptions);
+            if let (Some(recorded), Some(replayed)) = (r.queue_delay_s, o.first_wait_s) {
+                recorded_waits.push(recorded);
+                replayed_waits.push(replayed);
+            }
+        }
+        recorded_waits.sort_by(f64::total_cmp);
+        replayed_waits.sort_by(f64::total_cmp);
+        let pct = allot_sim::replay::percentile;
+        FidelityRow {
+            project: name.to_string(),
+            jobs: recorded_waits.len(),
+            wait_p50_s: (pct(&recorded_waits, 50.0), pct(&replayed_waits, 50.0)),
+            wait_p95_s: (pct(&recorded_waits, 95.0), pct(&replayed_waits, 95.0)),
+            allocated_gpu_hours: (recorded_hours, replayed_hours),
+            preemptions: (recorded_preemptions, replayed_preemptions),
+        }
+    };
+    let known: std::collections::BTreeSet<&str> = projects.iter().copied().collect();
+    let mut rows = vec![row("all", &|p| known.contains(p))];
+    rows.extend(projects.iter().map(|p| row(p, &|q| q == *p)));
+    rows
 }
 
 /// The replay settings a what-if uses: the simulator's defaults (as `allot sim replay` without
-/// flags) with a timeline step fitted to the history's span.
-pub fn whatif_config(jobs: &[TraceJob]) -> ReplayConfig {
+/// flags) with a timeline step fitted to the history's span, and, when the daemon measured one
+/// (`HistoryExport::startup_delay_s`), its own start-up delay for first starts and restarts
+/// (the default restart delay, 60 s, is a model: on work that restarts in milliseconds it
+/// holds GPUs the daemon never held, and the replay's queues and pre-emptions drift).
+pub fn whatif_config(export: &HistoryExport, jobs: &[TraceJob]) -> ReplayConfig {
+    let startup_delay_s = export.startup_delay_s;
     let span = jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0_f64, f64::max);
-    ReplayConfig { timeline_step_s: (span / TIMELINE_POINTS).max(1.0), ..ReplayConfig::default() }
+    let defaults = ReplayConfig::default();
+    let measured = startup_delay_s.filter(|d| d.is_finite() && *d >= 0.0);
+    ReplayConfig {
+        timeline_step_s: (span / TIMELINE_POINTS).max(1.0),
+        launch_delay_s: measured.unwrap_or(defaults.launch_delay_s),
+        restart_delay_s: measured.unwrap_or(defaults.restart_delay_s),
+        decide_every_s: export
+            .decide_interval_s
+            .filter(|d| d.is_finite() && *d >= 0.0)
+            .unwrap_or(0.0),
+        ..defaults
+    }
 }
 
 /// Replays `jobs` on `nodes` under both policies, on two threads, and returns both reports;
@@ -89,16 +188,16 @@ pub fn run_whatif(
     active: &PolicySpec,
     candidate: &PolicySpec,
     jobs: &[TraceJob],
+    config: &ReplayConfig,
     counts: HistoryCounts,
     stop: &AtomicBool,
 ) -> Result<WhatIfResult, String> {
-    let config = whatif_config(jobs);
     let (active, added_active) = add_unlisted_projects(active, jobs);
     let (candidate, added_candidate) = add_unlisted_projects(candidate, jobs);
     let started = wall_clock_ms();
     let (a, c) = std::thread::scope(|s| {
-        let a = s.spawn(|| replay_until_stopped(nodes, &active, "active", jobs, &config, stop));
-        let c = replay_until_stopped(nodes, &candidate, "candidate", jobs, &config, stop);
+        let a = s.spawn(|| replay_until_stopped(nodes, &active, "active", jobs, config, stop));
+        let c = replay_until_stopped(nodes, &candidate, "candidate", jobs, config, stop);
         (a.join(), c)
     });
     let a = a.map_err(|_| "the active policy's replay stopped unexpectedly".to_string())?;
@@ -120,6 +219,7 @@ pub fn run_whatif(
         added_active,
         added_candidate,
         wall_ms: wall_clock_ms().saturating_sub(started),
+        fidelity: Vec::new(),
     })
 }
 
@@ -352,6 +452,17 @@ mod tests {
         .expect("valid in this test");
         assert_eq!(report.jobs_total, 4);
         assert_eq!(report.jobs_finished, 4);
+        // What was recorded travels with each job: job 1 was admitted as it came, held its
+        // GPUs until it exited, and the replay of the policy that ran it admits it at once.
+        let recorded = e.jobs[0].recorded.as_ref().expect("recorded");
+        assert_eq!(recorded.queue_delay_s, Some(0.0));
+        assert!(recorded.allocated_gpu_hours > 0.0, "{recorded:?}");
+        assert_eq!(report.by_job.get(&1).and_then(|o| o.first_wait_s), Some(0.0));
+        let rows = super::fidelity(&e, &report);
+        assert_eq!(rows[0].project, "all");
+        assert_eq!(rows.iter().map(|r| r.project.as_str()).collect::<Vec<_>>(), ["all", "vision"]);
+        assert_eq!(rows[0].preemptions, (0, 0));
+        assert_eq!(rows[0].jobs, 1, "job 1 alone ended after running");
     }
 
     #[test]
@@ -397,8 +508,16 @@ mod tests {
             .chain((5..=8).map(|i| job(i, "nlp", 60.0)))
             .collect();
         let go = std::sync::atomic::AtomicBool::new(false);
-        let r = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default(), &go)
-            .expect("valid in this test");
+        let r = run_whatif(
+            &nodes,
+            &to_vision,
+            &to_nlp,
+            &jobs,
+            &allot_sim::replay::ReplayConfig::default(),
+            Default::default(),
+            &go,
+        )
+        .expect("valid in this test");
         let (a, c) = (&r.active, &r.candidate);
         assert_eq!((a.jobs_finished, c.jobs_finished), (8, 8));
         assert_eq!(a.preemptions, 0, "{a:?}");
@@ -412,7 +531,15 @@ mod tests {
         assert_eq!((r.jobs, r.nodes, r.gpus, r.seed), (8, 1, 4, 42));
         // Told to stop, both replays end at once and say why.
         let stop = std::sync::atomic::AtomicBool::new(true);
-        let stopped = run_whatif(&nodes, &to_vision, &to_nlp, &jobs, Default::default(), &stop);
+        let stopped = run_whatif(
+            &nodes,
+            &to_vision,
+            &to_nlp,
+            &jobs,
+            &allot_sim::replay::ReplayConfig::default(),
+            Default::default(),
+            &stop,
+        );
         assert_eq!(stopped.err().as_deref(), Some("stopped: a newer what-if replaced it"));
     }
 

@@ -2,6 +2,7 @@
 //! its charts draw. Data only; `replay` fills it, `report` and `charts` render it.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// The result of replaying one trace under one policy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -56,6 +57,10 @@ pub struct ReplayReport {
     pub decide_calls: u64,
     /// Trace rows skipped as malformed (`--skip-bad-rows`).
     pub bad_rows_skipped: usize,
+    /// Each job's own figures, by job id: for comparing a replay with what was recorded (the
+    /// what-if's fidelity). Not part of the report's output.
+    #[serde(skip)]
+    pub by_job: BTreeMap<u64, JobOutcome>,
     /// A rollout rehearsed on this history (`ReplayConfig::rehearsal`), and how it went.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rehearsal: Option<RehearsalReport>,
@@ -110,4 +115,13 @@ pub struct RehearsedCondition {
     pub samples: u64,
     /// `ok`, `tripped`, or why it was not judged.
     pub state: String,
+}
+
+/// One job's figures in a replay (`ReplayReport::by_job`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobOutcome {
+    /// Submission to first admission; `None`: never admitted.
+    pub first_wait_s: Option<f64>,
+    pub allocated_gpu_hours: f64,
+    pub preemptions: u32,
 }

@@ -936,6 +936,7 @@ impl Sim<'_> {
         let (mut finished, mut cancelled, mut pending) = (0usize, 0usize, 0usize);
         let mut jct_sum = 0.0;
         let mut delays: Vec<f64> = Vec::new();
+        let mut by_job = BTreeMap::new();
         let (mut jobs_preempted, mut preemptions_per_job_max) = (0usize, 0u32);
         for (i, s) in self.state.iter().enumerate() {
             jobs_preempted += usize::from(s.preemptions > 0);
@@ -952,6 +953,14 @@ impl Sim<'_> {
             if let Some(a) = s.first_admit_s {
                 delays.push(since_submit(a));
             }
+            by_job.insert(
+                self.jobs[i].id,
+                crate::outcome::JobOutcome {
+                    first_wait_s: s.first_admit_s.map(since_submit),
+                    allocated_gpu_hours: hours(s.allocated),
+                    preemptions: s.preemptions,
+                },
+            );
             match s.fate {
                 Fate::Finished => {
                     finished += 1;
@@ -1007,6 +1016,7 @@ impl Sim<'_> {
             decide_calls: self.decide_calls,
             bad_rows_skipped: 0,
             rehearsal: self.rehearsal.take().map(|r| r.report),
+            by_job,
         }
     }
 }

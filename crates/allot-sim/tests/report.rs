@@ -66,6 +66,7 @@ fn report(policy: &str, delays: usize, points: usize) -> ReplayReport {
         decide_calls: 12_345,
         bad_rows_skipped: 2,
         rehearsal: None,
+        by_job: Default::default(),
     }
 }
 

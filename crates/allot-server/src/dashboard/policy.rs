@@ -289,7 +289,7 @@ async fn start_whatif(
     let count = jobs.len();
     let nodes = state.node_specs();
     let (active_source, active_text) = (active.source.clone(), active.text.clone());
-    let counts = export.counts;
+    let counts = export.counts.clone();
     let work = move |stop: &std::sync::atomic::AtomicBool| {
         let parse = |name: &str, text: &str| {
             allot_config::parse_policy(name, text).map_err(|d| {
@@ -298,7 +298,10 @@ async fn start_whatif(
         };
         let active = parse(&active_source, &active_text)?;
         let candidate = parse(&name, &text)?;
-        run_whatif(&nodes, &active, &candidate, &jobs, counts, stop)
+        let config = crate::whatif::whatif_config(&export, &jobs);
+        let mut result = run_whatif(&nodes, &active, &candidate, &jobs, &config, counts, stop)?;
+        result.fidelity = crate::whatif::fidelity(&export, &result.active);
+        Ok(result)
     };
     match runs.start(count, work) {
         Ok(id) => WhatIf::Running { id, jobs: count, elapsed_ms: 0 },
@@ -729,7 +732,39 @@ fn whatif_result(r: &WhatIfResult) -> Markup {
                 }
             }
         } }
+        (fidelity_section(&r.fidelity))
         (charts(r, &projects))
+    }
+}
+
+/// How well the active policy's replay reproduces what was recorded: a side-by-side is only
+/// worth what this is.
+fn fidelity_section(rows: &[crate::whatif::FidelityRow]) -> Markup {
+    let pair = |(recorded, replayed): (f64, f64), show: &dyn Fn(f64) -> String| {
+        format!("{} / {}", show(recorded), show(replayed))
+    };
+    html! {
+        @if !rows.is_empty() {
+            h2 { "Can this what-if be trusted? The active policy's replay against what happened" }
+            p.note { "Recorded / replayed, over the work that ended after running (for running and "
+                "pending work the replay invents a future the record does not have yet). "
+                "Off by more than 10 % on a figure, the side-by-side above overstates how sure it is "
+                "there. Known causes: a pre-empted job's run time is its last run only, and the replay "
+                "models activity, start-up and restarts rather than replaying them." }
+            div.scroll { table {
+                tr { th { "project" } th.num { "jobs" } th.num { "wait p50" } th.num { "wait p95" }
+                    th.num { "GPU-h allocated" } th.num { "pre-emptions" } th.num { "largest gap" } }
+                @for f in rows {
+                    tr {
+                        td { (f.project) } td.num { (f.jobs) }
+                        td.num { (pair(f.wait_p50_s, &secs)) } td.num { (pair(f.wait_p95_s, &secs)) }
+                        td.num { (pair(f.allocated_gpu_hours, &super::hours)) }
+                        td.num { (f.preemptions.0) " / " (f.preemptions.1) }
+                        td.num { @if f.worst_gap() <= 0.10 { "within 10 %" } @else { (pct(f.worst_gap() * 100.0)) } }
+                    }
+                }
+            } }
+        }
     }
 }
 

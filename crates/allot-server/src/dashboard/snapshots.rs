@@ -563,6 +563,7 @@ fn replay_report(label: &str, scale: f64, preemptions: u64) -> allot_sim::outcom
         decide_calls: 30,
         bad_rows_skipped: 0,
         rehearsal: None,
+        by_job: Default::default(),
     }
 }
 
@@ -597,6 +598,24 @@ fn snapshot_policy_whatif() {
         restart_delay_s: 60.0,
         added_active: vec![],
         added_candidate: vec!["nlp".into()],
+        fidelity: vec![
+            crate::whatif::FidelityRow {
+                project: "all".into(),
+                jobs: 7,
+                wait_p50_s: (12.0, 12.5),
+                wait_p95_s: (300.0, 410.0),
+                allocated_gpu_hours: (20.0, 19.2),
+                preemptions: (3, 3),
+            },
+            crate::whatif::FidelityRow {
+                project: "vision".into(),
+                jobs: 4,
+                wait_p50_s: (10.0, 10.0),
+                wait_p95_s: (40.0, 42.0),
+                allocated_gpu_hours: (12.0, 11.9),
+                preemptions: (0, 0),
+            },
+        ],
         wall_ms: 1500,
     };
     let data = policy::PolicyData {

@@ -70,6 +70,8 @@ pub(crate) struct Record {
     pub kept: Option<u32>,
     /// Its timeline, bounded (`dashboard::track::push_step`, from `record_steps`).
     pub steps: Vec<crate::view::Step>,
+    /// When it was first admitted (its queue wait ends there; the what-if compares it).
+    pub first_admitted_ms: Option<u64>,
 }
 
 /// A stop under way: when to escalate.
@@ -513,6 +515,7 @@ impl Daemon {
                         devices: None,
                         kept: None,
                         steps: Vec::new(),
+                        first_admitted_ms: None,
                     },
                 );
                 self.changed.insert(*id);
@@ -1276,6 +1279,7 @@ impl Daemon {
         let log_dir = self.log_dir(id, attempt);
         let record = self.workloads.get_mut(&id)?;
         record.attempt = attempt;
+        record.first_admitted_ms.get_or_insert(now);
         record.placement = text;
         let mut env = record.request.env.clone();
         env.insert("ALLOT_HEARTBEAT_FILE".into(), heartbeat.display().to_string());

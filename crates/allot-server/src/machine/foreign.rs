@@ -255,6 +255,7 @@ impl Daemon {
                 devices: None,
                 kept: None,
                 steps: Vec::new(),
+                first_admitted_ms: launch.as_ref().map(|_| now),
             },
         );
         self.changed.insert(id);

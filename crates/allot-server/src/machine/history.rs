@@ -17,6 +17,17 @@ use allot_core::{GpuRequest, NodeSpec};
 
 use super::daemon::{Daemon, Record};
 
+/// What the daemon's books say happened to workload `id`.
+fn recorded(daemon: &Daemon, id: u64, r: &Record) -> allot_api::RecordedOutcome {
+    let books =
+        daemon.ledger.total(&allot_core::ledger::Scope::Workload(allot_core::WorkloadId(id)));
+    allot_api::RecordedOutcome {
+        queue_delay_s: r.first_admitted_ms.map(|at| seconds(at.saturating_sub(r.submitted_ms))),
+        allocated_gpu_hours: allot_core::ledger::Books::gpu_hours(books.allocated),
+        preemptions: books.preemptions,
+    }
+}
+
 /// The daemon's workloads (the newest `limit`) as a job trace, with its inventory and policy.
 /// Called on the main loop: one pass over the records, no I/O.
 pub(crate) fn export(daemon: &Daemon, now_ms: u64, limit: usize) -> HistoryExport {
@@ -105,6 +116,7 @@ pub(crate) fn export(daemon: &Daemon, now_ms: u64, limit: usize) -> HistoryExpor
                 checkpoint_interval_s: None,
                 cpu_milli: r.spec.cpu_millis_per_member,
                 memory_mib: r.spec.memory_mib_per_member,
+                recorded: Some(recorded(daemon, id, r)),
             }
         })
         .collect();
@@ -116,6 +128,11 @@ pub(crate) fn export(daemon: &Daemon, now_ms: u64, limit: usize) -> HistoryExpor
         cluster_yaml: cluster_yaml(&daemon.nodes),
         policy_source: daemon.policy_source.clone(),
         policy_text: daemon.policy_text.clone(),
+        startup_delay_s: {
+            let books = daemon.ledger.total(&allot_core::ledger::Scope::Cluster);
+            (books.starts > 0).then(|| books.startup_delay_ms as f64 / books.starts as f64 / 1000.0)
+        },
+        decide_interval_s: None,
     }
 }
 

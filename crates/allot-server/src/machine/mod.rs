@@ -536,7 +536,9 @@ impl Machine {
                 Answer::Report(Ok(Report { since_ms: self.daemon.first_ms(), now_ms: now, rows }))
             }
             Ask::History { limit } => {
-                Answer::History(Ok(history::export(&self.daemon, now, limit)))
+                let mut export = history::export(&self.daemon, now, limit);
+                export.decide_interval_s = Some(self.cadence.decide_interval_ms as f64 / 1000.0);
+                Answer::History(Ok(export))
             }
             Ask::Submit { .. } => {
                 Answer::Submitted(Err(HttpError::plain(500, "not a query", None)))

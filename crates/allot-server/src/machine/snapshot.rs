@@ -91,6 +91,8 @@ struct SavedRecord {
     last_checkpoint_ms: Option<u64>,
     last_activity_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    first_admitted_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     foreign: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<allot_backend::MemberLaunch>>,
@@ -128,6 +130,7 @@ impl Daemon {
                 pids: r.pids.clone(),
                 last_checkpoint_ms: r.last_checkpoint_ms,
                 last_activity_ms: r.last_activity_ms,
+                first_admitted_ms: r.first_admitted_ms,
                 foreign: r.foreign.clone(),
                 devices: r.devices.clone(),
                 kept: r.kept,
@@ -227,6 +230,7 @@ impl Daemon {
                     pids: saved.pids,
                     last_checkpoint_ms: saved.last_checkpoint_ms,
                     last_activity_ms: saved.last_activity_ms,
+                    first_admitted_ms: saved.first_admitted_ms,
                     foreign: saved.foreign,
                     devices: saved.devices,
                     kept: saved.kept,
@@ -360,15 +364,16 @@ mod tests {
             prop::option::of(members()),
             prop::option::of(any::<u32>()),
             prop::collection::vec(step(), 0..3),
-            any::<bool>(),
+            (any::<bool>(), prop::option::of(any::<u64>())),
         );
         (a, b, c, d).prop_map(
             |(
                 (id, user, request, state, submitted_ms),
                 (started_ms, ended_ms, exit_code, attempt, reason, intent),
                 (placement, launch, pids, last_checkpoint_ms, last_activity_ms),
-                (foreign, devices, kept, steps, spec_rejected),
+                (foreign, devices, kept, steps, (spec_rejected, first_admitted_ms)),
             )| SavedRecord {
+                first_admitted_ms,
                 id,
                 user,
                 request,

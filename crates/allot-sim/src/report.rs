@@ -598,6 +598,11 @@ fn policy_json(report: &ReplayReport) -> Node {
         .map(|i| object::<TimelinePoint>(&timeline[i], &POINT_KEYS))
         .collect();
     entries.push(("timeline".to_owned(), Node::Array(picked)));
+    if let Some(rehearsal) = &report.rehearsal
+        && let Ok(value) = serde_json::to_value(rehearsal)
+    {
+        entries.push(("rehearsal".to_owned(), Node::Value(value)));
+    }
     let delays = &report.queue_delays_s;
     entries.push(("queue_delays_total".to_owned(), Node::Value(Value::from(delays.len()))));
     if delays.len() > JSON_QUEUE_DELAYS_RAW_MAX {

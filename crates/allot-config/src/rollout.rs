@@ -265,8 +265,14 @@ impl Outcomes {
         {
             self.facts.pop_front();
         }
-        self.reclaimed.retain(|_, at| *at >= oldest);
-        self.reclaimed_names.retain(|_, at| *at >= oldest);
+        // The reclaim maps are swept once a day of outcomes, not on every push (this runs at
+        // every admission and end); an entry kept a day longer only ever yields a `Returned`
+        // that no condition's window reaches.
+        const DAY_MS: u64 = 86_400_000;
+        if self.facts.back().is_none_or(|last| last.at_ms / DAY_MS != outcome.at_ms / DAY_MS) {
+            self.reclaimed.retain(|_, at| *at >= oldest);
+            self.reclaimed_names.retain(|_, at| *at >= oldest);
+        }
         self.facts.push_back(outcome);
     }
 

@@ -821,8 +821,10 @@ fn apply_query(
 
 /// The rollout a policy upload asks for, if any.
 fn rollout_of(query: &ApplyQuery) -> ApiResult<Option<crate::ask::RolloutAsk>> {
+    // Well-formed by the schema, wrong in meaning (a duration that is none, conditions without
+    // a scope): a 422, as the daemon's own refusals of a rollout are.
     let bad = |field: &str, error: String, fix: &str| {
-        HttpError::new(400, ApiError { error, field: Some(field.into()), fix: Some(fix.into()) })
+        HttpError::new(422, ApiError { error, field: Some(field.into()), fix: Some(fix.into()) })
     };
     let Some(scope) = query.scope.clone() else {
         if query.rollback_if.is_some()

@@ -344,7 +344,11 @@ async fn a_rollout_with_a_wrong_scope_or_condition_is_refused_by_name() {
     let d = TestDaemon::new();
     let candidate = POLICY.replacen("    weight: 1.5\n", "    weight: 3\n", 1);
     for (query, status, says) in [
-        ("rollback_if=failure_rate%3E0.5", StatusCode::BAD_REQUEST, "belong to a scoped rollout"),
+        (
+            "rollback_if=failure_rate%3E0.5",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "belong to a scoped rollout",
+        ),
         ("scope=project%3Dphysics", StatusCode::UNPROCESSABLE_ENTITY, "no project `physics`"),
         ("scope=team%3Dnlp", StatusCode::UNPROCESSABLE_ENTITY, "unknown scope `team`"),
         (
@@ -357,7 +361,12 @@ async fn a_rollout_with_a_wrong_scope_or_condition_is_refused_by_name() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown metric `wait`",
         ),
-        ("scope=project%3Dnlp&baseline=forever", StatusCode::BAD_REQUEST, "not a duration"),
+        (
+            "scope=project%3Dnlp&baseline=forever",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not a duration",
+        ),
+        ("scope=&baseline=", StatusCode::UNPROCESSABLE_ENTITY, "baseline window"),
     ] {
         let uri = format!("/api/v1/policy?source=c.yaml&{query}");
         let (got, v) = d.call("PUT", &uri, Some(&d.admin), Some(&candidate)).await;

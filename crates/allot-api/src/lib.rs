@@ -573,6 +573,44 @@ pub struct PolicyVersion {
     /// Why allot applied it itself (the rollback condition that tripped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The what-if the dashboard showed for this policy's text against the version before it,
+    /// if one finished before it was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<WhatIfShown>,
+}
+
+/// A what-if as it was shown before a policy was applied: the history replayed under the
+/// policy then in effect and under the candidate. Whole units (ms, milli-GPU-hours) so a
+/// version reads back exactly as it was written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WhatIfShown {
+    /// The dashboard's number of the what-if (`/policy/whatif/N`).
+    pub run: u64,
+    /// When it finished (ms since the epoch).
+    pub at_ms: u64,
+    /// The version it was compared with (in effect when it ran).
+    pub active_version: u32,
+    /// Workloads of the history it replayed.
+    pub jobs: u64,
+    pub active: WhatIfFigures,
+    pub candidate: WhatIfFigures,
+    /// The largest gap, in percent, between the active policy's replay and what was recorded
+    /// (waits, GPU-hours, pre-emptions; per project): how far the side-by-side can be trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fidelity_gap_pct: Option<u32>,
+}
+
+/// One side of a what-if.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WhatIfFigures {
+    pub wait_p50_ms: u64,
+    pub wait_p95_ms: u64,
+    pub allocated_milli_gpu_hours: u64,
+    pub lost_milli_gpu_hours: u64,
+    pub preemptions: u64,
+    pub finished: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -147,23 +147,29 @@ pub struct RollbackRules {
 
 impl RollbackRules {
     /// Every condition judged on `outcomes` of `scope` for a rollout that started at
-    /// `started_ms`, at `now`.
+    /// `started_ms`, at `now`. `waiting_since_ms`: when each of the scope's workloads still
+    /// waiting for its first admission was submitted. `p95_wait` counts them with their wait
+    /// so far, so a scope the rollout starves trips it although nothing of it is admitted;
+    /// each one's final wait is at least that, so the figure stays a lower bound and never
+    /// trips early.
     pub fn judge(
         &self,
         scope: &Scope,
         outcomes: &Outcomes,
+        waiting_since_ms: &[u64],
         started_ms: u64,
         now: u64,
     ) -> Vec<Judged> {
         let baseline_from = started_ms.saturating_sub(self.baseline_ms);
+        let waited: Vec<u64> = waiting_since_ms.iter().map(|s| now.saturating_sub(*s)).collect();
         self.conditions
             .iter()
             .map(|c| {
-                let figure = |from: u64, to: u64| {
-                    outcomes.figure(c.metric, scope, from, to, self.false_reclaim_within_ms)
+                let figure = |from: u64, to: u64, waited: &[u64]| {
+                    outcomes.figure(c.metric, scope, from, to, self.false_reclaim_within_ms, waited)
                 };
-                let (baseline, baseline_samples) = figure(baseline_from, started_ms);
-                let (current, samples) = figure(started_ms, now.saturating_add(1));
+                let (baseline, baseline_samples) = figure(baseline_from, started_ms, &[]);
+                let (current, samples) = figure(started_ms, now.saturating_add(1), &waited);
                 let min = self.min_sample;
                 let limit = c.limit_milli as f64 / 1000.0;
                 let verdict = if c.metric.needs_sample() && samples < min {
@@ -277,7 +283,8 @@ impl Outcomes {
     }
 
     /// The figure of `metric` for the scope's work in `[from, to)`, and how many observations
-    /// it rests on; `None` when there is nothing to measure.
+    /// it rests on; `None` when there is nothing to measure. `waited`: the waits so far of the
+    /// scope's work not admitted yet, which `p95_wait` counts beside the admitted waits.
     pub fn figure(
         &self,
         metric: Metric,
@@ -285,6 +292,7 @@ impl Outcomes {
         from: u64,
         to: u64,
         false_within_ms: u64,
+        waited: &[u64],
     ) -> (Option<f64>, u64) {
         let facts = self
             .facts
@@ -312,6 +320,7 @@ impl Outcomes {
                         Fact::Admitted { wait_ms } => Some(*wait_ms),
                         _ => None,
                     })
+                    .chain(waited.iter().copied())
                     .collect();
                 waits.sort_unstable();
                 let n = waits.len() as u64;
@@ -424,7 +433,11 @@ mod tests {
 
     impl Rollout {
         fn judge(&self, o: &Outcomes, now: u64) -> Vec<Judged> {
-            self.0.judge(&Scope::Project("nlp".into()), o, 100_000, now)
+            self.judge_waiting(o, &[], now)
+        }
+
+        fn judge_waiting(&self, o: &Outcomes, waiting: &[u64], now: u64) -> Vec<Judged> {
+            self.0.judge(&Scope::Project("nlp".into()), o, waiting, 100_000, now)
         }
     }
 
@@ -474,5 +487,29 @@ mod tests {
         assert_eq!(judged[0].current, Some(1.0));
         assert_eq!(judged[0].verdict, Ok(true));
         assert!(judged[1].verdict.is_err(), "no work ended: nothing to judge");
+    }
+
+    #[test]
+    fn work_starved_by_the_rollout_trips_p95_wait_with_its_wait_so_far() {
+        let mut o = Outcomes::default();
+        for i in 0..4 {
+            o.push(outcome(10_000 + i, "nlp", Fact::Admitted { wait_ms: 10_000 }));
+        }
+        let r = rollout(&["p95_wait>2x"]);
+        // Nothing of nlp is admitted after the rollout: without its waiting work there is no
+        // figure at all.
+        let judged = r.judge(&o, 200_000);
+        assert_eq!(judged[0].verdict, Err("0 of 3 observations since the rollout".into()));
+        // Three of its workloads wait: submitted at 110 s, 150 s and 190 s.
+        let waiting = [110_000, 150_000, 190_000];
+        let judged = r.judge_waiting(&o, &waiting, 200_000);
+        assert_eq!((judged[0].current, judged[0].samples), (Some(90.0), 3));
+        assert_eq!(judged[0].verdict, Ok(true), "90 s so far is past 2 x 10 s");
+        // Work that has waited less than the limit does not trip it.
+        let judged = r.judge_waiting(&o, &[110_000, 111_000, 112_000], 125_000);
+        assert_eq!(judged[0].current, Some(15.0));
+        assert_eq!(judged[0].verdict, Ok(false));
+        // The baseline never counts today's waiting work.
+        assert_eq!(judged[0].baseline, Some(10.0));
     }
 }

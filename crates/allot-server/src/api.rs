@@ -720,7 +720,7 @@ async fn rollback_policy(
         }
     };
     let target = stored_version(&state, version)?;
-    if active.is_some_and(|a| a.text == target.text) {
+    if active.as_ref().is_some_and(|a| a.text == target.text) {
         return Err(HttpError::plain(
             409,
             format!(
@@ -729,12 +729,14 @@ async fn rollback_policy(
             Some("pick another version from `allot policy history`"),
         ));
     }
+    let whatif = state.whatifs.shown_for(&active.map(|a| a.text).unwrap_or_default(), &target.text);
     let ask = Ask::ApplyPolicy {
         source: format!("rollback to version {version} ({})", target.source),
         text: target.text,
         by: principal.name.clone(),
         rollback_of: Some(version),
         rollout: None,
+        whatif,
     };
     state.handle.policy(ask).await.map(axum::Json)
 }
@@ -895,8 +897,18 @@ async fn apply_policy(
     let text = policy_text(&body)?;
     let source = query.source.unwrap_or_else(|| "applied policy".to_string());
     let text = text.to_string();
-    let ask =
-        Ask::ApplyPolicy { source, text, by: principal.name.clone(), rollback_of: None, rollout };
+    // What the dashboard showed for this text against the policy in effect stays with the
+    // version it becomes.
+    let active_text = state.handle.view.read().map(|v| v.policy_text.clone()).unwrap_or_default();
+    let whatif = state.whatifs.shown_for(&active_text, &text);
+    let ask = Ask::ApplyPolicy {
+        source,
+        text,
+        by: principal.name.clone(),
+        rollback_of: None,
+        rollout,
+        whatif,
+    };
     state.handle.policy(ask).await.map(axum::Json)
 }
 

@@ -40,6 +40,8 @@ pub(crate) enum Ask {
         rollback_of: Option<u32>,
         /// `--scope …`: a scoped rollout of `text` (the candidate) with its conditions.
         rollout: Option<RolloutAsk>,
+        /// The what-if the dashboard showed for `text`, kept with the version.
+        whatif: Option<allot_api::WhatIfShown>,
     },
     /// The workloads as a job trace (`GET /api/v1/history`, the dashboard's what-if).
     History {

@@ -320,6 +320,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         workload_dir,
         submitter_check,
         isolation,
+        whatifs: Arc::default(),
     };
     if !telemetry_sources.is_empty() {
         let tx = sender.clone();

@@ -544,6 +544,7 @@ impl World {
                         by: "admin".into(),
                         rollback_of: None,
                         rollout: None,
+                        whatif: None,
                     },
                     "apply a policy".into(),
                 ));
@@ -558,6 +559,7 @@ impl World {
                         by: "admin".into(),
                         rollback_of: None,
                         rollout: None,
+                        whatif: None,
                     },
                     "apply a policy without solo".into(),
                 ));

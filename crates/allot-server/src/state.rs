@@ -17,6 +17,8 @@ pub(crate) struct AppState {
     pub submitter_check: Option<allot_backend::SubmitterCheck>,
     /// The backend's [`allot_backend::Backend::isolation`], for `allot why`.
     pub isolation: Option<String>,
+    /// The dashboard's what-if runs; an apply of a candidate keeps the one shown for it.
+    pub whatifs: Arc<crate::whatif::Runs>,
 }
 
 impl std::fmt::Debug for AppState {

@@ -248,6 +248,19 @@ struct RunsInner {
     runs: BTreeMap<u64, RunState>,
     /// The stop flag of each run still running.
     stops: BTreeMap<u64, Arc<AtomicBool>>,
+    /// What each kept run compared, and when it finished.
+    compared: BTreeMap<u64, Compared>,
+}
+
+/// The two policies a what-if compared: the active one by version and text, the candidate by
+/// text (an apply of the same text against the same active policy was shown this what-if).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Compared {
+    pub active_version: u32,
+    pub active_text: String,
+    pub candidate_text: String,
+    /// When the run finished (ms since the epoch); 0 while it runs.
+    pub done_ms: u64,
 }
 
 impl Runs {
@@ -256,6 +269,7 @@ impl Runs {
     pub(crate) fn start(
         self: &Arc<Self>,
         jobs: usize,
+        compared: Compared,
         work: impl FnOnce(&AtomicBool) -> Result<WhatIfResult, String> + Send + 'static,
     ) -> Result<u64, RunStartError> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -274,8 +288,11 @@ impl Runs {
             }
             inner.runs.insert(id, RunState::Running { started_ms: wall_clock_ms(), jobs });
             inner.stops.insert(id, Arc::clone(&stop));
+            inner.compared.insert(id, compared);
             while inner.runs.len() > RESULTS_KEPT {
-                inner.runs.pop_first();
+                if let Some((old, _)) = inner.runs.pop_first() {
+                    inner.compared.remove(&old);
+                }
             }
             id
         };
@@ -290,6 +307,9 @@ impl Runs {
                     // A replaced run already says so; only a run still listed as running ends here.
                     if inner.stops.remove(&id).is_some() {
                         inner.runs.insert(id, outcome);
+                        if let Some(c) = inner.compared.get_mut(&id) {
+                            c.done_ms = wall_clock_ms();
+                        }
                     }
                 }
             });
@@ -303,6 +323,51 @@ impl Runs {
 
     pub(crate) fn get(&self, id: u64) -> Option<RunState> {
         self.inner.lock().ok()?.runs.get(&id).cloned()
+    }
+
+    /// The newest finished what-if of `candidate_text` against `active_text`, as a version
+    /// keeps it: what an admin saw before applying that text.
+    pub(crate) fn shown_for(
+        &self,
+        active_text: &str,
+        candidate_text: &str,
+    ) -> Option<allot_api::WhatIfShown> {
+        let inner = self.inner.lock().ok()?;
+        inner.runs.iter().rev().find_map(|(id, state)| {
+            let c = inner.compared.get(id)?;
+            let RunState::Done(result) = state else { return None };
+            (c.active_text == active_text && c.candidate_text == candidate_text)
+                .then(|| shown(*id, c, result))
+        })
+    }
+}
+
+/// A finished what-if in whole units, as a policy version keeps it.
+pub(crate) fn shown(run: u64, compared: &Compared, r: &WhatIfResult) -> allot_api::WhatIfShown {
+    let milli = |v: f64| (v.max(0.0) * 1000.0).round() as u64;
+    let figures = |r: &ReplayReport| allot_api::WhatIfFigures {
+        wait_p50_ms: milli(r.queue_delay_s_p50),
+        wait_p95_ms: milli(r.queue_delay_s_p95),
+        allocated_milli_gpu_hours: milli(r.allocated_gpu_hours),
+        lost_milli_gpu_hours: milli(r.lost_gpu_hours),
+        preemptions: r.preemptions,
+        finished: r.jobs_finished as u64,
+    };
+    let gap = r
+        .fidelity
+        .iter()
+        .map(FidelityRow::worst_gap)
+        .fold(None, |worst: Option<f64>, g| Some(worst.map_or(g, |w| w.max(g))));
+    allot_api::WhatIfShown {
+        run,
+        at_ms: compared.done_ms,
+        active_version: compared.active_version,
+        jobs: r.jobs as u64,
+        active: figures(&r.active),
+        candidate: figures(&r.candidate),
+        fidelity_gap_pct: gap
+            .filter(|g| g.is_finite())
+            .map(|g| (g * 100.0).round().min(u32::MAX as f64) as u32),
     }
 }
 
@@ -553,7 +618,7 @@ mod tests {
         use super::{RunState, Runs};
         let runs = Arc::new(Runs::default());
         let first = runs
-            .start(10, |stop| {
+            .start(10, compared("a", "b"), |stop: &std::sync::atomic::AtomicBool| {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
@@ -561,8 +626,9 @@ mod tests {
             })
             .expect("started");
         assert!(matches!(runs.get(first), Some(RunState::Running { jobs: 10, .. })));
-        let second =
-            runs.start(20, |_| Err("the second ran to its end".to_string())).expect("started");
+        let second = runs
+            .start(20, compared("a", "c"), |_| Err("the second ran to its end".to_string()))
+            .expect("started");
         let replaced =
             format!("stopped: what-if #{second} replaced it (a newer candidate was checked)");
         assert_eq!(runs.get(first), Some(RunState::Failed(replaced.clone())));
@@ -579,5 +645,85 @@ mod tests {
             Some(RunState::Failed(replaced)),
             "not overwritten when it ends"
         );
+    }
+
+    fn compared(active: &str, candidate: &str) -> super::Compared {
+        super::Compared {
+            active_version: 3,
+            active_text: active.into(),
+            candidate_text: candidate.into(),
+            done_ms: 0,
+        }
+    }
+
+    /// The what-if an apply keeps is the newest finished one of that very text against the
+    /// policy in effect: another candidate's, one against another active policy, a failed
+    /// one or one still running is not it.
+    #[test]
+    fn an_apply_keeps_the_newest_finished_whatif_of_its_text() {
+        use std::sync::Arc;
+
+        use super::{FidelityRow, Runs, WhatIfResult};
+        let result = |p95: f64, gap_jobs: u64| {
+            let mut r = WhatIfResult {
+                active: Default::default(),
+                candidate: Default::default(),
+                counts: Default::default(),
+                jobs: 40,
+                nodes: 2,
+                gpus: 16,
+                seed: 42,
+                restart_delay_s: 0.0,
+                added_active: Vec::new(),
+                added_candidate: Vec::new(),
+                wall_ms: 5,
+                fidelity: vec![FidelityRow {
+                    project: "all".into(),
+                    jobs: 40,
+                    preemptions: (10, 10 + gap_jobs),
+                    ..Default::default()
+                }],
+            };
+            r.active.queue_delay_s_p95 = 12.5;
+            r.candidate.queue_delay_s_p95 = p95;
+            r.candidate.allocated_gpu_hours = 1.2345;
+            r.candidate.preemptions = 4;
+            Ok(r)
+        };
+        let runs = Arc::new(Runs::default());
+        let wait = |id: u64| {
+            for _ in 0..500 {
+                if !matches!(runs.get(id), Some(super::RunState::Running { .. })) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        };
+        let older =
+            runs.start(40, compared("active", "cand"), move |_| result(30.0, 0)).expect("started");
+        wait(older);
+        let newer =
+            runs.start(40, compared("active", "cand"), move |_| result(20.0, 3)).expect("started");
+        wait(newer);
+        let other =
+            runs.start(40, compared("active", "other"), move |_| result(1.0, 0)).expect("started");
+        wait(other);
+        let failed = runs
+            .start(40, compared("active", "bad"), |_| Err("no history".to_string()))
+            .expect("started");
+        wait(failed);
+
+        let shown = runs.shown_for("active", "cand").expect("shown");
+        assert_eq!(shown.run, newer);
+        assert_eq!((shown.active_version, shown.jobs), (3, 40));
+        assert_eq!(shown.active.wait_p95_ms, 12_500);
+        assert_eq!(shown.candidate.wait_p95_ms, 20_000);
+        assert_eq!(shown.candidate.allocated_milli_gpu_hours, 1_235);
+        assert_eq!(shown.candidate.preemptions, 4);
+        assert_eq!(shown.fidelity_gap_pct, Some(30), "3 pre-emptions more than 10 recorded");
+        assert!(shown.at_ms > 0, "when it finished");
+        assert!(runs.shown_for("another active", "cand").is_none());
+        assert!(runs.shown_for("active", "bad").is_none(), "a failed what-if showed nothing");
+        assert!(runs.shown_for("active", "never checked").is_none());
     }
 }

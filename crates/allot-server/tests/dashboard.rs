@@ -686,4 +686,25 @@ async fn a_policy_file_upload_is_checked_and_a_valid_one_gets_a_what_if() {
     assert!(a.body.contains("✓") && a.body.contains("needs a viewer or admin token"), "{}", a.body);
     let a = send(&d, "GET", &poll, cookie(&member), &[("hx-request", "true")], None).await;
     assert!(!a.body.contains("What-if: the active"), "{}", a.body);
+
+    // Applied, the candidate's version keeps the what-if that was shown for its text.
+    let run: u64 = poll.rsplit('/').next().and_then(|n| n.parse().ok()).expect("run number");
+    let (status, v) = d
+        .call("PUT", "/api/v1/policy?source=smaller-vision.yaml", Some(&d.admin), Some(&candidate))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_, versions) = d.call("GET", "/api/v1/policy/versions", Some(&d.admin), None).await;
+    let applied = &versions["versions"][1];
+    assert_eq!(applied["whatif"]["run"], run, "{versions}");
+    assert_eq!(applied["whatif"]["active_version"], 1, "{versions}");
+    assert_eq!(applied["whatif"]["jobs"], 3, "{versions}");
+    assert!(applied["whatif"]["candidate"]["wait_p95_ms"].is_u64(), "{versions}");
+    assert!(versions["versions"][0].get("whatif").is_none(), "the first start was shown none");
+    let a = send(&d, "GET", "/policy", cookie(&viewer), &[], None).await;
+    assert!(a.body.contains(&format!("#{run} vs version 1, 3 workloads")), "{}", a.body);
+    // A rollback to version 1 was shown no what-if of that text against version 2.
+    let (status, v) = d.call("POST", "/api/v1/policy/rollback", Some(&d.admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_, versions) = d.call("GET", "/api/v1/policy/versions", Some(&d.admin), None).await;
+    assert!(versions["versions"][2].get("whatif").is_none(), "{versions}");
 }

@@ -379,3 +379,45 @@ async fn a_rollout_with_a_wrong_scope_or_condition_is_refused_by_name() {
     let (versions, active) = history(&d).await;
     assert_eq!((versions.len(), active), (1, 1), "nothing was applied");
 }
+
+/// A rollout that starves its scope rolls itself back on `p95_wait` although nothing of the
+/// scope is admitted: work still waiting counts with its wait so far.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollout_that_starves_its_scope_rolls_back_on_the_wait_of_work_still_waiting() {
+    let d = TestDaemon::new();
+    let starved = POLICY
+        .replacen(
+            "{model: A100, guaranteed: 4, borrow_limit: 2, lend_limit: 2}",
+            "{model: A100, guaranteed: 0, borrow_limit: 0}",
+            1,
+        )
+        .replacen("{model: H100, guaranteed: 2}", "{model: H100, guaranteed: 0}", 1);
+    assert_ne!(starved, POLICY);
+    let uri = "/api/v1/policy?source=starve-nlp.yaml&scope=project%3Dnlp\
+               &rollback_if=p95_wait%3E1&min_sample=2";
+    let (status, v) = d.call("PUT", uri, Some(&d.admin), Some(&starved)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["version"], 2, "{v}");
+    let waiting = [submit(&d, "nlp", 1).await, submit(&d, "nlp", 1).await];
+    for id in waiting {
+        let (_, w) = d.call("GET", &format!("/api/v1/workloads/{id}"), Some(&d.admin), None).await;
+        assert_eq!(w["state"], "pending", "{w}");
+    }
+    // Conditions are judged every 5 s: 200 tries of 100 ms are 20 s.
+    let mut policy = Value::Null;
+    for _ in 0..200 {
+        policy = d.call("GET", "/api/v1/policy", Some(&d.admin), None).await.1;
+        if policy["version"] == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(policy["version"], 3, "rolled back by itself: {policy}");
+    assert_eq!(policy["text"], POLICY, "version 1's text is back");
+    let ended = policy["rollout"]["ended"].as_str().unwrap_or_default();
+    assert!(ended.contains("p95_wait>1") && ended.contains("2 observations"), "{ended}");
+    // Under version 1 again, nlp's waiting work is admitted.
+    for id in waiting {
+        d.wait_state(id, "running").await;
+    }
+}

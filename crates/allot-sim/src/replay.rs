@@ -275,6 +275,9 @@ struct RehearsalState {
     /// Stays with the replay: the policy to go back to.
     active: PolicySpec,
     nodes: Vec<NodeSpec>,
+    /// The scope's jobs that arrived and were not admitted yet (`p95_wait` counts their
+    /// wait so far, as the daemon does).
+    waiting: std::collections::BTreeSet<usize>,
 }
 
 /// GPU-seconds as share-milliseconds (the daemon's unit for outcomes).
@@ -431,6 +434,7 @@ fn replay_inner(
             },
             active: policy.clone(),
             nodes: nodes.to_vec(),
+            waiting: Default::default(),
         }),
     };
     for (i, job) in jobs.iter().enumerate() {
@@ -501,6 +505,21 @@ impl Sim<'_> {
         });
     }
 
+    /// A job of the rehearsal's scope starts (`true`: it arrived) or stops (admitted or
+    /// rejected) waiting for its first admission.
+    fn rehearsal_waits(&mut self, job: usize, waits: bool) {
+        let (Some(plan), Some(state)) = (self.config.rehearsal.as_ref(), self.rehearsal.as_mut())
+        else {
+            return;
+        };
+        let j = &self.jobs[job];
+        if !waits {
+            state.waiting.remove(&job);
+        } else if plan.scope.covers(&j.project, self.state[job].activity.kind(), &j.gpu_models) {
+            state.waiting.insert(job);
+        }
+    }
+
     /// The rehearsal at `t_ms`: the scoped policy takes over at its time; its conditions are
     /// judged on the replay's outcomes; a tripped one brings the active policy back.
     fn rehearse(&mut self, t_ms: u64) -> Result<(), ReplayError> {
@@ -519,7 +538,9 @@ impl Sim<'_> {
             self.dirty = true;
         } else {
             let started_ms = ms(state.report.started_s);
-            let judged = plan.rules.judge(&plan.scope, &self.outcomes, started_ms, t_ms);
+            let waiting: Vec<u64> =
+                state.waiting.iter().map(|j| ms(self.jobs[*j].submit_s)).collect();
+            let judged = plan.rules.judge(&plan.scope, &self.outcomes, &waiting, started_ms, t_ms);
             if let Some(why) = allot_config::rollout::RollbackRules::tripped(&judged, &plan.scope) {
                 state.report.rolled_back_s = Some(secs(t_ms));
                 state.report.why = Some(why);
@@ -542,8 +563,15 @@ impl Sim<'_> {
         let Some(state) = self.rehearsal.as_mut() else { return };
         if state.started && state.report.rolled_back_s.is_none() {
             let started_ms = ms(state.report.started_s);
-            state.report.conditions =
-                rehearsed(&plan.rules.judge(&plan.scope, &self.outcomes, started_ms, end_ms));
+            let waiting: Vec<u64> =
+                state.waiting.iter().map(|j| ms(self.jobs[*j].submit_s)).collect();
+            state.report.conditions = rehearsed(&plan.rules.judge(
+                &plan.scope,
+                &self.outcomes,
+                &waiting,
+                started_ms,
+                end_ms,
+            ));
         }
     }
 
@@ -579,6 +607,7 @@ impl Sim<'_> {
                 let spec = self.spec(job);
                 self.engine.apply(now, Event::WorkloadSubmitted(spec));
                 self.state[job].fate = Fate::Queued;
+                self.rehearsal_waits(job, true);
                 self.queued += 1;
                 self.dirty = true;
             }
@@ -732,6 +761,7 @@ impl Sim<'_> {
                 if first {
                     let wait_ms = t_ms.saturating_sub(ms(self.jobs[job].submit_s));
                     self.outcome(t_ms, job, allot_config::rollout::Fact::Admitted { wait_ms });
+                    self.rehearsal_waits(job, false);
                 }
             }
             Decision::Warn { .. } => {}
@@ -790,6 +820,7 @@ impl Sim<'_> {
         if self.state[job].fate == Fate::Queued {
             self.state[job].fate = Fate::Cancelled;
             self.queued = self.queued.saturating_sub(1);
+            self.rehearsal_waits(job, false);
         }
     }
 

@@ -463,8 +463,44 @@ pub(crate) fn policy_history(remote: &RemoteArgs, output: Output) -> Result<Stri
         })
         .collect();
     let mut out = render::table(&["VERSION", "APPLIED", "BY", "SOURCE", "CHANGE"], &rows);
+    for v in versions {
+        if let Some(w) = &v.whatif {
+            out.push_str(&whatif_line(v.version, w));
+        }
+    }
     out.push_str("* in effect; `allot policy show --version N [--diff]` prints one, `allot policy rollback [N]` brings one back\n");
     Ok(out)
+}
+
+/// The what-if shown before a version was applied, on one line: the version it was compared
+/// with first, this version second.
+fn whatif_line(version: u32, w: &allot_api::WhatIfShown) -> String {
+    let (a, c) = (&w.active, &w.candidate);
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let hours = |milli: u64| format!("{:.2}", milli as f64 / 1000.0);
+    let fidelity = match w.fidelity_gap_pct {
+        Some(pct) => format!(
+            "; the replay of version {} was within {pct} % of what was recorded",
+            w.active_version
+        ),
+        None => String::new(),
+    };
+    format!(
+        "version {version} was shown what-if #{} ({} workloads, against version {}): wait p50 {} → {},          p95 {} → {}; GPU-h {} → {}; lost GPU-h {} → {}; pre-emptions {} → {}{fidelity}\n",
+        w.run,
+        w.jobs,
+        w.active_version,
+        secs(a.wait_p50_ms),
+        secs(c.wait_p50_ms),
+        secs(a.wait_p95_ms),
+        secs(c.wait_p95_ms),
+        hours(a.allocated_milli_gpu_hours),
+        hours(c.allocated_milli_gpu_hours),
+        hours(a.lost_milli_gpu_hours),
+        hours(c.lost_milli_gpu_hours),
+        a.preemptions,
+        c.preemptions,
+    )
 }
 
 /// `policy apply FILE --shadow`: the candidate decides beside the active policy from now on.

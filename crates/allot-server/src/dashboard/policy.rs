@@ -4,13 +4,11 @@
 //! `GET /api/v1/history`) replayed under the active policy and under the candidate on this
 //! daemon's nodes, on a thread of its own (`crate::whatif`), polled by htmx until it is done.
 
-use std::sync::Arc;
-
 use allot_api::{ApiError, PolicyValidation, PolicyView, Role};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Extension, Form, Path, State};
+use axum::extract::{DefaultBodyLimit, Form, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -22,7 +20,7 @@ use crate::ask::Ask;
 use crate::auth::Principal;
 use crate::state::AppState;
 use crate::whatif::{
-    RunStartError, RunState, Runs, WHATIF_JOBS_MAX, WHATIF_WAIT_MS, WhatIfResult, run_whatif,
+    Compared, RunStartError, RunState, WHATIF_JOBS_MAX, WHATIF_WAIT_MS, WhatIfResult, run_whatif,
     trace_jobs,
 };
 
@@ -67,7 +65,7 @@ pub(crate) struct CandidateForm {
     policy: String,
 }
 
-/// The policy page's routes, with the what-if runs they share.
+/// The policy page's routes (the what-if runs they share are `AppState::whatifs`).
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/policy", get(page).post(validate))
@@ -76,7 +74,6 @@ pub(crate) fn routes() -> Router<AppState> {
             post(upload).layer(DefaultBodyLimit::max(UPLOAD_BYTES_MAX + UPLOAD_FORM_SLACK)),
         )
         .route("/policy/whatif/{id}", get(whatif_poll))
-        .layer(Extension(Arc::new(Runs::default())))
 }
 
 /// The active policy, and every version of the history.
@@ -131,7 +128,6 @@ async fn shadow_of(state: &AppState, principal: &Principal) -> Option<allot_api:
 
 pub(crate) async fn validate(
     State(state): State<AppState>,
-    Extension(runs): Extension<Arc<Runs>>,
     headers: HeaderMap,
     form: Result<Form<CandidateForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
@@ -142,14 +138,13 @@ pub(crate) async fn validate(
     let Ok(Form(form)) = form else {
         return super::error_page(400, "send the form's policy field (the YAML text)");
     };
-    check(&state, &runs, &principal, "candidate policy".into(), form.policy).await
+    check(&state, &principal, "candidate policy".into(), form.policy).await
 }
 
 /// `POST /policy/upload`: the file field `policy_file` of a multipart form, checked as a pasted
 /// policy is, its problems named by the file's name.
 pub(crate) async fn upload(
     State(state): State<AppState>,
-    Extension(runs): Extension<Arc<Runs>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -226,17 +221,11 @@ pub(crate) async fn upload(
             "upload the policy YAML file (UTF-8 text)",
         );
     };
-    check(&state, &runs, &principal, name, text.to_string()).await
+    check(&state, &principal, name, text.to_string()).await
 }
 
 /// Validates the candidate and, if it is valid, starts its what-if; answers the page.
-async fn check(
-    state: &AppState,
-    runs: &Arc<Runs>,
-    principal: &Principal,
-    name: String,
-    text: String,
-) -> Response {
+async fn check(state: &AppState, principal: &Principal, name: String, text: String) -> Response {
     let (active, versions) = match active(state) {
         Ok(a) => a,
         Err(r) => return *r,
@@ -252,7 +241,7 @@ async fn check(
         return super::error_page(500, "the policy check stopped unexpectedly");
     };
     let whatif = if validation.ok {
-        Some(start_whatif(state, runs, principal, &active, name, text.clone()).await)
+        Some(start_whatif(state, principal, &active, name, text.clone()).await)
     } else {
         None
     };
@@ -263,7 +252,6 @@ async fn check(
 
 async fn start_whatif(
     state: &AppState,
-    runs: &Arc<Runs>,
     principal: &Principal,
     active: &PolicyView,
     name: String,
@@ -289,6 +277,12 @@ async fn start_whatif(
     let count = jobs.len();
     let nodes = state.node_specs();
     let (active_source, active_text) = (active.source.clone(), active.text.clone());
+    let compared = Compared {
+        active_version: active.version,
+        active_text: active.text.clone(),
+        candidate_text: text.clone(),
+        done_ms: 0,
+    };
     let counts = export.counts.clone();
     let work = move |stop: &std::sync::atomic::AtomicBool| {
         let parse = |name: &str, text: &str| {
@@ -303,7 +297,7 @@ async fn start_whatif(
         result.fidelity = crate::whatif::fidelity(&export, &result.active);
         Ok(result)
     };
-    match runs.start(count, work) {
+    match state.whatifs.start(count, compared, work) {
         Ok(id) => WhatIf::Running { id, jobs: count, elapsed_ms: 0 },
         Err(RunStartError::Poisoned) => WhatIf::Failed("the what-if table is poisoned".into()),
     }
@@ -312,7 +306,6 @@ async fn start_whatif(
 /// `GET /policy/whatif/{id}`: the what-if's section (alone for htmx).
 pub(crate) async fn whatif_poll(
     State(state): State<AppState>,
-    Extension(runs): Extension<Arc<Runs>>,
     headers: HeaderMap,
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
 ) -> Response {
@@ -328,7 +321,7 @@ pub(crate) async fn whatif_poll(
             "what-if results cover every project: they need a viewer or admin token".into(),
         )
     } else {
-        match runs.get(id) {
+        match state.whatifs.get(id) {
             None => WhatIf::NotRun(format!(
                 "no what-if #{id}: only the last few are kept — check the candidate again"
             )),
@@ -489,7 +482,7 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
         p.note { "Every policy this daemon ran under. " code { "allot policy show --version N --diff" }
             " prints what one changed; " code { "allot policy rollback N" } " (admins) brings one back." }
         table {
-            tr { th { "version" } th { "applied" } th { "by" } th { "source" } }
+            tr { th { "version" } th { "applied" } th { "by" } th { "source" } th { "what-if shown" } }
             @for v in data.versions.iter().rev() {
                 tr {
                     td { (v.version) @if v.version == data.active.version { " (in effect)" } }
@@ -497,9 +490,24 @@ pub(crate) fn render(data: &PolicyData) -> Markup {
                     td { (v.by.as_deref().unwrap_or("policy file at start")) }
                     td { code { (v.source) } @if let Some(n) = v.rollback_of { " — back to version " (n) }
                         @if let Some(why) = &v.why { br; span.note { (why) } } }
+                    td { @match &v.whatif { Some(w) => (whatif_shown(w)), None => span.note { "none" } } }
                 }
             }
         }
+    }
+}
+
+/// The what-if kept with a version: the version it was compared with, then this one.
+fn whatif_shown(w: &allot_api::WhatIfShown) -> Markup {
+    let secs = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+    let hours = |milli: u64| format!("{:.2}", milli as f64 / 1000.0);
+    let (a, c) = (&w.active, &w.candidate);
+    html! {
+        "#" (w.run) " vs version " (w.active_version) ", " (w.jobs) " workloads: "
+        "p95 wait " (secs(a.wait_p95_ms)) " → " (secs(c.wait_p95_ms))
+        ", GPU-h " (hours(a.allocated_milli_gpu_hours)) " → " (hours(c.allocated_milli_gpu_hours))
+        ", pre-emptions " (a.preemptions) " → " (c.preemptions)
+        @if let Some(pct) = w.fidelity_gap_pct { br; span.note { "replay within " (pct) " % of the record" } }
     }
 }
 

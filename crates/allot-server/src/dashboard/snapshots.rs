@@ -125,8 +125,27 @@ fn versions() -> Vec<allot_api::PolicyVersion> {
         text: "projects:\n  - name: vision\n".into(),
         scope: None,
         why: None,
+        whatif: None,
     };
-    vec![version(1, None, None), version(2, Some(1_796_046_291_054), Some("alice"))]
+    let mut applied = version(2, Some(1_796_046_291_054), Some("alice"));
+    let figures = |p95_ms: u64, milli_gpu_h: u64, preemptions: u64| allot_api::WhatIfFigures {
+        wait_p50_ms: 0,
+        wait_p95_ms: p95_ms,
+        allocated_milli_gpu_hours: milli_gpu_h,
+        lost_milli_gpu_hours: 0,
+        preemptions,
+        finished: 120,
+    };
+    applied.whatif = Some(allot_api::WhatIfShown {
+        run: 3,
+        at_ms: 1_796_046_200_000,
+        active_version: 1,
+        jobs: 120,
+        active: figures(95_000, 41_250, 2),
+        candidate: figures(12_500, 41_250, 5),
+        fidelity_gap_pct: Some(4),
+    });
+    vec![version(1, None, None), applied]
 }
 
 /// Version 2 rolls a candidate out to nlp, one condition judged and one waiting for data.

@@ -219,6 +219,9 @@ pub(crate) struct PolicyVersion {
     /// Why allot applied it itself (a rollback condition that tripped).
     #[serde(default)]
     pub why: Option<String>,
+    /// The what-if shown for its text before it was applied.
+    #[serde(default)]
+    pub whatif: Option<allot_api::WhatIfShown>,
 }
 
 impl PolicyVersion {
@@ -232,6 +235,7 @@ impl PolicyVersion {
             text: text.to_string(),
             scope: None,
             why: None,
+            whatif: None,
         }
     }
 }
@@ -748,7 +752,7 @@ impl Daemon {
                 }
             }
             Entry::ShadowStopped => self.shadow = None,
-            Entry::PolicyApplied { source, text, by, rollback_of, rollout, why } => {
+            Entry::PolicyApplied { source, text, by, rollback_of, rollout, why, whatif } => {
                 // Checked before it was logged (`prepare_policy`); the same check again here
                 // gives the same answer, so a replay switches at the same point.
                 if let Ok((engine, known, policy)) = self.policy_engine(source, text) {
@@ -776,6 +780,7 @@ impl Daemon {
                         text: text.clone(),
                         scope: rollout.as_ref().map(|r| r.scope.clone()),
                         why: why.clone(),
+                        whatif: whatif.clone(),
                     });
                     self.rollout_moved(
                         now,
@@ -844,6 +849,7 @@ impl Daemon {
             rollback_of,
             rollout: None,
             why: None,
+            whatif: None,
         }))
     }
 
@@ -930,6 +936,7 @@ impl Daemon {
             rollback_of: None,
             rollout: Some(plan),
             why: None,
+            whatif: None,
         })
     }
 
@@ -972,13 +979,29 @@ impl Daemon {
         }
     }
 
+    /// When each workload of the rollout's scope that waits for its first admission was
+    /// submitted; empty unless a condition reads it (`p95_wait`).
+    fn waiting_in(&self, plan: &super::rollout::RolloutPlan) -> Vec<u64> {
+        let reads =
+            plan.conditions.iter().any(|c| c.metric == allot_config::rollout::Metric::P95Wait);
+        let Some(scope) = plan.scope().filter(|_| reads) else { return Vec::new() };
+        self.workloads
+            .values()
+            .filter(|r| r.attempt == 0 && r.state == WorkloadState::Pending)
+            .filter(|r| scope.covers(&r.spec.project, r.spec.kind, &r.spec.gpu_models))
+            .map(|r| r.submitted_ms)
+            .collect()
+    }
+
     /// The rollout in effect (or the last one) with its conditions' figures at `now` (at its
     /// end, for one that ended).
     pub(crate) fn rollout_view(&self, now: u64) -> Option<allot_api::RolloutView> {
         let r = self.rollout.as_ref()?;
         let at = r.ended.as_ref().map_or(now, |(ended, _)| *ended);
+        // What waited when an ended rollout ended is not kept: its figures are the outcomes'.
+        let waiting = if r.ended.is_some() { Vec::new() } else { self.waiting_in(&r.plan) };
         let conditions = r
-            .judge(&self.outcomes, at)
+            .judge(&self.outcomes, &waiting, at)
             .into_iter()
             .map(|j| allot_api::RolloutCondition {
                 condition: j.condition.text(),
@@ -1015,7 +1038,7 @@ impl Daemon {
     /// back (the version before it, with why).
     pub(crate) fn rollback_due(&self, now: u64) -> Option<Entry> {
         let r = self.rollout.as_ref().filter(|r| r.ended.is_none())?;
-        let judged = r.judge(&self.outcomes, now);
+        let judged = r.judge(&self.outcomes, &self.waiting_in(&r.plan), now);
         let why = allot_config::rollout::RollbackRules::tripped(&judged, &r.plan.scope()?)?;
         let base = self.policy_versions.iter().find(|v| v.version == r.base_version)?;
         Some(Entry::PolicyApplied {
@@ -1025,6 +1048,7 @@ impl Daemon {
             rollback_of: Some(base.version),
             rollout: None,
             why: Some(why),
+            whatif: None,
         })
     }
 

@@ -152,6 +152,9 @@ pub(crate) enum Entry {
         /// Why it was applied, when allot applied it itself (a rollback condition tripped).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         why: Option<String>,
+        /// The what-if the dashboard showed for this text before it was applied.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        whatif: Option<allot_api::WhatIfShown>,
     },
     /// `allot policy apply FILE --shadow`: the candidate decides beside the active policy
     /// from now on (replacing a shadow already running); checked before it is logged.

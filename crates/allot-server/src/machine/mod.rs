@@ -453,13 +453,16 @@ impl Machine {
                     }
                 }
             }
-            Ask::ApplyPolicy { source, text, by, rollback_of, rollout } => {
+            Ask::ApplyPolicy { source, text, by, rollback_of, rollout, whatif } => {
                 let prepared = match &rollout {
                     Some(ask) => self.daemon.prepare_rollout(&source, &text, &by, ask).map(Some),
                     None => self.daemon.prepare_policy(&source, &text, Some(&by), rollback_of),
                 };
                 match prepared {
-                    Ok(Some(entry)) => {
+                    Ok(Some(mut entry)) => {
+                        if let Entry::PolicyApplied { whatif: shown, .. } = &mut entry {
+                            *shown = whatif;
+                        }
                         self.log(now, entry, out);
                         waiting.push(Waiting::Policy(ticket));
                     }

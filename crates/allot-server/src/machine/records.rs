@@ -99,6 +99,7 @@ pub(crate) fn policy_version(v: &super::daemon::PolicyVersion) -> allot_api::Pol
         text: v.text.clone(),
         scope: v.scope.clone(),
         why: v.why.clone(),
+        whatif: v.whatif.clone(),
     }
 }
 

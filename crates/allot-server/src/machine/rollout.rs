@@ -59,9 +59,15 @@ pub(crate) struct Rollout {
 }
 
 impl Rollout {
-    /// Every condition judged on `outcomes` at `now`.
-    pub(crate) fn judge(&self, outcomes: &Outcomes, now: u64) -> Vec<Judged> {
+    /// Every condition judged on `outcomes` at `now`; `waiting_since_ms`: the submission times
+    /// of the scope's work not admitted yet (`Daemon::waiting_in`).
+    pub(crate) fn judge(
+        &self,
+        outcomes: &Outcomes,
+        waiting_since_ms: &[u64],
+        now: u64,
+    ) -> Vec<Judged> {
         let Some(scope) = self.plan.scope() else { return Vec::new() };
-        self.plan.rules().judge(&scope, outcomes, self.started_ms, now)
+        self.plan.rules().judge(&scope, outcomes, waiting_since_ms, self.started_ms, now)
     }
 }

@@ -197,10 +197,14 @@ fn entry() -> impl Strategy<Value = Entry> {
         Just(Entry::Decided),
         (
             (text(), text(), proptest::option::of(text()), proptest::option::of(1u32..100)),
-            (proptest::option::of(rollout_plan()), proptest::option::of(text())),
+            (
+                proptest::option::of(rollout_plan()),
+                proptest::option::of(text()),
+                proptest::option::of(whatif_shown()),
+            ),
         )
-            .prop_map(|((source, text, by, rollback_of), (rollout, why))| {
-                Entry::PolicyApplied { source, text, by, rollback_of, rollout, why }
+            .prop_map(|((source, text, by, rollback_of), (rollout, why, whatif))| {
+                Entry::PolicyApplied { source, text, by, rollback_of, rollout, why, whatif }
             }),
         (
             id,
@@ -334,6 +338,39 @@ fn a_sampled_entry_with_ids_reads_back() {
     let e = Entry::Sampled { workloads };
     let body = serde_json::to_string(&e).expect("encodes");
     assert_eq!(serde_json::from_str::<Entry>(&body).expect("reads back"), e);
+}
+
+/// A what-if shown before an apply, as logged with its version.
+pub(super) fn whatif_shown() -> impl Strategy<Value = allot_api::WhatIfShown> {
+    let figures = || {
+        prop::array::uniform6(any::<u64>()).prop_map(|f| allot_api::WhatIfFigures {
+            wait_p50_ms: f[0],
+            wait_p95_ms: f[1],
+            allocated_milli_gpu_hours: f[2],
+            lost_milli_gpu_hours: f[3],
+            preemptions: f[4],
+            finished: f[5],
+        })
+    };
+    (
+        (any::<u64>(), any::<u64>(), any::<u32>(), any::<u64>()),
+        figures(),
+        figures(),
+        proptest::option::of(any::<u32>()),
+    )
+        .prop_map(
+            |((run, at_ms, active_version, jobs), active, candidate, fidelity_gap_pct)| {
+                allot_api::WhatIfShown {
+                    run,
+                    at_ms,
+                    active_version,
+                    jobs,
+                    active,
+                    candidate,
+                    fidelity_gap_pct,
+                }
+            },
+        )
 }
 
 /// A rollout's plan, as logged with its version.

@@ -450,18 +450,25 @@ mod tests {
                 prop::option::of(text()),
                 prop::option::of(1u32..50),
                 text(),
-                (prop::option::of(text()), prop::option::of(text())),
+                (
+                    prop::option::of(text()),
+                    prop::option::of(text()),
+                    prop::option::of(super::super::roundtrip::whatif_shown()),
+                ),
             )
                 .prop_map(
-                    |(version, at_ms, source, by, rollback_of, text, (scope, why))| PolicyVersion {
-                        version,
-                        at_ms,
-                        source,
-                        by,
-                        rollback_of,
-                        text,
-                        scope,
-                        why,
+                    |(version, at_ms, source, by, rollback_of, text, (scope, why, whatif))| {
+                        PolicyVersion {
+                            version,
+                            at_ms,
+                            source,
+                            by,
+                            rollback_of,
+                            text,
+                            scope,
+                            why,
+                            whatif,
+                        }
                     },
                 ),
             0..3,

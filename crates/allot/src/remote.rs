@@ -486,7 +486,8 @@ fn whatif_line(version: u32, w: &allot_api::WhatIfShown) -> String {
         None => String::new(),
     };
     format!(
-        "version {version} was shown what-if #{} ({} workloads, against version {}): wait p50 {} → {},          p95 {} → {}; GPU-h {} → {}; lost GPU-h {} → {}; pre-emptions {} → {}{fidelity}\n",
+        "version {version} was shown what-if #{} ({} workloads, against version {}): wait p50 {} → {}, \
+         p95 {} → {}; GPU-h {} → {}; lost GPU-h {} → {}; pre-emptions {} → {}{fidelity}\n",
         w.run,
         w.jobs,
         w.active_version,

@@ -816,7 +816,8 @@ fn assumptions(r: &WhatIfResult) -> String {
          estimate, {} that never ran, {} older than the newest {}. How busy each allocated GPU \
          is comes from the simulator's activity model (docs/design/activity-model.md, default \
          parameters) with seed {}; no job checkpoints (the daemon records no checkpoint \
-         interval); a pre-empted job restarts after {} s. The same as `allot history export` \
+         interval); a pre-empted job restarts after {:.3} s (the start-up delay this daemon \
+         measured, else the simulator's). The same as `allot history export` \
          then `allot sim replay` with the exported trace and cluster and both policies. \
          Replays took {}.",
         r.jobs,

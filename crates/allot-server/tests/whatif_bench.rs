@@ -220,6 +220,40 @@ async fn whatif_on_ten_thousand_workloads_on_500_devices() {
         jittered.join(", ")
     ));
 
+    // Which modelled delay the waits answer to: the replay again without the measured
+    // start-up delay, with cycles at every event, and with cycles on the interval's grid
+    // instead of the daemon's rule.
+    for (what, changed) in [
+        (
+            "no start-up delay",
+            allot_sim::replay::ReplayConfig {
+                launch_delay_s: 0.0,
+                restart_delay_s: 0.0,
+                ..config.clone()
+            },
+        ),
+        (
+            "cycles at every event",
+            allot_sim::replay::ReplayConfig { decide_every_s: 0.0, ..config.clone() },
+        ),
+        (
+            "cycles on the interval's grid (sim replay --decide-every)",
+            allot_sim::replay::ReplayConfig { decide_on_grid: true, ..config.clone() },
+        ),
+    ] {
+        let r =
+            allot_sim::replay::replay(&nodes, &policy, "active", &jobs, &changed).expect("replay");
+        let all = &allot_server::whatif::fidelity(&export, &r)[0];
+        lines.push(format!(
+            "replayed with {what}: wait p50 {:.1} s, p95 {:.1} s, {:.2} GPU-h, {} pre-emptions",
+            all.wait_p50_s.1, all.wait_p95_s.1, all.allocated_gpu_hours.1, r.preemptions
+        ));
+    }
+    lines.push(format!(
+        "the replay's settings: start-up delay {:.3} s, decision interval {:.3} s",
+        config.launch_delay_s, config.decide_every_s
+    ));
+
     // The candidate moves guarantees: p0 gets 200 GPUs, the others 20.
     let candidate = policy_text(|p| if p == 0 { 200 } else { 20 });
     let boundary = "benchBoundary";

@@ -47,6 +47,11 @@ pub struct ReplayConfig {
     /// Cadence of the engine's cycle, virtual seconds; 0: at every instant something changed
     /// (the engine's clock resolution, 1 ms, is the floor).
     pub decide_every_s: f64,
+    /// With a cadence: `true` (`sim replay --decide-every`), cycles fall on its grid, which
+    /// groups arrivals; `false`, the daemon's rule (`Daemon::cycle_due`): a cycle as soon as
+    /// something changed, but at least the cadence after the one before, so work that arrives
+    /// after a quiet spell is decided at once (the what-if replays the daemon this way).
+    pub decide_on_grid: bool,
     /// Timeline sampling step, virtual seconds (grown to respect `TIMELINE_POINTS_MAX`).
     pub timeline_step_s: f64,
     /// Admission → start of a job's first run (image pull, process start): allocated, idle.
@@ -84,6 +89,7 @@ impl Default for ReplayConfig {
             seed: 42,
             until_s: None,
             decide_every_s: 0.0,
+            decide_on_grid: true,
             timeline_step_s: 3600.0,
             launch_delay_s: 0.0,
             restart_delay_s: 60.0,
@@ -586,7 +592,11 @@ impl Sim<'_> {
     /// next one waits a millisecond so that virtual time always moves on.
     fn schedule_decide(&mut self, now_ms: u64) {
         let every = ms(self.config.decide_every_s);
-        let mut at = if every == 0 { now_ms } else { now_ms.div_ceil(every) * every };
+        let mut at = if every == 0 || !self.config.decide_on_grid {
+            now_ms
+        } else {
+            now_ms.div_ceil(every) * every
+        };
         if let Some(last) = self.last_decide_ms {
             let again =
                 every == 0 && last == now_ms && self.rounds_at_instant < ROUNDS_PER_INSTANT_MAX;

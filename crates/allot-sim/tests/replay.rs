@@ -490,3 +490,22 @@ fn a_rehearsed_rollout_rolls_back_when_its_condition_trips_and_not_otherwise() {
     assert!(plain.rehearsal.is_none());
     assert_eq!(plain.jobs_finished, held.jobs_finished);
 }
+
+/// With a cadence, cycles on its grid group arrivals: a job arriving after a quiet spell waits
+/// for the next grid point. Under the daemon's rule (`decide_on_grid: false`) it is decided at
+/// once, and the next cycle comes no sooner than the cadence after that one.
+#[test]
+fn the_daemons_cadence_decides_at_once_after_a_quiet_spell_and_then_waits_the_interval() {
+    let nodes = vec![node("n", 4)];
+    let policy = policy(PreemptionMode::Requeue);
+    // 1 arrives at 10.3 s after nothing; 2 arrives at 10.4 s, 100 ms into the next interval.
+    let jobs = vec![job(1, "a", 10.3, 5.0, 1), job(2, "a", 10.4, 5.0, 1)];
+    let wait = |on_grid: bool| {
+        let cfg = ReplayConfig { decide_every_s: 1.0, decide_on_grid: on_grid, ..config() };
+        let r = replay(&nodes, &policy, "p", &jobs, &cfg).expect("runs");
+        let w = |id: u64| r.by_job[&id].first_wait_s.expect("admitted");
+        ((w(1) * 1000.0).round(), (w(2) * 1000.0).round())
+    };
+    assert_eq!(wait(true), (700.0, 600.0), "both wait for the grid point at 11 s");
+    assert_eq!(wait(false), (0.0, 900.0), "1 at once at 10.3 s, 2 a cadence later at 11.3 s");
+}

@@ -537,6 +537,7 @@ impl Backend for KubernetesBackend {
     /// `kubectl get pod -o json` in `status.conditions`), through `pods/status`. Pods gone
     /// meanwhile are skipped.
     fn explain_waiting(&mut self, reasons: &[(Waiting, String)]) -> Result<(), BackendError> {
+        // The condition's time is the API's wall-clock time, at the edge, not the engine's.
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let mut first_error = None;
         for (waiting, text) in reasons {

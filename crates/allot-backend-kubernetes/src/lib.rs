@@ -309,6 +309,8 @@ impl KubernetesBackend {
             return out;
         };
         let phase = map::phase(pod);
+        // A pod that ended before it was seen running ran all the same (it was bound): its
+        // start is reported first, so that its exit belongs to a started run.
         if matches!(phase, "Running" | "Succeeded" | "Failed") && !t.started {
             t.started = true;
             out.push(Observation::Started { run, pids: Vec::new() });
@@ -395,15 +397,21 @@ impl Backend for KubernetesBackend {
     }
 
     /// Terminate: the Eviction API (PodDisruptionBudgets apply; a budget that forbids it now
-    /// is `Invalid`, logged, and the stop goes on to Kill after the grace). Kill: the
-    /// eviction again, and where a budget still forbids it, delete: allot's decision to stop
-    /// the run stands. Checkpoint: Kubernetes delivers no signal to a running pod; the pod's
-    /// `preStop` hook and `terminationGracePeriodSeconds` are its checkpoint path on eviction.
+    /// is `Invalid`, not transient: the daemon logs it and its stop goes on to Kill after the
+    /// grace, instead of retrying as if the API server were down). Kill: delete with no grace
+    /// once the pod was asked to stop (what SIGKILL is to a process), else the eviction, and
+    /// where a budget forbids it, delete: allot's decision to stop the run stands.
+    /// Checkpoint: Kubernetes delivers no signal to a running pod; the pod's `preStop` hook and
+    /// `terminationGracePeriodSeconds` are its checkpoint path when it is evicted.
     fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
         let Some(t) = self.runs.get(&run).cloned() else {
             return Err(BackendError::UnknownRun { run });
         };
         if t.ended || signal == StopSignal::Checkpoint {
+            return Ok(());
+        }
+        if signal == StopSignal::Kill && t.stopped_by_allot {
+            self.delete_pod(&t.namespace, &t.name, Some(0))?;
             return Ok(());
         }
         let what = format!("evict pod {}", t.handle());

@@ -318,7 +318,7 @@ fn an_allot_pod_is_adopted_bound_and_reported_until_it_completes() {
 }
 
 #[test]
-fn a_deleted_or_evicted_pod_is_an_exit_without_code() {
+fn a_deleted_evicted_or_killed_pod_is_an_exit_without_code() {
     if !enabled() {
         return;
     }
@@ -341,14 +341,41 @@ fn a_deleted_or_evicted_pod_is_an_exit_without_code() {
         let started = seen.iter().filter(|o| matches!(o, Observation::Started { .. })).count();
         (started == 2).then_some(())
     });
+    // A pod that takes 60 s to go once evicted: Kill does not wait for it.
+    let mut slow = allot_pod("slow", "1");
+    slow["metadata"]["annotations"] = json!({ "pod-delete.stage.kwok.x-k8s.io/delay": "60s" });
+    slow["spec"]["terminationGracePeriodSeconds"] = json!(60);
+    fx.create_pod(slow);
+    let mut killed = launch_adopting(3, &handle("slow"), &node, 1);
+    killed.members[0].devices[0].index = 2;
+    backend.launch(&killed).expect("launch");
+    poll_until(
+        &mut backend,
+        &mut seen,
+        "the slow pod Started",
+        |o| matches!(o, Observation::Started { run, .. } if *run == killed.run),
+    );
+    backend.signal(killed.run, StopSignal::Terminate).expect("eviction");
+    std::thread::sleep(Duration::from_secs(1));
+    let terminating = fx.pod("slow").expect("still there: its grace is 60 s");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    backend.signal(killed.run, StopSignal::Kill).expect("kill");
+    poll_until(
+        &mut backend,
+        &mut seen,
+        "the killed pod Exited",
+        |o| matches!(o, Observation::Exited { run, .. } if *run == killed.run),
+    );
 
     fx.delete_pod("deleted");
     backend.signal(evicted.run, StopSignal::Checkpoint).expect("checkpoint: nothing to deliver");
     backend.signal(evicted.run, StopSignal::Terminate).expect("eviction");
     wait_for("both Exited", Duration::from_secs(30), || {
         seen.extend(backend.poll().expect("poll"));
-        let exited = seen.iter().filter(|o| matches!(o, Observation::Exited { .. })).count();
-        (exited == 2).then_some(())
+        let exited = |r: RunId| {
+            seen.iter().any(|o| matches!(o, Observation::Exited { run, .. } if *run == r))
+        };
+        (exited(deleted.run) && exited(evicted.run)).then_some(())
     });
     let exit_of = |run: RunId| {
         seen.iter()
@@ -364,6 +391,10 @@ fn a_deleted_or_evicted_pod_is_an_exit_without_code() {
     assert_eq!(exit_of(evicted.run), (None, "pod evicted by allot".to_string()));
     // Signals to a run that ended do nothing.
     backend.signal(evicted.run, StopSignal::Kill).expect("kill after the end");
+    assert!(matches!(
+        backend.signal(RunId { workload: 99, attempt: 1 }, StopSignal::Kill),
+        Err(BackendError::UnknownRun { .. })
+    ));
 }
 
 #[test]

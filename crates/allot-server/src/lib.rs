@@ -66,6 +66,12 @@ pub enum BackendChoice {
         /// Run each job as the Unix account of the workload's user (`sbatch --uid`).
         run_as_submitter: bool,
     },
+    /// A Kubernetes cluster: allot binds the pods that ask for `schedulerName: allot`; the
+    /// policy's projects are namespaces.
+    Kubernetes {
+        /// The kubeconfig (`None`: `$KUBECONFIG`, else `~/.kube/config`, else in-cluster).
+        kubeconfig: Option<PathBuf>,
+    },
 }
 
 /// How `allot serve` runs.
@@ -496,6 +502,16 @@ pub fn run(config: ServeConfig) -> Result<()> {
             slurm.checkpoint_signal = signal.as_str().trim_start_matches("SIG").to_string();
             slurm.run_as_submitter = *run_as_submitter;
             Box::new(allot_backend_slurm::SlurmBackend::new(slurm))
+        }
+        BackendChoice::Kubernetes { kubeconfig } => {
+            let config = allot_backend_kubernetes::KubernetesConfig {
+                kubeconfig: kubeconfig.clone(),
+                ..Default::default()
+            };
+            Box::new(
+                allot_backend_kubernetes::KubernetesBackend::connect(config)
+                    .map_err(|e| anyhow!("--backend kubernetes: {e}"))?,
+            )
         }
     };
     let token_store = SqliteStore::open_unlocked(&config.data_dir)?;

@@ -55,9 +55,10 @@ pub(crate) struct ServeArgs {
     /// because a rollback condition tripped (`allot policy apply FILE --scope … --rollback-if …`).
     #[arg(long, value_name = "URL")]
     pub(crate) policy_webhook: Option<String>,
-    /// What runs the workloads: `local` (this host, processes) or `slurm` (a Slurm cluster:
+    /// What runs the workloads: `local` (this host, processes), `slurm` (a Slurm cluster:
     /// its nodes and GRES GPUs are the inventory; each run is a held job released onto the
-    /// nodes allot chose).
+    /// nodes allot chose) or `kubernetes` (allot schedules the pods that ask for
+    /// `schedulerName: allot`; projects are namespaces).
     #[arg(long, value_enum, default_value_t = BackendArg::Local)]
     pub(crate) backend: BackendArg,
     /// With --backend slurm: the partition jobs go to (default: Slurm's default partition).
@@ -73,6 +74,10 @@ pub(crate) struct ServeArgs {
     /// submitted it (`sbatch --uid`; allot must run as root). Default: as allot's own user.
     #[arg(long)]
     pub(crate) slurm_run_as_submitter: bool,
+    /// With --backend kubernetes: the kubeconfig (default: $KUBECONFIG, else ~/.kube/config,
+    /// else the pod's in-cluster service account).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Where workloads' own files go (logs, heartbeat and checkpoint files), outside the
     /// private data directory. Default: DATA_DIR/workloads when every workload runs as allot's
     /// own account, else DATA_DIR-workloads beside it (every directory above must let the
@@ -90,6 +95,7 @@ pub(crate) struct ServeArgs {
 pub(crate) enum BackendArg {
     Local,
     Slurm,
+    Kubernetes,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<String> {
@@ -119,6 +125,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
                 slurm_conf: args.slurm_conf,
                 run_as_submitter: args.slurm_run_as_submitter,
             },
+            BackendArg::Kubernetes => {
+                allot_server::BackendChoice::Kubernetes { kubeconfig: args.kubeconfig }
+            }
         },
     })?;
     Ok(String::new())

@@ -1,0 +1,542 @@
+//! The backend against a real API server: the test control plane of `scripts/k8s-cluster.sh up`
+//! (kube-apiserver, kube-controller-manager, kwok playing the kubelets). Runs only with
+//! `ALLOT_K8S=1`. The backend uses the least-privilege `allot` user; fixtures are made with the
+//! admin kubeconfig. Each test makes its own namespace and nodes (named after the test) and
+//! deletes them at the end, so tests run in parallel.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use allot_backend::{
+    Backend, BackendError, ClusterNews, DeviceAssignment, ForeignWork, Launch, MemberLaunch,
+    MemberResources, Observation, RunId, StopSignal, Vendor, Waiting,
+};
+use allot_backend_kubernetes::{KubernetesBackend, KubernetesConfig};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const H100: &str = "NVIDIA-H100-80GB-HBM3";
+
+fn state_dir() -> PathBuf {
+    PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
+}
+
+/// Whether to run; says why not.
+#[allow(clippy::print_stderr, reason = "the skip must be visible in the test output")]
+fn enabled() -> bool {
+    let on = std::env::var("ALLOT_K8S").is_ok_and(|v| v == "1");
+    if !on {
+        eprintln!(
+            "skipped: set ALLOT_K8S=1 after `bash scripts/k8s-cluster.sh up` to run the \
+             Kubernetes backend against the test control plane"
+        );
+    }
+    on
+}
+
+fn backend() -> KubernetesBackend {
+    KubernetesBackend::connect(KubernetesConfig {
+        kubeconfig: Some(state_dir().join("allot.kubeconfig")),
+        ..KubernetesConfig::default()
+    })
+    .expect("the allot kubeconfig of the test cluster")
+}
+
+/// The admin's client, for fixtures; deletes its namespace and nodes when dropped.
+struct Fixture {
+    runtime: tokio::runtime::Runtime,
+    client: kube::Client,
+    namespace: String,
+    nodes: Vec<String>,
+}
+
+impl Fixture {
+    fn new(test: &str) -> Fixture {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let path = state_dir().join("kubeconfig");
+        let client = runtime.block_on(async {
+            let file = kube::config::Kubeconfig::read_from(&path).expect("the admin kubeconfig");
+            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .expect("a client config");
+            kube::Client::try_from(config).expect("a client")
+        });
+        let fixture = Fixture {
+            runtime,
+            client,
+            // Unique per run: a namespace being deleted by an earlier run takes seconds to go.
+            namespace: format!("t-{test}-{}", std::process::id()),
+            nodes: Vec::new(),
+        };
+        let namespaces: Api<Namespace> = Api::all(fixture.client.clone());
+        let ns = serde_json::from_value(json!({ "metadata": { "name": fixture.namespace } }))
+            .expect("a Namespace");
+        fixture
+            .runtime
+            .block_on(namespaces.create(&PostParams::default(), &ns))
+            .expect("the test's namespace");
+        fixture
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// A kwok GPU node with `gpus` H100s, named `<namespace>-<suffix>`.
+    fn gpu_node(&mut self, suffix: &str, gpus: u32) -> String {
+        let name = format!("{}-{suffix}", self.namespace);
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "annotations": { "kwok.x-k8s.io/node": "fake" },
+                "labels": { "type": "kwok", "kubernetes.io/hostname": name,
+                            "nvidia.com/gpu.product": H100,
+                            "topology.kubernetes.io/zone": "zone-a" }
+            },
+            "status": {
+                "capacity": { "cpu": "64", "memory": "512Gi", "pods": "110",
+                              "nvidia.com/gpu": gpus.to_string() },
+                "allocatable": { "cpu": "64", "memory": "512Gi", "pods": "110",
+                                 "nvidia.com/gpu": gpus.to_string() }
+            }
+        }))
+        .expect("a Node");
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        self.runtime.block_on(nodes.create(&PostParams::default(), &node)).expect("node created");
+        self.nodes.push(name.clone());
+        name
+    }
+
+    fn cordon(&self, node: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({ "spec": { "unschedulable": true } });
+        self.runtime
+            .block_on(nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)))
+            .expect("node cordoned");
+    }
+
+    fn create_pod(&self, pod: serde_json::Value) -> Pod {
+        let pod: Pod = serde_json::from_value(pod).expect("a Pod");
+        self.runtime
+            .block_on(self.pods().create(&PostParams::default(), &pod))
+            .expect("pod created")
+    }
+
+    fn create_job(&self, job: serde_json::Value) {
+        let job: Job = serde_json::from_value(job).expect("a Job");
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        self.runtime.block_on(jobs.create(&PostParams::default(), &job)).expect("job created");
+    }
+
+    fn pod(&self, name: &str) -> Option<Pod> {
+        self.runtime.block_on(self.pods().get_opt(name)).expect("pod read")
+    }
+
+    fn delete_pod(&self, name: &str) {
+        let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+        self.runtime.block_on(self.pods().delete(name, &params)).expect("pod deleted");
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        // Pods first, at once: a pod left on a deleted node has no kubelet (kwok) to finish it
+        // and would hold its namespace in Terminating.
+        let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::background() };
+        let _ = self.runtime.block_on(self.pods().delete_collection(&now, &Default::default()));
+        let params = DeleteParams::background();
+        let _ = self.runtime.block_on(namespaces.delete(&self.namespace, &params));
+        for node in &self.nodes {
+            let _ = self.runtime.block_on(nodes.delete(node, &params));
+        }
+    }
+}
+
+/// Asks `probe` every 200 ms until it answers, at most `limit`.
+#[allow(clippy::disallowed_methods, reason = "waits on a real cluster, in real time")]
+fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(Instant::now() < until, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn news(backend: &mut KubernetesBackend) -> ClusterNews {
+    backend.watch_cluster().expect("watch_cluster")
+}
+
+fn foreign_in(news: &ClusterNews, namespace: &str) -> Vec<ForeignWork> {
+    news.foreign.iter().filter(|w| w.project == namespace).cloned().collect()
+}
+
+fn launch_adopting(workload: u64, handle: &str, node: &str, gpus: u32) -> Launch {
+    Launch {
+        run: RunId { workload, attempt: 1 },
+        command: Vec::new(),
+        env: BTreeMap::new(),
+        members: vec![MemberLaunch {
+            node: node.to_string(),
+            devices: (0..gpus)
+                .map(|index| DeviceAssignment {
+                    index,
+                    uuid: None,
+                    vendor: Vendor::Nvidia,
+                    shares: 1000,
+                })
+                .collect(),
+        }],
+        log_dir: std::env::temp_dir(),
+        adopt: Some(handle.to_string()),
+        resources: MemberResources::default(),
+    }
+}
+
+/// Polls until `want` matches an observation, collecting everything seen.
+fn poll_until(
+    backend: &mut KubernetesBackend,
+    seen: &mut Vec<Observation>,
+    what: &str,
+    want: impl Fn(&Observation) -> bool,
+) {
+    wait_for(what, Duration::from_secs(30), || {
+        seen.extend(backend.poll().expect("poll"));
+        seen.iter().any(&want).then_some(())
+    });
+}
+
+fn allot_pod(name: &str, gpus: &str) -> serde_json::Value {
+    json!({
+        "metadata": { "name": name, "labels": { "allot.dev/user": "alice" } },
+        "spec": {
+            "schedulerName": "allot",
+            "nodeSelector": { "nvidia.com/gpu.product": H100 },
+            "containers": [{ "name": "main", "image": "busybox",
+                             "resources": { "limits": { "nvidia.com/gpu": gpus } } }]
+        }
+    })
+}
+
+#[test]
+fn inventory_and_node_states() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("inventory");
+    let nodes = [fx.gpu_node("gpu-0", 8), fx.gpu_node("gpu-1", 8)];
+    let mut backend = backend();
+    let ours = |specs: &[allot_core::NodeSpec]| -> Vec<allot_core::NodeSpec> {
+        specs.iter().filter(|n| nodes.contains(&n.name)).cloned().collect()
+    };
+    let specs = ours(&backend.inventory().expect("inventory"));
+    assert_eq!(specs.len(), 2);
+    assert_eq!(specs.iter().map(|n| n.devices.len()).sum::<usize>(), 16);
+    assert!(specs.iter().flat_map(|n| &n.devices).all(|d| d.model == H100));
+    assert_eq!(specs[0].pool.as_deref(), Some("zone-a"));
+    assert_eq!(specs[0].cpu_millis, 64_000);
+    assert_eq!(specs[0].memory_mib, 512 * 1024);
+
+    // kwok reports the nodes Ready; then one is cordoned.
+    wait_for("both nodes usable", Duration::from_secs(30), || {
+        let states = news(&mut backend).nodes;
+        let usable = states.iter().filter(|s| nodes.contains(&s.node) && s.usable).count();
+        (usable == 2).then_some(())
+    });
+    fx.cordon(&nodes[1]);
+    let state = wait_for("the cordoned node unusable", Duration::from_secs(10), || {
+        news(&mut backend).nodes.into_iter().find(|s| s.node == nodes[1] && !s.usable)
+    });
+    assert!(state.reason.contains("cordoned"), "{}", state.reason);
+}
+
+#[test]
+fn an_allot_pod_is_adopted_bound_and_reported_until_it_completes() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("adopt");
+    let node = fx.gpu_node("gpu-0", 8);
+    let mut backend = backend();
+    wait_for("the node usable", Duration::from_secs(30), || {
+        news(&mut backend).nodes.into_iter().find(|s| s.node == node && s.usable)
+    });
+    // A Job's pod: kwok completes it 2 s after it runs.
+    fx.create_job(json!({
+        "metadata": { "name": "train" },
+        "spec": { "backoffLimit": 0, "template": {
+            "metadata": { "annotations": { "pod-complete.stage.kwok.x-k8s.io/delay": "2s" } },
+            "spec": {
+                "schedulerName": "allot",
+                "restartPolicy": "Never",
+                "containers": [{ "name": "main", "image": "busybox",
+                                 "resources": { "limits": { "nvidia.com/gpu": "2" } } }]
+            }
+        }}
+    }));
+    let work = wait_for("the Job's pod as foreign work", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    assert_eq!(work.gpus_per_node, 2);
+    assert_eq!(work.nodes, 1);
+    assert_eq!(work.user, "default", "no allot.dev/user label: the service account");
+    assert!(work.running.is_empty());
+    assert_eq!(work.refusal, None);
+
+    let launch = launch_adopting(1, &work.handle, &node, 2);
+    backend.launch(&launch).expect("launch");
+    backend.launch(&launch).expect("a second launch of the same run does nothing");
+    let pod = fx.pod(&work.name).expect("the pod");
+    assert_eq!(pod.spec.and_then(|s| s.node_name).as_deref(), Some(node.as_str()));
+    // Adopted: no longer foreign.
+    assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty());
+
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    // A restarted daemon finds the run through the pod (still running, or already done).
+    let mut restarted = self::backend();
+    let recovered = restarted.recover(std::slice::from_ref(&launch)).expect("recover");
+    assert!(
+        matches!(recovered.first(), Some(Observation::Started { run, .. }) if *run == launch.run),
+        "{recovered:?}"
+    );
+    poll_until(&mut backend, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    let exits: Vec<_> =
+        seen.iter().filter(|o| matches!(o, Observation::Exited { .. })).cloned().collect();
+    assert_eq!(seen.iter().filter(|o| matches!(o, Observation::Started { .. })).count(), 1);
+    assert!(matches!(&exits[..], [Observation::Exited { code: Some(0), .. }]), "{seen:?}");
+}
+
+#[test]
+fn a_deleted_evicted_or_killed_pod_is_an_exit_without_code() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("stop");
+    let node = fx.gpu_node("gpu-0", 8);
+    let mut backend = backend();
+    for name in ["deleted", "evicted"] {
+        fx.create_pod(allot_pod(name, "1"));
+    }
+    let handle = |name: &str| format!("{}/{name}", fx.namespace);
+    let deleted = launch_adopting(1, &handle("deleted"), &node, 1);
+    let evicted = launch_adopting(2, &handle("evicted"), &node, 1);
+    let mut evicted_launch = evicted.clone();
+    evicted_launch.members[0].devices[0].index = 1;
+    backend.launch(&deleted).expect("launch");
+    backend.launch(&evicted_launch).expect("launch");
+    let mut seen = Vec::new();
+    wait_for("both Started", Duration::from_secs(30), || {
+        seen.extend(backend.poll().expect("poll"));
+        let started = seen.iter().filter(|o| matches!(o, Observation::Started { .. })).count();
+        (started == 2).then_some(())
+    });
+    // A pod that takes 60 s to go once evicted: Kill does not wait for it.
+    let mut slow = allot_pod("slow", "1");
+    slow["metadata"]["annotations"] = json!({ "pod-delete.stage.kwok.x-k8s.io/delay": "60s" });
+    slow["spec"]["terminationGracePeriodSeconds"] = json!(60);
+    fx.create_pod(slow);
+    let mut killed = launch_adopting(3, &handle("slow"), &node, 1);
+    killed.members[0].devices[0].index = 2;
+    backend.launch(&killed).expect("launch");
+    poll_until(
+        &mut backend,
+        &mut seen,
+        "the slow pod Started",
+        |o| matches!(o, Observation::Started { run, .. } if *run == killed.run),
+    );
+    backend.signal(killed.run, StopSignal::Terminate).expect("eviction");
+    std::thread::sleep(Duration::from_secs(1));
+    let terminating = fx.pod("slow").expect("still there: its grace is 60 s");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    backend.signal(killed.run, StopSignal::Kill).expect("kill");
+    poll_until(
+        &mut backend,
+        &mut seen,
+        "the killed pod Exited",
+        |o| matches!(o, Observation::Exited { run, .. } if *run == killed.run),
+    );
+
+    fx.delete_pod("deleted");
+    backend.signal(evicted.run, StopSignal::Checkpoint).expect("checkpoint: nothing to deliver");
+    backend.signal(evicted.run, StopSignal::Terminate).expect("eviction");
+    wait_for("both Exited", Duration::from_secs(30), || {
+        seen.extend(backend.poll().expect("poll"));
+        let exited = |r: RunId| {
+            seen.iter().any(|o| matches!(o, Observation::Exited { run, .. } if *run == r))
+        };
+        (exited(deleted.run) && exited(evicted.run)).then_some(())
+    });
+    let exit_of = |run: RunId| {
+        seen.iter()
+            .find_map(|o| match o {
+                Observation::Exited { run: r, code, detail } if *r == run => {
+                    Some((*code, detail.clone()))
+                }
+                _ => None,
+            })
+            .expect("an exit")
+    };
+    assert_eq!(exit_of(deleted.run), (None, "pod deleted".to_string()));
+    assert_eq!(exit_of(evicted.run), (None, "pod evicted by allot".to_string()));
+    // Signals to a run that ended do nothing.
+    backend.signal(evicted.run, StopSignal::Kill).expect("kill after the end");
+    assert!(matches!(
+        backend.signal(RunId { workload: 99, attempt: 1 }, StopSignal::Kill),
+        Err(BackendError::UnknownRun { .. })
+    ));
+}
+
+#[test]
+fn gpu_pods_of_other_schedulers_are_occupied_capacity() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("beside");
+    let node = fx.gpu_node("gpu-0", 8);
+    fx.create_pod(json!({
+        "metadata": { "name": "inference" },
+        "spec": {
+            "nodeName": node,
+            "containers": [{ "name": "main", "image": "busybox",
+                             "resources": { "limits": { "nvidia.com/gpu": "4" } } }]
+        }
+    }));
+    // allot's pod bound without a launch (by a daemon before its restart): running foreign work.
+    let mut orphan = allot_pod("orphan", "2");
+    orphan["spec"]["nodeName"] = json!(node);
+    fx.create_pod(orphan);
+    let mut backend = backend();
+    let news = news(&mut backend);
+    let orphan = foreign_in(&news, &fx.namespace);
+    assert_eq!(orphan.len(), 1, "{orphan:?}");
+    assert_eq!(orphan[0].running.len(), 1);
+    let indices: Vec<u32> = orphan[0].running[0].devices.iter().map(|d| d.index).collect();
+    assert_eq!(indices, vec![4, 5], "after the 4 the other scheduler's pod holds");
+    let beside = news
+        .beside
+        .iter()
+        .find(|w| w.handle == format!("{}/inference", fx.namespace))
+        .expect("the pod beside allot");
+    assert_eq!(beside.running.len(), 1);
+    assert_eq!(beside.running[0].node, node);
+    let indices: Vec<u32> = beside.running[0].devices.iter().map(|d| d.index).collect();
+    assert_eq!(indices, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn waiting_reasons_show_on_the_pod_and_cancel_deletes_it() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("explain");
+    fx.create_pod(allot_pod("waiting", "2"));
+    let handle = format!("{}/waiting", fx.namespace);
+    let mut backend = backend();
+    let reason = "quota: the project has 0 of 2 GPUs free".to_string();
+    backend
+        .explain_waiting(&[(Waiting::Foreign(handle.clone()), reason.clone())])
+        .expect("explain_waiting");
+    let pod = fx.pod("waiting").expect("the pod");
+    let condition = pod
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .expect("a PodScheduled condition");
+    assert_eq!(condition.status, "False");
+    assert_eq!(condition.reason.as_deref(), Some("AllotWaiting"));
+    assert_eq!(condition.message, Some(format!("allot: {reason}")));
+    // A pod gone meanwhile is skipped.
+    backend
+        .explain_waiting(&[(Waiting::Foreign(format!("{}/gone", fx.namespace)), reason)])
+        .expect("a gone pod is skipped");
+
+    assert!(backend.cancel_foreign(&handle).expect("cancel"));
+    wait_for("the pod deleted", Duration::from_secs(30), || {
+        fx.pod("waiting").is_none().then_some(())
+    });
+    assert!(!backend.cancel_foreign(&handle).expect("cancel of a gone pod"));
+}
+
+#[test]
+fn a_gpu_request_allot_cannot_place_is_refused_naming_the_field() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("refusal");
+    let mut pod = allot_pod("mig", "1");
+    pod["spec"]["containers"][0]["resources"]["limits"] = json!({ "nvidia.com/mig-1g.10gb": "1" });
+    fx.create_pod(pod);
+    let mut backend = backend();
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    let refusal = work.first().and_then(|w| w.refusal.clone()).expect("refused");
+    assert!(
+        refusal.contains("spec.containers[0].resources.limits[nvidia.com/mig-1g.10gb]"),
+        "{refusal}"
+    );
+}
+
+#[test]
+fn work_without_a_pod_and_gangs_fail_to_launch_with_the_reason() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("refused-launch");
+    let node = fx.gpu_node("gpu-0", 8);
+    let mut backend = backend();
+    let mut submitted = launch_adopting(1, "", &node, 1);
+    submitted.adopt = None;
+    let mut gang = launch_adopting(2, &format!("{}/x", fx.namespace), &node, 1);
+    gang.members.push(gang.members[0].clone());
+    backend.launch(&submitted).expect("launch");
+    backend.launch(&gang).expect("launch");
+    let failed = backend.poll().expect("poll");
+    let errors: Vec<&str> = failed
+        .iter()
+        .filter_map(|o| match o {
+            Observation::LaunchFailed { error, .. } => Some(error.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors.len(), 2, "{failed:?}");
+    assert!(errors[0].contains("create the pod with kubectl"), "{}", errors[0]);
+    assert!(errors[1].contains("pod groups are not supported"), "{}", errors[1]);
+}
+
+#[test]
+fn an_api_server_that_does_not_answer_is_unreachable() {
+    if !enabled() {
+        return;
+    }
+    // The test cluster's credentials, a port where nothing listens.
+    let dir = tempfile_dir("unreachable");
+    let text = std::fs::read_to_string(state_dir().join("allot.kubeconfig")).expect("kubeconfig");
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, text.replace(":16443", ":1")).expect("kubeconfig written");
+    let mut backend = KubernetesBackend::connect(KubernetesConfig {
+        kubeconfig: Some(path),
+        call_timeout: Duration::from_secs(2),
+    })
+    .expect("credentials read without contacting the server");
+    let error = backend.inventory().expect_err("nobody answers");
+    assert!(matches!(error, BackendError::Unreachable(_)), "{error:?}");
+    assert!(error.is_transient());
+}
+
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("allot-k8s-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    dir
+}

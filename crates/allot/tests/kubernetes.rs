@@ -1,0 +1,219 @@
+//! allot as the scheduler of a real Kubernetes control plane (`scripts/k8s-cluster.sh up`:
+//! kube-apiserver, kube-controller-manager, kwok), end to end through
+//! `allot serve --backend kubernetes`: a pod that asks for `schedulerName: allot` in a
+//! namespace the policy names as a project is imported, admitted, bound to a GPU node, and
+//! `allot ls` lists it running.
+//!
+//! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
+//! daemon uses the least-privilege `allot` user.
+
+#![allow(clippy::print_stderr)] // the skip must be visible in the test output
+#![allow(clippy::disallowed_methods)] // waits on a real cluster: real time is the point
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_allot");
+const H100: &str = "NVIDIA-H100-80GB-HBM3";
+
+fn state_dir() -> PathBuf {
+    PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
+}
+
+/// kubectl of the test cluster's cache (scripts/k8s-cluster.sh builds it there).
+fn kubectl_path() -> PathBuf {
+    let cache = PathBuf::from(
+        std::env::var("ALLOT_K8S_CACHE").unwrap_or_else(|_| "/var/cache/allot-k8s".into()),
+    );
+    std::fs::read_dir(cache.join("bin"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("kubectl"))
+        .find(|p| p.exists())
+        .expect("kubectl under $ALLOT_K8S_CACHE/bin (scripts/k8s-cluster.sh build)")
+}
+
+/// Runs kubectl as the admin, `stdin` piped in; its stdout.
+fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let mut child = Command::new(kubectl_path())
+        .arg(format!("--kubeconfig={}", state_dir().join("kubeconfig").display()))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    if let Some(text) = stdin
+        && let Some(mut pipe) = child.stdin.take()
+    {
+        pipe.write_all(text.as_bytes()).expect("kubectl's stdin");
+    }
+    let out = child.wait_with_output().expect("kubectl ends");
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The daemon, and the cluster objects of the test; all gone when dropped.
+struct Scene {
+    daemon: Option<Child>,
+    namespace: String,
+    node: String,
+    data_dir: PathBuf,
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = child.wait();
+        }
+        let kube = |args: &[&str]| {
+            let _ = Command::new(kubectl_path())
+                .arg(format!("--kubeconfig={}", state_dir().join("kubeconfig").display()))
+                .args(args)
+                .output();
+        };
+        kube(&["-n", &self.namespace, "delete", "pods", "--all", "--grace-period=0", "--force"]);
+        kube(&["delete", "namespace", &self.namespace, "--wait=false"]);
+        kube(&["delete", "node", &self.node, "--wait=false"]);
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn allot_binds_a_pod_that_asks_for_it_and_lists_it() {
+    if !std::env::var("ALLOT_K8S").is_ok_and(|v| v == "1") {
+        eprintln!("skipped: set ALLOT_K8S=1 with the test cluster up (scripts/k8s-cluster.sh up)");
+        return;
+    }
+    let id = std::process::id();
+    let mut scene = Scene {
+        daemon: None,
+        namespace: format!("e2e-vision-{id}"),
+        node: format!("e2e-gpu-{id}"),
+        data_dir: std::env::temp_dir().join(format!("allot-k8s-e2e-{id}")),
+    };
+    let (namespace, node) = (scene.namespace.clone(), scene.node.clone());
+    kubectl(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1
+kind: Node
+metadata:
+  name: {node}
+  annotations: {{kwok.x-k8s.io/node: fake}}
+  labels: {{type: kwok, kubernetes.io/hostname: {node}, nvidia.com/gpu.product: {H100}}}
+status:
+  capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
+  allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+"
+        )),
+    );
+    kubectl(&["wait", "--for=condition=Ready", &format!("node/{node}"), "--timeout=60s"], None);
+
+    // The policy's projects are namespaces; quotas by the GPU product label.
+    let _ = std::fs::remove_dir_all(&scene.data_dir);
+    std::fs::create_dir_all(&scene.data_dir).expect("data dir");
+    let policy = scene.data_dir.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "priority_classes:
+  - {{name: normal, value: 0, preemptible: true}}
+default_priority_class: normal
+projects:
+  - name: {namespace}
+    quotas:
+      - {{model: {H100}, guaranteed: 8}}
+"
+        ),
+    )
+    .expect("policy written");
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "serve",
+            "--backend",
+            "kubernetes",
+            "--telemetry",
+            "none",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--kubeconfig")
+        .arg(state_dir().join("allot.kubeconfig"))
+        .arg("--data-dir")
+        .arg(scene.data_dir.join("data"))
+        .arg("--policy")
+        .arg(&policy);
+    let (child, addr, token) = common::spawn_serve(command, "http");
+    scene.daemon = Some(child);
+    let token = token.expect("admin token on a first start");
+
+    kubectl(
+        &["-n", &namespace, "apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: train, labels: {{allot.dev/user: alice}}}}
+spec:
+  schedulerName: allot
+  nodeSelector: {{nvidia.com/gpu.product: {H100}}}
+  containers:
+  - name: main
+    image: busybox
+    resources: {{limits: {{nvidia.com/gpu: \"2\"}}}}
+"
+        )),
+    );
+    let started = Instant::now();
+    let bound = wait_for("the pod bound by allot", Duration::from_secs(60), || {
+        let name = kubectl(
+            &["-n", &namespace, "get", "pod", "train", "-o", "jsonpath={.spec.nodeName}"],
+            None,
+        );
+        (!name.is_empty()).then_some(name)
+    });
+    eprintln!("pod bound by allot {:.1} s after it was created", started.elapsed().as_secs_f64());
+    assert_eq!(bound, node);
+
+    let handle = format!("{namespace}/train");
+    let listed = wait_for("allot ls lists it running", Duration::from_secs(30), || {
+        let out = Command::new(BIN)
+            .args(["ls", "--output", "json", "--url", &format!("http://{addr}"), "--token", &token])
+            .output()
+            .expect("allot ls runs");
+        let listed: Value = serde_json::from_slice(&out.stdout).ok()?;
+        listed["workloads"]
+            .as_array()?
+            .iter()
+            .find(|w| {
+                w["command"] == serde_json::json!(["foreign", handle]) && w["state"] == "running"
+            })
+            .cloned()
+    });
+    assert_eq!(listed["project"], namespace.as_str(), "{listed}");
+    assert_eq!(listed["user"], "alice", "{listed}");
+}

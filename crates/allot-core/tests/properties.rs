@@ -475,7 +475,7 @@ fn raw_case_consolidating() -> impl Strategy<Value = RawCase> {
                 && s.whole.is_some_and(|w| w <= 2)
             {
                 n += 1;
-                if n % 4 != 0 {
+                if !n.is_multiple_of(4) {
                     s.whole = None;
                     s.shares = [250, 350, 750][n as usize % 3];
                 }

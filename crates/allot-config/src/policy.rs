@@ -325,7 +325,7 @@ fn defragmentation(ctx: &mut Ctx, node: &Node) -> Option<Option<Defragmentation>
         Some(n) => decode::duration_ms(ctx, n, &f.path("restart_cost")),
     };
     let (enabled, restart_cost_ms) = (enabled?, restart?);
-    Some(enabled.then_some(Defragmentation { restart_cost_ms }))
+    Some(enabled.then_some(Defragmentation { restart_cost_ms, ..Default::default() }))
 }
 
 fn half_life_ms(ctx: &mut Ctx, node: &Node) -> Option<u64> {

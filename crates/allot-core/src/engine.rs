@@ -740,6 +740,12 @@ impl Engine {
         self.workloads.get(&id).and_then(|w| w.allocation.as_ref()).map(|a| &a.placement)
     }
 
+    /// Replaces the defragmentation policy from the next cycle on, as a policy reload that
+    /// changes only that part would: running work and the queue are untouched. `None`: off.
+    pub fn set_defragmentation(&mut self, defragmentation: Option<Defragmentation>) {
+        self.defrag = defragmentation;
+    }
+
     // ----- the cycle ------------------------------------------------------------------------
 
     /// Runs one scheduling cycle at `now` and returns every decision it made: each pending

@@ -233,6 +233,15 @@ pub struct Defragmentation {
     /// What restarting a moved workload costs, per GPU it holds, on top of the work it loses
     /// since its last checkpoint: image pull, start-up, warm-up.
     pub restart_cost_ms: u64,
+    /// Also make room by moving work that holds GPU shares, for any claimant of one member
+    /// (shares, or whole GPUs from one): the claimant is blocked by fragmentation when its
+    /// model has its shares free in total, and a plan may consolidate fractional work onto
+    /// partly used devices to open one. Off: only gangs of at least two whole GPUs while as
+    /// many whole GPUs are free (the rule before fractional work was moved).
+    pub consolidate_shares: bool,
+    /// Most workloads one plan may move; a plan that needs more is not carried out. Bounds
+    /// the disruption one claimant may cause. `None`: no cap.
+    pub victims_max: Option<u32>,
 }
 
 impl Defragmentation {
@@ -249,7 +258,11 @@ impl PolicySpec {
 
 impl Default for Defragmentation {
     fn default() -> Self {
-        Defragmentation { restart_cost_ms: Defragmentation::DEFAULT_RESTART_COST_MS }
+        Defragmentation {
+            restart_cost_ms: Defragmentation::DEFAULT_RESTART_COST_MS,
+            consolidate_shares: false,
+            victims_max: None,
+        }
     }
 }
 

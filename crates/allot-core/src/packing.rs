@@ -521,6 +521,34 @@ impl PackCluster {
     }
 }
 
+impl PackCluster {
+    /// Give back what [`commit`](Self::commit) booked for the same pod and placement: a pod
+    /// moved elsewhere (the experiment's migrations).
+    pub fn release(&mut self, pod: &PodShape, placement: &PackPlacement) {
+        let Some(node) = self.nodes.get_mut(placement.node) else { return };
+        node.cpu_free = node.cpu_free.saturating_add(pod.cpu_milli);
+        node.memory_free = node.memory_free.saturating_add(pod.memory_mib);
+        for &gpu in &placement.gpus {
+            if let Some(free) = node.gpu_free.get_mut(usize::from(gpu)) {
+                let given = (1000 - (*free).min(1000)).min(pod.gpu_milli);
+                *free += given;
+                self.used_milli -= u64::from(given);
+            }
+        }
+        if let Some(tag) = pod.shape_tag()
+            && let Some(i) = node.tags.iter().position(|(t, _)| *t == tag)
+        {
+            node.tags[i].1 -= 1;
+            if node.tags[i].1 == 0 {
+                node.tags.remove(i);
+            }
+        }
+        node.refresh_summary();
+        node.version = node.version.wrapping_add(1).max(1);
+        node.fragment = self.mix.node_fragment(node.cpu_free, node.model, &node.gpu_free);
+    }
+}
+
 /// A node's score for a pod under a deterministic policy, and the GPU a sharing pod would take.
 /// Higher wins. The node is known to fit the pod.
 fn score(policy: PackPolicy, node: &NodeState, pod: &PodShape, mix: &TargetMix) -> (i64, u8) {

@@ -22,7 +22,9 @@
 //! - a `Defragment` victim is of a priority no higher than its claimant's, is suspended or
 //!   requeued (never deleted), and another project is left below its guarantee only by a plan
 //!   whose every victim can restart elsewhere at once (a fifth of the generated histories are
-//!   built to fragment the cluster, with defragmentation on, some with a node drained);
+//!   built to fragment the cluster, with defragmentation on, some with a node drained; as many
+//!   again fill it with fractional work and consolidate shares), and a plan moves at most the
+//!   policy's `victims_max`;
 //! - no `Admit` places a member on a node the history made unavailable
 //!   (`Event::NodeUnavailable`, flipped at random, sometimes for a node that does not exist),
 //!   and a `NodesUnavailable` deferral names only such nodes;
@@ -137,6 +139,9 @@ struct RawCase {
     steps: Vec<(u64, RawOp)>,
     /// Defragmentation's restart cost per GPU, when on.
     defrag: Option<u64>,
+    /// Defragmentation's `consolidate_shares` and `victims_max`.
+    consolidate: bool,
+    victims_max: Option<u32>,
     /// The guard against pre-emption thrash (`guard_of`): 0 off.
     guard: u8,
 }
@@ -236,7 +241,12 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
 /// Half the cases are dense: one model, one cohort, distinct priorities and small requests,
 /// so that borrowing, reclaim and priority pre-emption happen often.
 fn raw_case() -> impl Strategy<Value = RawCase> {
-    prop_oneof![2 => raw_case_general(), 2 => raw_case_dense(), 1 => raw_case_fragmented()]
+    prop_oneof![
+        2 => raw_case_general(),
+        2 => raw_case_dense(),
+        1 => raw_case_fragmented(),
+        1 => raw_case_consolidating()
+    ]
 }
 
 /// Defragmentation-heavy: one model, two projects in one cohort, small nodes filled with small
@@ -350,6 +360,8 @@ fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
                     projects,
                     steps,
                     defrag: Some(restart),
+                    consolidate: false,
+                    victims_max: None,
                     guard: 0,
                 }
             },
@@ -405,6 +417,8 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             projects,
             steps,
             defrag,
+            consolidate: false,
+            victims_max: None,
             guard,
         })
 }
@@ -439,10 +453,39 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
                     projects,
                     steps,
                     defrag,
+                    // Half the cases with defragmentation consolidate shares too; a third cap
+                    // the victims per plan (0–2).
+                    consolidate: defrag.is_some_and(|r| r % 2 == 1),
+                    victims_max: defrag.filter(|r| r % 3 == 0).map(|r| (r / 3 % 3) as u32),
                     guard,
                 }
             },
         )
+}
+
+/// `raw_case_fragmented` with consolidation on: most one-GPU jobs become fractional (250, 350
+/// or 750 shares) and some claimants ask shares, so that plans move fractional work to open a
+/// device; a third of the cases cap the victims per plan.
+fn raw_case_consolidating() -> impl Strategy<Value = RawCase> {
+    raw_case_fragmented().prop_map(|mut case| {
+        let mut n = 0u32;
+        for (_, op) in &mut case.steps {
+            if let RawOp::Submit(s) = op
+                && s.members == 1
+                && s.whole.is_some_and(|w| w <= 2)
+            {
+                n += 1;
+                if !n.is_multiple_of(4) {
+                    s.whole = None;
+                    s.shares = [250, 350, 750][n as usize % 3];
+                }
+            }
+        }
+        let restart = case.defrag.unwrap_or(0);
+        case.consolidate = true;
+        case.victims_max = (restart % 3 == 0).then_some((restart / 3 % 3) as u32);
+        case
+    })
 }
 
 /// Protections short enough to start and end within a case's steps (0–3 s apart).
@@ -570,7 +613,11 @@ fn build(raw: &RawCase) -> Case {
         fair_share_half_life_ms: raw.half_life_ms,
         preemption_mode: mode_of(raw.mode),
         preemption_guard: guard_of(raw.guard),
-        defragmentation: raw.defrag.map(|restart_cost_ms| Defragmentation { restart_cost_ms }),
+        defragmentation: raw.defrag.map(|restart_cost_ms| Defragmentation {
+            restart_cost_ms,
+            consolidate_shares: raw.consolidate,
+            victims_max: raw.victims_max,
+        }),
         idle: Vec::new(),
         restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
@@ -1213,6 +1260,17 @@ impl<'a> Checker<'a> {
         let mut all_replaceable = true;
         let mut own_victims = 0u64;
         let mut claim: Option<(String, String, WorkloadId)> = None;
+        // A defragmentation plan moves at most the policy's `victims_max`.
+        let moves = plan
+            .iter()
+            .filter(|d| {
+                matches!(d, Decision::Preempt { reason: PreemptReason::Defragment { .. }, .. })
+            })
+            .count();
+        let cap = self.case.policy.defragmentation.and_then(|d| d.victims_max);
+        if cap.is_some_and(|cap| moves > cap as usize) {
+            return Err(format!("a defragmentation plan moves {moves}, past victims_max {cap:?}"));
+        }
         for d in plan {
             let Decision::Preempt { victim, for_workload, reason, mode, .. } = d else {
                 unreachable!()

@@ -252,6 +252,11 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
                 restart_cost_ms: args
                     .get("restart")
                     .map_or(Ok(Defragmentation::DEFAULT_RESTART_COST_MS), |r| num(r))?,
+                consolidate_shares: args.get("consolidate").is_some_and(|v| *v == "yes"),
+                victims_max: args
+                    .get("victims-max")
+                    .map(|v| num(v).map(|n| n as u32))
+                    .transpose()?,
             })
         }
         "fair-sharing" => {

@@ -32,7 +32,7 @@ use crate::openb::{OpenbNode, OpenbPod};
 use crate::rng::SimRng;
 
 mod engine;
-pub use engine::run_seed_engine;
+pub use engine::{run_seed_engine, run_seed_engine_migrating};
 
 /// The name `sim pack --engine` reports its runs under.
 pub const ENGINE_PLACEMENT: &str = "engine";
@@ -202,6 +202,41 @@ pub struct SeedRun {
     pub allocation_pct: Vec<Option<f64>>,
     pub fragmentation_pct: Vec<Option<f64>>,
     pub fragmentation_ratio_pct: Vec<Option<f64>>,
+    /// The moves of a run with a migration budget (`sim pack --engine --migrate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStats>,
+}
+
+/// What a migration budget let the engine's defragmentation do in one seed's run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MigrationStats {
+    /// At most this % of the pods placed so far may have been moved.
+    pub budget_pct: f64,
+    /// Pods placed at the end of the run.
+    pub pods_placed: usize,
+    /// Moves made (a pod moved twice counts twice).
+    pub pods_moved: usize,
+    /// `pods_moved` as % of `pods_placed`.
+    pub moved_pct: f64,
+    /// Defragmentation plans carried out.
+    pub plans: usize,
+    /// The plans' cost as `defrag.rs` charges it: each moved pod's GPUs × (time since its
+    /// checkpoint, or start) + its GPUs × the restart cost.
+    pub move_cost_gpu_ms: u64,
+    pub move_cost_gpu_hours: f64,
+    /// Moved pods the engine did not restart at once (cancelled); 0 when every plan held.
+    pub pods_lost: usize,
+}
+
+/// Means over seeds of [`MigrationStats`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MigrationMean {
+    pub budget_pct: f64,
+    pub pods_moved: f64,
+    pub moved_pct: f64,
+    pub plans: f64,
+    pub move_cost_gpu_hours: f64,
+    pub pods_lost: f64,
 }
 
 /// One policy over several seeds: per-column means over seeds and each seed's run.
@@ -223,6 +258,9 @@ pub struct PackReport {
     pub fragmentation_ratio_pct: Vec<Option<f64>>,
     pub per_seed: Vec<SeedRun>,
     pub wall_ms: u64,
+    /// Means of the seeds' moves, for a run with a migration budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationMean>,
 }
 
 struct Draws(SimRng);
@@ -358,6 +396,7 @@ fn run_sequence(
             |mean| round2(100.0 * mean / 1000.0 / capacity_gpus),
         ),
         fragmentation_ratio_pct: bins.ratio_columns(columns),
+        migration: None,
     }
 }
 
@@ -405,6 +444,44 @@ pub fn run_engine_with_progress(
     Ok(report(input, ENGINE_PLACEMENT, ArrivalOrder::Online, inflate, seeds, per_seed))
 }
 
+/// [`run_engine_with_progress`] with a migration budget of `migrate_pct` % of the pods placed
+/// so far ([`run_seed_engine_migrating`]); reported as placement `engine migrate PCT%`.
+pub fn run_engine_migrating_with_progress(
+    input: &PackInput,
+    inflate: f64,
+    seeds: &[u64],
+    migrate_pct: f64,
+    seed_done: &(dyn Fn() + Sync),
+) -> Result<PackReport, String> {
+    let per_seed: Vec<SeedRun> = seeds
+        .par_iter()
+        .map(|&seed| {
+            let run = run_seed_engine_migrating(input, inflate, seed, Some(migrate_pct));
+            seed_done();
+            run
+        })
+        .collect::<Result<_, _>>()?;
+    let runs = per_seed.len().max(1) as f64;
+    let stats: Vec<&MigrationStats> =
+        per_seed.iter().filter_map(|r| r.migration.as_ref()).collect();
+    let mean =
+        |f: fn(&MigrationStats) -> f64| round2(stats.iter().map(|s| f(s)).sum::<f64>() / runs);
+    let migration = MigrationMean {
+        budget_pct: migrate_pct,
+        pods_moved: mean(|s| s.pods_moved as f64),
+        moved_pct: mean(|s| s.moved_pct),
+        plans: mean(|s| s.plans as f64),
+        move_cost_gpu_hours: round4(
+            stats.iter().map(|s| s.move_cost_gpu_hours).sum::<f64>() / runs,
+        ),
+        pods_lost: mean(|s| s.pods_lost as f64),
+    };
+    let name = format!("{ENGINE_PLACEMENT} migrate {migrate_pct}%");
+    let mut report = report(input, &name, ArrivalOrder::Online, inflate, seeds, per_seed);
+    report.migration = Some(migration);
+    Ok(report)
+}
+
 /// Per-column means over the seeds' runs.
 fn report(
     input: &PackInput,
@@ -442,6 +519,7 @@ fn report(
         fragmentation_ratio_pct: mean(|r| &r.fragmentation_ratio_pct),
         per_seed,
         wall_ms: 0,
+        migration: None,
     }
 }
 

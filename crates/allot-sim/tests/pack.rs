@@ -210,3 +210,61 @@ fn an_engine_run_books_only_what_fits_and_is_deterministic() {
     );
     assert_eq!(pack::run_seed_engine(&input, 0.4, 42), Ok(run));
 }
+
+/// Four one-GPU nodes and pods of 700 and 300 shares that fill them exactly: in an arrival
+/// order where 300s share a GPU early, a 700 later finds 300 + 300 free on two GPUs and fails
+/// — unless a 300 moves. The moves come from the engine's defragmentation alone.
+fn sliver_case() -> PackInput {
+    let path = Path::new("case.csv");
+    let mut nodes = String::from("sn,cpu_milli,memory_mib,gpu,model\n");
+    for n in 0..4 {
+        nodes.push_str(&format!("n{n},32000,65536,1,T4\n"));
+    }
+    let mut pods = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n");
+    for i in 0..4 {
+        pods.push_str(&format!("big{i},1000,1024,1,700\nsmall{i},1000,1024,1,300\n"));
+    }
+    let (nodes, _) = openb::parse_nodes(path, &nodes, BadRows::Fail).unwrap_or_default();
+    let (pods, _) = openb::parse_pods(path, &pods, BadRows::Fail).unwrap_or_default();
+    PackInput::new(&nodes, &pods).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_move_makes_room_that_plain_placement_cannot() {
+    let input = sliver_case();
+    let mut helped = 0;
+    for seed in 0..40 {
+        // Inflate 1.0: the trace alone fills capacity; no copies arrive.
+        let plain = pack::run_seed_engine(&input, 1.0, seed).unwrap_or_else(|e| panic!("{e}"));
+        let moving = pack::run_seed_engine_migrating(&input, 1.0, seed, Some(50.0))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stats = moving.migration.clone().unwrap_or_default();
+        assert!(stats.pods_moved * 2 <= stats.pods_placed, "seed {seed}: {stats:?}");
+        assert_eq!(stats.pods_lost, 0, "seed {seed}: a moved pod was not restarted");
+        assert!(moving.final_allocation_pct >= plain.final_allocation_pct, "seed {seed}");
+        if moving.final_allocation_pct > plain.final_allocation_pct {
+            assert!(stats.pods_moved > 0 && stats.move_cost_gpu_ms > 0, "seed {seed}");
+            helped += 1;
+        }
+    }
+    assert!(helped > 0, "no seed where a move made room");
+}
+
+#[test]
+fn a_zero_budget_is_the_plain_engine_run() {
+    let input = PackInput::new(&nodes(), &pods("default")).unwrap_or_else(|e| panic!("{e}"));
+    let plain = pack::run_seed_engine(&input, 0.4, 42).unwrap_or_else(|e| panic!("{e}"));
+    let mut zero = pack::run_seed_engine_migrating(&input, 0.4, 42, Some(0.0))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stats = zero.migration.take().unwrap_or_default();
+    assert_eq!((stats.pods_moved, stats.plans, stats.move_cost_gpu_ms), (0, 0, 0));
+    assert_eq!(zero, plain);
+    let small = sliver_case();
+    for seed in 0..8 {
+        let plain = pack::run_seed_engine(&small, 1.0, seed).unwrap_or_else(|e| panic!("{e}"));
+        let mut zero = pack::run_seed_engine_migrating(&small, 1.0, seed, Some(0.0))
+            .unwrap_or_else(|e| panic!("{e}"));
+        zero.migration = None;
+        assert_eq!(zero, plain, "seed {seed}");
+    }
+}

@@ -61,6 +61,12 @@ pub(crate) struct PackArgs {
     /// report it as placement `engine` beside `--placement`'s.
     #[arg(long)]
     engine: bool,
+    /// With `--engine`: migration budgets, % of the pods placed so far that the engine's
+    /// defragmentation may have moved to fit an arriving pod, comma-separated (`0,1,2,5`); one
+    /// engine run per budget, reported as `engine migrate PCT%` with its moves and their cost,
+    /// instead of the plain `engine` run.
+    #[arg(long, allow_hyphen_values = true)]
+    migrate: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -159,9 +165,21 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
             "the engine places pods as they arrive; drop --hindsight or --engine",
         ));
     }
+    let budgets = match &args.migrate {
+        Some(text) if !args.engine => {
+            return Err(usage(
+                "--migrate",
+                text,
+                "moves are made by the engine's defragmentation; add --engine",
+            ));
+        }
+        Some(text) => parse_budgets(text)?,
+        None => Vec::new(),
+    };
     let mode = if args.skip_bad_rows { BadRows::Skip } else { BadRows::Fail };
     let input = load(&args.nodes, &args.pods, mode)?;
-    let runs = policies.len() + usize::from(args.engine);
+    let engine_runs = if budgets.is_empty() { usize::from(args.engine) } else { budgets.len() };
+    let runs = policies.len() + engine_runs;
     let progress = Progress::new((runs * seeds.len()) as u64, "packing");
     let mut reports = Vec::new();
     for policy in policies {
@@ -174,7 +192,17 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
         report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
         reports.push(report);
     }
-    if args.engine {
+    for &budget in &budgets {
+        let started = wall_clock();
+        let mut report =
+            pack::run_engine_migrating_with_progress(&input, args.inflate, &seeds, budget, &|| {
+                progress.inc(1);
+            })
+            .map_err(|e| anyhow::anyhow!("sim pack --engine --migrate {budget}: {e}"))?;
+        report.wall_ms = if args.no_timing { 0 } else { started.elapsed().as_millis() as u64 };
+        reports.push(report);
+    }
+    if args.engine && budgets.is_empty() {
         let started = wall_clock();
         let mut report = pack::run_engine_with_progress(&input, args.inflate, &seeds, &|| {
             progress.inc(1);
@@ -205,6 +233,7 @@ pub(crate) fn run(args: &PackArgs) -> Result<String> {
         }
         SimOutput::Text => {
             let mut out = pack_text(&input, &reports);
+            out.push_str(&migration_text(&reports));
             if let Some(bounds) = &bounds {
                 out.push_str(&bound_text(bounds, &reports));
             }
@@ -413,6 +442,90 @@ fn pack_text(input: &PackInput, reports: &[PackReport]) -> String {
         .collect();
     out.push_str(&report::table(&headers, &rows));
     out
+}
+
+/// The moves of each run with a migration budget: per seed, then the mean; empty without.
+fn migration_text(reports: &[PackReport]) -> String {
+    let mut out = String::new();
+    let runs: Vec<&PackReport> = reports.iter().filter(|r| r.migration.is_some()).collect();
+    if runs.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "Moves by the engine's defragmentation (cost: moved GPUs × time since checkpoint or \
+         start + restart cost, as defrag.rs charges it):"
+    );
+    let headers = [
+        "budget %",
+        "seed",
+        "allocation %",
+        "pods placed",
+        "pods moved",
+        "moved % of placed",
+        "plans",
+        "cost GPU-h",
+        "lost",
+    ];
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for report in runs {
+        let budget = report.migration.as_ref().map_or(0.0, |m| m.budget_pct);
+        for run in &report.per_seed {
+            let Some(m) = &run.migration else { continue };
+            rows.push(vec![
+                budget.to_string(),
+                run.seed.to_string(),
+                format!("{:.2}", run.final_allocation_pct),
+                m.pods_placed.to_string(),
+                m.pods_moved.to_string(),
+                format!("{:.2}", m.moved_pct),
+                m.plans.to_string(),
+                format!("{:.2}", m.move_cost_gpu_hours),
+                m.pods_lost.to_string(),
+            ]);
+        }
+        if let Some(m) = &report.migration {
+            let seeds = report.per_seed.len().max(1) as f64;
+            let allocation = report.per_seed.iter().map(|r| r.final_allocation_pct).sum::<f64>();
+            let placed = report
+                .per_seed
+                .iter()
+                .filter_map(|r| r.migration.as_ref())
+                .map(|s| s.pods_placed as f64)
+                .sum::<f64>();
+            rows.push(vec![
+                budget.to_string(),
+                "mean".into(),
+                format!("{:.2}", allocation / seeds),
+                format!("{:.0}", placed / seeds),
+                format!("{:.1}", m.pods_moved),
+                format!("{:.2}", m.moved_pct),
+                format!("{:.1}", m.plans),
+                format!("{:.2}", m.move_cost_gpu_hours),
+                format!("{:.1}", m.pods_lost),
+            ]);
+        }
+    }
+    out.push_str(&report::table(&headers, &rows));
+    out
+}
+
+/// `0,1,2,5`: migration budgets, each a % in [0, 100].
+fn parse_budgets(text: &str) -> Result<Vec<f64>> {
+    text.split(',')
+        .map(|part| {
+            let part = part.trim();
+            match part.parse::<f64>() {
+                Ok(pct) if (0.0..=100.0).contains(&pct) => Ok(pct),
+                _ => Err(usage(
+                    "--migrate",
+                    part,
+                    "give each budget as a % of placed pods from 0 to 100, comma-separated \
+                     (e.g. --migrate 0,1,2,5)",
+                )),
+            }
+        })
+        .collect()
 }
 
 /// Every openb pod list in the folder × every policy: our mean over the seeds at one column

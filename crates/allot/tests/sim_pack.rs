@@ -197,3 +197,46 @@ fn bound_adds_an_upper_bound_and_the_gap_per_placement() {
     assert!(text_out.contains("fgd 0.00, bestfit 0.00"), "{text_out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn migrate_budgets_are_validated_by_name() {
+    for bad in ["-1", "101", "x", "1,,2"] {
+        let out = pack(&["--engine", "--migrate", bad]);
+        assert_eq!(out.status.code(), Some(1), "{bad}: stderr: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("--migrate") && err.contains("0 to 100"), "{bad}: {err}");
+    }
+    let out = pack(&["--migrate", "1"]);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("add --engine"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn migrate_reports_each_budgets_moves() {
+    let base = ["--engine", "--migrate", "0,5", "--placement", "fgd", "--inflate", "0.3"];
+    let mut args = base.to_vec();
+    args.extend(["--output", "json", "--no-timing"]);
+    let out = pack(&args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let placements = json["placements"].as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = placements.iter().filter_map(|p| p["placement"].as_str()).collect();
+    assert_eq!(names, ["fgd", "engine migrate 0%", "engine migrate 5%"]);
+    assert!(placements[0].get("migration").is_none(), "no budget, no migration fields");
+    for (run, budget) in placements[1..].iter().zip([0.0, 5.0]) {
+        let mean = &run["migration"];
+        assert_eq!(mean["budget_pct"].as_f64(), Some(budget));
+        for key in ["pods_moved", "moved_pct", "plans", "move_cost_gpu_hours", "pods_lost"] {
+            assert!(mean[key].is_number(), "{key}: {mean}");
+        }
+        let seed = &run["per_seed"][0]["migration"];
+        assert!(seed["pods_placed"].as_u64().unwrap_or(0) > 0, "{seed}");
+        assert!(seed["moved_pct"].as_f64().unwrap_or(100.0) <= budget, "{seed}");
+    }
+    let text_out = pack(&base);
+    assert!(text_out.status.success(), "stderr: {}", text(&text_out.stderr));
+    let printed = text(&text_out.stdout);
+    for field in ["engine migrate 5%", "pods moved", "moved % of placed", "cost GPU-h", "mean"] {
+        assert!(printed.contains(field), "{field}: {printed}");
+    }
+}

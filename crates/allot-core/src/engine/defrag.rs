@@ -24,7 +24,16 @@
 //!   its guarantee only when all victims can be re-placed (moving is allowed, shrinking a
 //!   guarantee is not);
 //! - it runs after the priority/reclaim arbiter found nothing, and, like it, not again in the
-//!   same cycle for a request shape that already failed.
+//!   same cycle for a request shape that already failed;
+//! - with `consolidate_shares`, a claimant of one member (GPU shares, or whole GPUs) is also
+//!   blocked by fragmentation when its model has the shares it asks free in total. Per target
+//!   node, each device of the model is opened by lifting its single-member candidates, the
+//!   smallest first, that could fit some device's free shares elsewhere (others could never
+//!   restart at once); the devices opened with the fewest victims (then the cheapest) are
+//!   the plan, if the node's CPU and memory then fit the claimant too, and only those victims
+//!   are lifted. Moving fractional work into partly used devices elsewhere is what opens the
+//!   room, so `replaceable` is the rule that usually lets it run;
+//! - with `victims_max`, a plan that moves more workloads is not made.
 
 use std::collections::BTreeSet;
 
@@ -99,15 +108,20 @@ impl Engine {
         key: QuotaKey,
         policy: Defragmentation,
     ) -> Option<PlannedDefrag> {
-        if !self.fragmented_for(id, m) {
+        let consolidate = policy.consolidate_shares && self.consolidation_claimant(id, m);
+        if !consolidate && !self.fragmented_for(id, m) {
             return None;
         }
         let w = self.workloads.get(&id)?;
         let (project, priority, total) = (w.project, w.priority, w.spec.total_shares());
         let (shape, members) = (w.shape(), w.spec.members);
         let layout = Layout::of(w.spec.same_node, w.spec.prefer_same_node);
-        let GpuRequest::Whole(k) = shape.gpus else { return None };
-        let block_needed = if layout == Layout::SameNode { k.saturating_mul(members) } else { k };
+        let block_needed = match shape.gpus {
+            GpuRequest::Whole(k) if layout == Layout::SameNode => k.saturating_mul(members),
+            GpuRequest::Whole(k) => k,
+            _ if consolidate => 0,
+            _ => return None,
+        };
         let gain = total.0.saturating_mul(now.since(w.pending_since)) / SHARES_PER_GPU;
         let (cpu, mem) = (shape.cpu, shape.mem);
 
@@ -116,7 +130,7 @@ impl Engine {
         for running in &self.running {
             for &v in running {
                 let Some(vw) = self.workloads.get(&v) else { continue };
-                if v != id && self.defrag_candidate(now, vw, m, priority) {
+                if v != id && self.defrag_candidate(now, vw, m, priority, consolidate) {
                     let cost =
                         victim_cost(now, vw, self.idle_discount_ms(v), policy.restart_cost_ms);
                     candidates.push((self.victim_key(now, vw, 0), cost));
@@ -142,7 +156,21 @@ impl Engine {
             }
         }
         let mut targets: Vec<(u64, NodeId)> = Vec::new();
+        // Consolidation: per target, the candidates to lift, and the most shares any device
+        // has free (a victim asking more can never restart at once).
+        let mut consolidation_lifts: std::collections::BTreeMap<NodeId, Vec<usize>> =
+            Default::default();
+        let rooms = if consolidate { FreeRooms::of(self) } else { FreeRooms::default() };
         for (&n, idx) in &on_node {
+            if consolidate {
+                if let Some((est, lifts)) =
+                    self.room_after_lifting(n, idx, &candidates, m, shape, &rooms)
+                {
+                    targets.push((est, n));
+                    consolidation_lifts.insert(n, lifts);
+                }
+                continue;
+            }
             let mut have = self.capacity.nodes[n.0 as usize].whole_free(m);
             let mut est = 0u64;
             for &i in idx {
@@ -165,8 +193,12 @@ impl Engine {
         let mut best: Option<(DefragPlan, Vec<WorkloadId>, Placement)> = None;
         for &(_, target) in targets.iter().take(DEFRAG_TARGETS_MAX) {
             let mut order: Vec<usize> = on_node.get(&target).cloned().unwrap_or_default();
-            let first: BTreeSet<usize> = order.iter().copied().collect();
-            order.extend((0..candidates.len()).filter(|i| !first.contains(i)));
+            if consolidate {
+                order = consolidation_lifts.get(&target).cloned().unwrap_or_default();
+            } else {
+                let first: BTreeSet<usize> = order.iter().copied().collect();
+                order.extend((0..candidates.len()).filter(|i| !first.contains(i)));
+            }
             let mut removed: Vec<usize> = Vec::new();
             let mut fit = false;
             for i in order {
@@ -194,12 +226,17 @@ impl Engine {
                 if fit { self.capacity.find(Some(m), shape, members, layout) } else { None };
             let plan = placement.as_ref().map(|placement| {
                 let ids: Vec<WorkloadId> = victims.iter().map(|&i| candidates[i].0.4).collect();
-                let node = placement
-                    .members
-                    .iter()
-                    .map(|mp| mp.node)
-                    .find(|n| ids.iter().any(|&v| self.devices_held_on(v, *n) > 0))
-                    .unwrap_or(target);
+                // Consolidation lifts only the target's work, so the claimant lands there.
+                let node = if consolidate {
+                    target
+                } else {
+                    placement
+                        .members
+                        .iter()
+                        .map(|mp| mp.node)
+                        .find(|n| ids.iter().any(|&v| self.devices_held_on(v, *n) > 0))
+                        .unwrap_or(target)
+                };
                 let frees_block = self.capacity.nodes[node.0 as usize].whole_free(m);
                 let touches_guarantee = ids.iter().any(|v| {
                     self.workloads.get(v).is_some_and(|vw| {
@@ -251,7 +288,10 @@ impl Engine {
             for &i in removed.iter().zip(&kept_out).filter(|(_, k)| **k).map(|(i, _)| i) {
                 self.unlift(candidates[i].0.4);
             }
-            if let Some(plan) = plan {
+            let within_cap = |p: &DefragPlan| {
+                policy.victims_max.is_none_or(|cap| p.victims.len() <= cap as usize)
+            };
+            if let Some(plan) = plan.filter(|p| within_cap(&p.0)) {
                 let better = best.as_ref().is_none_or(|(b, _, _)| {
                     (!plan.0.allowed(), plan.0.cost_gpu_ms, plan.0.victims.len(), plan.0.node)
                         < (!b.allowed(), b.cost_gpu_ms, b.victims.len(), b.node)
@@ -281,19 +321,136 @@ impl Engine {
         Some((plan, reasons, placement))
     }
 
+    /// Whether `id` may be planned for by consolidation on `m`: one member asking GPU shares or
+    /// whole GPUs, and at least that many shares of `m` free in the cluster.
+    fn consolidation_claimant(&self, id: WorkloadId, m: ModelId) -> bool {
+        let Some(w) = self.workloads.get(&id) else { return false };
+        let asks = match w.spec.gpus_per_member {
+            GpuRequest::Whole(k) => k > 0,
+            GpuRequest::Shares(s) => s > 0,
+            _ => false,
+        };
+        let need = w.spec.total_shares().0;
+        asks && w.spec.members == 1
+            && self.capacity.free_shares.get(m.0 as usize).is_some_and(|&f| f >= need)
+    }
+
+    /// Consolidation's plan for target `n` (module docs): the candidates `on_node` holds
+    /// there to lift, and their summed cost; `None` when no choice of them makes room. Counts
+    /// only, nothing is lifted.
+    fn room_after_lifting(
+        &self,
+        n: NodeId,
+        on_node: &[usize],
+        candidates: &[(VictimKey, u64)],
+        m: ModelId,
+        shape: crate::capacity::MemberShape,
+        rooms: &FreeRooms,
+    ) -> Option<(u64, Vec<usize>)> {
+        let node = &self.capacity.nodes[n.0 as usize];
+        if node.unavailable {
+            return None;
+        }
+        let full = SHARES_PER_GPU as u32;
+        let (need, devices_needed) = match shape.gpus {
+            GpuRequest::Shares(s) => (s, 1usize),
+            GpuRequest::Whole(k) => (full, k as usize),
+            _ => return None,
+        };
+        // Per device: the movable candidates on it alone (single member, one device, and some
+        // device's free shares with its node's free CPU and memory could take them), as
+        // (shares, cost, index).
+        let mut on_device: std::collections::BTreeMap<u16, Vec<(u32, u64, usize)>> =
+            Default::default();
+        // Movable CPU-only work on the node: (CPU, memory, index).
+        let mut host_only: Vec<(u64, u64, usize)> = Vec::new();
+        for &i in on_node {
+            let Some(v) = self.workloads.get(&candidates[i].0.4) else { continue };
+            let Some(a) = v.allocation.as_ref() else { continue };
+            let [member] = a.placement.members.as_slice() else { continue };
+            if member.devices.is_empty() {
+                let vs = v.shape();
+                if member.node == n && rooms.may_take(0, vs.cpu, vs.mem) {
+                    host_only.push((vs.cpu, vs.mem, i));
+                }
+                continue;
+            }
+            let [d] = member.devices.as_slice() else { continue };
+            let vs = v.shape();
+            if member.node == n && d.mig.is_none() && rooms.may_take(d.shares, vs.cpu, vs.mem) {
+                on_device.entry(d.device).or_default().push((d.shares, candidates[i].1, i));
+            }
+        }
+        // Per device of the model: the fewest, smallest victims that leave `need` free.
+        let mut options: Vec<(usize, u64, Vec<usize>, u64, u64)> = Vec::new();
+        for (dev, d) in node.devices.iter().enumerate() {
+            if d.model != m || d.mig_in_use() {
+                continue;
+            }
+            let mut free = d.free;
+            let (mut cost, mut cpu, mut mem) = (0u64, 0u64, 0u64);
+            let mut lifts = Vec::new();
+            let mut victims = on_device.get(&(dev as u16)).cloned().unwrap_or_default();
+            victims.sort();
+            for (shares, c, i) in victims {
+                if free >= need {
+                    break;
+                }
+                free = (free + shares).min(full);
+                cost = cost.saturating_add(c);
+                if let Some(v) = self.workloads.get(&candidates[i].0.4) {
+                    let vs = v.shape();
+                    cpu = cpu.saturating_add(vs.cpu);
+                    mem = mem.saturating_add(vs.mem);
+                }
+                lifts.push(i);
+            }
+            if free >= need {
+                options.push((lifts.len(), cost, lifts, cpu, mem));
+            }
+        }
+        if options.len() < devices_needed {
+            return None;
+        }
+        options.sort();
+        let chosen = &options[..devices_needed];
+        let mut cpu = node.free_cpu.saturating_add(chosen.iter().map(|o| o.3).sum());
+        let mut mem = node.free_mem.saturating_add(chosen.iter().map(|o| o.4).sum());
+        let est = chosen.iter().map(|o| o.1).fold(0u64, u64::saturating_add);
+        let mut lifts: Vec<usize> = chosen.iter().flat_map(|o| o.2.iter().copied()).collect();
+        // Short of CPU or memory: move CPU-only work off the node, the largest first.
+        host_only.sort_by(|a, b| b.cmp(a));
+        for (c, mm, i) in host_only {
+            if cpu >= shape.cpu && mem >= shape.mem {
+                break;
+            }
+            cpu = cpu.saturating_add(c);
+            mem = mem.saturating_add(mm);
+            lifts.push(i);
+        }
+        if cpu < shape.cpu || mem < shape.mem {
+            return None;
+        }
+        lifts.sort_by_key(|&i| candidates[i].0);
+        Some((est, lifts))
+    }
+
     fn defrag_candidate(
         &self,
         now: Timestamp,
         v: &WorkloadState,
         m: ModelId,
         priority: i32,
+        consolidate: bool,
     ) -> bool {
+        // Consolidation may also move CPU-only work, to free a node's CPU and memory.
+        let cpu_only = consolidate && v.spec.total_shares() == Shares::ZERO;
         v.stage == Stage::Running
             && v.priority <= priority
             && self.projects[v.project.0 as usize].mode != PreemptionMode::Delete
-            && v.allocation
-                .as_ref()
-                .is_some_and(|a| a.placement.model == Some(m) && a.started_at.is_some())
+            && v.allocation.as_ref().is_some_and(|a| {
+                (a.placement.model == Some(m) || cpu_only) && a.started_at.is_some()
+            })
             && self.protection(now, v).is_none()
     }
 
@@ -361,5 +518,38 @@ impl Engine {
         self.quota.release(project, key, total);
         self.capacity.give(placement, ccpu, cmem);
         all
+    }
+}
+
+/// Per usable node: the most shares one device has free, and its free CPU and memory; for a
+/// quick "could this work restart somewhere at once?" that tells models apart nowhere (so it
+/// may say yes wrongly, never no wrongly). Answers are kept per shape: few shapes recur.
+#[derive(Default)]
+struct FreeRooms {
+    /// (most free shares on one device, free CPU, free memory), most free shares first.
+    nodes: Vec<(u32, u64, u64)>,
+    answers: std::cell::RefCell<std::collections::BTreeMap<(u32, u64, u64), bool>>,
+}
+
+impl FreeRooms {
+    fn of(engine: &Engine) -> FreeRooms {
+        let mut nodes: Vec<(u32, u64, u64)> = engine
+            .capacity
+            .nodes
+            .iter()
+            .filter(|n| !n.unavailable)
+            .map(|n| {
+                let most = n.devices.iter().filter(|d| !d.mig_in_use()).map(|d| d.free).max();
+                (most.unwrap_or(0), n.free_cpu, n.free_mem)
+            })
+            .collect();
+        nodes.sort_by(|a, b| b.cmp(a));
+        FreeRooms { nodes, answers: Default::default() }
+    }
+
+    fn may_take(&self, shares: u32, cpu: u64, mem: u64) -> bool {
+        *self.answers.borrow_mut().entry((shares, cpu, mem)).or_insert_with(|| {
+            self.nodes.iter().take_while(|n| n.0 >= shares).any(|&(_, c, m)| c >= cpu && m >= mem)
+        })
     }
 }

@@ -1320,10 +1320,18 @@ impl<'a> Checker<'a> {
                     ));
                 }
             }
-            let (vproject, vkey, vshares) = lasting
-                .get(victim)
-                .cloned()
-                .ok_or(format!("victim {victim} holds no quota line"))?;
+            let (vproject, vkey, vshares) = match lasting.get(victim).cloned() {
+                Some(line) => line,
+                // Work that holds no GPU is moved only by a defragmentation that consolidates
+                // (to open CPU or memory beside a device): it takes no quota from anyone.
+                None if v.total.0 == 0
+                    && matches!(reason, PreemptReason::Defragment { .. })
+                    && self.case.policy.defragmentation.is_some_and(|d| d.consolidate_shares) =>
+                {
+                    (v.project.clone(), String::new(), Shares(0))
+                }
+                None => return Err(format!("victim {victim} holds no quota line")),
+            };
             match reason {
                 PreemptReason::Priority { project, victim_priority, preemptor_priority } => {
                     let pname = self.engine.project_name(*project);
@@ -1431,7 +1439,7 @@ impl<'a> Checker<'a> {
                         return Err(format!("defragmentation deletes {victim}"));
                     }
                     all_replaceable &= *replaceable;
-                    if v.project != c.project {
+                    if v.project != c.project && vshares.0 > 0 {
                         *moved.entry((v.project.clone(), vkey.clone())).or_default() += vshares.0;
                     }
                 }

@@ -14,8 +14,9 @@ by default):
            (the watch event that shows its node) gives p50/p99.
 
 After each phase: nodes with all 8 GPUs free (whole-node blocks: where an 8-GPU job can
-start). kube-scheduler runs with its defaults (it spreads: LeastAllocated scoring);
-allot with examples-like policy: one project (the namespace) guaranteed every GPU.
+start). kube-scheduler runs with its defaults (it spreads: LeastAllocated scoring), once as it
+comes and once with its API client's rate limit raised (its defaults, QPS 50 / burst 100, cap
+it at about 50 bindings a second); allot with one project (the namespace) guaranteed every GPU.
 
 Needs the test control plane up without kube-scheduler, on its own state and ports if another
 runs (the script starts and stops kube-scheduler and allot itself):
@@ -288,8 +289,16 @@ def cluster_script(env, verb):
                    check=True, stdout=subprocess.DEVNULL)
 
 
+# kube-scheduler as it comes, and with its API client's rate limit (QPS 50, burst 100) raised.
+SCHEDULER_ARGS = {
+    "kube-scheduler": "",
+    "kube-scheduler-qps1000": "--kube-api-qps=1000 --kube-api-burst=2000",
+}
+
+
 def run_arm(arm, api, args, env, allot):
     scheduler = "allot" if arm == "allot" else "default-scheduler"
+    env = dict(env, K8S_SCHEDULER_ARGS=SCHEDULER_ARGS.get(arm, ""))
     rng = random.Random(args.seed)
     gpus = args.nodes * GPUS_PER_NODE
     backlog = int(gpus * 0.6)
@@ -363,7 +372,8 @@ def main():
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=10000,
                         help="pods per arm (more than 60 %% of the GPUs)")
-    parser.add_argument("--arms", default="kube-scheduler,allot")
+    parser.add_argument("--arms", default="kube-scheduler,kube-scheduler-qps1000,allot",
+                        help="comma-separated: " + ", ".join([*SCHEDULER_ARGS, "allot"]))
     parser.add_argument("--threads", type=int, default=16, help="parallel API calls")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per phase")
     parser.add_argument("--seed", type=int, default=7)
@@ -381,6 +391,9 @@ def main():
         die("--pods must be more than 60 % and at most 130 % of the GPUs (nodes x 8)")
     if "allot" in args.arms and not os.access(args.allot, os.X_OK):
         die(f"{args.allot}: no allot binary (cargo build --release -p allot)")
+    unknown = [a for a in args.arms.split(",") if a != "allot" and a not in SCHEDULER_ARGS]
+    if unknown:
+        die(f"--arms: unknown arm {unknown[0]!r}; the arms are " + ", ".join([*SCHEDULER_ARGS, "allot"]))
     api = Api(state, port)
     env = dict(os.environ, ALLOT_K8S_DIR=state, API_PORT=str(port))
     try:

@@ -45,6 +45,9 @@ API_PORT=${API_PORT:-16443}
 # Set to 1 for `up` to start kube-scheduler too; without it pods are bound by whoever schedules
 # (allot) through the binding subresource, or by nodeName.
 K8S_WITH_SCHEDULER=${K8S_WITH_SCHEDULER:-0}
+# More kube-scheduler flags, e.g. "--kube-api-qps=1000 --kube-api-burst=2000" (its client's
+# defaults, 50 and 100, cap it at about 50 bindings a second).
+K8S_SCHEDULER_ARGS=${K8S_SCHEDULER_ARGS:-}
 # Go build parallelism (go build -p); empty means Go's default (one per CPU).
 GO_BUILD_P=${GO_BUILD_P:-}
 KUBECTL=$K8S_BIN/kubectl
@@ -270,7 +273,7 @@ start_scheduler() {
   running kube-scheduler && return 0
   # --secure-port=0: no healthz/metrics listener (nothing reads them; no port to collide).
   spawn kube-scheduler "$K8S_BIN/kube-scheduler" --kubeconfig="$STATE/pki/scheduler.kubeconfig" \
-    --leader-elect=false --secure-port=0 --v=1
+    --leader-elect=false --secure-port=0 --v=1 ${K8S_SCHEDULER_ARGS:-}
   sleep 1
   running kube-scheduler || die "kube-scheduler exited; see $STATE/log/kube-scheduler.log"
   log "kube-scheduler started"

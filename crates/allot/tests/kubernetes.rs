@@ -199,7 +199,8 @@ spec:
     eprintln!("pod bound by allot {:.1} s after it was created", started.elapsed().as_secs_f64());
     assert_eq!(bound, node);
 
-    let handle = format!("{namespace}/train");
+    // The handle is the pod's, with its uid (a pod created again under the name is new work).
+    let handle = format!("{namespace}/train@");
     let listed = wait_for("allot ls lists it running", Duration::from_secs(30), || {
         let out = Command::new(BIN)
             .args(["ls", "--output", "json", "--url", &format!("http://{addr}"), "--token", &token])
@@ -210,7 +211,9 @@ spec:
             .as_array()?
             .iter()
             .find(|w| {
-                w["command"] == serde_json::json!(["foreign", handle]) && w["state"] == "running"
+                w["command"][0] == "foreign"
+                    && w["command"][1].as_str().is_some_and(|h| h.starts_with(&handle))
+                    && w["state"] == "running"
             })
             .cloned()
     });

@@ -313,8 +313,14 @@ impl KubernetesBackend {
         self.pending.push(Observation::LaunchFailed { run, error });
     }
 
-    /// allot's pods in `namespace` that belong to `group` and have not finished.
-    fn group_pods(&self, namespace: &str, group: &str) -> Result<Vec<Pod>, BackendError> {
+    /// allot's pods in `namespace` that belong to `group`; those that finished too with
+    /// `ended`.
+    fn group_pods(
+        &self,
+        namespace: &str,
+        group: &str,
+        ended: bool,
+    ) -> Result<Vec<Pod>, BackendError> {
         let params =
             ListParams::default().fields(&format!("spec.schedulerName={}", map::SCHEDULER_NAME));
         let what = format!("list the pods of group {namespace}/{group}");
@@ -324,7 +330,7 @@ impl KubernetesBackend {
         let mut pods: Vec<Pod> = list
             .items
             .into_iter()
-            .filter(|p| !map::is_terminal(p))
+            .filter(|p| ended || !map::is_terminal(p))
             .filter(|p| map::pod_group(p).is_some_and(|(g, _)| g == group))
             .collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -332,7 +338,13 @@ impl KubernetesBackend {
     }
 
     /// The pods `handle` names now; `Err` with the words when they are not what was admitted.
-    fn pods_of(&self, handle: Handle<'_>) -> Result<Result<Vec<Pod>, String>, BackendError> {
+    /// A group is its pods that have not finished; `recovering`, where they are not the group
+    /// (a pod finished while the daemon was down), all its pods.
+    fn pods_of(
+        &self,
+        handle: Handle<'_>,
+        recovering: bool,
+    ) -> Result<Result<Vec<Pod>, String>, BackendError> {
         match handle {
             Handle::Pod { namespace, name, uid } => match self.get_pod(namespace, name)? {
                 None => Ok(Err(format!("pod {namespace}/{name} is gone"))),
@@ -345,15 +357,21 @@ impl KubernetesBackend {
                 Some(pod) => Ok(Ok(vec![pod])),
             },
             Handle::Group { namespace, group, uid } => {
-                let pods = self.group_pods(namespace, group)?;
-                let refs: Vec<&Pod> = pods.iter().collect();
+                let mut pods = self.group_pods(namespace, group, false)?;
+                let same = |pods: &[Pod]| {
+                    let refs: Vec<&Pod> = pods.iter().collect();
+                    uid.is_none_or(|id| map::group_id(&refs) == id)
+                };
+                if recovering && !same(&pods) {
+                    pods = self.group_pods(namespace, group, true)?;
+                }
                 if pods.is_empty() {
                     return Ok(Err(format!("pod group {namespace}/{group} has no pods left")));
                 }
-                if uid.is_some() && map::oldest_uid(&refs) != uid {
+                if !same(&pods) {
                     return Ok(Err(format!(
-                        "pod group {namespace}/{group} changed since allot admitted it (its \
-                         oldest pod is not the one it was; the group is new work)"
+                        "pod group {namespace}/{group} changed since allot admitted it (a pod \
+                         was added, removed or created again; the group is new work)"
                     )));
                 }
                 Ok(Ok(pods))
@@ -480,7 +498,7 @@ impl KubernetesBackend {
                 map::GROUP_SIZE_ANNOTATION
             )));
         }
-        let pods = match self.pods_of(parsed)? {
+        let pods = match self.pods_of(parsed, false)? {
             Ok(pods) => pods,
             Err(why) => return Ok(Err(format!("{why} (before allot bound it)"))),
         };
@@ -495,10 +513,16 @@ impl KubernetesBackend {
         if let Err(why) = self.bind_all(&what, &pods, &launch.members)? {
             return Ok(Err(why));
         }
+        self.track(launch, parsed.namespace(), group, &pods);
+        Ok(Ok(()))
+    }
+
+    /// Watches `pods` as `launch.run` from now on.
+    fn track(&mut self, launch: &Launch, namespace: &str, group: Option<String>, pods: &[Pod]) {
         self.runs.insert(
             launch.run,
             Tracked {
-                namespace: parsed.namespace().to_string(),
+                namespace: namespace.to_string(),
                 group,
                 pods: pods
                     .iter()
@@ -515,7 +539,6 @@ impl KubernetesBackend {
                 stopped_by_allot: false,
             },
         );
-        Ok(Ok(()))
     }
 
     /// What happened to `t`'s pods, judged from `pods` (by `namespace/name`); updates `t`.
@@ -798,7 +821,7 @@ impl Backend for KubernetesBackend {
                 });
                 continue;
             };
-            let pods = match self.pods_of(handle)? {
+            let pods = match self.pods_of(handle, true)? {
                 Ok(pods) => pods,
                 Err(why) => {
                     out.push(Observation::Exited {
@@ -819,15 +842,23 @@ impl Backend for KubernetesBackend {
                 });
                 continue;
             }
-            let adopt = launch.adopt.clone().unwrap_or_default();
-            match self.take(launch, &adopt)? {
-                Ok(()) => {
-                    let by_key = pods.into_iter().map(|p| (map::pod_key(&p), p)).collect();
-                    if let Some(t) = self.runs.get_mut(&run) {
-                        out.extend(Self::observe(run, t, &by_key));
-                    }
+            let (group, what) = match handle {
+                Handle::Group { namespace, group, .. } => {
+                    (Some(group.to_string()), format!("pod group {namespace}/{group}"))
                 }
-                Err(why) => out.push(Observation::LaunchFailed { run, error: why }),
+                Handle::Pod { namespace, name, .. } => (None, format!("pod {namespace}/{name}")),
+            };
+            // A group bound in part (the daemon stopped mid-launch): bound in full as launched.
+            let unbound = pods.iter().any(|p| map::bound_node(p).is_none());
+            if unbound && let Err(why) = self.bind_all(&what, &pods, &launch.members)? {
+                out.push(Observation::LaunchFailed { run, error: why });
+                continue;
+            }
+            // Pods bound just now are not running yet: observed from the pods listed before.
+            self.track(launch, handle.namespace(), group, &pods);
+            let by_key = pods.into_iter().map(|p| (map::pod_key(&p), p)).collect();
+            if let Some(t) = self.runs.get_mut(&run) {
+                out.extend(Self::observe(run, t, &by_key));
             }
         }
         Ok(out)
@@ -884,7 +915,7 @@ impl Backend for KubernetesBackend {
         if self.is_live(parsed) {
             return Ok(false);
         }
-        let pods = match self.pods_of(parsed)? {
+        let pods = match self.pods_of(parsed, false)? {
             Ok(pods) => pods,
             Err(_) => return Ok(false),
         };
@@ -909,13 +940,15 @@ impl Backend for KubernetesBackend {
             let Some(parsed) = parse_handle(handle) else { continue };
             let names: Vec<String> = match parsed {
                 Handle::Pod { name, .. } => vec![name.to_string()],
-                Handle::Group { namespace, group, .. } => match self.group_pods(namespace, group) {
-                    Ok(pods) => pods.iter().filter_map(|p| p.metadata.name.clone()).collect(),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                        continue;
+                Handle::Group { namespace, group, .. } => {
+                    match self.group_pods(namespace, group, false) {
+                        Ok(pods) => pods.iter().filter_map(|p| p.metadata.name.clone()).collect(),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            continue;
+                        }
                     }
-                },
+                }
             };
             for name in names {
                 let result =

@@ -23,9 +23,10 @@
 //!   `allot.dev/max-runtime` (durations as in the policy file: `30m`, `2h`, `1h30m`, `1d`).
 //!
 //! Handles (what [`allot_backend::Launch::adopt`] names): a pod is `namespace/name@uid`, a
-//! group `namespace/group:name@uid` (the uid of its oldest pod). The uid makes a pod or group
-//! created again under the same name new work; handles without it (written by earlier
-//! versions) name the pod or group by name alone.
+//! group `namespace/group:name@id`, `id` a digest of its pods' uids. A pod created again under
+//! the same name, or a group whose pods changed, is new work (the daemon imports a handle
+//! once); handles without the suffix (written by earlier versions) name the pod or group by
+//! name alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -200,7 +201,7 @@ pub fn pod_handle(pod: &Pod) -> String {
     }
 }
 
-/// A group's handle: `namespace/group:name@uid`, the uid of its oldest pod.
+/// A group's handle: `namespace/group:name@id` ([`group_id`]).
 pub fn group_handle(namespace: &str, group: &str, uid: Option<&str>) -> String {
     match uid {
         Some(uid) => format!("{namespace}/group:{group}@{uid}"),
@@ -589,7 +590,8 @@ fn group_work(
     members: &[&Pod],
     guess: &mut IndexGuess,
 ) -> (Option<ForeignWork>, Option<(&'static str, String)>) {
-    let handle = group_handle(namespace, group, oldest_uid(members));
+    let id = group_id(members);
+    let handle = group_handle(namespace, group, Some(&id));
     let bound = members.iter().filter(|p| bound_node(p).is_some()).count();
     let checked = check_group(group, members);
     if bound > 0 && bound == members.len() {
@@ -666,14 +668,18 @@ fn group_work(
     (Some(work), None)
 }
 
-/// The uid of a group's oldest pod (by creation, then name): the group's identity.
-pub fn oldest_uid<'a>(members: &[&'a Pod]) -> Option<&'a str> {
-    members
-        .iter()
-        .min_by_key(|p| {
-            (p.metadata.creation_timestamp.as_ref().map(|t| t.0), p.metadata.name.clone())
-        })
-        .and_then(|p| p.metadata.uid.as_deref())
+/// A group's identity: 16 hex digits of a 64-bit FNV-1a digest of its pods' uids, sorted
+/// (stable across processes and versions, unlike std's hasher). Any pod replaced, added or
+/// removed makes it another group.
+pub fn group_id(members: &[&Pod]) -> String {
+    let mut uids: Vec<&str> = members.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+    uids.sort_unstable();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in uids.join(",").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
 }
 
 /// What every pod of a group agrees on.

@@ -787,3 +787,41 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         }
     }
 }
+
+#[test]
+fn a_restarted_daemon_binds_the_rest_of_a_group_it_had_bound_in_part() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("regang");
+    let nodes = [fx.gpu_node("gpu-0", 8), fx.gpu_node("gpu-1", 8)];
+    fx.create_pod(group_pod("w-0", "job", 2, "8"));
+    fx.create_pod(group_pod("w-1", "job", 2, "8"));
+    let mut backend = backend();
+    let work = wait_for("the group", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    let launch = launch_members(1, &work.handle, &[&nodes[0], &nodes[1]], 8);
+    // The daemon bound w-1 to its member's node and stopped before it bound w-0.
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": { "name": "w-1" },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": nodes[1] }
+    });
+    fx.runtime
+        .block_on(fx.pods().create_subresource::<_, serde_json::Value>(
+            "binding",
+            "w-1",
+            &PostParams::default(),
+            &binding,
+        ))
+        .expect("w-1 bound");
+    let mut restarted = self::backend();
+    let recovered = restarted.recover(std::slice::from_ref(&launch)).expect("recover");
+    assert!(recovered.is_empty(), "neither pod runs yet: {recovered:?}");
+    let node_of = |name: &str| fx.pod(name).and_then(|p| p.spec).and_then(|s| s.node_name);
+    assert_eq!(node_of("w-0"), Some(nodes[0].clone()));
+    assert_eq!(node_of("w-1"), Some(nodes[1].clone()));
+    let mut seen = Vec::new();
+    poll_until(&mut restarted, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+}

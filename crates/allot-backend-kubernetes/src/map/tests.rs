@@ -311,7 +311,16 @@ fn a_complete_group_is_one_work_of_one_member_per_pod() {
     assert_eq!(notes, Vec::new());
     assert_eq!(works.len(), 2, "{works:?}");
     let group = works.iter().find(|w| w.name == "llm").expect("the group");
-    assert_eq!(group.handle, "vision/group:llm@uid-w-0", "the oldest pod's uid");
+    let id = group.handle.strip_prefix("vision/group:llm@").expect("a group handle");
+    assert_eq!(id.len(), 16, "{id}");
+    // The same pods in another order: the same group; a pod replaced: another.
+    let (again, _) =
+        work_of(vec![member("w-0", "llm", Some("2"), "8"), member("w-1", "llm", Some("2"), "8")]);
+    assert_eq!(again[0].handle, group.handle);
+    let mut replaced = member("w-1", "llm", Some("2"), "8");
+    replaced["metadata"]["uid"] = json!("uid-w-1-again");
+    let (other, _) = work_of(vec![member("w-0", "llm", Some("2"), "8"), replaced]);
+    assert_ne!(other[0].handle, group.handle);
     assert_eq!((group.nodes, group.gpus_per_node), (2, 8));
     assert_eq!(group.project, "vision");
     assert_eq!(group.user, "alice");
@@ -389,7 +398,7 @@ fn kueue_group_names_are_read_and_must_agree_with_allots() {
     a["metadata"]["annotations"] = json!({ KUEUE_GROUP_SIZE_ANNOTATION: "1" });
     let (works, _) = work_of(vec![a.clone()]);
     assert_eq!(works.len(), 1);
-    assert_eq!(works[0].handle, "vision/group:llm@uid-w-0");
+    assert!(works[0].handle.starts_with("vision/group:llm@"), "{}", works[0].handle);
     assert_eq!(works[0].refusal, None);
     a["metadata"]["labels"][GROUP_LABEL] = json!("other");
     let why = refusal_of(vec![a]);

@@ -2,7 +2,9 @@
 //! kube-apiserver, kube-controller-manager, kwok), end to end through
 //! `allot serve --backend kubernetes`: a pod that asks for `schedulerName: allot` in a
 //! namespace the policy names as a project is imported, admitted, bound to a GPU node, and
-//! `allot ls` lists it running.
+//! `allot ls` lists it running; a pod group waits for its missing pod, then is placed whole on
+//! the nodes another scheduler's pod leaves free; a pod's intent annotations reach its
+//! workload, and deleting the pod cancels it.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -20,6 +22,9 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_allot");
 const H100: &str = "NVIDIA-H100-80GB-HBM3";
+/// The gang test's GPUs: each test's daemon sees every node of the cluster (tests run in
+/// parallel), so each test asks for a model only its own nodes have.
+const A100: &str = "NVIDIA-A100-SXM4-80GB";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -108,10 +113,10 @@ fn enabled() -> bool {
     on
 }
 
-/// `nodes` kwok nodes of 8 H100s, a namespace the policy names as a project (8 H100s per
-/// node guaranteed), and `allot serve --backend kubernetes` as the least-privilege user:
-/// the scene, the daemon's address and its admin token.
-fn scene(test: &str, nodes: usize) -> (Scene, String, String) {
+/// `nodes` kwok nodes of 8 GPUs of `model`, a namespace the policy names as a project (8 of
+/// them per node guaranteed), and `allot serve --backend kubernetes` as the least-privilege
+/// user: the scene, the daemon's address and its admin token.
+fn scene(test: &str, nodes: usize, model: &str) -> (Scene, String, String) {
     let id = std::process::id();
     let mut scene = Scene {
         daemon: None,
@@ -134,7 +139,7 @@ kind: Node
 metadata:
   name: {node}
   annotations: {{kwok.x-k8s.io/node: fake}}
-  labels: {{type: kwok, kubernetes.io/hostname: {node}, nvidia.com/gpu.product: {H100}}}
+  labels: {{type: kwok, kubernetes.io/hostname: {node}, nvidia.com/gpu.product: {model}}}
 status:
   capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
   allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
@@ -159,7 +164,7 @@ default_priority_class: normal
 projects:
   - name: {namespace}
     quotas:
-      - {{model: {H100}, guaranteed: {}}}
+      - {{model: {model}, guaranteed: {}}}
 ",
             8 * nodes
         ),
@@ -211,7 +216,7 @@ fn allot_binds_a_pod_that_asks_for_it_and_lists_it() {
     if !enabled() {
         return;
     }
-    let (scene, addr, token) = scene("vision", 1);
+    let (scene, addr, token) = scene("vision", 1, H100);
     let (namespace, node) = (scene.namespace.clone(), scene.nodes[0].clone());
 
     kubectl(
@@ -264,7 +269,7 @@ fn node_of(namespace: &str, pod: &str) -> String {
     kubectl(&["-n", namespace, "get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"], None)
 }
 
-/// A pod asking allot for `gpus` H100s, with extra metadata lines (labels, annotations).
+/// A pod asking allot for `gpus` A100s, with extra metadata lines (labels, annotations).
 fn pod_yaml(name: &str, gpus: u32, metadata: &str) -> String {
     format!(
         "apiVersion: v1
@@ -273,7 +278,7 @@ metadata:
   name: {name}
 {metadata}spec:
   schedulerName: allot
-  nodeSelector: {{nvidia.com/gpu.product: {H100}}}
+  nodeSelector: {{nvidia.com/gpu.product: {A100}}}
   containers:
   - name: main
     image: busybox
@@ -287,7 +292,7 @@ fn a_pod_group_is_placed_whole_on_free_nodes_and_intent_and_deletion_reach_allot
     if !enabled() {
         return;
     }
-    let (scene, addr, token) = scene("gang", 3);
+    let (scene, addr, token) = scene("gang", 3, A100);
     let namespace = scene.namespace.clone();
     let busy = scene.nodes[1].clone();
     // Another scheduler's pod holds 4 of the middle node's 8 GPUs.

@@ -313,8 +313,8 @@ impl KubernetesBackend {
         self.pending.push(Observation::LaunchFailed { run, error });
     }
 
-    /// allot's pods in `namespace` that belong to `group`; those that finished too with
-    /// `ended`.
+    /// allot's pods in `namespace` that belong to `group` (unbound pods with scheduling gates
+    /// are not yet: see `watch_cluster`); those that finished too with `ended`.
     fn group_pods(
         &self,
         namespace: &str,
@@ -331,6 +331,7 @@ impl KubernetesBackend {
             .items
             .into_iter()
             .filter(|p| ended || !map::is_terminal(p))
+            .filter(|p| !(map::is_gated(p) && map::bound_node(p).is_none()))
             .filter(|p| map::pod_group(p).is_some_and(|(g, _)| g == group))
             .collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -865,7 +866,8 @@ impl Backend for KubernetesBackend {
     }
 
     /// Node states, the inventory, allot's pods and groups no run holds (pending: to admit;
-    /// bound: running foreign work), and the GPUs pods of other schedulers hold on GPU nodes.
+    /// bound: running foreign work; pods with scheduling gates wait for them to be removed),
+    /// and the GPUs pods of other schedulers hold on GPU nodes.
     /// Pods allot refuses, and pods of a group that waits for the rest of its pods, get
     /// allot's reason in their `PodScheduled` condition.
     fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
@@ -891,7 +893,9 @@ impl Backend for KubernetesBackend {
         let mut beside = Vec::new();
         for pod in pods.iter().filter(|p| !map::is_terminal(p)) {
             if map::asks_allot(pod) {
-                if !map::is_terminating(pod) && !live.contains(&map::pod_key(pod)) {
+                // A gated pod unbound waits for its gates (a group of it waits with it).
+                let gated = map::is_gated(pod) && map::bound_node(pod).is_none();
+                if !map::is_terminating(pod) && !gated && !live.contains(&map::pod_key(pod)) {
                     ours.push(pod);
                 }
                 continue;

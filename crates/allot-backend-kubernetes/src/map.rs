@@ -271,6 +271,13 @@ pub fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
+/// Whether the pod still has scheduling gates (`spec.schedulingGates`): no scheduler may bind
+/// it until whoever set them removes them (the API server refuses the Binding), and the API
+/// server already says so in its PodScheduled condition (reason `SchedulingGated`).
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty())
+}
+
 /// What a pod asks for: whole GPUs of one vendor, summed over its containers' limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuAsk {

@@ -825,3 +825,26 @@ fn a_restarted_daemon_binds_the_rest_of_a_group_it_had_bound_in_part() {
     let mut seen = Vec::new();
     poll_until(&mut restarted, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
 }
+
+#[test]
+fn a_pod_with_scheduling_gates_waits_for_them_to_be_removed() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("gated");
+    let mut gated = allot_pod("gated", "1");
+    gated["spec"]["schedulingGates"] = json!([{ "name": "example.com/quota-check" }]);
+    fx.create_pod(gated);
+    let mut backend = backend();
+    assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty(), "not offered while gated");
+    let shown = fx.pod("gated").as_ref().and_then(scheduled_condition);
+    assert_eq!(shown.map(|(reason, _)| reason).as_deref(), Some("SchedulingGated"), "left as is");
+    // Whoever set the gate removes it: the pod is allot's to place.
+    let patch = json!({ "spec": { "schedulingGates": [] } });
+    fx.runtime
+        .block_on(fx.pods().patch("gated", &PatchParams::default(), &Patch::Merge(&patch)))
+        .expect("gate removed");
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    assert_eq!(work.len(), 1, "{work:?}");
+    assert_eq!(work[0].refusal, None);
+}

@@ -483,4 +483,7 @@ async fn the_intent_foreign_work_declares_is_its_workload_and_is_checked_as_a_su
     let reason = vip["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("priority_class"), "{vip}");
     assert!(reason.contains("Kubernetes namespace"), "the neutral fix: {vip}");
+    // Held on the cluster, refused: the reason is said there too.
+    let told = wait_explained(&d, &allot_backend::Waiting::Foreign("ns/vip".into())).await;
+    assert_eq!(told, reason);
 }

@@ -10,7 +10,7 @@
 //! (work, project); the backend's handle says which kind of work it is.
 
 use allot_api::{SubmitRequest, WorkloadState};
-use allot_backend::{ClusterNews, ForeignWork, Launch, MemberLaunch, RunId};
+use allot_backend::{ClusterNews, ForeignWork, Launch, MemberLaunch, RunId, Waiting};
 use allot_core::{
     DeviceShare, Event, MemberPlacement, NodeId, Placement, SHARES_PER_GPU, Stage, WorkloadId,
 };
@@ -292,6 +292,17 @@ impl Daemon {
                     }
                     vec![Command::ReturnForeign(handle.to_string())]
                 }
+            }
+            // Pending work refused here (an unknown project, a request the policy cannot
+            // take) stays held on the cluster: say why there, where its user looks. A refusal
+            // the backend made is its own to show.
+            WorkloadState::Rejected if running.is_empty() && refusal.is_none() => {
+                let text = self.workloads.get(&id).and_then(|r| r.reason.clone());
+                text.map(|(_, text)| {
+                    Command::ExplainWaiting(vec![(Waiting::Foreign(handle.to_string()), text)])
+                })
+                .into_iter()
+                .collect()
             }
             _ => Vec::new(),
         }

@@ -451,6 +451,10 @@ impl KubernetesBackend {
                 }
                 return Ok(Err(error.to_string()));
             }
+            // No answer: the bind may have happened; the pod goes with the others.
+            if error.is_transient() {
+                bound.push(pod);
+            }
             return Ok(Err(format!("{what}: {error}; {}", self.undo(&bound))));
         }
         Ok(Ok(()))

@@ -473,14 +473,14 @@ impl KubernetesBackend {
         }
         if failed.is_empty() {
             format!(
-                "{} (already bound) deleted so that none of the group runs; create the group \
-                 again (a Job or other controller does)",
+                "deleted {} (bound, or perhaps bound by a call that got no answer) so that none \
+                 of the group runs; create the group again (a Job or other controller does)",
                 names.join(", ")
             )
         } else {
             format!(
-                "deleting the pods already bound failed ({}): delete them with kubectl delete \
-                 pod, or the group runs in part",
+                "deleting the pods bound failed ({}): delete them with kubectl delete pod, or \
+                 the group runs in part",
                 failed.join("; ")
             )
         }

@@ -379,6 +379,8 @@ spec:
             .all(|l| l != "pod/serve")
             .then_some(())
     });
+    // kwok may repeat its delete of the old pod a second later, by name: let it pass.
+    std::thread::sleep(Duration::from_secs(3));
     kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("serve", 2, intent)));
     wait_for("the new pod of the same name bound", Duration::from_secs(60), || {
         (!node_of(&namespace, "serve").is_empty()).then_some(())

@@ -969,3 +969,133 @@ impl Backend for KubernetesBackend {
         first_error.map_or(Ok(()), Err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUN: RunId = RunId { workload: 7, attempt: 1 };
+
+    fn run_of(group: Option<&str>, ends: &[Option<PodEnd>]) -> Tracked {
+        Tracked {
+            namespace: "ns".into(),
+            group: group.map(str::to_string),
+            pods: ends
+                .iter()
+                .enumerate()
+                .map(|(i, end)| PodRun {
+                    name: format!("p-{i}"),
+                    uid: None,
+                    ran: true,
+                    end: end.clone(),
+                })
+                .collect(),
+            members: Vec::new(),
+            started: true,
+            ended: false,
+            stopped_by_allot: false,
+        }
+    }
+
+    fn done(code: i32) -> Option<PodEnd> {
+        Some(PodEnd::Finished(Some(code), format!("container main exited {code}")))
+    }
+
+    #[test]
+    fn a_group_ends_failed_if_a_pod_failed_cancelled_if_its_user_deleted_one() {
+        let failed = run_of(Some("g"), &[done(0), done(3), Some(PodEnd::Gone)]).exit(RUN);
+        assert_eq!(
+            failed,
+            Observation::Exited {
+                run: RUN,
+                code: Some(3),
+                detail: "pod p-1: container main exited 3".into()
+            }
+        );
+        let cancelled = run_of(Some("g"), &[done(0), Some(PodEnd::Gone)]).exit(RUN);
+        assert_eq!(
+            cancelled,
+            Observation::Cancelled {
+                run: RUN,
+                detail: "pods p-1 of pod group ns/g deleted outside allot (kubectl delete)".into()
+            }
+        );
+        let mut evicted = run_of(Some("g"), &[Some(PodEnd::Gone), Some(PodEnd::Gone)]);
+        evicted.stopped_by_allot = true;
+        assert_eq!(
+            evicted.exit(RUN),
+            Observation::Exited {
+                run: RUN,
+                code: None,
+                detail: "pods p-0, p-1 of pod group ns/g evicted by allot".into()
+            }
+        );
+        let succeeded = run_of(Some("g"), &[done(0), done(0)]).exit(RUN);
+        assert_eq!(
+            succeeded,
+            Observation::Exited {
+                run: RUN,
+                code: Some(0),
+                detail: "every pod of pod group ns/g Succeeded".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_single_pod_keeps_its_own_words() {
+        let deleted = run_of(None, &[Some(PodEnd::Gone)]).exit(RUN);
+        assert_eq!(
+            deleted,
+            Observation::Cancelled {
+                run: RUN,
+                detail: "pod deleted outside allot (kubectl delete)".into()
+            }
+        );
+        let unknown = Some(PodEnd::Finished(None, "pod Failed: Evicted".into()));
+        assert_eq!(
+            run_of(None, &[unknown]).exit(RUN),
+            Observation::Exited { run: RUN, code: None, detail: "pod Failed: Evicted".into() }
+        );
+    }
+
+    #[test]
+    fn a_group_starts_once_every_pod_ran_and_ends_once_every_pod_ended() {
+        let mut t = run_of(Some("g"), &[None, None]);
+        t.started = false;
+        for p in &mut t.pods {
+            p.ran = false;
+        }
+        let pod = |name: &str, phase: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": "ns" },
+                "spec": { "containers": [{ "name": "main" }] },
+                "status": { "phase": phase }
+            }))
+            .expect("a pod")
+        };
+        let listed = |pods: Vec<Pod>| -> BTreeMap<String, Pod> {
+            pods.into_iter().map(|p| (map::pod_key(&p), p)).collect()
+        };
+        let one_runs = listed(vec![pod("p-0", "Running"), pod("p-1", "Pending")]);
+        assert_eq!(KubernetesBackend::observe(RUN, &mut t, &one_runs), Vec::new());
+        let both_run = listed(vec![pod("p-0", "Running"), pod("p-1", "Running")]);
+        assert_eq!(
+            KubernetesBackend::observe(RUN, &mut t, &both_run),
+            vec![Observation::Started { run: RUN, pids: Vec::new() }]
+        );
+        let one_done = listed(vec![pod("p-0", "Succeeded"), pod("p-1", "Running")]);
+        assert_eq!(KubernetesBackend::observe(RUN, &mut t, &one_done), Vec::new());
+        let both_done = listed(vec![pod("p-1", "Succeeded")]);
+        let end = KubernetesBackend::observe(RUN, &mut t, &both_done);
+        assert_eq!(
+            end,
+            vec![Observation::Exited {
+                run: RUN,
+                code: Some(0),
+                detail: "every pod of pod group ns/g Succeeded".into()
+            }],
+            "p-0 Succeeded before it went: its end stands"
+        );
+        assert!(t.ended);
+    }
+}

@@ -27,12 +27,15 @@ use allot_backend::{
     Waiting,
 };
 use allot_core::NodeSpec;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 
 pub mod map;
 
 use map::{Handle, IndexGuess, parse_handle};
+
+/// The longest Event message allot writes, in bytes.
+const EVENT_MESSAGE_BYTES_MAX: usize = 1024;
 
 /// Where the backend's cluster is and how long it waits for it.
 #[derive(Clone, Debug)]
@@ -632,7 +635,9 @@ impl KubernetesBackend {
     }
 
     /// Sets a pod's `PodScheduled` condition to `False` with allot's reason (through
-    /// `pods/status`); a pod gone meanwhile is skipped.
+    /// `pods/status`), and records the same as an Event of the pod (what `kubectl describe
+    /// pod` lists, as it lists kube-scheduler's FailedScheduling): `Warning` for a refusal,
+    /// `Normal` for a wait. A pod gone meanwhile is skipped.
     fn set_condition(
         &self,
         namespace: &str,
@@ -641,12 +646,13 @@ impl KubernetesBackend {
         text: &str,
         now: &str,
     ) -> Result<(), BackendError> {
+        let message = format!("allot: {text}");
         let patch = serde_json::json!({
             "status": { "conditions": [{
                 "type": "PodScheduled",
                 "status": "False",
                 "reason": reason,
-                "message": format!("allot: {text}"),
+                "message": message,
                 "lastTransitionTime": now,
             }]}
         });
@@ -659,11 +665,41 @@ impl KubernetesBackend {
                 &Patch::Strategic(&patch),
             ),
         )?;
-        match result {
-            Ok(_) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) => Err(api_error(&what, e)),
+        let pod = match result {
+            Ok(pod) => pod,
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) => return Err(api_error(&what, e)),
+        };
+        // An Event's message is bounded (1 KiB for events.k8s.io); cut on a char boundary.
+        let mut short = message;
+        if short.len() > EVENT_MESSAGE_BYTES_MAX {
+            let mut end = EVENT_MESSAGE_BYTES_MAX - 3;
+            while !short.is_char_boundary(end) {
+                end -= 1;
+            }
+            short.truncate(end);
+            short.push_str("...");
         }
+        let event = serde_json::json!({
+            "metadata": { "generateName": format!("{name}."), "namespace": namespace },
+            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": name,
+                                "namespace": namespace, "uid": pod.metadata.uid },
+            "reason": reason,
+            "message": short,
+            "type": if reason == map::REFUSED_REASON { "Warning" } else { "Normal" },
+            "source": { "component": map::SCHEDULER_NAME },
+            "reportingComponent": map::SCHEDULER_NAME,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        });
+        let event: Event = serde_json::from_value(event)
+            .map_err(|e| BackendError::Invalid(format!("an Event for pod {name}: {e}")))?;
+        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("record an Event for pod {namespace}/{name}");
+        self.call(&what, events.create(&PostParams::default(), &event))?
+            .map_err(|e| api_error(&what, e))?;
+        Ok(())
     }
 
     /// Shows the notes (refusals, groups waiting for pods) on their pods, where the pod's
@@ -960,7 +996,7 @@ impl Backend for KubernetesBackend {
             };
             for name in names {
                 let result =
-                    self.set_condition(parsed.namespace(), &name, "AllotWaiting", text, &now);
+                    self.set_condition(parsed.namespace(), &name, map::WAITING_REASON, text, &now);
                 if let Err(e) = result {
                     first_error.get_or_insert(e);
                 }

@@ -39,6 +39,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// The `spec.schedulerName` of pods allot schedules.
 pub const SCHEDULER_NAME: &str = "allot";
+/// The reason of a PodScheduled condition (and Event) allot writes on a pod it will not place
+/// as it is, and on one it keeps waiting.
+pub const REFUSED_REASON: &str = "AllotRefused";
+pub const WAITING_REASON: &str = "AllotWaiting";
 pub const USER_LABEL: &str = "allot.dev/user";
 pub const RACK_LABEL: &str = "allot.dev/rack";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
@@ -565,7 +569,7 @@ pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, V
                 if let Some(why) = &work.refusal {
                     notes.push(Note {
                         pod: pod_key(pod),
-                        reason: "AllotRefused",
+                        reason: REFUSED_REASON,
                         message: why.clone(),
                     });
                 }
@@ -620,7 +624,7 @@ fn group_work(
         let mut work = group_base(&handle, group, namespace, members);
         let text = format!("{why}; no pod of the group is bound");
         work.refusal = Some(text.clone());
-        (Some(work), Some(("AllotRefused", text)))
+        (Some(work), Some((REFUSED_REASON, text)))
     };
     if bound > 0 {
         let names: Vec<String> = members
@@ -640,7 +644,7 @@ fn group_work(
             names.join(", ")
         );
         work.refusal = Some(text.clone());
-        return (Some(work), Some(("AllotRefused", text)));
+        return (Some(work), Some((REFUSED_REASON, text)));
     }
     let checked = match checked {
         Ok(c) => c,
@@ -658,7 +662,7 @@ fn group_work(
         return (
             None,
             Some((
-                "AllotWaiting",
+                WAITING_REASON,
                 format!(
                     "pod group {group} has {have} of its {} pods ({GROUP_SIZE_ANNOTATION}); allot \
                      places none of them until all exist",

@@ -465,6 +465,11 @@ fn waiting_reasons_show_on_the_pod_and_cancel_deletes_it() {
     assert_eq!(condition.status, "False");
     assert_eq!(condition.reason.as_deref(), Some("AllotWaiting"));
     assert_eq!(condition.message, Some(format!("allot: {reason}")));
+    let events = fx.events_of("waiting");
+    assert_eq!(
+        events,
+        vec![("Normal".to_string(), "AllotWaiting".to_string(), format!("allot: {reason}"))]
+    );
     // A pod gone meanwhile is skipped.
     backend
         .explain_waiting(&[(Waiting::Foreign(format!("{}/gone", fx.namespace)), reason)])
@@ -564,6 +569,27 @@ fn launch_members(workload: u64, handle: &str, nodes: &[&str], gpus: u32) -> Lau
         .map(|n| MemberLaunch { node: n.to_string(), ..launch.members[0].clone() })
         .collect();
     launch
+}
+
+impl Fixture {
+    /// The Events of pod `name`: (type, reason, message), oldest first.
+    fn events_of(&self, name: &str) -> Vec<(String, String, String)> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let params = kube::api::ListParams::default()
+            .fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"));
+        let list = self.runtime.block_on(events.list(&params)).expect("events listed");
+        list.items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
 }
 
 /// The pod's PodScheduled condition: (reason, message).
@@ -692,6 +718,12 @@ fn pods_that_disagree_or_carry_a_malformed_intent_are_refused_on_the_pod() {
         assert_eq!(shown, ("AllotRefused".to_string(), format!("allot: {want}")), "{pod}");
     }
     assert_eq!(fx.pod("serve").as_ref().and_then(scheduled_condition), None, "nothing to say");
+    // The same as a Warning Event of the pod, once (a later watch finds it said).
+    let _ = news(&mut backend);
+    let events = fx.events_of("typo");
+    let [(kind, reason, message)] = events.as_slice() else { panic!("one event: {events:?}") };
+    assert_eq!((kind.as_str(), reason.as_str()), ("Warning", "AllotRefused"));
+    assert!(message.starts_with("allot: annotation allot.dev/max-runtime"), "{message}");
 }
 
 /// kubectl of the test cluster's cache (scripts/k8s-cluster.sh builds it there).
@@ -757,6 +789,7 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["create", "pods", "--subresource=binding", "-n", "research"],
         &["create", "pods", "--subresource=eviction", "-n", "research"],
         &["patch", "pods", "--subresource=status", "-n", "research"],
+        &["create", "events", "-n", "research"],
     ];
     let denied: &[&[&str]] = &[
         &["delete", "nodes"],
@@ -769,7 +802,7 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["get", "secrets", "-n", "research"],
         &["list", "secrets", "--all-namespaces"],
         &["get", "configmaps", "-n", "research"],
-        &["create", "events", "-n", "research"],
+        &["patch", "events", "-n", "research"],
         &["create", "deployments", "-n", "research"],
         &["create", "clusterrolebindings"],
     ];

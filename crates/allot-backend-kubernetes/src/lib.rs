@@ -3,7 +3,7 @@
 //! Pods with `spec.schedulerName: allot` wait unbound (no other scheduler binds them): they are
 //! foreign work ([`ClusterNews::foreign`]) charged to their namespace (the policy's projects
 //! are namespaces). The daemon admits one by a launch that adopts it (`Launch::adopt` =
-//! `"namespace/name"`); the backend binds the pod to the launch's node through the Binding
+//! `"namespace/name@uid"`); the backend binds the pod to the launch's node through the Binding
 //! subresource and watches it from then on. A pod group (a gang: pods sharing the label
 //! `allot.dev/pod-group`, as many as its annotation `allot.dev/pod-group-size` says) is one
 //! piece of work of one member per pod, offered once all its pods exist and bound all or none
@@ -12,7 +12,9 @@
 //! through `allot submit` has no pod and is refused: the backend does not create pods yet.
 //!
 //! A pod its user deletes while it runs ends the run as cancelled
-//! ([`Observation::Cancelled`]); a pod allot evicted is an exit without code.
+//! ([`Observation::Cancelled`]); a pod allot evicted is an exit without code. A pod with
+//! scheduling gates waits until they are removed. allot's reason for a pod it refuses or keeps
+//! waiting is its `PodScheduled` condition and an Event of the pod.
 //!
 //! The [`Backend`] trait is synchronous: the backend owns a current-thread tokio runtime and
 //! blocks on each API call with a timeout; an API server that does not answer in time is

@@ -767,6 +767,11 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         return;
     }
     let manifests = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes");
+    // A namespace an earlier run deleted may still be terminating: nothing can be made in it.
+    wait_for("namespace allot of an earlier run gone", Duration::from_secs(90), || {
+        let (exists, _, _) = kubectl(&["get", "namespace", "allot"]);
+        (!exists).then_some(())
+    });
     let _deployed = Deployed;
     let (ok, out, err) = kubectl(&["apply", "-k", &manifests.display().to_string()]);
     assert!(ok, "kubectl apply -k deploy/kubernetes: {out}\n{err}");

@@ -23,8 +23,9 @@
 //!   `allot.dev/max-runtime` (durations as in the policy file: `30m`, `2h`, `1h30m`, `1d`).
 //!
 //! Handles (what [`allot_backend::Launch::adopt`] names): a pod is `namespace/name@uid`, a
-//! group `namespace/group:name@id`, `id` a digest of its pods' uids. A pod created again under
-//! the same name, or a group whose pods changed, is new work (the daemon imports a handle
+//! group `namespace/group:name@id`, `id` a digest of its pods' uids; refused work ends in
+//! `~` and a digest of the refusal. A pod created again under the same name, a group whose
+//! pods changed, or refused work corrected in place is new work (the daemon imports a handle
 //! once); handles without the suffix (written by earlier versions) name the pod or group by
 //! name alone.
 
@@ -238,6 +239,8 @@ impl Handle<'_> {
 /// A handle as what it names; `None` if it is none of the forms above.
 pub fn parse_handle(handle: &str) -> Option<Handle<'_>> {
     let (namespace, rest) = handle.trim().split_once('/')?;
+    // `~…`: the mark of refused work (see `allot_work`).
+    let rest = rest.split_once('~').map_or(rest, |(rest, _)| rest);
     let (name, uid) = match rest.split_once('@') {
         Some((name, uid)) if !uid.is_empty() => (name, Some(uid)),
         Some(_) => return None,
@@ -395,9 +398,9 @@ pub fn foreign_work(pod: &Pod, guess: &mut IndexGuess) -> ForeignWork {
     let intent = pod_intent(pod);
     let refusal = match (ask.as_ref(), intent.as_ref()) {
         _ if !running.is_empty() => None,
-        (Err(why), _) | (Ok(_), Err(why)) => {
-            Some(format!("{why}; the pod stays unbound (delete it and create it again)"))
-        }
+        (Err(why), _) | (Ok(_), Err(why)) => Some(format!(
+            "{why}; the pod stays unbound (correct it, or delete it and create it again)"
+        )),
         _ => None,
     };
     ForeignWork {
@@ -589,6 +592,13 @@ pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, V
         }
         works.extend(work);
     }
+    // Refused work is marked by its reason: a pod whose labels or annotations are corrected
+    // (kubectl annotate --overwrite) is new work, not a handle the daemon already refused.
+    for work in &mut works {
+        if let Some(why) = &work.refusal {
+            work.handle = format!("{}~{:08x}", work.handle, fnv64(why) >> 32);
+        }
+    }
     (works, notes)
 }
 
@@ -685,12 +695,17 @@ fn group_work(
 pub fn group_id(members: &[&Pod]) -> String {
     let mut uids: Vec<&str> = members.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
     uids.sort_unstable();
+    format!("{:016x}", fnv64(&uids.join(",")))
+}
+
+/// 64-bit FNV-1a.
+fn fnv64(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in uids.join(",").bytes() {
+    for byte in text.bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("{hash:016x}")
+    hash
 }
 
 /// What every pod of a group agrees on.

@@ -4,7 +4,8 @@
 //! namespace the policy names as a project is imported, admitted, bound to a GPU node, and
 //! `allot ls` lists it running; a pod group waits for its missing pod, then is placed whole on
 //! the nodes another scheduler's pod leaves free; a pod's intent annotations reach its
-//! workload, and deleting the pod cancels it.
+//! workload, deleting the pod cancels it, and a pod refused for a typo in an annotation is
+//! placed once the annotation is corrected in place.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -384,5 +385,32 @@ spec:
     kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("serve", 2, intent)));
     wait_for("the new pod of the same name bound", Duration::from_secs(60), || {
         (!node_of(&namespace, "serve").is_empty()).then_some(())
+    });
+
+    // A typo in an annotation refuses the pod, on the pod; corrected in place, it is placed.
+    let typo = "  annotations: {allot.dev/kind: trainig}\n";
+    kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("typo", 1, typo)));
+    let refused = wait_for("the refusal on the pod", Duration::from_secs(30), || {
+        let text = kubectl(
+            &[
+                "-n",
+                &namespace,
+                "get",
+                "pod",
+                "typo",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
+            ],
+            None,
+        );
+        (!text.is_empty()).then_some(text)
+    });
+    assert!(refused.contains("annotation allot.dev/kind is \"trainig\""), "{refused}");
+    kubectl(
+        &["-n", &namespace, "annotate", "pod", "typo", "allot.dev/kind=training", "--overwrite"],
+        None,
+    );
+    wait_for("the corrected pod bound", Duration::from_secs(60), || {
+        (!node_of(&namespace, "typo").is_empty()).then_some(())
     });
 }

@@ -234,6 +234,7 @@ fn handles_parse_as_pods_and_groups() {
     assert_eq!(parse_handle("ns/group:g"), group("ns", "g", None));
     // A pod named "group" is a pod.
     assert_eq!(parse_handle("ns/group"), pod("ns", "group", None));
+    assert_eq!(parse_handle("ns/pod@u-1~0a1b2c3d"), pod("ns", "pod", Some("u-1")), "refused");
     for bad in ["pod", "/pod", "a/b/c", "ns/pod@", "ns/other:g", "ns/group:", "ns/group:a:b"] {
         assert_eq!(parse_handle(bad), None, "{bad}");
     }
@@ -488,7 +489,10 @@ fn a_malformed_intent_annotation_is_refused_naming_it_and_the_fix() {
         let work = foreign_work(&pod, &mut IndexGuess::default());
         let refusal = work.refusal.expect("refused");
         assert!(refusal.starts_with(&why), "{refusal}");
-        assert!(refusal.ends_with("the pod stays unbound (delete it and create it again)"));
+        assert!(
+            refusal
+                .ends_with("the pod stays unbound (correct it, or delete it and create it again)")
+        );
     }
     // A pod already bound runs as it is: its malformed intent is left at the defaults.
     let mut bound = annotated(json!({ KIND_ANNOTATION: "x" }));
@@ -497,4 +501,18 @@ fn a_malformed_intent_annotation_is_refused_naming_it_and_the_fix() {
     }
     let work = foreign_work(&bound, &mut IndexGuess::default());
     assert_eq!((work.refusal, work.intent), (None, ForeignIntent::default()));
+}
+
+#[test]
+fn refused_work_corrected_in_place_is_new_work() {
+    let mut value = allot_pod_value();
+    value["metadata"]["annotations"] = json!({ KIND_ANNOTATION: "trainig" });
+    let (refused, _) = work_of(vec![value.clone()]);
+    let (typo_again, _) = work_of(vec![value.clone()]);
+    assert!(refused[0].handle.starts_with("vision/train@u-1~"), "{}", refused[0].handle);
+    assert_eq!(refused[0].handle, typo_again[0].handle, "the same refusal: the same work");
+    value["metadata"]["annotations"][KIND_ANNOTATION] = json!("training");
+    let (corrected, _) = work_of(vec![value]);
+    assert_eq!(corrected[0].handle, "vision/train@u-1");
+    assert_eq!(corrected[0].refusal, None);
 }

@@ -18,7 +18,8 @@
 # repository under $ALLOT_K8S_CACHE/bin (default /var/cache/allot-k8s/bin), one folder per
 # version, so a second `build` is a no-op. Credentials for tests:
 #   $STATE/kubeconfig          admin (group system:masters)
-#   $STATE/allot.kubeconfig    user "allot", bound to ClusterRole allot (scripts/k8s/allot-rbac.yaml)
+#   $STATE/allot.kubeconfig    user "allot", bound (scripts/k8s/allot-rbac.yaml) to ClusterRole allot
+#                              (deploy/kubernetes/clusterrole.yaml, what a deployment gets)
 #   $STATE/admin.token, $STATE/allot.token, $STATE/pki/ca.crt, server https://127.0.0.1:$API_PORT
 # A fake node: a Node with annotation kwok.x-k8s.io/node=fake and its capacity/allocatable
 # (e.g. nvidia.com/gpu: "8") in the created object's status (see `check`). A pod on it runs 2 s
@@ -319,7 +320,8 @@ up() {
   done
   api_ready || die "kube-apiserver not ready after 60 s; see $STATE/log/kube-apiserver.log"
   log "kube-apiserver ready after $(elapsed "$tb") s"
-  "$KUBECTL" --kubeconfig="$STATE/kubeconfig" apply -f "$MODDIR/allot-rbac.yaml" >/dev/null
+  "$KUBECTL" --kubeconfig="$STATE/kubeconfig" apply -f "$REPO/deploy/kubernetes/clusterrole.yaml" \
+    -f "$MODDIR/allot-rbac.yaml" >/dev/null
   # Without cloud or kubelets: no node CIDRs, and the legacy token controller signs with sa.key.
   spawn kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig="$pki/kcm.kubeconfig" --leader-elect=false --secure-port=0 \

@@ -3,16 +3,24 @@
 //! Pods with `spec.schedulerName: allot` wait unbound (no other scheduler binds them): they are
 //! foreign work ([`ClusterNews::foreign`]) charged to their namespace (the policy's projects
 //! are namespaces). The daemon admits one by a launch that adopts it (`Launch::adopt` =
-//! `"namespace/name"`); the backend binds the pod to the launch's node through the Binding
-//! subresource and watches it from then on. Pods of other schedulers that hold GPUs on a GPU
-//! node are occupied capacity ([`ClusterNews::beside`]). Work submitted through `allot submit`
-//! has no pod and is refused: the backend does not create pods yet.
+//! `"namespace/name@uid"`); the backend binds the pod to the launch's node through the Binding
+//! subresource and watches it from then on. A pod group (a gang: pods sharing the label
+//! `allot.dev/pod-group`, as many as its annotation `allot.dev/pod-group-size` says) is one
+//! piece of work of one member per pod, offered once all its pods exist and bound all or none
+//! (see [`map`] for the labels, annotations and handles read). Pods of other schedulers that
+//! hold GPUs on a GPU node are occupied capacity ([`ClusterNews::beside`]). Work submitted
+//! through `allot submit` has no pod and is refused: the backend does not create pods yet.
+//!
+//! A pod its user deletes while it runs ends the run as cancelled
+//! ([`Observation::Cancelled`]); a pod allot evicted is an exit without code. A pod with
+//! scheduling gates waits until they are removed. allot's reason for a pod it refuses or keeps
+//! waiting is its `PodScheduled` condition and an Event of the pod.
 //!
 //! The [`Backend`] trait is synchronous: the backend owns a current-thread tokio runtime and
 //! blocks on each API call with a timeout; an API server that does not answer in time is
 //! [`BackendError::Unreachable`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,12 +29,17 @@ use allot_backend::{
     Waiting,
 };
 use allot_core::NodeSpec;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 
 pub mod map;
+mod run;
 
-use map::{IndexGuess, parse_handle};
+use map::{Handle, IndexGuess, parse_handle};
+use run::{PodRun, Tracked};
+
+/// The longest Event message allot writes, in bytes.
+const EVENT_MESSAGE_BYTES_MAX: usize = 1024;
 
 /// Where the backend's cluster is and how long it waits for it.
 #[derive(Clone, Debug)]
@@ -41,27 +54,6 @@ pub struct KubernetesConfig {
 impl Default for KubernetesConfig {
     fn default() -> Self {
         KubernetesConfig { kubeconfig: None, call_timeout: Duration::from_secs(10) }
-    }
-}
-
-/// A run and the pod it is.
-#[derive(Clone, Debug)]
-struct Tracked {
-    namespace: String,
-    name: String,
-    /// The pod's uid when the run took it: a pod deleted and created again under the same
-    /// name is not this run.
-    uid: Option<String>,
-    members: Vec<MemberLaunch>,
-    started: bool,
-    ended: bool,
-    /// Set once allot asked it to stop, for the exit's words.
-    stopped_by_allot: bool,
-}
-
-impl Tracked {
-    fn handle(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
     }
 }
 
@@ -87,8 +79,8 @@ impl std::fmt::Debug for KubernetesBackend {
 fn api_error(what: &str, error: kube::Error) -> BackendError {
     match error {
         kube::Error::Api(status) if status.code == 403 => BackendError::Invalid(format!(
-            "{what}: forbidden ({}); grant allot's account the verb on that resource (see \
-             scripts/k8s/allot-rbac.yaml)",
+            "{what}: forbidden ({}); grant allot's account the verb on that resource (see the \
+             ClusterRole in deploy/kubernetes/clusterrole.yaml)",
             status.message
         )),
         kube::Error::Api(status) if status.code == 429 || status.code >= 500 => {
@@ -235,98 +227,243 @@ impl KubernetesBackend {
         self.pending.push(Observation::LaunchFailed { run, error });
     }
 
-    /// Takes the pod `handle` as `launch.run`: binds it to the launch's node unless it is bound.
-    fn adopt(&mut self, launch: &Launch, handle: &str) -> Result<(), BackendError> {
-        let run = launch.run;
-        let Some((namespace, name)) = parse_handle(handle) else {
-            self.fail_launch(run, format!("{handle:?} is not a pod handle (namespace/name)"));
-            return Ok(());
-        };
-        let [member] = launch.members.as_slice() else {
-            self.fail_launch(
-                run,
-                format!(
-                    "pod {handle}: {} members asked; the kubernetes backend runs one pod per \
-                     workload (pod groups are not supported yet)",
-                    launch.members.len()
-                ),
-            );
-            return Ok(());
-        };
-        let Some(pod) = self.get_pod(namespace, name)? else {
-            self.fail_launch(run, format!("pod {handle} is gone (deleted before allot bound it)"));
-            return Ok(());
-        };
-        if map::is_terminating(&pod) {
-            self.fail_launch(run, format!("pod {handle} is being deleted"));
-            return Ok(());
-        }
-        if map::bound_node(&pod).is_none() {
-            match self.bind(namespace, name, &member.node) {
-                Ok(()) => {}
-                // Bound meanwhile (an earlier call whose answer was lost): taken as it is.
-                Err(e) if status_code(&e) == Some(409) => {}
-                Err(e) if is_not_found(&e) => {
-                    self.fail_launch(
-                        run,
-                        format!("pod {handle} is gone (deleted before allot bound it)"),
-                    );
-                    return Ok(());
+    /// allot's pods in `namespace` that belong to `group` (unbound pods with scheduling gates
+    /// are not yet: see `watch_cluster`); those that finished too with `ended`.
+    fn group_pods(
+        &self,
+        namespace: &str,
+        group: &str,
+        ended: bool,
+    ) -> Result<Vec<Pod>, BackendError> {
+        let params =
+            ListParams::default().fields(&format!("spec.schedulerName={}", map::SCHEDULER_NAME));
+        let what = format!("list the pods of group {namespace}/{group}");
+        let list = self
+            .call(&what, self.pods(namespace).list(&params))?
+            .map_err(|e| api_error(&what, e))?;
+        let mut pods: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| ended || !map::is_terminal(p))
+            .filter(|p| !(map::is_gated(p) && map::bound_node(p).is_none()))
+            .filter(|p| map::pod_group(p).is_some_and(|(g, _)| g == group))
+            .collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(pods)
+    }
+
+    /// The pods `handle` names now; `Err` with the words when they are not what was admitted.
+    /// A group is its pods that have not finished; `recovering`, where they are not the group
+    /// (a pod finished while the daemon was down), all its pods.
+    fn pods_of(
+        &self,
+        handle: Handle<'_>,
+        recovering: bool,
+    ) -> Result<Result<Vec<Pod>, String>, BackendError> {
+        match handle {
+            Handle::Pod { namespace, name, uid } => match self.get_pod(namespace, name)? {
+                None => Ok(Err(format!("pod {namespace}/{name} is gone"))),
+                Some(pod) if uid.is_some() && pod.metadata.uid.as_deref() != uid => {
+                    Ok(Err(format!(
+                        "pod {namespace}/{name} was deleted and created again since allot \
+                         admitted it (the new pod is new work)"
+                    )))
                 }
-                Err(e) => {
-                    let error = api_error(&format!("bind pod {handle} to {}", member.node), e);
-                    if error.is_transient() {
-                        return Err(error);
-                    }
-                    self.fail_launch(run, error.to_string());
-                    return Ok(());
+                Some(pod) => Ok(Ok(vec![pod])),
+            },
+            Handle::Group { namespace, group, uid } => {
+                let mut pods = self.group_pods(namespace, group, false)?;
+                let same = |pods: &[Pod]| {
+                    let refs: Vec<&Pod> = pods.iter().collect();
+                    uid.is_none_or(|id| map::group_id(&refs) == id)
+                };
+                if recovering && !same(&pods) {
+                    pods = self.group_pods(namespace, group, true)?;
                 }
+                if pods.is_empty() {
+                    return Ok(Err(format!("pod group {namespace}/{group} has no pods left")));
+                }
+                if !same(&pods) {
+                    return Ok(Err(format!(
+                        "pod group {namespace}/{group} changed since allot admitted it (a pod \
+                         was added, removed or created again; the group is new work)"
+                    )));
+                }
+                Ok(Ok(pods))
             }
         }
+    }
+
+    /// Binds `pods` (one, or a whole group) to `members`, all or none: everything is checked
+    /// before the first bind (a bound pod cannot be unbound); pods already bound (an earlier
+    /// try whose answer was lost, a restart mid-way) keep their node when a member is there.
+    /// If a bind fails after others succeeded, the pods bound are deleted so that none of the
+    /// group runs. `Ok(Err)`: the launch failed, with its reason; `Err`: transient, nothing
+    /// was bound.
+    fn bind_all(
+        &self,
+        what: &str,
+        pods: &[Pod],
+        members: &[MemberLaunch],
+    ) -> Result<Result<(), String>, BackendError> {
+        if let Some(p) = pods.iter().find(|p| map::is_terminating(p)) {
+            return Ok(Err(format!("{what}: pod {} is being deleted", map::pod_key(p))));
+        }
+        if pods.len() != members.len() {
+            return Ok(Err(format!(
+                "{what} has {} pods, allot placed {} members: the group changed since it was \
+                 admitted",
+                pods.len(),
+                members.len()
+            )));
+        }
+        let mut free: Vec<Option<&MemberLaunch>> = members.iter().map(Some).collect();
+        let mut already = Vec::new();
+        for pod in pods {
+            let Some(node) = map::bound_node(pod) else { continue };
+            let Some(slot) = free.iter_mut().find(|m| m.is_some_and(|m| m.node == node)) else {
+                return Ok(Err(format!(
+                    "{what}: pod {} is already bound to {node}, where allot placed none of it",
+                    map::pod_key(pod)
+                )));
+            };
+            *slot = None;
+            already.push(pod);
+        }
+        let mut free = free.into_iter().flatten();
+        let mut plan = Vec::new();
+        for pod in pods.iter().filter(|p| map::bound_node(p).is_none()) {
+            let Some(member) = free.next() else { break };
+            plan.push((pod, member.node.as_str()));
+        }
+        let mut bound: Vec<&Pod> = already;
+        for (pod, node) in plan {
+            let namespace = map::pod_namespace(pod);
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            let failure = match self.bind(namespace, name, node) {
+                Ok(()) => None,
+                // Bound meanwhile: fine if where allot placed it.
+                Err(e) if status_code(&e) == Some(409) => match self.get_pod(namespace, name) {
+                    Ok(Some(p)) if map::bound_node(&p) == Some(node) => None,
+                    Ok(_) => Some(BackendError::Invalid(format!(
+                        "pod {namespace}/{name} was bound elsewhere meanwhile"
+                    ))),
+                    Err(e) => Some(e),
+                },
+                Err(e) if is_not_found(&e) => Some(BackendError::Invalid(format!(
+                    "pod {namespace}/{name} is gone (deleted before allot bound it)"
+                ))),
+                Err(e) => Some(api_error(&format!("bind pod {namespace}/{name} to {node}"), e)),
+            };
+            let Some(error) = failure else {
+                bound.push(pod);
+                continue;
+            };
+            if bound.is_empty() {
+                if error.is_transient() {
+                    return Err(error);
+                }
+                return Ok(Err(error.to_string()));
+            }
+            // No answer: the bind may have happened; the pod goes with the others.
+            if error.is_transient() {
+                bound.push(pod);
+            }
+            return Ok(Err(format!("{what}: {error}; {}", self.undo(&bound))));
+        }
+        Ok(Ok(()))
+    }
+
+    /// Deletes the pods of a group bound before a later bind failed, so none of it runs; says
+    /// what was done.
+    fn undo(&self, bound: &[&Pod]) -> String {
+        let names: Vec<String> = bound.iter().map(|p| map::pod_key(p)).collect();
+        let mut failed = Vec::new();
+        for pod in bound {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if let Err(e) = self.delete_pod(map::pod_namespace(pod), name, Some(0)) {
+                failed.push(format!("{}: {e}", map::pod_key(pod)));
+            }
+        }
+        if failed.is_empty() {
+            format!(
+                "deleted {} (bound, or perhaps bound by a call that got no answer) so that none \
+                 of the group runs; create the group again (a Job or other controller does)",
+                names.join(", ")
+            )
+        } else {
+            format!(
+                "deleting the pods bound failed ({}): delete them with kubectl delete pod, or \
+                 the group runs in part",
+                failed.join("; ")
+            )
+        }
+    }
+
+    /// Takes the work `handle` names as `launch.run`: binds its pods to the launch's nodes
+    /// where they are not bound. `Ok(Err)`: the launch failed, with the reason.
+    fn take(&mut self, launch: &Launch, handle: &str) -> Result<Result<(), String>, BackendError> {
+        let Some(parsed) = parse_handle(handle) else {
+            return Ok(Err(format!(
+                "{handle:?} is not a pod handle (namespace/name or namespace/group:name)"
+            )));
+        };
+        if matches!(parsed, Handle::Pod { .. }) && launch.members.len() != 1 {
+            return Ok(Err(format!(
+                "pod {handle}: {} members asked; a pod is one member (a gang is a pod group: \
+                 label its pods {} and annotate them {})",
+                launch.members.len(),
+                map::GROUP_LABEL,
+                map::GROUP_SIZE_ANNOTATION
+            )));
+        }
+        let pods = match self.pods_of(parsed, false)? {
+            Ok(pods) => pods,
+            Err(why) => return Ok(Err(format!("{why} (before allot bound it)"))),
+        };
+        let group = match parsed {
+            Handle::Group { group, .. } => Some(group.to_string()),
+            Handle::Pod { .. } => None,
+        };
+        let what = match &group {
+            Some(g) => format!("pod group {}/{g}", parsed.namespace()),
+            None => format!("pod {}", map::pod_key(&pods[0])),
+        };
+        if let Err(why) = self.bind_all(&what, &pods, &launch.members)? {
+            return Ok(Err(why));
+        }
+        self.track(launch, parsed.namespace(), group, &pods);
+        Ok(Ok(()))
+    }
+
+    /// Watches `pods` as `launch.run` from now on.
+    fn track(&mut self, launch: &Launch, namespace: &str, group: Option<String>, pods: &[Pod]) {
         self.runs.insert(
-            run,
+            launch.run,
             Tracked {
                 namespace: namespace.to_string(),
-                name: name.to_string(),
-                uid: pod.metadata.uid.clone(),
+                group,
+                pods: pods
+                    .iter()
+                    .map(|p| PodRun {
+                        name: p.metadata.name.clone().unwrap_or_default(),
+                        uid: p.metadata.uid.clone(),
+                        ran: false,
+                        end: None,
+                    })
+                    .collect(),
                 members: launch.members.clone(),
                 started: false,
                 ended: false,
                 stopped_by_allot: false,
             },
         );
-        Ok(())
     }
 
-    /// What happened to `t`'s pod, judged from `pod` (`None`: it is gone); updates `t`.
-    fn observe(run: RunId, t: &mut Tracked, pod: Option<&Pod>) -> Vec<Observation> {
-        let mut out = Vec::new();
-        let pod = pod.filter(|p| t.uid.is_none() || p.metadata.uid == t.uid);
-        let Some(pod) = pod else {
-            t.ended = true;
-            let detail = if t.stopped_by_allot { "pod evicted by allot" } else { "pod deleted" };
-            out.push(Observation::Exited { run, code: None, detail: detail.to_string() });
-            return out;
-        };
-        let phase = map::phase(pod);
-        // A pod that ended before it was seen running ran all the same (it was bound): its
-        // start is reported first, so that its exit belongs to a started run.
-        if matches!(phase, "Running" | "Succeeded" | "Failed") && !t.started {
-            t.started = true;
-            out.push(Observation::Started { run, pids: Vec::new() });
-        }
-        if map::is_terminal(pod) {
-            t.ended = true;
-            let (code, detail) = map::exit_status(pod);
-            out.push(Observation::Exited { run, code, detail });
-        }
-        out
-    }
-
-    /// Asks `t`'s pod to go through the Eviction API (which keeps PodDisruptionBudgets).
-    fn evict(&self, t: &Tracked) -> Result<(), kube::Error> {
-        let what = format!("evict pod {}", t.handle());
-        match self.call(&what, self.pods(&t.namespace).evict(&t.name, &EvictParams::default())) {
+    /// Asks a pod to go through the Eviction API (which keeps PodDisruptionBudgets).
+    fn evict(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        let what = format!("evict pod {namespace}/{name}");
+        match self.call(&what, self.pods(namespace).evict(name, &EvictParams::default())) {
             Ok(result) => result.map(|_| ()),
             Err(timeout) => Err(kube::Error::Service(timeout.to_string().into())),
         }
@@ -347,9 +484,130 @@ impl KubernetesBackend {
         }
     }
 
-    /// Handles of the pods live runs hold, so that they are not foreign.
-    fn live_handles(&self) -> std::collections::BTreeSet<String> {
-        self.runs.values().filter(|t| !t.ended).map(Tracked::handle).collect()
+    /// `namespace/name` of the pods live runs hold, so that they are not foreign.
+    fn live_pods(&self) -> BTreeSet<String> {
+        self.runs
+            .values()
+            .filter(|t| !t.ended)
+            .flat_map(|t| t.pods.iter().map(|p| t.key(p)))
+            .collect()
+    }
+
+    /// Whether a live run holds the work `handle` names.
+    fn is_live(&self, handle: Handle<'_>) -> bool {
+        self.runs.values().filter(|t| !t.ended).any(|t| match handle {
+            Handle::Pod { namespace, name, .. } => {
+                t.group.is_none()
+                    && t.namespace == namespace
+                    && t.pods.iter().any(|p| p.name == name)
+            }
+            Handle::Group { namespace, group, .. } => {
+                t.namespace == namespace && t.group.as_deref() == Some(group)
+            }
+        })
+    }
+
+    /// Sets a pod's `PodScheduled` condition to `False` with allot's reason (through
+    /// `pods/status`), and records the same as an Event of the pod (what `kubectl describe
+    /// pod` lists, as it lists kube-scheduler's FailedScheduling): `Warning` for a refusal,
+    /// `Normal` for a wait. A pod gone meanwhile is skipped.
+    fn set_condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        text: &str,
+        now: &str,
+    ) -> Result<(), BackendError> {
+        let message = format!("allot: {text}");
+        let patch = serde_json::json!({
+            "status": { "conditions": [{
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": now,
+            }]}
+        });
+        let what = format!("explain why pod {namespace}/{name} waits");
+        let result = self.call(
+            &what,
+            self.pods(namespace).patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            ),
+        )?;
+        let pod = match result {
+            Ok(pod) => pod,
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) => return Err(api_error(&what, e)),
+        };
+        // An Event's message is bounded (1 KiB for events.k8s.io); cut on a char boundary.
+        let mut short = message;
+        if short.len() > EVENT_MESSAGE_BYTES_MAX {
+            let mut end = EVENT_MESSAGE_BYTES_MAX - 3;
+            while !short.is_char_boundary(end) {
+                end -= 1;
+            }
+            short.truncate(end);
+            short.push_str("...");
+        }
+        let event = serde_json::json!({
+            "metadata": { "generateName": format!("{name}."), "namespace": namespace },
+            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": name,
+                                "namespace": namespace, "uid": pod.metadata.uid },
+            "reason": reason,
+            "message": short,
+            "type": if reason == map::REFUSED_REASON { "Warning" } else { "Normal" },
+            "source": { "component": map::SCHEDULER_NAME },
+            "reportingComponent": map::SCHEDULER_NAME,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        });
+        let event: Event = serde_json::from_value(event)
+            .map_err(|e| BackendError::Invalid(format!("an Event for pod {name}: {e}")))?;
+        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("record an Event for pod {namespace}/{name}");
+        self.call(&what, events.create(&PostParams::default(), &event))?
+            .map_err(|e| api_error(&what, e))?;
+        Ok(())
+    }
+
+    /// Shows the notes (refusals, groups waiting for pods) on their pods, where the pod's
+    /// condition does not say it already. Best effort: the first error is returned after the
+    /// rest were tried.
+    fn show_notes(
+        &self,
+        pods: &BTreeMap<String, &Pod>,
+        notes: &[map::Note],
+    ) -> Result<(), BackendError> {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let mut first_error = None;
+        for note in notes {
+            let Some(pod) = pods.get(&note.pod) else { continue };
+            let message = format!("allot: {}", note.message);
+            let shown = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+                .is_some_and(|c| {
+                    c.reason.as_deref() == Some(note.reason)
+                        && c.message.as_deref() == Some(&*message)
+                });
+            if shown {
+                continue;
+            }
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            if let Err(e) =
+                self.set_condition(map::pod_namespace(pod), name, note.reason, &note.message, &now)
+            {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -383,7 +641,12 @@ impl Backend for KubernetesBackend {
             return Ok(());
         }
         match launch.adopt.clone() {
-            Some(handle) => self.adopt(launch, &handle),
+            Some(handle) => {
+                if let Err(why) = self.take(launch, &handle)? {
+                    self.fail_launch(launch.run, why);
+                }
+                Ok(())
+            }
             None => {
                 self.fail_launch(
                     launch.run,
@@ -396,13 +659,14 @@ impl Backend for KubernetesBackend {
         }
     }
 
-    /// Terminate: the Eviction API (PodDisruptionBudgets apply; a budget that forbids it now
-    /// is `Invalid`, not transient: the daemon logs it and its stop goes on to Kill after the
-    /// grace, instead of retrying as if the API server were down). Kill: delete with no grace
-    /// once the pod was asked to stop (what SIGKILL is to a process), else the eviction, and
-    /// where a budget forbids it, delete: allot's decision to stop the run stands.
-    /// Checkpoint: Kubernetes delivers no signal to a running pod; the pod's `preStop` hook and
-    /// `terminationGracePeriodSeconds` are its checkpoint path when it is evicted.
+    /// To every pod of the run. Terminate: the Eviction API (PodDisruptionBudgets apply; a
+    /// budget that forbids it now is `Invalid`, not transient: the daemon logs it and its stop
+    /// goes on to Kill after the grace, instead of retrying as if the API server were down).
+    /// Kill: delete with no grace once the pods were asked to stop (what SIGKILL is to a
+    /// process), else the eviction, and where a budget forbids it, delete: allot's decision to
+    /// stop the run stands. Checkpoint: Kubernetes delivers no signal to a running pod; the
+    /// pod's `preStop` hook and `terminationGracePeriodSeconds` are its checkpoint path when
+    /// it is evicted.
     fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
         let Some(t) = self.runs.get(&run).cloned() else {
             return Err(BackendError::UnknownRun { run });
@@ -410,29 +674,34 @@ impl Backend for KubernetesBackend {
         if t.ended || signal == StopSignal::Checkpoint {
             return Ok(());
         }
-        if signal == StopSignal::Kill && t.stopped_by_allot {
-            self.delete_pod(&t.namespace, &t.name, Some(0))?;
-            return Ok(());
-        }
-        let what = format!("evict pod {}", t.handle());
-        match self.evict(&t) {
-            Ok(()) => {}
-            Err(e) if is_not_found(&e) => {}
-            Err(e) if status_code(&e) == Some(429) && signal == StopSignal::Kill => {
-                self.delete_pod(&t.namespace, &t.name, Some(0))?;
+        let mut first_error = None;
+        for pod in t.pods.iter().filter(|p| p.end.is_none()) {
+            let (namespace, name) = (t.namespace.as_str(), pod.name.as_str());
+            let result = if signal == StopSignal::Kill && t.stopped_by_allot {
+                self.delete_pod(namespace, name, Some(0)).map(|_| ())
+            } else {
+                let what = format!("evict pod {namespace}/{name}");
+                match self.evict(namespace, name) {
+                    Ok(()) => Ok(()),
+                    Err(e) if is_not_found(&e) => Ok(()),
+                    Err(e) if status_code(&e) == Some(429) && signal == StopSignal::Kill => {
+                        self.delete_pod(namespace, name, Some(0)).map(|_| ())
+                    }
+                    Err(e) if status_code(&e) == Some(429) => Err(BackendError::Invalid(format!(
+                        "{what}: a PodDisruptionBudget forbids it now ({e}); allot deletes the \
+                         pod when the stop's grace ends"
+                    ))),
+                    Err(e) => Err(api_error(&what, e)),
+                }
+            };
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
             }
-            Err(e) if status_code(&e) == Some(429) => {
-                return Err(BackendError::Invalid(format!(
-                    "{what}: a PodDisruptionBudget forbids it now ({e}); allot deletes the pod \
-                     when the stop's grace ends"
-                )));
-            }
-            Err(e) => return Err(api_error(&what, e)),
         }
         if let Some(t) = self.runs.get_mut(&run) {
             t.stopped_by_allot = true;
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// One list of allot's pods (field selector `spec.schedulerName=allot`) for every run
@@ -442,65 +711,89 @@ impl Backend for KubernetesBackend {
             let params = ListParams::default()
                 .fields(&format!("spec.schedulerName={}", map::SCHEDULER_NAME));
             let pods: BTreeMap<String, Pod> =
-                self.list_pods(&params)?.into_iter().map(|p| (map::pod_handle(&p), p)).collect();
+                self.list_pods(&params)?.into_iter().map(|p| (map::pod_key(&p), p)).collect();
             let mut seen = Vec::new();
             for (run, t) in self.runs.iter_mut().filter(|(_, t)| !t.ended) {
-                seen.extend(Self::observe(*run, t, pods.get(&t.handle())));
+                seen.extend(t.observe(*run, &pods));
             }
             self.pending.extend(seen);
         }
         Ok(std::mem::take(&mut self.pending))
     }
 
+    /// Runs whose pods are all gone end with an unknown status; runs none of whose pods was
+    /// bound failed to launch (the work is pending again); a group bound in part (the daemon
+    /// stopped mid-launch) is bound in full as launched, or, where that fails, deleted.
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {
         let mut out = Vec::new();
         for launch in runs {
             let run = launch.run;
-            let Some((namespace, name)) = launch.adopt.as_deref().and_then(parse_handle) else {
+            let Some(handle) = launch.adopt.as_deref().and_then(parse_handle) else {
                 out.push(Observation::LaunchFailed {
                     run,
                     error: "no pod: the kubernetes backend only runs pods it took over".into(),
                 });
                 continue;
             };
-            let pod = self.get_pod(namespace, name)?;
-            if pod.as_ref().is_some_and(|p| map::bound_node(p).is_none()) {
+            let pods = match self.pods_of(handle, true)? {
+                Ok(pods) => pods,
+                Err(why) => {
+                    out.push(Observation::Exited {
+                        run,
+                        code: None,
+                        detail: format!(
+                            "exit status unknown: {why} (it ended while allot was not watching)"
+                        ),
+                    });
+                    continue;
+                }
+            };
+            if pods.iter().all(|p| map::bound_node(p).is_none()) {
                 // Never bound: it is pending foreign work again.
                 out.push(Observation::LaunchFailed {
                     run,
-                    error: format!("pod {namespace}/{name} was never bound"),
+                    error: format!("{} was never bound", launch.adopt.as_deref().unwrap_or("")),
                 });
                 continue;
             }
-            let mut t = Tracked {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                uid: pod.as_ref().and_then(|p| p.metadata.uid.clone()),
-                members: launch.members.clone(),
-                started: false,
-                ended: false,
-                stopped_by_allot: false,
+            let (group, what) = match handle {
+                Handle::Group { namespace, group, .. } => {
+                    (Some(group.to_string()), format!("pod group {namespace}/{group}"))
+                }
+                Handle::Pod { namespace, name, .. } => (None, format!("pod {namespace}/{name}")),
             };
-            out.extend(Self::observe(run, &mut t, pod.as_ref()));
-            self.runs.insert(run, t);
+            // A group bound in part (the daemon stopped mid-launch): bound in full as launched.
+            let unbound = pods.iter().any(|p| map::bound_node(p).is_none());
+            if unbound && let Err(why) = self.bind_all(&what, &pods, &launch.members)? {
+                out.push(Observation::LaunchFailed { run, error: why });
+                continue;
+            }
+            // Pods bound just now are not running yet: observed from the pods listed before.
+            self.track(launch, handle.namespace(), group, &pods);
+            let by_key = pods.into_iter().map(|p| (map::pod_key(&p), p)).collect();
+            if let Some(t) = self.runs.get_mut(&run) {
+                out.extend(t.observe(run, &by_key));
+            }
         }
         Ok(out)
     }
 
-    /// Node states, the inventory, allot's pods no run holds (pending: to admit; bound: running
-    /// foreign work), and the GPUs pods of other schedulers hold on GPU nodes.
+    /// Node states, the inventory, allot's pods and groups no run holds (pending: to admit;
+    /// bound: running foreign work; pods with scheduling gates wait for them to be removed),
+    /// and the GPUs pods of other schedulers hold on GPU nodes.
+    /// Pods allot refuses, and pods of a group that waits for the rest of its pods, get
+    /// allot's reason in their `PodScheduled` condition.
     fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
         let nodes = self.list_nodes()?;
         let inventory: Vec<NodeSpec> = nodes.iter().filter_map(map::node_spec).collect();
-        let gpu_nodes: std::collections::BTreeSet<&str> =
-            inventory.iter().map(|n| n.name.as_str()).collect();
+        let gpu_nodes: BTreeSet<&str> = inventory.iter().map(|n| n.name.as_str()).collect();
         let statuses = nodes
             .iter()
             .filter(|n| n.metadata.name.as_deref().is_some_and(|name| gpu_nodes.contains(name)))
             .map(map::node_status)
             .collect();
         let pods = self.list_pods(&ListParams::default())?;
-        let live = self.live_handles();
+        let live = self.live_pods();
         let mut guess = IndexGuess::default();
         for t in self.runs.values().filter(|t| !t.ended) {
             for member in &t.members {
@@ -509,12 +802,14 @@ impl Backend for KubernetesBackend {
                 }
             }
         }
-        let mut foreign = Vec::new();
+        let mut ours = Vec::new();
         let mut beside = Vec::new();
         for pod in pods.iter().filter(|p| !map::is_terminal(p)) {
             if map::asks_allot(pod) {
-                if !map::is_terminating(pod) && !live.contains(&map::pod_handle(pod)) {
-                    foreign.push(map::foreign_work(pod, &mut guess));
+                // A gated pod unbound waits for its gates (a group of it waits with it).
+                let gated = map::is_gated(pod) && map::bound_node(pod).is_none();
+                if !map::is_terminating(pod) && !gated && !live.contains(&map::pod_key(pod)) {
+                    ours.push(pod);
                 }
                 continue;
             }
@@ -523,57 +818,60 @@ impl Backend for KubernetesBackend {
                 beside.push(map::foreign_work(pod, &mut guess));
             }
         }
+        let (foreign, notes) = map::allot_work(&ours, &mut guess);
+        let by_key: BTreeMap<String, &Pod> = ours.iter().map(|p| (map::pod_key(p), *p)).collect();
+        // Best effort: the news matter more than the words on the pods.
+        let _ = self.show_notes(&by_key, &notes);
         Ok(ClusterNews { inventory: Some(inventory), nodes: statuses, foreign, beside })
     }
 
-    /// Deletes a pending pod of allot's that no run holds. `Ok(false)`: not such a pod.
+    /// Deletes a pending pod of allot's that no run holds, or every unbound pod of such a
+    /// group. `Ok(false)`: not such work.
     fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
-        let Some((namespace, name)) = parse_handle(handle) else { return Ok(false) };
-        if self.live_handles().contains(&format!("{namespace}/{name}")) {
+        let Some(parsed) = parse_handle(handle) else { return Ok(false) };
+        if self.is_live(parsed) {
             return Ok(false);
         }
-        match self.get_pod(namespace, name)? {
-            Some(pod) if map::asks_allot(&pod) && map::bound_node(&pod).is_none() => {
-                self.delete_pod(namespace, name, None)
-            }
-            _ => Ok(false),
+        let pods = match self.pods_of(parsed, false)? {
+            Ok(pods) => pods,
+            Err(_) => return Ok(false),
+        };
+        let mut deleted = false;
+        for pod in pods.iter().filter(|p| map::asks_allot(p) && map::bound_node(p).is_none()) {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            deleted |= self.delete_pod(map::pod_namespace(pod), name, None)?;
         }
+        Ok(deleted)
     }
 
     /// Sets each waiting pod's `PodScheduled` condition to `False`, reason `AllotWaiting`, with
     /// allot's reason as its message (what `kubectl describe pod` shows under Conditions and
-    /// `kubectl get pod -o json` in `status.conditions`), through `pods/status`. Pods gone
-    /// meanwhile are skipped.
+    /// `kubectl get pod -o json` in `status.conditions`), through `pods/status`; for a group,
+    /// on every pod of it. Pods gone meanwhile are skipped.
     fn explain_waiting(&mut self, reasons: &[(Waiting, String)]) -> Result<(), BackendError> {
         // The condition's time is the API's wall-clock time, at the edge, not the engine's.
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let mut first_error = None;
         for (waiting, text) in reasons {
             let Waiting::Foreign(handle) = waiting else { continue };
-            let Some((namespace, name)) = parse_handle(handle) else { continue };
-            let patch = serde_json::json!({
-                "status": { "conditions": [{
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "AllotWaiting",
-                    "message": format!("allot: {text}"),
-                    "lastTransitionTime": now,
-                }]}
-            });
-            let what = format!("explain why pod {handle} waits");
-            let result = self.call(
-                &what,
-                self.pods(namespace).patch_status(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Strategic(&patch),
-                ),
-            )?;
-            match result {
-                Ok(_) => {}
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => {
-                    first_error.get_or_insert(api_error(&what, e));
+            let Some(parsed) = parse_handle(handle) else { continue };
+            let names: Vec<String> = match parsed {
+                Handle::Pod { name, .. } => vec![name.to_string()],
+                Handle::Group { namespace, group, .. } => {
+                    match self.group_pods(namespace, group, false) {
+                        Ok(pods) => pods.iter().filter_map(|p| p.metadata.name.clone()).collect(),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            continue;
+                        }
+                    }
+                }
+            };
+            for name in names {
+                let result =
+                    self.set_condition(parsed.namespace(), &name, map::WAITING_REASON, text, &now);
+                if let Err(e) = result {
+                    first_error.get_or_insert(e);
                 }
             }
         }

@@ -10,16 +10,40 @@
 //!   rack label).
 //! - a pod's user: its label `allot.dev/user`, else its service account; its project: its
 //!   namespace.
+//! - a pod group (a gang: all its pods are bound together or none is): the label
+//!   `allot.dev/pod-group` names it, the annotation `allot.dev/pod-group-size` says how many
+//!   pods it has. Kueue's names for the same (`kueue.x-k8s.io/pod-group-name` label,
+//!   `kueue.x-k8s.io/pod-group-total-count` annotation) are read too, so that pods written for
+//!   Kueue's plain-pod groups run under allot by changing only `schedulerName`; where both are
+//!   set, allot's win and must agree with Kueue's.
+//! - a pod's intent (annotations; a group's pods must agree): `allot.dev/kind` (training,
+//!   batch, notebook, inference, service), `allot.dev/priority-class`, `allot.dev/preemptible`
+//!   (true/false), `allot.dev/checkpointable` (true: evicting the pod is its checkpoint, with
+//!   its `terminationGracePeriodSeconds` as the grace), `allot.dev/min-runtime` and
+//!   `allot.dev/max-runtime` (durations as in the policy file: `30m`, `2h`, `1h30m`, `1d`).
+//!
+//! Handles (what [`allot_backend::Launch::adopt`] names): a pod is `namespace/name@uid`, a
+//! group `namespace/group:name@id`, `id` a digest of its pods' uids; refused work ends in
+//! `~` and a digest of the refusal. A pod created again under the same name, a group whose
+//! pods changed, or refused work corrected in place is new work (the daemon imports a handle
+//! once); handles without the suffix (written by earlier versions) name the pod or group by
+//! name alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use allot_backend::{DeviceAssignment, ForeignWork, MemberLaunch, NodeStatus, Vendor};
+use allot_backend::{
+    DeviceAssignment, ForeignIntent, ForeignWork, MemberLaunch, NodeStatus, Vendor,
+};
 use allot_core::{DeviceSpec, NodeSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// The `spec.schedulerName` of pods allot schedules.
 pub const SCHEDULER_NAME: &str = "allot";
+/// The reason of a PodScheduled condition (and Event) allot writes on a pod it will not place
+/// as it is, and on one it keeps waiting.
+pub const REFUSED_REASON: &str = "AllotRefused";
+pub const WAITING_REASON: &str = "AllotWaiting";
 pub const USER_LABEL: &str = "allot.dev/user";
 pub const RACK_LABEL: &str = "allot.dev/rack";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
@@ -28,6 +52,22 @@ pub const AMD_GPU: &str = "amd.com/gpu";
 const NVIDIA_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 const AMD_PRODUCT_LABEL: &str = "amd.com/gpu.product";
 const NVIDIA_MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
+pub const GROUP_LABEL: &str = "allot.dev/pod-group";
+pub const GROUP_SIZE_ANNOTATION: &str = "allot.dev/pod-group-size";
+pub const KUEUE_GROUP_LABEL: &str = "kueue.x-k8s.io/pod-group-name";
+pub const KUEUE_GROUP_SIZE_ANNOTATION: &str = "kueue.x-k8s.io/pod-group-total-count";
+/// The most pods one group may have (a bound on what one launch binds).
+pub const GROUP_SIZE_MAX: u32 = 1024;
+pub const KIND_ANNOTATION: &str = "allot.dev/kind";
+pub const PRIORITY_CLASS_ANNOTATION: &str = "allot.dev/priority-class";
+pub const PREEMPTIBLE_ANNOTATION: &str = "allot.dev/preemptible";
+pub const CHECKPOINTABLE_ANNOTATION: &str = "allot.dev/checkpointable";
+pub const MIN_RUNTIME_ANNOTATION: &str = "allot.dev/min-runtime";
+pub const MAX_RUNTIME_ANNOTATION: &str = "allot.dev/max-runtime";
+/// The workload kinds `allot.dev/kind` takes (those of `allot submit --kind`).
+const KINDS: [&str; 5] = ["training", "batch", "notebook", "inference", "service"];
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+const DEFAULT_GRACE_S: u64 = 30;
 
 /// The GPU resources allot governs, with their vendor and model label.
 const GPU_RESOURCES: [(&str, Vendor, &str); 2] =
@@ -148,19 +188,74 @@ pub fn node_status(node: &Node) -> NodeStatus {
     }
 }
 
-/// `"namespace/name"`: a pod's handle, what [`allot_backend::Launch::adopt`] names.
-pub fn pod_handle(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
+/// `"namespace/name"`: which pod this is by name (pods gone and created again share it).
+pub fn pod_key(pod: &Pod) -> String {
+    format!("{}/{}", pod_namespace(pod), pod.metadata.name.as_deref().unwrap_or_default())
 }
 
-/// A handle as `(namespace, name)`; `None` if it is not `namespace/name`.
-pub fn parse_handle(handle: &str) -> Option<(&str, &str)> {
-    let (namespace, name) = handle.trim().split_once('/')?;
-    (!namespace.is_empty() && !name.is_empty() && !name.contains('/')).then_some((namespace, name))
+pub fn pod_namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// A pod's handle, what [`allot_backend::Launch::adopt`] names: `namespace/name@uid`
+/// (`namespace/name` for an object without a uid, which the API server always sets).
+pub fn pod_handle(pod: &Pod) -> String {
+    match pod.metadata.uid.as_deref() {
+        Some(uid) => format!("{}@{uid}", pod_key(pod)),
+        None => pod_key(pod),
+    }
+}
+
+/// A group's handle: `namespace/group:name@id` ([`group_id`]).
+pub fn group_handle(namespace: &str, group: &str, uid: Option<&str>) -> String {
+    match uid {
+        Some(uid) => format!("{namespace}/group:{group}@{uid}"),
+        None => format!("{namespace}/group:{group}"),
+    }
+}
+
+/// What a handle names. (`:` and `@` are in no pod name, label value or namespace, so the
+/// forms cannot be confused.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handle<'a> {
+    Pod { namespace: &'a str, name: &'a str, uid: Option<&'a str> },
+    Group { namespace: &'a str, group: &'a str, uid: Option<&'a str> },
+}
+
+impl Handle<'_> {
+    pub fn namespace(&self) -> &str {
+        match self {
+            Handle::Pod { namespace, .. } | Handle::Group { namespace, .. } => namespace,
+        }
+    }
+
+    pub fn uid(&self) -> Option<&str> {
+        match self {
+            Handle::Pod { uid, .. } | Handle::Group { uid, .. } => *uid,
+        }
+    }
+}
+
+/// A handle as what it names; `None` if it is none of the forms above.
+pub fn parse_handle(handle: &str) -> Option<Handle<'_>> {
+    let (namespace, rest) = handle.trim().split_once('/')?;
+    // `~…`: the mark of refused work (see `allot_work`).
+    let rest = rest.split_once('~').map_or(rest, |(rest, _)| rest);
+    let (name, uid) = match rest.split_once('@') {
+        Some((name, uid)) if !uid.is_empty() => (name, Some(uid)),
+        Some(_) => return None,
+        None => (rest, None),
+    };
+    let plain = |s: &str| !s.is_empty() && !s.contains(['/', ':', '@']);
+    if !plain(namespace) {
+        return None;
+    }
+    match name.split_once(':') {
+        Some(("group", group)) if plain(group) => Some(Handle::Group { namespace, group, uid }),
+        Some(_) => None,
+        None if plain(name) => Some(Handle::Pod { namespace, name, uid }),
+        None => None,
+    }
 }
 
 pub fn asks_allot(pod: &Pod) -> bool {
@@ -181,6 +276,13 @@ pub fn is_terminal(pod: &Pod) -> bool {
 
 pub fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether the pod still has scheduling gates (`spec.schedulingGates`): no scheduler may bind
+/// it until whoever set them removes them (the API server refuses the Binding), and the API
+/// server already says so in its PodScheduled condition (reason `SchedulingGated`).
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty())
 }
 
 /// What a pod asks for: whole GPUs of one vendor, summed over its containers' limits.
@@ -283,45 +385,416 @@ impl IndexGuess {
 }
 
 /// A pod as foreign work: pending when unbound (what it asks for), else running on its node
-/// with `indices` guessed by `guess`. A pod whose GPU request allot cannot place is refused;
-/// one already bound is taken as it runs.
+/// with `indices` guessed by `guess`. A pod whose GPU request or intent allot cannot take is
+/// refused; one already bound is taken as it runs (with the policy's defaults for an intent
+/// it cannot read).
 pub fn foreign_work(pod: &Pod, guess: &mut IndexGuess) -> ForeignWork {
     let ask = gpu_ask(pod);
     let (gpus, vendor) = ask.as_ref().map_or((0, Vendor::Nvidia), |a| (a.gpus, a.vendor));
     let running = match bound_node(pod) {
-        Some(node) => vec![MemberLaunch {
-            node: node.to_string(),
-            devices: guess
-                .lowest_free(node, gpus)
-                .into_iter()
-                .map(|index| DeviceAssignment { index, uuid: None, vendor, shares: 1000 })
-                .collect(),
-        }],
+        Some(node) => vec![running_member(node, gpus, vendor, guess)],
         None => Vec::new(),
     };
-    let started_ms = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.start_time.as_ref())
-        .filter(|_| !running.is_empty())
-        .and_then(|t| u64::try_from(t.0.as_millisecond()).ok());
-    let refusal = match ask {
-        Err(why) if running.is_empty() => {
-            Some(format!("{why}; the pod stays unbound (delete it and create it again)"))
-        }
+    let intent = pod_intent(pod);
+    let refusal = match (ask.as_ref(), intent.as_ref()) {
+        _ if !running.is_empty() => None,
+        (Err(why), _) | (Ok(_), Err(why)) => Some(format!(
+            "{why}; the pod stays unbound (correct it, or delete it and create it again)"
+        )),
         _ => None,
     };
     ForeignWork {
         handle: pod_handle(pod),
         name: pod.metadata.name.clone().unwrap_or_default(),
-        project: pod.metadata.namespace.clone().unwrap_or_else(|| "default".to_string()),
+        project: pod_namespace(pod).to_string(),
         user: pod_user(pod),
+        started_ms: started_ms(pod).filter(|_| !running.is_empty()),
         running,
         nodes: 1,
         gpus_per_node: gpus,
         model: asked_model(pod),
-        started_ms,
         refusal,
+        intent: intent.unwrap_or_default(),
+    }
+}
+
+fn running_member(node: &str, gpus: u32, vendor: Vendor, guess: &mut IndexGuess) -> MemberLaunch {
+    MemberLaunch {
+        node: node.to_string(),
+        devices: guess
+            .lowest_free(node, gpus)
+            .into_iter()
+            .map(|index| DeviceAssignment { index, uuid: None, vendor, shares: 1000 })
+            .collect(),
+    }
+}
+
+fn started_ms(pod: &Pod) -> Option<u64> {
+    let start = pod.status.as_ref()?.start_time.as_ref()?;
+    u64::try_from(start.0.as_millisecond()).ok()
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The intent a pod declares in its annotations (see the module's documentation), or what is
+/// wrong with one of them, naming it and the fix.
+pub fn pod_intent(pod: &Pod) -> Result<ForeignIntent, String> {
+    let text = |key: &str| annotation(pod, key).map(str::trim);
+    let kind = match text(KIND_ANNOTATION) {
+        None => None,
+        Some(k) if KINDS.contains(&k) => Some(k.to_string()),
+        Some(k) => {
+            return Err(format!(
+                "annotation {KIND_ANNOTATION} is {k:?}: write one of {}",
+                KINDS.join(", ")
+            ));
+        }
+    };
+    let priority_class = match text(PRIORITY_CLASS_ANNOTATION) {
+        None => None,
+        Some("") => {
+            return Err(format!(
+                "annotation {PRIORITY_CLASS_ANNOTATION} is empty: name one of the policy's \
+                 priority classes, or remove the annotation for the default"
+            ));
+        }
+        Some(c) => Some(c.to_string()),
+    };
+    let flag = |key: &str| match text(key) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => Err(format!("annotation {key} is {other:?}: write \"true\" or \"false\"")),
+    };
+    let preemptible = flag(PREEMPTIBLE_ANNOTATION)?;
+    let grace_s = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .map_or(DEFAULT_GRACE_S, |g| u64::try_from(g).unwrap_or(0));
+    let checkpoint_grace_s = flag(CHECKPOINTABLE_ANNOTATION)?.filter(|&c| c).map(|_| grace_s);
+    let runtime = |key: &str| text(key).map(|t| duration_s(key, t)).transpose();
+    Ok(ForeignIntent {
+        kind,
+        priority_class,
+        preemptible,
+        checkpoint_grace_s,
+        min_runtime_s: runtime(MIN_RUNTIME_ANNOTATION)?,
+        max_runtime_s: runtime(MAX_RUNTIME_ANNOTATION)?,
+    })
+}
+
+/// A duration annotation in whole seconds, in the policy file's notation (a bare number is
+/// refused: the policy reads it as milliseconds, `allot submit` as seconds).
+fn duration_s(key: &str, text: &str) -> Result<u64, String> {
+    let fix = "write a duration with its unit, such as 30m, 2h, 1h30m or 1d";
+    if text.is_empty() || text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!("annotation {key} is {text:?}: no unit; {fix}"));
+    }
+    let ms = allot_config::duration_ms(text)
+        .map_err(|_| format!("annotation {key} is {text:?}: not a duration; {fix}"))?;
+    if ms % 1000 != 0 || ms == 0 {
+        return Err(format!("annotation {key} is {text:?}: not a whole number of seconds; {fix}"));
+    }
+    Ok(ms / 1000)
+}
+
+/// The group a pod belongs to by its labels, with the size its annotation says (or what is
+/// wrong with it); `None` for a pod of no group.
+pub fn pod_group(pod: &Pod) -> Option<(String, Result<u32, String>)> {
+    let ours = label(pod, GROUP_LABEL).map(str::trim).filter(|g| !g.is_empty());
+    let kueue = label(pod, KUEUE_GROUP_LABEL).map(str::trim).filter(|g| !g.is_empty());
+    let name = ours.or(kueue)?.to_string();
+    if let (Some(a), Some(b)) = (ours, kueue)
+        && a != b
+    {
+        return Some((
+            name,
+            Err(format!(
+                "labels {GROUP_LABEL}={a} and {KUEUE_GROUP_LABEL}={b} name different groups: \
+                 remove one, or give both the same name"
+            )),
+        ));
+    }
+    let (key, size) = match (annotation(pod, GROUP_SIZE_ANNOTATION), ours) {
+        (Some(size), _) => (GROUP_SIZE_ANNOTATION, Some(size)),
+        (None, Some(_)) => (GROUP_SIZE_ANNOTATION, annotation(pod, KUEUE_GROUP_SIZE_ANNOTATION)),
+        (None, None) => (KUEUE_GROUP_SIZE_ANNOTATION, annotation(pod, KUEUE_GROUP_SIZE_ANNOTATION)),
+    };
+    let size = match size.map(str::trim) {
+        None => Err(format!(
+            "pod group {name}: annotation {key} is missing: set it to the number of pods in the \
+             group (e.g. \"2\")"
+        )),
+        Some(text) => {
+            text.parse::<u32>().ok().filter(|n| (1..=GROUP_SIZE_MAX).contains(n)).ok_or_else(|| {
+                format!(
+                    "pod group {name}: annotation {key} is {text:?}: write the number of pods in \
+                     the group, a whole number from 1 to {GROUP_SIZE_MAX}"
+                )
+            })
+        }
+    };
+    Some((name, size))
+}
+
+/// What a PodScheduled condition should say on a pod allot does not place now, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// The pod, `namespace/name`.
+    pub pod: String,
+    /// `AllotRefused` (the pod must be changed) or `AllotWaiting`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// allot's own pods (unbound or bound, none held by a run) as foreign work: a pod of no group
+/// is work by itself; a group is one work of one member per pod, offered once all its pods
+/// exist. Returns the work and the notes to show on pods that are refused or wait for their
+/// group.
+pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, Vec<Note>) {
+    let mut works = Vec::new();
+    let mut notes = Vec::new();
+    let mut groups: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
+    for pod in pods {
+        match pod_group(pod) {
+            Some((group, _)) => {
+                groups.entry((pod_namespace(pod).to_string(), group)).or_default().push(pod);
+            }
+            None => {
+                let work = foreign_work(pod, guess);
+                if let Some(why) = &work.refusal {
+                    notes.push(Note {
+                        pod: pod_key(pod),
+                        reason: REFUSED_REASON,
+                        message: why.clone(),
+                    });
+                }
+                works.push(work);
+            }
+        }
+    }
+    for ((namespace, group), mut members) in groups {
+        members.sort_by_key(|p| p.metadata.name.clone());
+        let (work, note) = group_work(&namespace, &group, &members, guess);
+        if let Some((reason, message)) = note {
+            notes.extend(members.iter().map(|p| Note {
+                pod: pod_key(p),
+                reason,
+                message: message.clone(),
+            }));
+        }
+        works.extend(work);
+    }
+    // Refused work is marked by its reason: a pod whose labels or annotations are corrected
+    // (kubectl annotate --overwrite) is new work, not a handle the daemon already refused.
+    for work in &mut works {
+        if let Some(why) = &work.refusal {
+            work.handle = format!("{}~{:08x}", work.handle, fnv64(why) >> 32);
+        }
+    }
+    (works, notes)
+}
+
+/// One group's pods (sorted by name) as work: `None` while pods are missing; refused (the
+/// work carries the reason) when its pods disagree or one cannot be placed. The note is what
+/// its pods should show.
+fn group_work(
+    namespace: &str,
+    group: &str,
+    members: &[&Pod],
+    guess: &mut IndexGuess,
+) -> (Option<ForeignWork>, Option<(&'static str, String)>) {
+    let id = group_id(members);
+    let handle = group_handle(namespace, group, Some(&id));
+    let bound = members.iter().filter(|p| bound_node(p).is_some()).count();
+    let checked = check_group(group, members);
+    if bound > 0 && bound == members.len() {
+        // Bound with no run of allot's holding it (a daemon that bound it and lost its log):
+        // running work, taken as it runs.
+        let mut work = group_base(&handle, group, namespace, members);
+        for pod in members {
+            let ask = gpu_ask(pod).unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
+            let node = bound_node(pod).unwrap_or_default();
+            work.running.push(running_member(node, ask.gpus, ask.vendor, guess));
+        }
+        work.nodes = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        work.gpus_per_node = work.running.iter().map(|m| m.devices.len() as u32).max().unwrap_or(0);
+        work.started_ms = members.iter().filter_map(|p| started_ms(p)).min();
+        work.intent = checked.map(|c| c.intent).unwrap_or_default();
+        return (Some(work), None);
+    }
+    let refuse = |why: String| {
+        let mut work = group_base(&handle, group, namespace, members);
+        let text = format!("{why}; no pod of the group is bound");
+        work.refusal = Some(text.clone());
+        (Some(work), Some((REFUSED_REASON, text)))
+    };
+    if bound > 0 {
+        let names: Vec<String> = members
+            .iter()
+            .map(|p| {
+                let name = p.metadata.name.as_deref().unwrap_or_default();
+                match bound_node(p) {
+                    Some(node) => format!("{name} on {node}"),
+                    None => format!("{name} unbound"),
+                }
+            })
+            .collect();
+        let mut work = group_base(&handle, group, namespace, members);
+        let text = format!(
+            "pod group {group} is partly bound ({}) and no run of allot's holds it: delete the \
+             group's pods and create them again",
+            names.join(", ")
+        );
+        work.refusal = Some(text.clone());
+        return (Some(work), Some((REFUSED_REASON, text)));
+    }
+    let checked = match checked {
+        Ok(c) => c,
+        Err(why) => return refuse(why),
+    };
+    let have = members.len() as u64;
+    if have > u64::from(checked.size) {
+        return refuse(format!(
+            "pod group {group} has {have} pods but its {GROUP_SIZE_ANNOTATION} is {}: delete the \
+             extra pods or raise the size",
+            checked.size
+        ));
+    }
+    if have < u64::from(checked.size) {
+        return (
+            None,
+            Some((
+                WAITING_REASON,
+                format!(
+                    "pod group {group} has {have} of its {} pods ({GROUP_SIZE_ANNOTATION}); allot \
+                     places none of them until all exist",
+                    checked.size
+                ),
+            )),
+        );
+    }
+    let mut work = group_base(&handle, group, namespace, members);
+    work.nodes = checked.size;
+    work.gpus_per_node = checked.gpus;
+    work.model = checked.model;
+    work.intent = checked.intent;
+    (Some(work), None)
+}
+
+/// A group's identity: 16 hex digits of a 64-bit FNV-1a digest of its pods' uids, sorted
+/// (stable across processes and versions, unlike std's hasher). Any pod replaced, added or
+/// removed makes it another group.
+pub fn group_id(members: &[&Pod]) -> String {
+    let mut uids: Vec<&str> = members.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
+    uids.sort_unstable();
+    format!("{:016x}", fnv64(&uids.join(",")))
+}
+
+/// 64-bit FNV-1a.
+fn fnv64(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// What every pod of a group agrees on.
+struct GroupAsk {
+    size: u32,
+    gpus: u32,
+    model: Option<String>,
+    intent: ForeignIntent,
+}
+
+/// Checks that a group's pods agree on size, GPUs, model and intent, and that each can be
+/// placed; the error names the pods, the field and the fix.
+fn check_group(group: &str, members: &[&Pod]) -> Result<GroupAsk, String> {
+    let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+    let mut sizes = BTreeMap::new();
+    let mut asks = BTreeMap::new();
+    let mut models = BTreeMap::new();
+    let mut intents: Vec<(String, ForeignIntent)> = Vec::new();
+    for pod in members {
+        if let Some((_, size)) = pod_group(pod) {
+            sizes.insert(name(pod), size.map_err(|e| format!("pod {}: {e}", name(pod)))?);
+        }
+        let ask = gpu_ask(pod).map_err(|e| format!("pod {} of group {group}: {e}", name(pod)))?;
+        asks.insert(name(pod), ask);
+        models.insert(name(pod), asked_model(pod));
+        let intent =
+            pod_intent(pod).map_err(|e| format!("pod {} of group {group}: {e}", name(pod)))?;
+        intents.push((name(pod), intent));
+    }
+    let disagree = |what: &str, fix: &str, values: Vec<String>| {
+        format!("the pods of group {group} disagree on {what} ({}): {fix}", values.join(", "))
+    };
+    let distinct = |values: Vec<String>| values.iter().collect::<BTreeSet<_>>().len() > 1;
+    let size_of: Vec<String> = sizes.iter().map(|(p, s)| format!("{p}: {s}")).collect();
+    if distinct(sizes.values().map(u32::to_string).collect()) {
+        return Err(disagree(
+            GROUP_SIZE_ANNOTATION,
+            "give every pod the same size, the number of pods in the group",
+            size_of,
+        ));
+    }
+    let gpus_of: Vec<String> = asks.iter().map(|(p, a)| format!("{p}: {}", a.gpus)).collect();
+    if distinct(asks.values().map(|a| format!("{}{:?}", a.gpus, a.vendor)).collect()) {
+        return Err(disagree(
+            "the GPUs each asks for (spec.containers[*].resources.limits)",
+            "allot places a group as members of the same size; give every pod the same GPU \
+             count and vendor",
+            gpus_of,
+        ));
+    }
+    let model_of: Vec<String> =
+        models.iter().map(|(p, m)| format!("{p}: {}", m.as_deref().unwrap_or("any"))).collect();
+    if distinct(models.values().map(|m| format!("{m:?}")).collect()) {
+        return Err(disagree(
+            "the GPU model (spec.nodeSelector)",
+            "select the same GPU model in every pod",
+            model_of,
+        ));
+    }
+    let first = intents.first().map(|(_, i)| i.clone()).unwrap_or_default();
+    if let Some((pod, _)) = intents.iter().find(|(_, i)| *i != first) {
+        return Err(format!(
+            "the pods of group {group} disagree on their allot.dev/* annotations (pod {pod} \
+             differs from {}): give every pod the same kind, priority class, runtimes and flags",
+            intents.first().map(|(p, _)| p.as_str()).unwrap_or_default()
+        ));
+    }
+    let ask = asks.values().next().cloned().unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
+    Ok(GroupAsk {
+        size: sizes.values().next().copied().unwrap_or(1),
+        gpus: ask.gpus,
+        model: models.values().next().cloned().flatten(),
+        intent: first,
+    })
+}
+
+fn group_base(handle: &str, group: &str, namespace: &str, members: &[&Pod]) -> ForeignWork {
+    ForeignWork {
+        handle: handle.to_string(),
+        name: group.to_string(),
+        project: namespace.to_string(),
+        user: members.first().map_or_else(|| "default".to_string(), |p| pod_user(p)),
+        running: Vec::new(),
+        nodes: u32::try_from(members.len()).unwrap_or(u32::MAX).max(1),
+        gpus_per_node: 0,
+        model: None,
+        started_ms: None,
+        refusal: None,
+        intent: ForeignIntent::default(),
     }
 }
 

@@ -318,7 +318,7 @@ fn an_allot_pod_is_adopted_bound_and_reported_until_it_completes() {
 }
 
 #[test]
-fn a_deleted_evicted_or_killed_pod_is_an_exit_without_code() {
+fn a_pod_deleted_by_its_user_is_cancelled_and_one_evicted_or_killed_an_exit_without_code() {
     if !enabled() {
         return;
     }
@@ -373,7 +373,10 @@ fn a_deleted_evicted_or_killed_pod_is_an_exit_without_code() {
     wait_for("both Exited", Duration::from_secs(30), || {
         seen.extend(backend.poll().expect("poll"));
         let exited = |r: RunId| {
-            seen.iter().any(|o| matches!(o, Observation::Exited { run, .. } if *run == r))
+            seen.iter().any(|o| {
+                matches!(o, Observation::Exited { run, .. } | Observation::Cancelled { run, .. }
+                    if *run == r)
+            })
         };
         (exited(deleted.run) && exited(evicted.run)).then_some(())
     });
@@ -387,7 +390,11 @@ fn a_deleted_evicted_or_killed_pod_is_an_exit_without_code() {
             })
             .expect("an exit")
     };
-    assert_eq!(exit_of(deleted.run), (None, "pod deleted".to_string()));
+    let cancelled = seen.iter().find_map(|o| match o {
+        Observation::Cancelled { run, detail } if *run == deleted.run => Some(detail.clone()),
+        _ => None,
+    });
+    assert_eq!(cancelled.as_deref(), Some("pod deleted outside allot (kubectl delete)"));
     assert_eq!(exit_of(evicted.run), (None, "pod evicted by allot".to_string()));
     // Signals to a run that ended do nothing.
     backend.signal(evicted.run, StopSignal::Kill).expect("kill after the end");
@@ -426,7 +433,7 @@ fn gpu_pods_of_other_schedulers_are_occupied_capacity() {
     let beside = news
         .beside
         .iter()
-        .find(|w| w.handle == format!("{}/inference", fx.namespace))
+        .find(|w| w.handle.starts_with(&format!("{}/inference@", fx.namespace)))
         .expect("the pod beside allot");
     assert_eq!(beside.running.len(), 1);
     assert_eq!(beside.running[0].node, node);
@@ -458,6 +465,11 @@ fn waiting_reasons_show_on_the_pod_and_cancel_deletes_it() {
     assert_eq!(condition.status, "False");
     assert_eq!(condition.reason.as_deref(), Some("AllotWaiting"));
     assert_eq!(condition.message, Some(format!("allot: {reason}")));
+    let events = fx.events_of("waiting");
+    assert_eq!(
+        events,
+        vec![("Normal".to_string(), "AllotWaiting".to_string(), format!("allot: {reason}"))]
+    );
     // A pod gone meanwhile is skipped.
     backend
         .explain_waiting(&[(Waiting::Foreign(format!("{}/gone", fx.namespace)), reason)])
@@ -512,7 +524,7 @@ fn work_without_a_pod_and_gangs_fail_to_launch_with_the_reason() {
         .collect();
     assert_eq!(errors.len(), 2, "{failed:?}");
     assert!(errors[0].contains("create the pod with kubectl"), "{}", errors[0]);
-    assert!(errors[1].contains("pod groups are not supported"), "{}", errors[1]);
+    assert!(errors[1].contains("a gang is a pod group"), "{}", errors[1]);
 }
 
 #[test]
@@ -524,7 +536,8 @@ fn an_api_server_that_does_not_answer_is_unreachable() {
     let dir = tempfile_dir("unreachable");
     let text = std::fs::read_to_string(state_dir().join("allot.kubeconfig")).expect("kubeconfig");
     let path = dir.join("kubeconfig");
-    std::fs::write(&path, text.replace(":16443", ":1")).expect("kubeconfig written");
+    let port = std::env::var("API_PORT").unwrap_or_else(|_| "16443".into());
+    std::fs::write(&path, text.replace(&format!(":{port}"), ":1")).expect("kubeconfig written");
     let mut backend = KubernetesBackend::connect(KubernetesConfig {
         kubeconfig: Some(path),
         call_timeout: Duration::from_secs(2),
@@ -539,4 +552,335 @@ fn tempfile_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("allot-k8s-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary folder");
     dir
+}
+
+/// A pod of group `group` of `size` pods, asking for `gpus` GPUs.
+fn group_pod(name: &str, group: &str, size: u32, gpus: &str) -> serde_json::Value {
+    let mut pod = allot_pod(name, gpus);
+    pod["metadata"]["labels"]["allot.dev/pod-group"] = json!(group);
+    pod["metadata"]["annotations"] = json!({ "allot.dev/pod-group-size": size.to_string() });
+    pod
+}
+
+fn launch_members(workload: u64, handle: &str, nodes: &[&str], gpus: u32) -> Launch {
+    let mut launch = launch_adopting(workload, handle, nodes[0], gpus);
+    launch.members = nodes
+        .iter()
+        .map(|n| MemberLaunch { node: n.to_string(), ..launch.members[0].clone() })
+        .collect();
+    launch
+}
+
+impl Fixture {
+    /// The Events of pod `name`: (type, reason, message), oldest first.
+    fn events_of(&self, name: &str) -> Vec<(String, String, String)> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let params = kube::api::ListParams::default()
+            .fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"));
+        let list = self.runtime.block_on(events.list(&params)).expect("events listed");
+        list.items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The pod's PodScheduled condition: (reason, message).
+fn scheduled_condition(pod: &Pod) -> Option<(String, String)> {
+    let c = pod.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled")?;
+    Some((c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+}
+
+#[test]
+fn a_pod_group_is_bound_all_or_none_and_waits_for_its_missing_pods() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("gang");
+    let nodes = [fx.gpu_node("gpu-0", 8), fx.gpu_node("gpu-1", 8), fx.gpu_node("gpu-2", 8)];
+    // Another scheduler's pod holds 4 of gpu-2's GPUs.
+    fx.create_pod(json!({
+        "metadata": { "name": "other" },
+        "spec": { "nodeName": nodes[2],
+                  "containers": [{ "name": "main", "image": "busybox",
+                                   "resources": { "limits": { "nvidia.com/gpu": "4" } } }] }
+    }));
+    let mut backend = backend();
+    // One of two pods: not offered; the pod says why.
+    fx.create_pod(group_pod("llm-0", "llm", 2, "8"));
+    let waiting = wait_for("the missing pod's reason", Duration::from_secs(10), || {
+        let news = news(&mut backend);
+        assert!(foreign_in(&news, &fx.namespace).is_empty(), "offered before it is whole");
+        fx.pod("llm-0").as_ref().and_then(scheduled_condition)
+    });
+    assert_eq!(waiting.0, "AllotWaiting");
+    assert!(waiting.1.contains("pod group llm has 1 of its 2 pods"), "{}", waiting.1);
+
+    fx.create_pod(group_pod("llm-1", "llm", 2, "8"));
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    let [group] = work.as_slice() else { panic!("one work: {work:?}") };
+    assert!(group.handle.starts_with(&format!("{}/group:llm@", fx.namespace)), "{}", group.handle);
+    assert_eq!((group.nodes, group.gpus_per_node, group.refusal.as_deref()), (2, 8, None));
+
+    // All: both pods bound to the launch's nodes, started once both run.
+    let launch = launch_members(1, &group.handle, &[&nodes[0], &nodes[1]], 8);
+    backend.launch(&launch).expect("launch");
+    let bound: Vec<Option<String>> = ["llm-0", "llm-1"]
+        .iter()
+        .map(|n| fx.pod(n).and_then(|p| p.spec).and_then(|s| s.node_name))
+        .collect();
+    assert_eq!(bound, vec![Some(nodes[0].clone()), Some(nodes[1].clone())]);
+    assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty(), "held by the run");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    // A restarted daemon finds the group's run through its pods.
+    let recovered = self::backend().recover(std::slice::from_ref(&launch)).expect("recover");
+    assert!(matches!(recovered.as_slice(), [Observation::Started { .. }]), "{recovered:?}");
+    // Stopping the run evicts every pod of it.
+    backend.signal(launch.run, StopSignal::Terminate).expect("evict the group");
+    poll_until(&mut backend, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    assert!(
+        seen.iter().any(|o| matches!(o, Observation::Exited { code: None, detail, .. }
+            if detail.contains("llm-0, llm-1") && detail.contains("evicted by allot"))),
+        "{seen:?}"
+    );
+
+    // None: a second group whose second bind fails (a member placed on no node: the API
+    // server refuses that Binding, with a 500 that might as well have been a lost answer) ends
+    // with neither pod running: the first, bound, is deleted, and the second with it.
+    fx.create_pod(group_pod("big-0", "big", 2, "8"));
+    fx.create_pod(group_pod("big-1", "big", 2, "8"));
+    let work = wait_for("the second group", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().find(|w| w.name == "big")
+    });
+    let broken = launch_members(2, &work.handle, &[&nodes[0], ""], 8);
+    backend.launch(&broken).expect("launch");
+    let failed = backend.poll().expect("poll");
+    let error = failed
+        .iter()
+        .find_map(|o| match o {
+            Observation::LaunchFailed { run, error } if *run == broken.run => Some(error.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("the launch failed: {failed:?}"));
+    assert!(error.contains("bind pod") && error.contains("big-1"), "{error}");
+    let deleted = format!("deleted {0}/big-0, {0}/big-1 (bound, or perhaps bound", fx.namespace);
+    assert!(error.contains(&deleted), "{error}");
+    assert!(error.contains("so that none of the group runs"), "{error}");
+    wait_for("the group's pods deleted", Duration::from_secs(30), || {
+        (fx.pod("big-0").is_none() && fx.pod("big-1").is_none()).then_some(())
+    });
+}
+
+#[test]
+fn pods_that_disagree_or_carry_a_malformed_intent_are_refused_on_the_pod() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("intent");
+    let mut good = allot_pod("serve", "1");
+    good["metadata"]["annotations"] = json!({
+        "allot.dev/kind": "inference", "allot.dev/max-runtime": "2h",
+        "allot.dev/checkpointable": "true", "allot.dev/preemptible": "false"
+    });
+    good["spec"]["terminationGracePeriodSeconds"] = json!(45);
+    fx.create_pod(good);
+    let mut bad = allot_pod("typo", "1");
+    bad["metadata"]["annotations"] = json!({ "allot.dev/max-runtime": "2 hours" });
+    fx.create_pod(bad);
+    fx.create_pod(group_pod("mixed-0", "mixed", 2, "8"));
+    fx.create_pod(group_pod("mixed-1", "mixed", 2, "4"));
+    let mut backend = backend();
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    let find = |name: &str| work.iter().find(|w| w.name == name).cloned().expect(name);
+    let serve = find("serve");
+    assert_eq!(serve.refusal, None);
+    assert_eq!(serve.intent.kind.as_deref(), Some("inference"));
+    assert_eq!(serve.intent.max_runtime_s, Some(7200));
+    assert_eq!(serve.intent.checkpoint_grace_s, Some(45));
+    assert_eq!(serve.intent.preemptible, Some(false));
+    let typo = find("typo").refusal.expect("refused");
+    assert!(
+        typo.starts_with("annotation allot.dev/max-runtime is \"2 hours\": not a duration"),
+        "{typo}"
+    );
+    let mixed = find("mixed").refusal.expect("refused");
+    assert!(mixed.contains("disagree on the GPUs each asks for"), "{mixed}");
+    for (pod, want) in [("typo", typo), ("mixed-0", mixed.clone()), ("mixed-1", mixed)] {
+        let shown = fx.pod(pod).as_ref().and_then(scheduled_condition).expect("a condition");
+        assert_eq!(shown, ("AllotRefused".to_string(), format!("allot: {want}")), "{pod}");
+    }
+    assert_eq!(fx.pod("serve").as_ref().and_then(scheduled_condition), None, "nothing to say");
+    // The same as a Warning Event of the pod, once (a later watch finds it said).
+    let _ = news(&mut backend);
+    let events = fx.events_of("typo");
+    let [(kind, reason, message)] = events.as_slice() else { panic!("one event: {events:?}") };
+    assert_eq!((kind.as_str(), reason.as_str()), ("Warning", "AllotRefused"));
+    assert!(message.starts_with("allot: annotation allot.dev/max-runtime"), "{message}");
+}
+
+/// kubectl of the test cluster's cache (scripts/k8s-cluster.sh builds it there).
+fn kubectl_path() -> PathBuf {
+    let cache = PathBuf::from(
+        std::env::var("ALLOT_K8S_CACHE").unwrap_or_else(|_| "/var/cache/allot-k8s".into()),
+    );
+    std::fs::read_dir(cache.join("bin"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("kubectl"))
+        .find(|p| p.exists())
+        .expect("kubectl under $ALLOT_K8S_CACHE/bin (scripts/k8s-cluster.sh build)")
+}
+
+/// kubectl as the admin: (exit success, stdout, stderr).
+fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(kubectl_path())
+        .arg(format!("--kubeconfig={}", state_dir().join("kubeconfig").display()))
+        .args(args)
+        .output()
+        .expect("kubectl runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// Removes what deploy/kubernetes made, but the ClusterRole (the test user holds it too).
+struct Deployed;
+
+impl Drop for Deployed {
+    fn drop(&mut self) {
+        let _ = kubectl(&["delete", "namespace", "allot", "--wait=false"]);
+        let _ = kubectl(&["delete", "clusterrolebinding", "allot", "--ignore-not-found"]);
+    }
+}
+
+#[test]
+fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls() {
+    if !enabled() {
+        return;
+    }
+    let manifests = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes");
+    // A namespace an earlier run deleted may still be terminating: nothing can be made in it.
+    wait_for("namespace allot of an earlier run gone", Duration::from_secs(90), || {
+        let (exists, _, _) = kubectl(&["get", "namespace", "allot"]);
+        (!exists).then_some(())
+    });
+    let _deployed = Deployed;
+    let (ok, out, err) = kubectl(&["apply", "-k", &manifests.display().to_string()]);
+    assert!(ok, "kubectl apply -k deploy/kubernetes: {out}\n{err}");
+    for object in [
+        "serviceaccount/allot",
+        "configmap/allot-policy",
+        "persistentvolumeclaim/allot-data",
+        "deployment/allot",
+        "service/allot",
+    ] {
+        let (ok, _, err) = kubectl(&["-n", "allot", "get", object]);
+        assert!(ok, "{object}: {err}");
+    }
+    // What the backend calls (lib.rs), and a sample of what it must not be able to do.
+    let allowed: &[&[&str]] = &[
+        &["list", "nodes"],
+        &["get", "pods", "-n", "research"],
+        &["list", "pods", "--all-namespaces"],
+        &["delete", "pods", "-n", "research"],
+        &["create", "pods", "--subresource=binding", "-n", "research"],
+        &["create", "pods", "--subresource=eviction", "-n", "research"],
+        &["patch", "pods", "--subresource=status", "-n", "research"],
+        &["create", "events", "-n", "research"],
+    ];
+    let denied: &[&[&str]] = &[
+        &["delete", "nodes"],
+        &["patch", "nodes"],
+        &["watch", "pods", "-n", "research"],
+        &["create", "pods", "-n", "research"],
+        &["update", "pods", "-n", "research"],
+        &["patch", "pods", "-n", "research"],
+        &["create", "pods", "--subresource=exec", "-n", "research"],
+        &["get", "secrets", "-n", "research"],
+        &["list", "secrets", "--all-namespaces"],
+        &["get", "configmaps", "-n", "research"],
+        &["patch", "events", "-n", "research"],
+        &["create", "deployments", "-n", "research"],
+        &["create", "clusterrolebindings"],
+    ];
+    // The deployment's ServiceAccount and the test user hold the same ClusterRole.
+    for who in ["system:serviceaccount:allot:allot", "allot"] {
+        for (check, want) in
+            allowed.iter().map(|c| (c, "yes")).chain(denied.iter().map(|c| (c, "no")))
+        {
+            let mut args = vec!["auth", "can-i", "--as", who];
+            args.extend_from_slice(check);
+            let (_, answer, err) = kubectl(&args);
+            assert_eq!(answer, want, "{who} {check:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_restarted_daemon_binds_the_rest_of_a_group_it_had_bound_in_part() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("regang");
+    let nodes = [fx.gpu_node("gpu-0", 8), fx.gpu_node("gpu-1", 8)];
+    fx.create_pod(group_pod("w-0", "job", 2, "8"));
+    fx.create_pod(group_pod("w-1", "job", 2, "8"));
+    let mut backend = backend();
+    let work = wait_for("the group", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    let launch = launch_members(1, &work.handle, &[&nodes[0], &nodes[1]], 8);
+    // The daemon bound w-1 to its member's node and stopped before it bound w-0.
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": { "name": "w-1" },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": nodes[1] }
+    });
+    fx.runtime
+        .block_on(fx.pods().create_subresource::<_, serde_json::Value>(
+            "binding",
+            "w-1",
+            &PostParams::default(),
+            &binding,
+        ))
+        .expect("w-1 bound");
+    let mut restarted = self::backend();
+    let recovered = restarted.recover(std::slice::from_ref(&launch)).expect("recover");
+    assert!(recovered.is_empty(), "neither pod runs yet: {recovered:?}");
+    let node_of = |name: &str| fx.pod(name).and_then(|p| p.spec).and_then(|s| s.node_name);
+    assert_eq!(node_of("w-0"), Some(nodes[0].clone()));
+    assert_eq!(node_of("w-1"), Some(nodes[1].clone()));
+    let mut seen = Vec::new();
+    poll_until(&mut restarted, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+}
+
+#[test]
+fn a_pod_with_scheduling_gates_waits_for_them_to_be_removed() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("gated");
+    let mut gated = allot_pod("gated", "1");
+    gated["spec"]["schedulingGates"] = json!([{ "name": "example.com/quota-check" }]);
+    fx.create_pod(gated);
+    let mut backend = backend();
+    assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty(), "not offered while gated");
+    let shown = fx.pod("gated").as_ref().and_then(scheduled_condition);
+    assert_eq!(shown.map(|(reason, _)| reason).as_deref(), Some("SchedulingGated"), "left as is");
+    // Whoever set the gate removes it: the pod is allot's to place.
+    let patch = json!({ "spec": { "schedulingGates": [] } });
+    fx.runtime
+        .block_on(fx.pods().patch("gated", &PatchParams::default(), &Patch::Merge(&patch)))
+        .expect("gate removed");
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    assert_eq!(work.len(), 1, "{work:?}");
+    assert_eq!(work[0].refusal, None);
 }

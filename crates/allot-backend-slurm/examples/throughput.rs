@@ -82,6 +82,7 @@ fn backend_mode(n: u64, held: bool, tick: u64) -> Result<(), String> {
                 match o {
                     Observation::Exited { code: Some(0), .. } => exited += 1,
                     Observation::Exited { .. }
+                    | Observation::Cancelled { .. }
                     | Observation::LaunchFailed { .. }
                     | Observation::LaunchDeferred { .. } => failed += 1,
                     Observation::Started { .. } => {}
@@ -101,6 +102,7 @@ fn backend_mode(n: u64, held: bool, tick: u64) -> Result<(), String> {
             match o {
                 Observation::Exited { code: Some(0), .. } => exited += 1,
                 Observation::Exited { .. }
+                | Observation::Cancelled { .. }
                 | Observation::LaunchFailed { .. }
                 | Observation::LaunchDeferred { .. } => failed += 1,
                 Observation::Started { .. } => {}

@@ -596,6 +596,7 @@ impl SlurmBackend {
                 started_ms: started,
                 // Running work is taken as it runs, whatever it asked.
                 refusal: if j.is_pending() { refusal } else { None },
+                intent: Default::default(),
             }
         };
         Ok((foreign.iter().map(describe).collect(), beside.iter().map(describe).collect()))

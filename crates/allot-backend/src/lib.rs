@@ -109,6 +109,9 @@ pub enum Observation {
     /// Every member ended. `code`: exit code of the first member that failed, else 0; `None` when
     /// a member ended by a signal or the backend could not learn the status (see `detail`).
     Exited { run: RunId, code: Option<i32>, detail: String },
+    /// Every member ended, at least one because its owner ended it outside allot (a pod
+    /// deleted with kubectl): the run is cancelled, not failed. `detail` says who ended what.
+    Cancelled { run: RunId, detail: String },
     /// The backend could not take the launch now (its controller is unreachable,
     /// [`BackendError::Unreachable`]): nothing of it runs, and the same work may be launched
     /// again later. Not a verdict on the request.
@@ -121,7 +124,8 @@ impl Observation {
             Observation::Started { run, .. }
             | Observation::LaunchFailed { run, .. }
             | Observation::LaunchDeferred { run, .. }
-            | Observation::Exited { run, .. } => *run,
+            | Observation::Exited { run, .. }
+            | Observation::Cancelled { run, .. } => *run,
         }
     }
 }
@@ -176,6 +180,24 @@ pub struct ForeignWork {
     /// into whole GPUs per node, say), with the fix: it is shown rejected with this reason
     /// and stays held.
     pub refusal: Option<String>,
+    /// What the work says of itself beyond its size, where the backend reads it (a pod's
+    /// `allot.dev/*` annotations); the default says nothing (the policy's defaults apply).
+    pub intent: ForeignIntent,
+}
+
+/// The workload intent foreign work declares (what `allot submit` takes as flags): each
+/// field `None` leaves the policy's default. The daemon checks the values as it checks a
+/// submission's (an unknown priority class is refused there).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForeignIntent {
+    /// `training`, `batch`, `notebook`, `inference` or `service`.
+    pub kind: Option<String>,
+    pub priority_class: Option<String>,
+    pub preemptible: Option<bool>,
+    /// Seconds between the checkpoint request and the stop; `None`: not checkpointable.
+    pub checkpoint_grace_s: Option<u64>,
+    pub min_runtime_s: Option<u64>,
+    pub max_runtime_s: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -677,6 +677,7 @@ impl World {
                     model: None,
                     started_ms: None,
                     refusal: None,
+                    intent: Default::default(),
                 });
                 self.injected("foreign_work");
                 self.note(format!("foreign job {handle} appears, pending"));
@@ -752,6 +753,7 @@ impl World {
                                 model: None,
                                 started_ms: Some(self.wall_ms),
                                 refusal: None,
+                                intent: Default::default(),
                             }),
                         );
                         self.injected("work_beside");

@@ -447,7 +447,13 @@ mod tests {
         d.apply(20_000, &Entry::Decided);
         d.apply(
             612_000,
-            &Entry::Exited { id: 1, attempt: 1, code: Some(0), detail: String::new() },
+            &Entry::Exited {
+                id: 1,
+                attempt: 1,
+                code: Some(0),
+                detail: String::new(),
+                cancelled: false,
+            },
         );
         d
     }

@@ -40,6 +40,7 @@ fn foreign(
         started_ms: (!running.is_empty()).then_some(1_000),
         running,
         refusal: None,
+        intent: Default::default(),
     }
 }
 
@@ -374,7 +375,7 @@ async fn gpus_of_work_allot_does_not_govern_are_offered_to_no_allot_work_until_i
         Some(foreign("7001", "physics", vec![gpus("h100-0", &[0, 1, 2, 3, 4, 5])], 6)),
     );
     let n = wait_unmanaged(&d, "h100-0", &[0, 1, 2, 3, 4, 5]).await;
-    assert!(n["unmanaged"]["by"].as_str().unwrap_or_default().contains("job 7001 of bob"), "{n}");
+    assert!(n["unmanaged"]["by"].as_str().unwrap_or_default().contains("work 7001 of bob"), "{n}");
     // An 8-GPU job goes to h100-1; a second waits (h100-0 has two GPUs allot may use).
     let a = submit(&d, &submit_body("vision", 8)).await;
     d.wait_state(a, "running").await;
@@ -456,4 +457,33 @@ async fn work_waiting_on_the_cluster_is_told_allots_reason_there() {
     assert!(!kept.is_empty());
     let told: Vec<Waiting> = d.control.explained().into_keys().collect();
     assert_eq!(told, [Waiting::Foreign("202".into()), Waiting::Kept(run(b, 2))], "{told:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_intent_foreign_work_declares_is_its_workload_and_is_checked_as_a_submission() {
+    let d = TestDaemon::new();
+    d.control.add_foreign(ForeignWork {
+        intent: allot_backend::ForeignIntent {
+            kind: Some("inference".into()),
+            max_runtime_s: Some(3600),
+            ..Default::default()
+        },
+        ..foreign("ns/serve", "vision", Vec::new(), 1)
+    });
+    d.control.add_foreign(ForeignWork {
+        intent: allot_backend::ForeignIntent {
+            priority_class: Some("vip".into()),
+            ..Default::default()
+        },
+        ..foreign("ns/vip", "vision", Vec::new(), 1)
+    });
+    let served = d.wait_state(1, "running").await;
+    assert_eq!(served["kind"], "inference", "{served}");
+    let vip = d.wait_state(2, "rejected").await;
+    let reason = vip["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("priority_class"), "{vip}");
+    assert!(reason.contains("Kubernetes namespace"), "the neutral fix: {vip}");
+    // Held on the cluster, refused: the reason is said there too.
+    let told = wait_explained(&d, &allot_backend::Waiting::Foreign("ns/vip".into())).await;
+    assert_eq!(told, reason);
 }

@@ -216,6 +216,7 @@ async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
         started_ms: None,
         running,
         refusal: None,
+        intent: Default::default(),
     };
     let gpu = |index| DeviceAssignment { index, uuid: None, vendor: Vendor::Nvidia, shares: 1000 };
     // Running on an A100: adopted. Pending, 8 H100 beyond nlp's H100 reach: waits, held.

@@ -2,7 +2,10 @@
 //! kube-apiserver, kube-controller-manager, kwok), end to end through
 //! `allot serve --backend kubernetes`: a pod that asks for `schedulerName: allot` in a
 //! namespace the policy names as a project is imported, admitted, bound to a GPU node, and
-//! `allot ls` lists it running.
+//! `allot ls` lists it running; a pod group waits for its missing pod, then is placed whole on
+//! the nodes another scheduler's pod leaves free; a pod's intent annotations reach its
+//! workload, deleting the pod cancels it, and a pod refused for a typo in an annotation is
+//! placed once the annotation is corrected in place.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -20,6 +23,9 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_allot");
 const H100: &str = "NVIDIA-H100-80GB-HBM3";
+/// The gang test's GPUs: each test's daemon sees every node of the cluster (tests run in
+/// parallel), so each test asks for a model only its own nodes have.
+const A100: &str = "NVIDIA-A100-SXM4-80GB";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -64,7 +70,7 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
 struct Scene {
     daemon: Option<Child>,
     namespace: String,
-    node: String,
+    nodes: Vec<String>,
     data_dir: PathBuf,
 }
 
@@ -82,7 +88,9 @@ impl Drop for Scene {
         };
         kube(&["-n", &self.namespace, "delete", "pods", "--all", "--grace-period=0", "--force"]);
         kube(&["delete", "namespace", &self.namespace, "--wait=false"]);
-        kube(&["delete", "node", &self.node, "--wait=false"]);
+        for node in &self.nodes {
+            kube(&["delete", "node", node, "--wait=false"]);
+        }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
@@ -98,40 +106,51 @@ fn wait_for<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>
     }
 }
 
-#[test]
-fn allot_binds_a_pod_that_asks_for_it_and_lists_it() {
-    if !std::env::var("ALLOT_K8S").is_ok_and(|v| v == "1") {
+fn enabled() -> bool {
+    let on = std::env::var("ALLOT_K8S").is_ok_and(|v| v == "1");
+    if !on {
         eprintln!("skipped: set ALLOT_K8S=1 with the test cluster up (scripts/k8s-cluster.sh up)");
-        return;
     }
+    on
+}
+
+/// `nodes` kwok nodes of 8 GPUs of `model`, a namespace the policy names as a project (8 of
+/// them per node guaranteed), and `allot serve --backend kubernetes` as the least-privilege
+/// user: the scene, the daemon's address and its admin token.
+fn scene(test: &str, nodes: usize, model: &str) -> (Scene, String, String) {
     let id = std::process::id();
     let mut scene = Scene {
         daemon: None,
-        namespace: format!("e2e-vision-{id}"),
-        node: format!("e2e-gpu-{id}"),
-        data_dir: std::env::temp_dir().join(format!("allot-k8s-e2e-{id}")),
+        namespace: format!("e2e-{test}-{id}"),
+        nodes: (0..nodes).map(|i| format!("e2e-{test}-{id}-gpu-{i}")).collect(),
+        data_dir: std::env::temp_dir().join(format!("allot-k8s-e2e-{test}-{id}")),
     };
-    let (namespace, node) = (scene.namespace.clone(), scene.node.clone());
-    kubectl(
-        &["apply", "-f", "-"],
-        Some(&format!(
-            "apiVersion: v1
+    let namespace = scene.namespace.clone();
+    let mut objects = format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+"
+    );
+    for node in &scene.nodes {
+        objects.push_str(&format!(
+            "---
+apiVersion: v1
 kind: Node
 metadata:
   name: {node}
   annotations: {{kwok.x-k8s.io/node: fake}}
-  labels: {{type: kwok, kubernetes.io/hostname: {node}, nvidia.com/gpu.product: {H100}}}
+  labels: {{type: kwok, kubernetes.io/hostname: {node}, nvidia.com/gpu.product: {model}}}
 status:
   capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
   allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
----
-apiVersion: v1
-kind: Namespace
-metadata: {{name: {namespace}}}
 "
-        )),
-    );
-    kubectl(&["wait", "--for=condition=Ready", &format!("node/{node}"), "--timeout=60s"], None);
+        ));
+    }
+    kubectl(&["apply", "-f", "-"], Some(&objects));
+    for node in &scene.nodes {
+        kubectl(&["wait", "--for=condition=Ready", &format!("node/{node}"), "--timeout=60s"], None);
+    }
 
     // The policy's projects are namespaces; quotas by the GPU product label.
     let _ = std::fs::remove_dir_all(&scene.data_dir);
@@ -146,8 +165,9 @@ default_priority_class: normal
 projects:
   - name: {namespace}
     quotas:
-      - {{model: {H100}, guaranteed: 8}}
-"
+      - {{model: {model}, guaranteed: {}}}
+",
+            8 * nodes
         ),
     )
     .expect("policy written");
@@ -171,6 +191,34 @@ projects:
     let (child, addr, token) = common::spawn_serve(command, "http");
     scene.daemon = Some(child);
     let token = token.expect("admin token on a first start");
+    (scene, addr, token)
+}
+
+/// `allot ls --output json`: the workloads.
+fn listed(addr: &str, token: &str) -> Vec<Value> {
+    let out = Command::new(BIN)
+        .args(["ls", "--output", "json", "--url", &format!("http://{addr}"), "--token", token])
+        .output()
+        .expect("allot ls runs");
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    listed["workloads"].as_array().cloned().unwrap_or_default()
+}
+
+/// The workload whose foreign handle starts with `handle`.
+fn foreign<'a>(workloads: &'a [Value], handle: &str) -> Option<&'a Value> {
+    workloads.iter().find(|w| {
+        w["command"][0] == "foreign"
+            && w["command"][1].as_str().is_some_and(|h| h.starts_with(handle))
+    })
+}
+
+#[test]
+fn allot_binds_a_pod_that_asks_for_it_and_lists_it() {
+    if !enabled() {
+        return;
+    }
+    let (scene, addr, token) = scene("vision", 1, H100);
+    let (namespace, node) = (scene.namespace.clone(), scene.nodes[0].clone());
 
     kubectl(
         &["-n", &namespace, "apply", "-f", "-"],
@@ -199,21 +247,170 @@ spec:
     eprintln!("pod bound by allot {:.1} s after it was created", started.elapsed().as_secs_f64());
     assert_eq!(bound, node);
 
-    let handle = format!("{namespace}/train");
-    let listed = wait_for("allot ls lists it running", Duration::from_secs(30), || {
-        let out = Command::new(BIN)
-            .args(["ls", "--output", "json", "--url", &format!("http://{addr}"), "--token", &token])
-            .output()
-            .expect("allot ls runs");
-        let listed: Value = serde_json::from_slice(&out.stdout).ok()?;
-        listed["workloads"]
-            .as_array()?
+    // The handle is the pod's, with its uid (a pod created again under the name is new work).
+    let handle = format!("{namespace}/train@");
+    let work = wait_for("allot ls lists it running", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+    });
+    assert_eq!(work["project"], namespace.as_str(), "{work}");
+    assert_eq!(work["user"], "alice", "{work}");
+}
+
+/// `allot nodes --output json`: the nodes.
+fn nodes(addr: &str, token: &str) -> Vec<Value> {
+    let out = Command::new(BIN)
+        .args(["nodes", "--output", "json", "--url", &format!("http://{addr}"), "--token", token])
+        .output()
+        .expect("allot nodes runs");
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    listed["nodes"].as_array().cloned().unwrap_or_default()
+}
+
+fn node_of(namespace: &str, pod: &str) -> String {
+    kubectl(&["-n", namespace, "get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"], None)
+}
+
+/// A pod asking allot for `gpus` A100s, with extra metadata lines (labels, annotations).
+fn pod_yaml(name: &str, gpus: u32, metadata: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+{metadata}spec:
+  schedulerName: allot
+  nodeSelector: {{nvidia.com/gpu.product: {A100}}}
+  containers:
+  - name: main
+    image: busybox
+    resources: {{limits: {{nvidia.com/gpu: \"{gpus}\"}}}}
+"
+    )
+}
+
+#[test]
+fn a_pod_group_is_placed_whole_on_free_nodes_and_intent_and_deletion_reach_allot() {
+    if !enabled() {
+        return;
+    }
+    let (scene, addr, token) = scene("gang", 3, A100);
+    let namespace = scene.namespace.clone();
+    let busy = scene.nodes[1].clone();
+    // Another scheduler's pod holds 4 of the middle node's 8 GPUs.
+    kubectl(
+        &["-n", &namespace, "apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: other}}
+spec:
+  nodeName: {busy}
+  containers:
+  - name: main
+    image: busybox
+    resources: {{limits: {{nvidia.com/gpu: \"4\"}}}}
+"
+        )),
+    );
+    wait_for("allot sees the other scheduler's GPUs", Duration::from_secs(30), || {
+        nodes(&addr, &token)
             .iter()
-            .find(|w| {
-                w["command"] == serde_json::json!(["foreign", handle]) && w["state"] == "running"
+            .any(|n| {
+                n["name"] == busy.as_str()
+                    && n["unmanaged"]["devices"].as_array().is_some_and(|d| d.len() == 4)
             })
+            .then_some(())
+    });
+
+    // A gang of 2 x 8 GPUs: one pod first, then the second; bound together on the free nodes.
+    let group =
+        "  labels: {allot.dev/pod-group: llm}\n  annotations: {allot.dev/pod-group-size: \"2\"}\n";
+    kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("llm-0", 8, group)));
+    let waiting = wait_for("the lone pod's reason", Duration::from_secs(30), || {
+        let text = kubectl(
+            &[
+                "-n",
+                &namespace,
+                "get",
+                "pod",
+                "llm-0",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
+            ],
+            None,
+        );
+        (!text.is_empty()).then_some(text)
+    });
+    assert!(waiting.contains("has 1 of its 2 pods"), "{waiting}");
+    assert_eq!(node_of(&namespace, "llm-0"), "", "not bound alone");
+    kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("llm-1", 8, group)));
+    let placed = wait_for("the group bound", Duration::from_secs(60), || {
+        let placed = [node_of(&namespace, "llm-0"), node_of(&namespace, "llm-1")];
+        placed.iter().all(|n| !n.is_empty()).then_some(placed)
+    });
+    let mut placed = placed.to_vec();
+    placed.sort();
+    assert_eq!(placed, vec![scene.nodes[0].clone(), scene.nodes[2].clone()], "not on {busy}");
+    let gang = wait_for("the group running in allot", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &format!("{namespace}/group:llm@"))
+            .filter(|w| w["state"] == "running")
             .cloned()
     });
-    assert_eq!(listed["project"], namespace.as_str(), "{listed}");
-    assert_eq!(listed["user"], "alice", "{listed}");
+    assert_eq!(gang["members"], 2, "{gang}");
+
+    // Intent from annotations; then the user deletes the pod: cancelled, not failed.
+    let intent = "  annotations: {allot.dev/kind: inference, allot.dev/max-runtime: 2h}\n";
+    kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("serve", 2, intent)));
+    let serve = wait_for("the annotated pod running", Duration::from_secs(60), || {
+        foreign(&listed(&addr, &token), &format!("{namespace}/serve@"))
+            .filter(|w| w["state"] == "running")
+            .cloned()
+    });
+    assert_eq!(serve["kind"], "inference", "{serve}");
+    kubectl(&["-n", &namespace, "delete", "pod", "serve", "--wait=false"], None);
+    let gone = wait_for("the deleted pod cancelled", Duration::from_secs(60), || {
+        let all = listed(&addr, &token);
+        foreign(&all, &format!("{namespace}/serve@")).filter(|w| w["state"] != "running").cloned()
+    });
+    assert_eq!(gone["state"], "cancelled", "{gone}");
+    // The same name again is new work (it was never imported again before handles had uids).
+    wait_for("the pod gone", Duration::from_secs(60), || {
+        kubectl(&["-n", &namespace, "get", "pods", "-o", "name"], None)
+            .lines()
+            .all(|l| l != "pod/serve")
+            .then_some(())
+    });
+    // kwok may repeat its delete of the old pod a second later, by name: let it pass.
+    std::thread::sleep(Duration::from_secs(3));
+    kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("serve", 2, intent)));
+    wait_for("the new pod of the same name bound", Duration::from_secs(60), || {
+        (!node_of(&namespace, "serve").is_empty()).then_some(())
+    });
+
+    // A typo in an annotation refuses the pod, on the pod; corrected in place, it is placed.
+    let typo = "  annotations: {allot.dev/kind: trainig}\n";
+    kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&pod_yaml("typo", 1, typo)));
+    let refused = wait_for("the refusal on the pod", Duration::from_secs(30), || {
+        let text = kubectl(
+            &[
+                "-n",
+                &namespace,
+                "get",
+                "pod",
+                "typo",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
+            ],
+            None,
+        );
+        (!text.is_empty()).then_some(text)
+    });
+    assert!(refused.contains("annotation allot.dev/kind is \"trainig\""), "{refused}");
+    kubectl(
+        &["-n", &namespace, "annotate", "pod", "typo", "allot.dev/kind=training", "--overwrite"],
+        None,
+    );
+    wait_for("the corrected pod bound", Duration::from_secs(60), || {
+        (!node_of(&namespace, "typo").is_empty()).then_some(())
+    });
 }

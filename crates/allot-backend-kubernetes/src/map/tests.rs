@@ -145,7 +145,7 @@ fn allot_pod(gpus: &str) -> Pod {
 #[test]
 fn a_pending_allot_pod_is_foreign_work_of_its_namespace() {
     let work = foreign_work(&allot_pod("2"), &mut IndexGuess::default());
-    assert_eq!(work.handle, "vision/train");
+    assert_eq!(work.handle, "vision/train@u-1");
     assert_eq!(work.project, "vision");
     assert_eq!(work.user, "alice");
     assert_eq!(work.nodes, 1);
@@ -225,11 +225,20 @@ fn bound_pods_get_the_lowest_indices_not_taken() {
 }
 
 #[test]
-fn handles_parse_as_namespace_and_name() {
-    assert_eq!(parse_handle("ns/pod"), Some(("ns", "pod")));
-    assert_eq!(parse_handle("pod"), None);
-    assert_eq!(parse_handle("/pod"), None);
-    assert_eq!(parse_handle("a/b/c"), None);
+fn handles_parse_as_pods_and_groups() {
+    let pod = |namespace, name, uid| Some(Handle::Pod { namespace, name, uid });
+    let group = |namespace, group, uid| Some(Handle::Group { namespace, group, uid });
+    assert_eq!(parse_handle("ns/pod"), pod("ns", "pod", None));
+    assert_eq!(parse_handle("ns/pod@u-1"), pod("ns", "pod", Some("u-1")));
+    assert_eq!(parse_handle("ns/group:g@u-2"), group("ns", "g", Some("u-2")));
+    assert_eq!(parse_handle("ns/group:g"), group("ns", "g", None));
+    // A pod named "group" is a pod.
+    assert_eq!(parse_handle("ns/group"), pod("ns", "group", None));
+    assert_eq!(parse_handle("ns/pod@u-1~0a1b2c3d"), pod("ns", "pod", Some("u-1")), "refused");
+    for bad in ["pod", "/pod", "a/b/c", "ns/pod@", "ns/other:g", "ns/group:", "ns/group:a:b"] {
+        assert_eq!(parse_handle(bad), None, "{bad}");
+    }
+    assert_eq!(group_handle("ns", "g", Some("u")), "ns/group:g@u");
 }
 
 fn finished(phase: &str, statuses: serde_json::Value) -> Pod {
@@ -265,4 +274,245 @@ fn exit_codes_come_from_the_first_failing_container() {
     let (code, detail) = exit_status(&evicted);
     assert_eq!(code, None);
     assert_eq!(detail, "pod Failed: The node was low on resource: memory.");
+}
+
+/// A pod of group `group` (size annotation `size`, `None`: none) asking for `gpus` GPUs.
+fn member(name: &str, group: &str, size: Option<&str>, gpus: &str) -> serde_json::Value {
+    let mut annotations = serde_json::Map::new();
+    if let Some(size) = size {
+        annotations.insert(GROUP_SIZE_ANNOTATION.into(), json!(size));
+    }
+    json!({
+        "metadata": { "name": name, "namespace": "vision", "uid": format!("uid-{name}"),
+                      "creationTimestamp": format!("2026-01-01T00:00:0{}Z", name.len() % 10),
+                      "labels": { GROUP_LABEL: group, "allot.dev/user": "alice" },
+                      "annotations": annotations },
+        "spec": {
+            "schedulerName": "allot",
+            "containers": [{ "name": "main", "image": "busybox",
+                             "resources": { "limits": { "nvidia.com/gpu": gpus } } }]
+        },
+        "status": { "phase": "Pending" }
+    })
+}
+
+fn work_of(values: Vec<serde_json::Value>) -> (Vec<ForeignWork>, Vec<Note>) {
+    let pods: Vec<Pod> = values.into_iter().map(pod).collect();
+    let refs: Vec<&Pod> = pods.iter().collect();
+    allot_work(&refs, &mut IndexGuess::default())
+}
+
+#[test]
+fn a_complete_group_is_one_work_of_one_member_per_pod() {
+    let (works, notes) = work_of(vec![
+        member("w-1", "llm", Some("2"), "8"),
+        member("w-0", "llm", Some("2"), "8"),
+        allot_pod_value(),
+    ]);
+    assert_eq!(notes, Vec::new());
+    assert_eq!(works.len(), 2, "{works:?}");
+    let group = works.iter().find(|w| w.name == "llm").expect("the group");
+    let id = group.handle.strip_prefix("vision/group:llm@").expect("a group handle");
+    assert_eq!(id.len(), 16, "{id}");
+    // The same pods in another order: the same group; a pod replaced: another.
+    let (again, _) =
+        work_of(vec![member("w-0", "llm", Some("2"), "8"), member("w-1", "llm", Some("2"), "8")]);
+    assert_eq!(again[0].handle, group.handle);
+    let mut replaced = member("w-1", "llm", Some("2"), "8");
+    replaced["metadata"]["uid"] = json!("uid-w-1-again");
+    let (other, _) = work_of(vec![member("w-0", "llm", Some("2"), "8"), replaced]);
+    assert_ne!(other[0].handle, group.handle);
+    assert_eq!((group.nodes, group.gpus_per_node), (2, 8));
+    assert_eq!(group.project, "vision");
+    assert_eq!(group.user, "alice");
+    assert_eq!(group.refusal, None);
+    assert!(group.running.is_empty());
+}
+
+fn allot_pod_value() -> serde_json::Value {
+    serde_json::to_value(allot_pod("1")).expect("a pod as JSON")
+}
+
+#[test]
+fn a_group_missing_a_pod_is_not_offered_and_says_why_on_its_pods() {
+    let (works, notes) = work_of(vec![member("w-0", "llm", Some("2"), "8")]);
+    assert_eq!(works, Vec::new());
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].pod, "vision/w-0");
+    assert_eq!(notes[0].reason, "AllotWaiting");
+    assert_eq!(
+        notes[0].message,
+        "pod group llm has 1 of its 2 pods (allot.dev/pod-group-size); allot places none of them \
+         until all exist"
+    );
+}
+
+/// The refusal of the one work made of `values`, which must be refused.
+fn refusal_of(values: Vec<serde_json::Value>) -> String {
+    let (works, notes) = work_of(values);
+    let [work] = works.as_slice() else { panic!("one work: {works:?}") };
+    let why = work.refusal.clone().expect("refused");
+    assert!(notes.iter().all(|n| n.reason == "AllotRefused" && n.message == why), "{notes:?}");
+    why
+}
+
+#[test]
+fn groups_whose_pods_disagree_or_cannot_be_placed_are_refused_naming_the_field() {
+    let why = refusal_of(vec![
+        member("w-0", "llm", Some("2"), "8"),
+        member("w-1", "llm", Some("3"), "8"),
+    ]);
+    assert_eq!(
+        why,
+        "the pods of group llm disagree on allot.dev/pod-group-size (w-0: 2, w-1: 3): give every \
+         pod the same size, the number of pods in the group; no pod of the group is bound"
+    );
+    let why = refusal_of(vec![
+        member("w-0", "llm", Some("2"), "8"),
+        member("w-1", "llm", Some("2"), "4"),
+    ]);
+    assert!(why.contains("disagree on the GPUs each asks for"), "{why}");
+    assert!(why.contains("w-0: 8, w-1: 4"), "{why}");
+    let why = refusal_of(vec![member("w-0", "llm", None, "8")]);
+    assert!(why.contains("annotation allot.dev/pod-group-size is missing"), "{why}");
+    for bad in ["0", "two", "-1", "1025", ""] {
+        let why = refusal_of(vec![member("w-0", "llm", Some(bad), "8")]);
+        assert!(why.contains(&format!("allot.dev/pod-group-size is {bad:?}")), "{why}");
+    }
+    let why = refusal_of(vec![
+        member("w-0", "llm", Some("1"), "8"),
+        member("w-1", "llm", Some("1"), "8"),
+    ]);
+    assert!(why.contains("has 2 pods but its allot.dev/pod-group-size is 1"), "{why}");
+    let why = refusal_of(vec![member("w-0", "llm", Some("1"), "0.5")]);
+    assert!(why.contains("pod w-0 of group llm: spec.containers[0].resources.limits"), "{why}");
+    let mut kind = member("w-1", "llm", Some("2"), "8");
+    kind["metadata"]["annotations"][KIND_ANNOTATION] = json!("inference");
+    let why = refusal_of(vec![member("w-0", "llm", Some("2"), "8"), kind]);
+    assert!(why.contains("disagree on their allot.dev/* annotations (pod w-1"), "{why}");
+}
+
+#[test]
+fn kueue_group_names_are_read_and_must_agree_with_allots() {
+    let mut a = member("w-0", "x", None, "2");
+    a["metadata"]["labels"] = json!({ KUEUE_GROUP_LABEL: "llm" });
+    a["metadata"]["annotations"] = json!({ KUEUE_GROUP_SIZE_ANNOTATION: "1" });
+    let (works, _) = work_of(vec![a.clone()]);
+    assert_eq!(works.len(), 1);
+    assert!(works[0].handle.starts_with("vision/group:llm@"), "{}", works[0].handle);
+    assert_eq!(works[0].refusal, None);
+    a["metadata"]["labels"][GROUP_LABEL] = json!("other");
+    let why = refusal_of(vec![a]);
+    assert!(why.contains("name different groups"), "{why}");
+}
+
+#[test]
+fn a_bound_group_no_run_holds_runs_where_it_is_and_a_partly_bound_one_is_refused() {
+    let mut a = member("w-0", "llm", Some("2"), "8");
+    let mut b = member("w-1", "llm", Some("2"), "8");
+    a["spec"]["nodeName"] = json!("n1");
+    let why = refusal_of(vec![a.clone(), b.clone()]);
+    assert!(why.contains("partly bound (w-0 on n1, w-1 unbound)"), "{why}");
+    b["spec"]["nodeName"] = json!("n2");
+    let (works, notes) = work_of(vec![a, b]);
+    assert_eq!(notes, Vec::new());
+    let running: Vec<(&str, usize)> =
+        works[0].running.iter().map(|m| (m.node.as_str(), m.devices.len())).collect();
+    assert_eq!(running, vec![("n1", 8), ("n2", 8)]);
+}
+
+fn annotated(annotations: serde_json::Value) -> Pod {
+    let mut value = allot_pod_value();
+    value["metadata"]["annotations"] = annotations;
+    value["spec"]["terminationGracePeriodSeconds"] = json!(120);
+    pod(value)
+}
+
+#[test]
+fn intent_comes_from_annotations() {
+    assert_eq!(pod_intent(&allot_pod("1")), Ok(ForeignIntent::default()));
+    let intent = pod_intent(&annotated(json!({
+        KIND_ANNOTATION: "training",
+        PRIORITY_CLASS_ANNOTATION: "high",
+        PREEMPTIBLE_ANNOTATION: "false",
+        CHECKPOINTABLE_ANNOTATION: "true",
+        MIN_RUNTIME_ANNOTATION: "30m",
+        MAX_RUNTIME_ANNOTATION: "1d2h",
+    })));
+    assert_eq!(
+        intent,
+        Ok(ForeignIntent {
+            kind: Some("training".into()),
+            priority_class: Some("high".into()),
+            preemptible: Some(false),
+            checkpoint_grace_s: Some(120),
+            min_runtime_s: Some(1800),
+            max_runtime_s: Some(93_600),
+        })
+    );
+    let default_grace = pod_intent(&pod({
+        let mut v = allot_pod_value();
+        v["metadata"]["annotations"] = json!({ CHECKPOINTABLE_ANNOTATION: "true" });
+        v
+    }));
+    assert_eq!(default_grace.map(|i| i.checkpoint_grace_s), Ok(Some(30)));
+}
+
+#[test]
+fn a_malformed_intent_annotation_is_refused_naming_it_and_the_fix() {
+    let cases = [
+        (
+            KIND_ANNOTATION,
+            "trainig",
+            "annotation allot.dev/kind is \"trainig\": write one of training, batch, notebook, inference, service",
+        ),
+        (
+            PREEMPTIBLE_ANNOTATION,
+            "yes",
+            "annotation allot.dev/preemptible is \"yes\": write \"true\" or \"false\"",
+        ),
+        (CHECKPOINTABLE_ANNOTATION, "1", "annotation allot.dev/checkpointable is \"1\""),
+        (MAX_RUNTIME_ANNOTATION, "90", "annotation allot.dev/max-runtime is \"90\": no unit"),
+        (
+            MAX_RUNTIME_ANNOTATION,
+            "2 weeks",
+            "annotation allot.dev/max-runtime is \"2 weeks\": not a duration",
+        ),
+        (MIN_RUNTIME_ANNOTATION, "1500ms", "not a whole number of seconds"),
+        (MIN_RUNTIME_ANNOTATION, "0s", "not a whole number of seconds"),
+        (PRIORITY_CLASS_ANNOTATION, " ", "annotation allot.dev/priority-class is empty"),
+    ];
+    for (key, value, want) in cases {
+        let pod = annotated(json!({ key: value }));
+        let why = pod_intent(&pod).expect_err(value);
+        assert!(why.contains(want), "{key}={value}: {why}");
+        let work = foreign_work(&pod, &mut IndexGuess::default());
+        let refusal = work.refusal.expect("refused");
+        assert!(refusal.starts_with(&why), "{refusal}");
+        assert!(
+            refusal
+                .ends_with("the pod stays unbound (correct it, or delete it and create it again)")
+        );
+    }
+    // A pod already bound runs as it is: its malformed intent is left at the defaults.
+    let mut bound = annotated(json!({ KIND_ANNOTATION: "x" }));
+    if let Some(spec) = bound.spec.as_mut() {
+        spec.node_name = Some("n1".into());
+    }
+    let work = foreign_work(&bound, &mut IndexGuess::default());
+    assert_eq!((work.refusal, work.intent), (None, ForeignIntent::default()));
+}
+
+#[test]
+fn refused_work_corrected_in_place_is_new_work() {
+    let mut value = allot_pod_value();
+    value["metadata"]["annotations"] = json!({ KIND_ANNOTATION: "trainig" });
+    let (refused, _) = work_of(vec![value.clone()]);
+    let (typo_again, _) = work_of(vec![value.clone()]);
+    assert!(refused[0].handle.starts_with("vision/train@u-1~"), "{}", refused[0].handle);
+    assert_eq!(refused[0].handle, typo_again[0].handle, "the same refusal: the same work");
+    value["metadata"]["annotations"][KIND_ANNOTATION] = json!("training");
+    let (corrected, _) = work_of(vec![value]);
+    assert_eq!(corrected[0].handle, "vision/train@u-1");
+    assert_eq!(corrected[0].refusal, None);
 }

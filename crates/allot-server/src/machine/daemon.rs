@@ -616,8 +616,8 @@ impl Daemon {
                 });
                 self.not_started(now, *id, *attempt, error, again);
             }
-            Entry::Exited { id, attempt, code, detail } => {
-                self.exited(now, *id, *attempt, *code, detail);
+            Entry::Exited { id, attempt, code, detail, cancelled } => {
+                self.exited(now, *id, *attempt, *code, detail, *cancelled);
             }
             Entry::Imported { .. } => out.extend(self.imported(now, entry)),
             Entry::ForeignGone { id } => {
@@ -1077,7 +1077,7 @@ impl Daemon {
         }
         if again.is_some() && record.state == WorkloadState::Stopping {
             let detail = format!("never started: {error}");
-            self.exited(now, id, attempt, None, &detail);
+            self.exited(now, id, attempt, None, &detail, false);
             return;
         }
         let failed = Event::AllocationFailed { workload: WorkloadId(id), reason: error.into() };
@@ -1104,7 +1104,17 @@ impl Daemon {
         self.dirty = true;
     }
 
-    fn exited(&mut self, now: u64, id: u64, attempt: u32, code: Option<i32>, detail: &str) {
+    /// A run ended. `cancelled`: by its owner outside allot (a pod deleted with kubectl): the
+    /// workload ends cancelled, with the backend's words, where allot was not stopping it.
+    fn exited(
+        &mut self,
+        now: u64,
+        id: u64,
+        attempt: u32,
+        code: Option<i32>,
+        detail: &str,
+        cancelled: bool,
+    ) {
         let Some(record) = self.workloads.get_mut(&id) else { return };
         if record.attempt != attempt
             || record.state.is_final()
@@ -1120,10 +1130,14 @@ impl Daemon {
         self.dirty = true;
         if !was_stopping && intent.is_none() {
             self.event(now, Event::WorkloadFinished { workload: WorkloadId(id) });
-            let state =
-                if code == Some(0) { WorkloadState::Succeeded } else { WorkloadState::Failed };
+            let state = match code {
+                _ if cancelled => WorkloadState::Cancelled,
+                Some(0) => WorkloadState::Succeeded,
+                _ => WorkloadState::Failed,
+            };
             if let Some(r) = self.workloads.get_mut(&id) {
                 r.reason = Some(match code {
+                    _ if cancelled => ("cancelled_outside".into(), detail.to_string()),
                     Some(0) => ("exited".into(), "exited with code 0".into()),
                     Some(c) => ("exited".into(), format!("exited with code {c}")),
                     None => ("exited".into(), detail.to_string()),

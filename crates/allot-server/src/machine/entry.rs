@@ -43,6 +43,9 @@ pub(crate) enum Entry {
         attempt: u32,
         code: Option<i32>,
         detail: String,
+        /// Ended by its owner outside allot (`Observation::Cancelled`): cancelled, not failed.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cancelled: bool,
     },
     /// The workload's heartbeat file changed: it was in use at `last_activity_ms`.
     Probed {

@@ -1,13 +1,16 @@
 //! The cluster beyond allot's own runs (`Backend::watch_cluster`): node states become engine
-//! events, and work submitted to the cluster directly (a plain `sbatch`) is imported under the
-//! same policy. Running foreign work is adopted where it runs, charged to its account's
-//! project; pending foreign work (held by the backend) queues like a submission and starts
-//! only when allot admits it, on the nodes allot chose. Work allot must not govern (jobs of
-//! unmanaged partitions on shared nodes, foreign work it refused and left running) occupies
-//! the devices it holds: the engine is told, and offers them to no one.
+//! events, and work submitted to the cluster directly (a plain `sbatch`, a pod that asks for
+//! allot as its scheduler) is imported under the same policy. Running foreign work is adopted
+//! where it runs, charged to the project the backend names (a Slurm account, a Kubernetes
+//! namespace); pending foreign work (held by the backend) queues like a submission and starts
+//! only when allot admits it, on the nodes allot chose. Work allot must not govern (work
+//! beside allot on shared nodes: jobs of unmanaged Slurm partitions, pods of other
+//! schedulers; foreign work it refused and left running) occupies the devices it holds: the
+//! engine is told, and offers them to no one. The words here are the backend's neutral ones
+//! (work, project); the backend's handle says which kind of work it is.
 
 use allot_api::{SubmitRequest, WorkloadState};
-use allot_backend::{ClusterNews, ForeignWork, Launch, MemberLaunch, RunId};
+use allot_backend::{ClusterNews, ForeignWork, Launch, MemberLaunch, RunId, Waiting};
 use allot_core::{
     DeviceShare, Event, MemberPlacement, NodeId, Placement, SHARES_PER_GPU, Stage, WorkloadId,
 };
@@ -57,7 +60,7 @@ impl Daemon {
             }
             out.push(Entry::Imported {
                 id: next_id,
-                user: if work.user.is_empty() { "slurm".into() } else { work.user.clone() },
+                user: if work.user.is_empty() { "unknown".into() } else { work.user.clone() },
                 request: foreign_request(work, &self.known.models),
                 handle: work.handle.clone(),
                 running: work.running.clone(),
@@ -96,7 +99,7 @@ impl Daemon {
         for (work, why) in news
             .beside
             .iter()
-            .map(|w| (w, "unmanaged partition"))
+            .map(|w| (w, "run beside allot"))
             .chain(refused_running.map(|w| (w, "not governed by allot")))
         {
             for m in work.running.iter().filter(|m| !m.devices.is_empty()) {
@@ -104,7 +107,7 @@ impl Daemon {
                 devices.extend(m.devices.iter().map(|d| d.index));
                 let who =
                     if work.user.is_empty() { String::new() } else { format!(" of {}", work.user) };
-                by.push(format!("job {}{who} (account {}, {why})", work.handle, work.project));
+                by.push(format!("work {}{who} (project {}, {why})", work.handle, work.project));
             }
         }
         let engine_has: BTreeMap<&str, (Vec<u32>, &str)> = self
@@ -212,7 +215,8 @@ impl Daemon {
                     "invalid_import".to_string(),
                     format!(
                         "{handle} cannot be governed: {}: {}; it is left as it is on the cluster \
-                         (add its account as a project, or run it in an unmanaged partition)",
+                         (add its project to the policy — a Slurm account, a Kubernetes \
+                         namespace — or run it where allot does not govern)",
                         e.field.unwrap_or_default(),
                         e.error
                     ),
@@ -289,6 +293,17 @@ impl Daemon {
                     vec![Command::ReturnForeign(handle.to_string())]
                 }
             }
+            // Pending work refused here (an unknown project, a request the policy cannot
+            // take) stays held on the cluster: say why there, where its user looks. A refusal
+            // the backend made is its own to show.
+            WorkloadState::Rejected if running.is_empty() && refusal.is_none() => {
+                let text = self.workloads.get(&id).and_then(|r| r.reason.clone());
+                text.map(|(_, text)| {
+                    Command::ExplainWaiting(vec![(Waiting::Foreign(handle.to_string()), text)])
+                })
+                .into_iter()
+                .collect()
+            }
             _ => Vec::new(),
         }
     }
@@ -352,7 +367,8 @@ impl Daemon {
 }
 
 /// The submission foreign work amounts to: its nodes as members of `gpus_per_node` whole
-/// GPUs each, its GRES type as the model when allot knows it, its name as the command (it is
+/// GPUs each, its GRES type as the model when allot knows it, the intent it declares (kind,
+/// priority class, runtimes …; checked as a submission's), its name as the command (it is
 /// never run: the backend takes the work over).
 fn foreign_request(work: &ForeignWork, models: &[String]) -> SubmitRequest {
     let (members, gpus) = if work.running.is_empty() {
@@ -361,7 +377,14 @@ fn foreign_request(work: &ForeignWork, models: &[String]) -> SubmitRequest {
         let most = work.running.iter().map(|m| m.devices.len()).max().unwrap_or(0);
         (u32::try_from(work.running.len()).unwrap_or(u32::MAX), most as u32)
     };
+    let intent = &work.intent;
     SubmitRequest {
+        kind: intent.kind.clone(),
+        priority_class: intent.priority_class.clone(),
+        preemptible: intent.preemptible,
+        checkpoint_grace_s: intent.checkpoint_grace_s,
+        min_runtime_s: intent.min_runtime_s,
+        max_runtime_s: intent.max_runtime_s,
         name: Some(if work.name.is_empty() {
             format!("job-{}", work.handle)
         } else {

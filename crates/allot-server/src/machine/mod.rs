@@ -750,8 +750,15 @@ fn observation_entry(o: Observation) -> Entry {
             Entry::LaunchFailed { id: run.workload, attempt: run.attempt, error, requeue: false }
         }
         Observation::Exited { run, code, detail } => {
-            Entry::Exited { id: run.workload, attempt: run.attempt, code, detail }
+            Entry::Exited { id: run.workload, attempt: run.attempt, code, detail, cancelled: false }
         }
+        Observation::Cancelled { run, detail } => Entry::Exited {
+            id: run.workload,
+            attempt: run.attempt,
+            code: None,
+            detail,
+            cancelled: true,
+        },
         Observation::LaunchDeferred { run, error } => {
             Entry::LaunchDeferred { id: run.workload, attempt: run.attempt, error }
         }

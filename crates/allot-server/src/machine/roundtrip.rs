@@ -186,8 +186,15 @@ fn entry() -> impl Strategy<Value = Entry> {
         (id, attempt, text(), any::<bool>()).prop_map(|(id, attempt, error, requeue)| {
             Entry::LaunchFailed { id, attempt, error, requeue }
         }),
-        (id, attempt, prop::option::of(any::<i32>()), text())
-            .prop_map(|(id, attempt, code, detail)| Entry::Exited { id, attempt, code, detail }),
+        (id, attempt, prop::option::of(any::<i32>()), text(), any::<bool>()).prop_map(
+            |(id, attempt, code, detail, cancelled)| Entry::Exited {
+                id,
+                attempt,
+                code,
+                detail,
+                cancelled
+            }
+        ),
         (id, any::<u64>())
             .prop_map(|(id, last_activity_ms)| Entry::Probed { id, last_activity_ms }),
         (id, any::<u64>()).prop_map(|(id, at_ms)| Entry::CheckpointReported { id, at_ms }),

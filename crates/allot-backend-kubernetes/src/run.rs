@@ -1,0 +1,273 @@
+//! A run as the pods it is (one, or a group's), and how it starts and ends, judged from pods
+//! as the API lists them: pure, no I/O (the backend lists, this decides).
+
+use std::collections::BTreeMap;
+
+use allot_backend::{MemberLaunch, Observation, RunId};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::map;
+
+/// One pod of a run.
+#[derive(Clone, Debug)]
+pub(crate) struct PodRun {
+    pub(crate) name: String,
+    /// The pod's uid when the run took it: a pod deleted and created again under the same
+    /// name is not this run's.
+    pub(crate) uid: Option<String>,
+    /// Seen running (or ended after it was bound).
+    pub(crate) ran: bool,
+    pub(crate) end: Option<PodEnd>,
+}
+
+/// How one pod of a run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PodEnd {
+    /// Its phase is Succeeded or Failed: the exit code and words of [`map::exit_status`].
+    Finished(Option<i32>, String),
+    /// It is gone (deleted or evicted).
+    Gone,
+}
+
+/// A run and the pods it is (one, or a group's).
+#[derive(Clone, Debug)]
+pub(crate) struct Tracked {
+    pub(crate) namespace: String,
+    /// The pod group, for a group's run.
+    pub(crate) group: Option<String>,
+    pub(crate) pods: Vec<PodRun>,
+    pub(crate) members: Vec<MemberLaunch>,
+    pub(crate) started: bool,
+    pub(crate) ended: bool,
+    /// Set once allot asked it to stop, for the exit's words.
+    pub(crate) stopped_by_allot: bool,
+}
+
+impl Tracked {
+    pub(crate) fn key(&self, pod: &PodRun) -> String {
+        format!("{}/{}", self.namespace, pod.name)
+    }
+
+    pub(crate) fn what(&self) -> String {
+        match &self.group {
+            Some(group) => format!("pod group {}/{group}", self.namespace),
+            None => format!("pod {}/{}", self.namespace, self.pods.first().map_or("", |p| &p.name)),
+        }
+    }
+
+    /// How the run ended, once every pod has: the first pod that failed with a code, else
+    /// cancelled when a pod was deleted outside allot, else evicted, else succeeded.
+    pub(crate) fn exit(&self, run: RunId) -> Observation {
+        let label = |p: &PodRun| {
+            if self.group.is_some() { format!("pod {}: ", p.name) } else { String::new() }
+        };
+        let finished = self.pods.iter().filter_map(|p| match &p.end {
+            Some(PodEnd::Finished(code, detail)) => Some((p, *code, detail)),
+            _ => None,
+        });
+        let failed = finished.clone().find(|(_, code, _)| *code != Some(0));
+        if let Some((p, Some(code), detail)) = failed {
+            return Observation::Exited { run, code: Some(code), detail: label(p) + detail };
+        }
+        let gone: Vec<&str> = self
+            .pods
+            .iter()
+            .filter(|p| p.end == Some(PodEnd::Gone))
+            .map(|p| p.name.as_str())
+            .collect();
+        if !gone.is_empty() {
+            let pods = if self.group.is_some() {
+                format!("pods {} of {}", gone.join(", "), self.what())
+            } else {
+                "pod".to_string()
+            };
+            return if self.stopped_by_allot {
+                Observation::Exited { run, code: None, detail: format!("{pods} evicted by allot") }
+            } else {
+                Observation::Cancelled {
+                    run,
+                    detail: format!("{pods} deleted outside allot (kubectl delete)"),
+                }
+            };
+        }
+        if let Some((p, None, detail)) = failed {
+            return Observation::Exited { run, code: None, detail: label(p) + detail };
+        }
+        let detail = match &self.group {
+            Some(_) => format!("every pod of {} Succeeded", self.what()),
+            None => finished.map(|(_, _, d)| d.clone()).next().unwrap_or_default(),
+        };
+        Observation::Exited { run, code: Some(0), detail }
+    }
+
+    /// What happened to the run's pods, judged from `pods` (by `namespace/name`); updates the run.
+    /// Started once every pod ran; ended once every pod ended (see [`Tracked::exit`]).
+    pub(crate) fn observe(&mut self, run: RunId, pods: &BTreeMap<String, Pod>) -> Vec<Observation> {
+        let mut out = Vec::new();
+        for i in 0..self.pods.len() {
+            if self.pods[i].end.is_some() {
+                continue;
+            }
+            let key = self.key(&self.pods[i]);
+            let p = &mut self.pods[i];
+            let pod = pods.get(&key).filter(|pod| p.uid.is_none() || pod.metadata.uid == p.uid);
+            let Some(pod) = pod else {
+                p.end = Some(PodEnd::Gone);
+                continue;
+            };
+            // A pod that ended before it was seen running ran all the same (it was bound).
+            if matches!(map::phase(pod), "Running" | "Succeeded" | "Failed") {
+                p.ran = true;
+            }
+            if map::is_terminal(pod) {
+                let (code, detail) = map::exit_status(pod);
+                p.end = Some(PodEnd::Finished(code, detail));
+            }
+        }
+        let all_ended = self.pods.iter().all(|p| p.end.is_some());
+        let ran = if all_ended {
+            self.pods.iter().any(|p| p.ran)
+        } else {
+            self.pods.iter().all(|p| p.ran)
+        };
+        if ran && !self.started {
+            self.started = true;
+            out.push(Observation::Started { run, pids: Vec::new() });
+        }
+        if all_ended {
+            self.ended = true;
+            out.push(self.exit(run));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUN: RunId = RunId { workload: 7, attempt: 1 };
+
+    fn run_of(group: Option<&str>, ends: &[Option<PodEnd>]) -> Tracked {
+        Tracked {
+            namespace: "ns".into(),
+            group: group.map(str::to_string),
+            pods: ends
+                .iter()
+                .enumerate()
+                .map(|(i, end)| PodRun {
+                    name: format!("p-{i}"),
+                    uid: None,
+                    ran: true,
+                    end: end.clone(),
+                })
+                .collect(),
+            members: Vec::new(),
+            started: true,
+            ended: false,
+            stopped_by_allot: false,
+        }
+    }
+
+    fn done(code: i32) -> Option<PodEnd> {
+        Some(PodEnd::Finished(Some(code), format!("container main exited {code}")))
+    }
+
+    #[test]
+    fn a_group_ends_failed_if_a_pod_failed_cancelled_if_its_user_deleted_one() {
+        let failed = run_of(Some("g"), &[done(0), done(3), Some(PodEnd::Gone)]).exit(RUN);
+        assert_eq!(
+            failed,
+            Observation::Exited {
+                run: RUN,
+                code: Some(3),
+                detail: "pod p-1: container main exited 3".into()
+            }
+        );
+        let cancelled = run_of(Some("g"), &[done(0), Some(PodEnd::Gone)]).exit(RUN);
+        assert_eq!(
+            cancelled,
+            Observation::Cancelled {
+                run: RUN,
+                detail: "pods p-1 of pod group ns/g deleted outside allot (kubectl delete)".into()
+            }
+        );
+        let mut evicted = run_of(Some("g"), &[Some(PodEnd::Gone), Some(PodEnd::Gone)]);
+        evicted.stopped_by_allot = true;
+        assert_eq!(
+            evicted.exit(RUN),
+            Observation::Exited {
+                run: RUN,
+                code: None,
+                detail: "pods p-0, p-1 of pod group ns/g evicted by allot".into()
+            }
+        );
+        let succeeded = run_of(Some("g"), &[done(0), done(0)]).exit(RUN);
+        assert_eq!(
+            succeeded,
+            Observation::Exited {
+                run: RUN,
+                code: Some(0),
+                detail: "every pod of pod group ns/g Succeeded".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_single_pod_keeps_its_own_words() {
+        let deleted = run_of(None, &[Some(PodEnd::Gone)]).exit(RUN);
+        assert_eq!(
+            deleted,
+            Observation::Cancelled {
+                run: RUN,
+                detail: "pod deleted outside allot (kubectl delete)".into()
+            }
+        );
+        let unknown = Some(PodEnd::Finished(None, "pod Failed: Evicted".into()));
+        assert_eq!(
+            run_of(None, &[unknown]).exit(RUN),
+            Observation::Exited { run: RUN, code: None, detail: "pod Failed: Evicted".into() }
+        );
+    }
+
+    #[test]
+    fn a_group_starts_once_every_pod_ran_and_ends_once_every_pod_ended() {
+        let mut t = run_of(Some("g"), &[None, None]);
+        t.started = false;
+        for p in &mut t.pods {
+            p.ran = false;
+        }
+        let pod = |name: &str, phase: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": "ns" },
+                "spec": { "containers": [{ "name": "main" }] },
+                "status": { "phase": phase }
+            }))
+            .expect("a pod")
+        };
+        let listed = |pods: Vec<Pod>| -> BTreeMap<String, Pod> {
+            pods.into_iter().map(|p| (map::pod_key(&p), p)).collect()
+        };
+        let one_runs = listed(vec![pod("p-0", "Running"), pod("p-1", "Pending")]);
+        assert_eq!(t.observe(RUN, &one_runs), Vec::new());
+        let both_run = listed(vec![pod("p-0", "Running"), pod("p-1", "Running")]);
+        assert_eq!(
+            t.observe(RUN, &both_run),
+            vec![Observation::Started { run: RUN, pids: Vec::new() }]
+        );
+        let one_done = listed(vec![pod("p-0", "Succeeded"), pod("p-1", "Running")]);
+        assert_eq!(t.observe(RUN, &one_done), Vec::new());
+        let both_done = listed(vec![pod("p-1", "Succeeded")]);
+        let end = t.observe(RUN, &both_done);
+        assert_eq!(
+            end,
+            vec![Observation::Exited {
+                run: RUN,
+                code: Some(0),
+                detail: "every pod of pod group ns/g Succeeded".into()
+            }],
+            "p-0 Succeeded before it went: its end stands"
+        );
+        assert!(t.ended);
+    }
+}

@@ -82,6 +82,10 @@ pub struct KubernetesBackend {
     /// The view's generation at the last `poll` that observed the runs (`None`: a run was
     /// tracked since, so observe again).
     last_observed: Option<u64>,
+    /// Binds sent and not yet answered, by run (single pods only; see `bind_later`).
+    binds: BTreeMap<RunId, tokio::task::JoinHandle<Option<BackendError>>>,
+    /// The note last set on each pod (by handle: `reason\nmessage`), of the pods that have one.
+    notes_shown: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -128,6 +132,70 @@ fn status_code(error: &kube::Error) -> Option<u16> {
     }
 }
 
+/// Binds one pod to `node` (what a scheduler does: `POST pods/{name}/binding`) and judges the
+/// answer. The Binding names the pod's `uid`: the API server answers 409 if the pod under the
+/// name has another (it was deleted and created again), and binds nothing. `None`: bound, or
+/// found bound there already; `Some`: why not, transient where no answer came (the bind may
+/// have happened).
+async fn bind_checked(
+    pods: Api<Pod>,
+    name: String,
+    uid: Option<String>,
+    node: String,
+    call_timeout: Duration,
+) -> Option<BackendError> {
+    let namespace = pods.namespace().unwrap_or_default().to_string();
+    let what = format!("bind pod {namespace}/{name} to {node}");
+    let binding = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": { "name": name, "namespace": namespace, "uid": uid },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": node },
+    });
+    let no_answer = || {
+        Some(BackendError::Unreachable(format!(
+            "{what}: the Kubernetes API server did not answer within {call_timeout:?}"
+        )))
+    };
+    let params = PostParams::default();
+    let sent = pods.create_subresource::<_, serde_json::Value>("binding", &name, &params, &binding);
+    let error = match tokio::time::timeout(call_timeout, sent).await {
+        Err(_) => return no_answer(),
+        Ok(Ok(_)) => return None,
+        Ok(Err(e)) => e,
+    };
+    if is_not_found(&error) {
+        return Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} is gone (deleted before allot bound it)"
+        )));
+    }
+    if status_code(&error) != Some(409) {
+        return Some(api_error(&what, error));
+    }
+    // Bound meanwhile (fine if where allot placed it), or another pod by the name.
+    let pod = match tokio::time::timeout(call_timeout, pods.get_opt(&name)).await {
+        Err(_) => return no_answer(),
+        Ok(Err(e)) => return Some(api_error(&format!("get pod {namespace}/{name}"), e)),
+        Ok(Ok(pod)) => pod,
+    };
+    match pod {
+        Some(p) if uid.is_some() && p.metadata.uid != uid => Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} was deleted and created again before allot bound it (the \
+             new pod is new work)"
+        ))),
+        Some(p) if map::bound_node(&p) == Some(node.as_str()) => None,
+        Some(_) => Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} was bound elsewhere meanwhile"
+        ))),
+        None => Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} is gone (deleted before allot bound it)"
+        ))),
+    }
+}
+
+/// Binds of single pods sent at once, at most (a group's are sent one by one, all or none).
+const BINDS_IN_FLIGHT_MAX: usize = 32;
+
 impl KubernetesBackend {
     /// Reads the cluster's credentials and starts watching the cluster in the background (a
     /// failure to reach it shows in the first read).
@@ -173,6 +241,8 @@ impl KubernetesBackend {
             local_changes: 0,
             last_news: None,
             last_observed: None,
+            binds: BTreeMap::new(),
+            notes_shown: BTreeMap::new(),
         })
     }
 
@@ -233,35 +303,65 @@ impl KubernetesBackend {
         }
     }
 
-    /// Binds the pod to `node` (what a scheduler does: `POST pods/{name}/binding`). With
-    /// `uid`, only that pod: the API server answers 409 if the pod under the name has another
-    /// uid (it was deleted and created again).
-    fn bind(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<&str>,
-        node: &str,
-    ) -> Result<(), kube::Error> {
-        let binding = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": { "name": name, "namespace": namespace, "uid": uid },
-            "target": { "apiVersion": "v1", "kind": "Node", "name": node },
-        });
-        let pods = self.pods(namespace);
-        let what = format!("bind pod {namespace}/{name} to {node}");
-        match self.call(
-            &what,
-            pods.create_subresource::<_, serde_json::Value>(
-                "binding",
-                name,
-                &PostParams::default(),
-                &binding,
-            ),
-        ) {
-            Ok(result) => result.map(|_| ()),
-            Err(timeout) => Err(kube::Error::Service(timeout.to_string().into())),
+    /// Binds one pod to `node` now (see [`bind_checked`]).
+    fn bind(&self, pod: &Pod, node: &str) -> Option<BackendError> {
+        let namespace = map::pod_namespace(pod);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.runtime.block_on(bind_checked(
+            self.pods(namespace),
+            name,
+            pod.metadata.uid.clone(),
+            node.to_string(),
+            self.call_timeout,
+        ))
+    }
+
+    /// Sends the bind of a single pod without waiting for its answer (at most
+    /// `BINDS_IN_FLIGHT_MAX` at once: beyond, waits for the oldest); the run is tracked now,
+    /// and the answer is taken in by [`KubernetesBackend::settle_binds`].
+    fn bind_later(&mut self, run: RunId, pod: &Pod, node: &str) {
+        while self.binds.len() >= BINDS_IN_FLIGHT_MAX {
+            self.settle_binds(true);
+        }
+        let task = self.runtime.spawn(bind_checked(
+            self.pods(map::pod_namespace(pod)),
+            pod.metadata.name.clone().unwrap_or_default(),
+            pod.metadata.uid.clone(),
+            node.to_string(),
+            self.call_timeout,
+        ));
+        self.binds.insert(run, task);
+    }
+
+    /// Takes in the answers of the binds sent (with `one`, waits for at least the oldest): a
+    /// bind that failed ends its run's launch, failed or, where no answer came, deferred (the
+    /// work queues again, as when a launch finds the API server down).
+    fn settle_binds(&mut self, one: bool) {
+        let mut done: Vec<RunId> =
+            self.binds.iter().filter(|(_, t)| t.is_finished()).map(|(r, _)| *r).collect();
+        if one && done.is_empty() {
+            done.extend(self.binds.keys().next().copied());
+        }
+        for run in done {
+            let Some(task) = self.binds.remove(&run) else { continue };
+            let failure = match self.runtime.block_on(task) {
+                Ok(failure) => failure,
+                Err(e) => Some(BackendError::Unreachable(format!("the bind was not sent: {e}"))),
+            };
+            let Some(error) = failure else {
+                // Bound: the run is observed from now on.
+                self.last_observed = None;
+                continue;
+            };
+            self.runs.remove(&run);
+            self.local_changes += 1;
+            let transient = error.is_transient();
+            let error = error.to_string();
+            self.pending.push(if transient {
+                Observation::LaunchDeferred { run, error }
+            } else {
+                Observation::LaunchFailed { run, error }
+            });
         }
     }
 
@@ -443,33 +543,7 @@ impl KubernetesBackend {
         }
         let mut bound: Vec<&Pod> = already;
         for (pod, node) in plan {
-            let namespace = map::pod_namespace(pod);
-            let name = pod.metadata.name.as_deref().unwrap_or_default();
-            let uid = pod.metadata.uid.as_deref();
-            let failure = match self.bind(namespace, name, uid, node) {
-                Ok(()) => None,
-                // Bound meanwhile (fine if where allot placed it), or another pod by the name.
-                Err(e) if status_code(&e) == Some(409) => match self.get_pod(namespace, name) {
-                    Ok(Some(p)) if uid.is_some() && p.metadata.uid.as_deref() != uid => {
-                        Some(BackendError::Invalid(format!(
-                            "pod {namespace}/{name} was deleted and created again before allot \
-                             bound it (the new pod is new work)"
-                        )))
-                    }
-                    Ok(Some(p)) if map::bound_node(&p) == Some(node) => None,
-                    Ok(Some(_)) => Some(BackendError::Invalid(format!(
-                        "pod {namespace}/{name} was bound elsewhere meanwhile"
-                    ))),
-                    Ok(None) => Some(BackendError::Invalid(format!(
-                        "pod {namespace}/{name} is gone (deleted before allot bound it)"
-                    ))),
-                    Err(e) => Some(e),
-                },
-                Err(e) if is_not_found(&e) => Some(BackendError::Invalid(format!(
-                    "pod {namespace}/{name} is gone (deleted before allot bound it)"
-                ))),
-                Err(e) => Some(api_error(&format!("bind pod {namespace}/{name} to {node}"), e)),
-            };
+            let failure = self.bind(pod, node);
             let Some(error) = failure else {
                 bound.push(pod);
                 continue;
@@ -549,6 +623,17 @@ impl KubernetesBackend {
             Some(g) => format!("pod group {}/{g}", parsed.namespace()),
             None => format!("pod {}", map::pod_key(&pods[0])),
         };
+        // A single pod that can be bound as it is: the bind is sent and answered later, so
+        // that several are in flight.
+        if let ([pod], [member], None) = (&pods[..], &launch.members[..], &group)
+            && map::bound_node(pod).is_none()
+            && !map::is_terminating(pod)
+        {
+            let pod = pod.clone();
+            self.bind_later(launch.run, &pod, &member.node);
+            self.track(launch, parsed.namespace(), group, &[pod]);
+            return Ok(Ok(()));
+        }
         if let Err(why) = self.bind_all(&what, &pods, &launch.members)? {
             return Ok(Err(why));
         }
@@ -704,15 +789,18 @@ impl KubernetesBackend {
     }
 
     /// Shows the notes (refusals, groups waiting for pods) on their pods, where the pod's
-    /// condition does not say it already. Best effort: the first error is returned after the
-    /// rest were tried.
+    /// condition does not say it already and allot did not set it (the view may not show
+    /// allot's own change yet: an Event is recorded once). Best effort: the first error is
+    /// returned after the rest were tried.
     fn show_notes(
-        &self,
+        &mut self,
         pods: &BTreeMap<String, &Pod>,
         notes: &[map::Note],
     ) -> Result<(), BackendError> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let mut first_error = None;
+        let handles: BTreeSet<String> = pods.values().map(|p| map::pod_handle(p)).collect();
+        self.notes_shown.retain(|handle, _| handles.contains(handle));
         for note in notes {
             let Some(pod) = pods.get(&note.pod) else { continue };
             let message = format!("allot: {}", note.message);
@@ -725,14 +813,25 @@ impl KubernetesBackend {
                     c.reason.as_deref() == Some(note.reason)
                         && c.message.as_deref() == Some(&*message)
                 });
-            if shown {
+            let handle = map::pod_handle(pod);
+            let said = format!("{}\n{message}", note.reason);
+            if shown || self.notes_shown.get(&handle) == Some(&said) {
                 continue;
             }
             let name = pod.metadata.name.as_deref().unwrap_or_default();
-            if let Err(e) =
-                self.set_condition(map::pod_namespace(pod), name, note.reason, &note.message, &now)
-            {
-                first_error.get_or_insert(e);
+            match self.set_condition(
+                map::pod_namespace(pod),
+                name,
+                note.reason,
+                &note.message,
+                &now,
+            ) {
+                Ok(()) => {
+                    self.notes_shown.insert(handle, said);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -797,6 +896,10 @@ impl Backend for KubernetesBackend {
     /// pod's `preStop` hook and `terminationGracePeriodSeconds` are its checkpoint path when
     /// it is evicted.
     fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
+        // A stop waits for the run's bind to be answered (a failed bind fails the launch).
+        while self.binds.contains_key(&run) {
+            self.settle_binds(true);
+        }
         let Some(t) = self.runs.get(&run).cloned() else {
             return Err(BackendError::UnknownRun { run });
         };
@@ -837,11 +940,17 @@ impl Backend for KubernetesBackend {
     /// Every run watched, judged from the view's pods; nothing to judge while the view has
     /// not changed since the last poll and no run was added.
     fn poll(&mut self) -> Result<Vec<Observation>, BackendError> {
+        self.settle_binds(false);
         if self.runs.values().any(|t| !t.ended) {
             let view = self.cache.read(self.call_timeout)?;
             if self.last_observed != Some(view.generation) {
                 let mut seen = Vec::new();
-                for (run, t) in self.runs.iter_mut().filter(|(_, t)| !t.ended) {
+                // A run whose bind is unanswered is judged once it is (its pod may be gone
+                // because the bind failed: that is a failed launch, not an end).
+                let binds = &self.binds;
+                let watched =
+                    self.runs.iter_mut().filter(|(r, t)| !t.ended && !binds.contains_key(r));
+                for (run, t) in watched {
                     seen.extend(t.observe(*run, &view.pods.items));
                 }
                 self.last_observed = Some(view.generation);

@@ -138,6 +138,13 @@ impl Fixture {
         self.runtime.block_on(self.pods().get_opt(name)).expect("pod read")
     }
 
+    /// The node the pod is bound to, once it is (at most 10 s).
+    fn bound_node(&self, name: &str) -> String {
+        wait_for(&format!("pod {name} bound"), Duration::from_secs(10), || {
+            self.pod(name).and_then(|p| p.spec?.node_name)
+        })
+    }
+
     fn delete_pod(&self, name: &str) {
         let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
         self.runtime.block_on(self.pods().delete(name, &params)).expect("pod deleted");
@@ -296,8 +303,8 @@ fn an_allot_pod_is_adopted_bound_and_reported_until_it_completes() {
     let launch = launch_adopting(1, &work.handle, &node, 2);
     backend.launch(&launch).expect("launch");
     backend.launch(&launch).expect("a second launch of the same run does nothing");
-    let pod = fx.pod(&work.name).expect("the pod");
-    assert_eq!(pod.spec.and_then(|s| s.node_name).as_deref(), Some(node.as_str()));
+    // A single pod's bind is sent by the launch and answered in the background.
+    assert_eq!(fx.bound_node(&work.name), node);
     // Adopted: no longer foreign.
     assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty());
 
@@ -624,7 +631,10 @@ fn a_pod_group_is_bound_all_or_none_and_waits_for_its_missing_pods() {
     assert!(waiting.1.contains("pod group llm has 1 of its 2 pods"), "{}", waiting.1);
 
     fx.create_pod(group_pod("llm-1", "llm", 2, "8"));
-    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    let work = wait_for("the whole group offered", Duration::from_secs(10), || {
+        let work = foreign_in(&news(&mut backend), &fx.namespace);
+        (!work.is_empty()).then_some(work)
+    });
     let [group] = work.as_slice() else { panic!("one work: {work:?}") };
     assert!(group.handle.starts_with(&format!("{}/group:llm@", fx.namespace)), "{}", group.handle);
     assert_eq!((group.nodes, group.gpus_per_node, group.refusal.as_deref()), (2, 8, None));
@@ -937,7 +947,7 @@ fn a_view_whose_watch_was_down_lists_again_and_forgets_no_pod_nor_binds_one_twic
     let bound = work.iter().find(|w| w.name == "bound").expect("the pod to bind");
     let launch = launch_adopting(1, &bound.handle, &node, 1);
     backend.launch(&launch).expect("launch");
-    assert_eq!(fx.pod("bound").and_then(|p| p.spec?.node_name).as_deref(), Some(node.as_str()));
+    assert_eq!(fx.bound_node("bound"), node);
 
     // The watch goes down: reads say so instead of answering from nothing.
     backend.stop_watching();

@@ -1019,3 +1019,33 @@ fn a_bind_names_the_pods_uid_so_a_pod_created_again_under_the_name_is_not_bound(
     let pod = fx.pod("again").expect("the new pod");
     assert_eq!(pod.spec.and_then(|s| s.node_name), None, "still not bound");
 }
+
+#[test]
+fn a_bind_answered_in_the_background_that_fails_defers_the_launch_and_the_pod_is_offered_again() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("bindfail");
+    let _node = fx.gpu_node("gpu-0", 8);
+    fx.create_pod(allot_pod("lone", "1"));
+    let mut backend = backend();
+    let work = wait_for("the pod as foreign work", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    // A member placed on no node: the API server refuses the Binding with a 500, which the
+    // backend cannot tell from a lost answer: the launch is deferred, not failed.
+    let launch = launch_adopting(1, &work.handle, "", 1);
+    backend.launch(&launch).expect("the bind is sent");
+    assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty(), "held while in flight");
+    let mut seen = Vec::new();
+    poll_until(
+        &mut backend,
+        &mut seen,
+        "LaunchDeferred",
+        |o| matches!(o, Observation::LaunchDeferred { run, .. } if *run == launch.run),
+    );
+    assert!(!seen.iter().any(|o| matches!(o, Observation::Started { .. })), "{seen:?}");
+    let again = foreign_in(&news(&mut backend), &fx.namespace);
+    assert_eq!(again.len(), 1, "offered again: {again:?}");
+    assert_eq!(fx.pod("lone").and_then(|p| p.spec?.node_name), None);
+}

@@ -32,6 +32,9 @@ const WATCH_TIMEOUT_S: u32 = 290;
 /// A list that failed is tried again after this, doubling up to `RELIST_BACKOFF_MAX`.
 const RELIST_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const RELIST_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Objects asked for in one LIST call (a list of many is several calls, each within the call
+/// timeout).
+const LIST_PAGE: u32 = 500;
 /// How often a read waiting for the first list looks again.
 const SYNC_POLL: Duration = Duration::from_millis(20);
 
@@ -192,14 +195,8 @@ async fn keep<K>(
     // The error of a watch that could not start: the view stays down until one starts.
     let mut watch_error: Option<String> = None;
     loop {
-        let listed =
-            match tokio::time::timeout(call_timeout, api.list(&ListParams::default())).await {
-                Ok(Ok(list)) => Ok(list),
-                Ok(Err(e)) => Err(crate::api_error(&format!("list {what}"), e).to_string()),
-                Err(_) => Err(format!("no answer within {call_timeout:?}")),
-            };
-        let list = match listed {
-            Ok(list) => list,
+        let (items, mut version) = match list_all(what, &api, call_timeout, key).await {
+            Ok(listed) => listed,
             Err(error) => {
                 store(&mut lock()).down = Some(error);
                 tokio::time::sleep(backoff).await;
@@ -208,11 +205,10 @@ async fn keep<K>(
             }
         };
         backoff = RELIST_BACKOFF_MIN;
-        let mut version = list.metadata.resource_version.clone().unwrap_or_default();
         {
             let mut v = lock();
             let s = store(&mut v);
-            s.items = list.items.into_iter().map(|o| (key(&o), Arc::new(slim(o)))).collect();
+            s.items = items;
             s.synced = true;
             s.down.clone_from(&watch_error);
             s.lists += 1;
@@ -234,6 +230,37 @@ async fn keep<K>(
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Every object of the kind, by key, in pages of `LIST_PAGE` (each page one call within the
+/// call timeout, all from one snapshot), and the snapshot's resourceVersion to watch from.
+async fn list_all<K>(
+    what: &str,
+    api: &Api<K>,
+    call_timeout: Duration,
+    key: fn(&K) -> String,
+) -> Result<(BTreeMap<String, Arc<K>>, String), String>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let mut items = BTreeMap::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(LIST_PAGE);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = match tokio::time::timeout(call_timeout, api.list(&params)).await {
+            Ok(Ok(page)) => page,
+            Ok(Err(e)) => return Err(crate::api_error(&format!("list {what}"), e).to_string()),
+            Err(_) => return Err(format!("list {what}: no answer within {call_timeout:?}")),
+        };
+        items.extend(page.items.into_iter().map(|o| (key(&o), Arc::new(slim(o)))));
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok((items, page.metadata.resource_version.unwrap_or_default()));
         }
     }
 }

@@ -1049,3 +1049,20 @@ fn a_bind_answered_in_the_background_that_fails_defers_the_launch_and_the_pod_is
     assert_eq!(again.len(), 1, "offered again: {again:?}");
     assert_eq!(fx.pod("lone").and_then(|p| p.spec?.node_name), None);
 }
+
+#[test]
+fn a_view_of_more_pods_than_one_list_page_holds_lists_them_all() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("pages");
+    // More than one page of the view's LIST (500).
+    let count = 620;
+    for i in 0..count {
+        fx.create_pod(allot_pod(&format!("p{i:04}"), "1"));
+    }
+    let mut backend = backend();
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    assert_eq!(work.len(), count, "every pod, from every page");
+    assert_eq!(backend.lists(), 2, "one (paged) LIST of nodes and one of pods");
+}

@@ -16,12 +16,19 @@
 //! scheduling gates waits until they are removed. allot's reason for a pod it refuses or keeps
 //! waiting is its `PodScheduled` condition and an Event of the pod.
 //!
-//! The [`Backend`] trait is synchronous: the backend owns a current-thread tokio runtime and
-//! blocks on each API call with a timeout; an API server that does not answer in time is
-//! [`BackendError::Unreachable`].
+//! The cluster is read from a view kept in memory: Nodes and Pods listed once, then watched
+//! (see the `cache` module); `watch_cluster`, `poll`, `inventory` and a launch read it and make
+//! no API call, and `watch_cluster` says nothing new when nothing changed since its last read.
+//! A bind is one call (the Binding names the pod's uid, so a pod deleted and created again
+//! under the name is not bound by mistake).
+//!
+//! The [`Backend`] trait is synchronous: the backend owns a tokio runtime (one worker thread,
+//! where the watches run) and blocks on each API call with a timeout; an API server that does
+//! not answer in time, or a view that could not be listed, is [`BackendError::Unreachable`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use allot_backend::{
@@ -29,9 +36,10 @@ use allot_backend::{
     Waiting,
 };
 use allot_core::NodeSpec;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 
+mod cache;
 pub mod map;
 mod run;
 
@@ -62,8 +70,22 @@ pub struct KubernetesBackend {
     runtime: tokio::runtime::Runtime,
     client: kube::Client,
     call_timeout: Duration,
+    /// The watched view of nodes and pods.
+    cache: cache::Cache,
     runs: BTreeMap<RunId, Tracked>,
     pending: Vec<Observation>,
+    /// Bumped by every call that may change what `watch_cluster` says (a launch, a stop, a
+    /// recovery, a cancel, a run that ended).
+    local_changes: u64,
+    /// The view's generation and `local_changes` at the last `watch_cluster` that read.
+    last_news: Option<(u64, u64)>,
+    /// The view's generation at the last `poll` that observed the runs (`None`: a run was
+    /// tracked since, so observe again).
+    last_observed: Option<u64>,
+    /// Binds sent and not yet answered, by run (single pods only; see `bind_later`).
+    binds: BTreeMap<RunId, tokio::task::JoinHandle<Option<BackendError>>>,
+    /// The note last set on each pod (by handle: `reason\nmessage`), of the pods that have one.
+    notes_shown: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -110,10 +132,77 @@ fn status_code(error: &kube::Error) -> Option<u16> {
     }
 }
 
+/// Binds one pod to `node` (what a scheduler does: `POST pods/{name}/binding`) and judges the
+/// answer. The Binding names the pod's `uid`: the API server answers 409 if the pod under the
+/// name has another (it was deleted and created again), and binds nothing. `None`: bound, or
+/// found bound there already; `Some`: why not, transient where no answer came (the bind may
+/// have happened).
+async fn bind_checked(
+    pods: Api<Pod>,
+    name: String,
+    uid: Option<String>,
+    node: String,
+    call_timeout: Duration,
+) -> Option<BackendError> {
+    let namespace = pods.namespace().unwrap_or_default().to_string();
+    let what = format!("bind pod {namespace}/{name} to {node}");
+    let binding = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": { "name": name, "namespace": namespace, "uid": uid },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": node },
+    });
+    let no_answer = || {
+        Some(BackendError::Unreachable(format!(
+            "{what}: the Kubernetes API server did not answer within {call_timeout:?}"
+        )))
+    };
+    let params = PostParams::default();
+    let sent = pods.create_subresource::<_, serde_json::Value>("binding", &name, &params, &binding);
+    let error = match tokio::time::timeout(call_timeout, sent).await {
+        Err(_) => return no_answer(),
+        Ok(Ok(_)) => return None,
+        Ok(Err(e)) => e,
+    };
+    if is_not_found(&error) {
+        return Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} is gone (deleted before allot bound it)"
+        )));
+    }
+    if status_code(&error) != Some(409) {
+        return Some(api_error(&what, error));
+    }
+    // Bound meanwhile (fine if where allot placed it), or another pod by the name.
+    let pod = match tokio::time::timeout(call_timeout, pods.get_opt(&name)).await {
+        Err(_) => return no_answer(),
+        Ok(Err(e)) => return Some(api_error(&format!("get pod {namespace}/{name}"), e)),
+        Ok(Ok(pod)) => pod,
+    };
+    match pod {
+        Some(p) if uid.is_some() && p.metadata.uid != uid => Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} was deleted and created again before allot bound it (the \
+             new pod is new work)"
+        ))),
+        Some(p) if map::bound_node(&p) == Some(node.as_str()) => None,
+        Some(_) => Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} was bound elsewhere meanwhile"
+        ))),
+        None => Some(BackendError::Invalid(format!(
+            "pod {namespace}/{name} is gone (deleted before allot bound it)"
+        ))),
+    }
+}
+
+/// Binds of single pods sent at once, at most (a group's are sent one by one, all or none).
+const BINDS_IN_FLIGHT_MAX: usize = 32;
+
 impl KubernetesBackend {
-    /// Reads the cluster's credentials; contacts nothing (the first call does).
+    /// Reads the cluster's credentials and starts watching the cluster in the background (a
+    /// failure to reach it shows in the first read).
     pub fn connect(config: KubernetesConfig) -> Result<KubernetesBackend, BackendError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("allot-kubernetes")
             .enable_all()
             .build()
             .map_err(|e| BackendError::Io(format!("could not start the backend's runtime: {e}")))?;
@@ -141,13 +230,42 @@ impl KubernetesBackend {
                 .map_err(|e| format!("could not build the Kubernetes client: {e}"))
         });
         let client = client.map_err(BackendError::Invalid)?;
+        let cache = cache::Cache::start(&runtime, &client, config.call_timeout);
         Ok(KubernetesBackend {
             runtime,
             client,
             call_timeout: config.call_timeout,
+            cache,
             runs: BTreeMap::new(),
             pending: Vec::new(),
+            local_changes: 0,
+            last_news: None,
+            last_observed: None,
+            binds: BTreeMap::new(),
+            notes_shown: BTreeMap::new(),
         })
+    }
+
+    /// Stops watching the cluster and forgets the view: reads are `Unreachable` until
+    /// [`KubernetesBackend::start_watching`] (what a watch that drops for a while is; for
+    /// tests of the resync).
+    pub fn stop_watching(&mut self) {
+        self.cache.stop();
+    }
+
+    /// Lists and watches the cluster again after [`KubernetesBackend::stop_watching`]; the
+    /// first read waits for the lists.
+    pub fn start_watching(&mut self) {
+        self.cache.stop();
+        self.cache = cache::Cache::start(&self.runtime, &self.client, self.call_timeout);
+        self.last_news = None;
+        self.last_observed = None;
+    }
+
+    /// LIST calls the view has made (nodes and pods; one each at the start and after each
+    /// watch that failed): a view fed by its watches does not list again.
+    pub fn lists(&self) -> u64 {
+        self.cache.lists()
     }
 
     /// Runs one API call to its end or the timeout.
@@ -170,23 +288,9 @@ impl KubernetesBackend {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    fn list_nodes(&self) -> Result<Vec<Node>, BackendError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let list = self
-            .call("list nodes", nodes.list(&ListParams::default()))?
-            .map_err(|e| api_error("list nodes", e))?;
-        let mut nodes = list.items;
-        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        Ok(nodes)
-    }
-
-    fn list_pods(&self, params: &ListParams) -> Result<Vec<Pod>, BackendError> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let list =
-            self.call("list pods", pods.list(params))?.map_err(|e| api_error("list pods", e))?;
-        let mut pods = list.items;
-        pods.sort_by_key(map::pod_handle);
-        Ok(pods)
+    /// The view, once listed (waits for the first lists up to the call timeout).
+    fn view(&self) -> Result<std::sync::MutexGuard<'_, cache::View>, BackendError> {
+        self.cache.read(self.call_timeout)
     }
 
     /// The pod named `namespace/name`, `None` if there is none.
@@ -199,27 +303,65 @@ impl KubernetesBackend {
         }
     }
 
-    /// Binds the pod to `node` (what a scheduler does: `POST pods/{name}/binding`).
-    fn bind(&self, namespace: &str, name: &str, node: &str) -> Result<(), kube::Error> {
-        let binding = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": { "name": name, "namespace": namespace },
-            "target": { "apiVersion": "v1", "kind": "Node", "name": node },
-        });
-        let pods = self.pods(namespace);
-        let what = format!("bind pod {namespace}/{name} to {node}");
-        match self.call(
-            &what,
-            pods.create_subresource::<_, serde_json::Value>(
-                "binding",
-                name,
-                &PostParams::default(),
-                &binding,
-            ),
-        ) {
-            Ok(result) => result.map(|_| ()),
-            Err(timeout) => Err(kube::Error::Service(timeout.to_string().into())),
+    /// Binds one pod to `node` now (see [`bind_checked`]).
+    fn bind(&self, pod: &Pod, node: &str) -> Option<BackendError> {
+        let namespace = map::pod_namespace(pod);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        self.runtime.block_on(bind_checked(
+            self.pods(namespace),
+            name,
+            pod.metadata.uid.clone(),
+            node.to_string(),
+            self.call_timeout,
+        ))
+    }
+
+    /// Sends the bind of a single pod without waiting for its answer (at most
+    /// `BINDS_IN_FLIGHT_MAX` at once: beyond, waits for the oldest); the run is tracked now,
+    /// and the answer is taken in by [`KubernetesBackend::settle_binds`].
+    fn bind_later(&mut self, run: RunId, pod: &Pod, node: &str) {
+        while self.binds.len() >= BINDS_IN_FLIGHT_MAX {
+            self.settle_binds(true);
+        }
+        let task = self.runtime.spawn(bind_checked(
+            self.pods(map::pod_namespace(pod)),
+            pod.metadata.name.clone().unwrap_or_default(),
+            pod.metadata.uid.clone(),
+            node.to_string(),
+            self.call_timeout,
+        ));
+        self.binds.insert(run, task);
+    }
+
+    /// Takes in the answers of the binds sent (with `one`, waits for at least the oldest): a
+    /// bind that failed ends its run's launch, failed or, where no answer came, deferred (the
+    /// work queues again, as when a launch finds the API server down).
+    fn settle_binds(&mut self, one: bool) {
+        let mut done: Vec<RunId> =
+            self.binds.iter().filter(|(_, t)| t.is_finished()).map(|(r, _)| *r).collect();
+        if one && done.is_empty() {
+            done.extend(self.binds.keys().next().copied());
+        }
+        for run in done {
+            let Some(task) = self.binds.remove(&run) else { continue };
+            let failure = match self.runtime.block_on(task) {
+                Ok(failure) => failure,
+                Err(e) => Some(BackendError::Unreachable(format!("the bind was not sent: {e}"))),
+            };
+            let Some(error) = failure else {
+                // Bound: the run is observed from now on.
+                self.last_observed = None;
+                continue;
+            };
+            self.runs.remove(&run);
+            self.local_changes += 1;
+            let transient = error.is_transient();
+            let error = error.to_string();
+            self.pending.push(if transient {
+                Observation::LaunchDeferred { run, error }
+            } else {
+                Observation::LaunchFailed { run, error }
+            });
         }
     }
 
@@ -227,8 +369,70 @@ impl KubernetesBackend {
         self.pending.push(Observation::LaunchFailed { run, error });
     }
 
-    /// allot's pods in `namespace` that belong to `group` (unbound pods with scheduling gates
-    /// are not yet: see `watch_cluster`); those that finished too with `ended`.
+    /// allot's pods in `namespace` that belong to `group`, from the view (unbound pods with
+    /// scheduling gates are not yet: see `watch_cluster`); finished ones are left out.
+    fn cached_group_pods(
+        &self,
+        namespace: &str,
+        group: &str,
+    ) -> Result<Vec<Arc<Pod>>, BackendError> {
+        let view = self.view()?;
+        let prefix = format!("{namespace}/");
+        let mut pods: Vec<Arc<Pod>> = view
+            .pods
+            .items
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, p)| p)
+            .filter(|p| map::asks_allot(p) && !map::is_terminal(p))
+            .filter(|p| !(map::is_gated(p) && map::bound_node(p).is_none()))
+            .filter(|p| map::pod_group(p).is_some_and(|(g, _)| g == group))
+            .cloned()
+            .collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(pods)
+    }
+
+    /// The pods `handle` names in the view; `Err` with the words when they are not what was
+    /// admitted (see [`KubernetesBackend::pods_of`], which asks the API server).
+    fn cached_pods_of(
+        &self,
+        handle: Handle<'_>,
+    ) -> Result<Result<Vec<Arc<Pod>>, String>, BackendError> {
+        match handle {
+            Handle::Pod { namespace, name, uid } => {
+                let pod = self.view()?.pods.items.get(&format!("{namespace}/{name}")).cloned();
+                match pod {
+                    None => Ok(Err(format!("pod {namespace}/{name} is gone"))),
+                    Some(pod) if uid.is_some() && pod.metadata.uid.as_deref() != uid => {
+                        Ok(Err(format!(
+                            "pod {namespace}/{name} was deleted and created again since allot \
+                             admitted it (the new pod is new work)"
+                        )))
+                    }
+                    Some(pod) => Ok(Ok(vec![pod])),
+                }
+            }
+            Handle::Group { namespace, group, uid } => {
+                let pods = self.cached_group_pods(namespace, group)?;
+                if pods.is_empty() {
+                    return Ok(Err(format!("pod group {namespace}/{group} has no pods left")));
+                }
+                let refs: Vec<&Pod> = pods.iter().map(|p| &**p).collect();
+                if uid.is_some_and(|id| map::group_id(&refs) != id) {
+                    return Ok(Err(format!(
+                        "pod group {namespace}/{group} changed since allot admitted it (a pod \
+                         was added, removed or created again; the group is new work)"
+                    )));
+                }
+                Ok(Ok(pods))
+            }
+        }
+    }
+
+    /// allot's pods in `namespace` that belong to `group`, as the API server lists them now
+    /// (unbound pods with scheduling gates are not yet: see `watch_cluster`); those that
+    /// finished too with `ended`.
     fn group_pods(
         &self,
         namespace: &str,
@@ -300,12 +504,13 @@ impl KubernetesBackend {
     /// If a bind fails after others succeeded, the pods bound are deleted so that none of the
     /// group runs. `Ok(Err)`: the launch failed, with its reason; `Err`: transient, nothing
     /// was bound.
-    fn bind_all(
+    fn bind_all<P: std::borrow::Borrow<Pod>>(
         &self,
         what: &str,
-        pods: &[Pod],
+        pods: &[P],
         members: &[MemberLaunch],
     ) -> Result<Result<(), String>, BackendError> {
+        let pods: Vec<&Pod> = pods.iter().map(|p| p.borrow()).collect();
         if let Some(p) = pods.iter().find(|p| map::is_terminating(p)) {
             return Ok(Err(format!("{what}: pod {} is being deleted", map::pod_key(p))));
         }
@@ -319,7 +524,7 @@ impl KubernetesBackend {
         }
         let mut free: Vec<Option<&MemberLaunch>> = members.iter().map(Some).collect();
         let mut already = Vec::new();
-        for pod in pods {
+        for &pod in &pods {
             let Some(node) = map::bound_node(pod) else { continue };
             let Some(slot) = free.iter_mut().find(|m| m.is_some_and(|m| m.node == node)) else {
                 return Ok(Err(format!(
@@ -332,29 +537,13 @@ impl KubernetesBackend {
         }
         let mut free = free.into_iter().flatten();
         let mut plan = Vec::new();
-        for pod in pods.iter().filter(|p| map::bound_node(p).is_none()) {
+        for &pod in pods.iter().filter(|p| map::bound_node(p).is_none()) {
             let Some(member) = free.next() else { break };
             plan.push((pod, member.node.as_str()));
         }
         let mut bound: Vec<&Pod> = already;
         for (pod, node) in plan {
-            let namespace = map::pod_namespace(pod);
-            let name = pod.metadata.name.as_deref().unwrap_or_default();
-            let failure = match self.bind(namespace, name, node) {
-                Ok(()) => None,
-                // Bound meanwhile: fine if where allot placed it.
-                Err(e) if status_code(&e) == Some(409) => match self.get_pod(namespace, name) {
-                    Ok(Some(p)) if map::bound_node(&p) == Some(node) => None,
-                    Ok(_) => Some(BackendError::Invalid(format!(
-                        "pod {namespace}/{name} was bound elsewhere meanwhile"
-                    ))),
-                    Err(e) => Some(e),
-                },
-                Err(e) if is_not_found(&e) => Some(BackendError::Invalid(format!(
-                    "pod {namespace}/{name} is gone (deleted before allot bound it)"
-                ))),
-                Err(e) => Some(api_error(&format!("bind pod {namespace}/{name} to {node}"), e)),
-            };
+            let failure = self.bind(pod, node);
             let Some(error) = failure else {
                 bound.push(pod);
                 continue;
@@ -417,9 +606,14 @@ impl KubernetesBackend {
                 map::GROUP_SIZE_ANNOTATION
             )));
         }
-        let pods = match self.pods_of(parsed, false)? {
+        // The view; where it does not show the pods admitted (it may be behind the API server,
+        // e.g. a pod created just now), the API server's answer.
+        let pods = match self.cached_pods_of(parsed)? {
             Ok(pods) => pods,
-            Err(why) => return Ok(Err(format!("{why} (before allot bound it)"))),
+            Err(_) => match self.pods_of(parsed, false)? {
+                Ok(pods) => pods.into_iter().map(Arc::new).collect(),
+                Err(why) => return Ok(Err(format!("{why} (before allot bound it)"))),
+            },
         };
         let group = match parsed {
             Handle::Group { group, .. } => Some(group.to_string()),
@@ -429,6 +623,17 @@ impl KubernetesBackend {
             Some(g) => format!("pod group {}/{g}", parsed.namespace()),
             None => format!("pod {}", map::pod_key(&pods[0])),
         };
+        // A single pod that can be bound as it is: the bind is sent and answered later, so
+        // that several are in flight.
+        if let ([pod], [member], None) = (&pods[..], &launch.members[..], &group)
+            && map::bound_node(pod).is_none()
+            && !map::is_terminating(pod)
+        {
+            let pod = pod.clone();
+            self.bind_later(launch.run, &pod, &member.node);
+            self.track(launch, parsed.namespace(), group, &[pod]);
+            return Ok(Ok(()));
+        }
         if let Err(why) = self.bind_all(&what, &pods, &launch.members)? {
             return Ok(Err(why));
         }
@@ -437,7 +642,14 @@ impl KubernetesBackend {
     }
 
     /// Watches `pods` as `launch.run` from now on.
-    fn track(&mut self, launch: &Launch, namespace: &str, group: Option<String>, pods: &[Pod]) {
+    fn track<P: std::borrow::Borrow<Pod>>(
+        &mut self,
+        launch: &Launch,
+        namespace: &str,
+        group: Option<String>,
+        pods: &[P],
+    ) {
+        self.last_observed = None;
         self.runs.insert(
             launch.run,
             Tracked {
@@ -445,6 +657,7 @@ impl KubernetesBackend {
                 group,
                 pods: pods
                     .iter()
+                    .map(|p| p.borrow())
                     .map(|p| PodRun {
                         name: p.metadata.name.clone().unwrap_or_default(),
                         uid: p.metadata.uid.clone(),
@@ -576,15 +789,18 @@ impl KubernetesBackend {
     }
 
     /// Shows the notes (refusals, groups waiting for pods) on their pods, where the pod's
-    /// condition does not say it already. Best effort: the first error is returned after the
-    /// rest were tried.
+    /// condition does not say it already and allot did not set it (the view may not show
+    /// allot's own change yet: an Event is recorded once). Best effort: the first error is
+    /// returned after the rest were tried.
     fn show_notes(
-        &self,
+        &mut self,
         pods: &BTreeMap<String, &Pod>,
         notes: &[map::Note],
     ) -> Result<(), BackendError> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let mut first_error = None;
+        let handles: BTreeSet<String> = pods.values().map(|p| map::pod_handle(p)).collect();
+        self.notes_shown.retain(|handle, _| handles.contains(handle));
         for note in notes {
             let Some(pod) = pods.get(&note.pod) else { continue };
             let message = format!("allot: {}", note.message);
@@ -597,14 +813,25 @@ impl KubernetesBackend {
                     c.reason.as_deref() == Some(note.reason)
                         && c.message.as_deref() == Some(&*message)
                 });
-            if shown {
+            let handle = map::pod_handle(pod);
+            let said = format!("{}\n{message}", note.reason);
+            if shown || self.notes_shown.get(&handle) == Some(&said) {
                 continue;
             }
             let name = pod.metadata.name.as_deref().unwrap_or_default();
-            if let Err(e) =
-                self.set_condition(map::pod_namespace(pod), name, note.reason, &note.message, &now)
-            {
-                first_error.get_or_insert(e);
+            match self.set_condition(
+                map::pod_namespace(pod),
+                name,
+                note.reason,
+                &note.message,
+                &now,
+            ) {
+                Ok(()) => {
+                    self.notes_shown.insert(handle, said);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -633,10 +860,11 @@ impl Backend for KubernetesBackend {
     /// Every Node with whole GPUs (see [`map::node_spec`]); nodes that are not Ready or are
     /// cordoned are included (their state comes through `watch_cluster`).
     fn inventory(&mut self) -> Result<Vec<NodeSpec>, BackendError> {
-        Ok(self.list_nodes()?.iter().filter_map(map::node_spec).collect())
+        Ok(self.view()?.nodes.items.values().filter_map(|n| map::node_spec(n)).collect())
     }
 
     fn launch(&mut self, launch: &Launch) -> Result<(), BackendError> {
+        self.local_changes += 1;
         if self.runs.contains_key(&launch.run) {
             return Ok(());
         }
@@ -668,12 +896,17 @@ impl Backend for KubernetesBackend {
     /// pod's `preStop` hook and `terminationGracePeriodSeconds` are its checkpoint path when
     /// it is evicted.
     fn signal(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
+        // A stop waits for the run's bind to be answered (a failed bind fails the launch).
+        while self.binds.contains_key(&run) {
+            self.settle_binds(true);
+        }
         let Some(t) = self.runs.get(&run).cloned() else {
             return Err(BackendError::UnknownRun { run });
         };
         if t.ended || signal == StopSignal::Checkpoint {
             return Ok(());
         }
+        self.local_changes += 1;
         let mut first_error = None;
         for pod in t.pods.iter().filter(|p| p.end.is_none()) {
             let (namespace, name) = (t.namespace.as_str(), pod.name.as_str());
@@ -704,19 +937,29 @@ impl Backend for KubernetesBackend {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// One list of allot's pods (field selector `spec.schedulerName=allot`) for every run
-    /// watched.
+    /// Every run watched, judged from the view's pods; nothing to judge while the view has
+    /// not changed since the last poll and no run was added.
     fn poll(&mut self) -> Result<Vec<Observation>, BackendError> {
+        self.settle_binds(false);
         if self.runs.values().any(|t| !t.ended) {
-            let params = ListParams::default()
-                .fields(&format!("spec.schedulerName={}", map::SCHEDULER_NAME));
-            let pods: BTreeMap<String, Pod> =
-                self.list_pods(&params)?.into_iter().map(|p| (map::pod_key(&p), p)).collect();
-            let mut seen = Vec::new();
-            for (run, t) in self.runs.iter_mut().filter(|(_, t)| !t.ended) {
-                seen.extend(t.observe(*run, &pods));
+            let view = self.cache.read(self.call_timeout)?;
+            if self.last_observed != Some(view.generation) {
+                let mut seen = Vec::new();
+                // A run whose bind is unanswered is judged once it is (its pod may be gone
+                // because the bind failed: that is a failed launch, not an end).
+                let binds = &self.binds;
+                let watched =
+                    self.runs.iter_mut().filter(|(r, t)| !t.ended && !binds.contains_key(r));
+                for (run, t) in watched {
+                    seen.extend(t.observe(*run, &view.pods.items));
+                }
+                self.last_observed = Some(view.generation);
+                drop(view);
+                if seen.iter().any(|o| !matches!(o, Observation::Started { .. })) {
+                    self.local_changes += 1;
+                }
+                self.pending.extend(seen);
             }
-            self.pending.extend(seen);
         }
         Ok(std::mem::take(&mut self.pending))
     }
@@ -725,6 +968,7 @@ impl Backend for KubernetesBackend {
     /// bound failed to launch (the work is pending again); a group bound in part (the daemon
     /// stopped mid-launch) is bound in full as launched, or, where that fails, deleted.
     fn recover(&mut self, runs: &[Launch]) -> Result<Vec<Observation>, BackendError> {
+        self.local_changes += 1;
         let mut out = Vec::new();
         for launch in runs {
             let run = launch.run;
@@ -770,7 +1014,8 @@ impl Backend for KubernetesBackend {
             }
             // Pods bound just now are not running yet: observed from the pods listed before.
             self.track(launch, handle.namespace(), group, &pods);
-            let by_key = pods.into_iter().map(|p| (map::pod_key(&p), p)).collect();
+            let by_key: BTreeMap<String, Pod> =
+                pods.into_iter().map(|p| (map::pod_key(&p), p)).collect();
             if let Some(t) = self.runs.get_mut(&run) {
                 out.extend(t.observe(run, &by_key));
             }
@@ -783,16 +1028,27 @@ impl Backend for KubernetesBackend {
     /// and the GPUs pods of other schedulers hold on GPU nodes.
     /// Pods allot refuses, and pods of a group that waits for the rest of its pods, get
     /// allot's reason in their `PodScheduled` condition.
+    /// Nothing (an empty [`ClusterNews`]) when neither the view nor allot's runs changed
+    /// since the last read.
     fn watch_cluster(&mut self) -> Result<ClusterNews, BackendError> {
-        let nodes = self.list_nodes()?;
-        let inventory: Vec<NodeSpec> = nodes.iter().filter_map(map::node_spec).collect();
+        let view = self.cache.read(self.call_timeout)?;
+        let now = (view.generation, self.local_changes);
+        if self.last_news == Some(now) {
+            return Ok(ClusterNews::default());
+        }
+        let inventory: Vec<NodeSpec> =
+            view.nodes.items.values().filter_map(|n| map::node_spec(n)).collect();
         let gpu_nodes: BTreeSet<&str> = inventory.iter().map(|n| n.name.as_str()).collect();
-        let statuses = nodes
-            .iter()
+        let statuses = view
+            .nodes
+            .items
+            .values()
             .filter(|n| n.metadata.name.as_deref().is_some_and(|name| gpu_nodes.contains(name)))
-            .map(map::node_status)
+            .map(|n| map::node_status(n))
             .collect();
-        let pods = self.list_pods(&ListParams::default())?;
+        let mut pods: Vec<Arc<Pod>> = view.pods.items.values().cloned().collect();
+        drop(view);
+        pods.sort_by_cached_key(|p| map::pod_handle(p));
         let live = self.live_pods();
         let mut guess = IndexGuess::default();
         for t in self.runs.values().filter(|t| !t.ended) {
@@ -802,9 +1058,9 @@ impl Backend for KubernetesBackend {
                 }
             }
         }
-        let mut ours = Vec::new();
+        let mut ours: Vec<&Pod> = Vec::new();
         let mut beside = Vec::new();
-        for pod in pods.iter().filter(|p| !map::is_terminal(p)) {
+        for pod in pods.iter().map(|p| &**p).filter(|p| !map::is_terminal(p)) {
             if map::asks_allot(pod) {
                 // A gated pod unbound waits for its gates (a group of it waits with it).
                 let gated = map::is_gated(pod) && map::bound_node(pod).is_none();
@@ -822,12 +1078,14 @@ impl Backend for KubernetesBackend {
         let by_key: BTreeMap<String, &Pod> = ours.iter().map(|p| (map::pod_key(p), *p)).collect();
         // Best effort: the news matter more than the words on the pods.
         let _ = self.show_notes(&by_key, &notes);
+        self.last_news = Some(now);
         Ok(ClusterNews { inventory: Some(inventory), nodes: statuses, foreign, beside })
     }
 
     /// Deletes a pending pod of allot's that no run holds, or every unbound pod of such a
     /// group. `Ok(false)`: not such work.
     fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
+        self.local_changes += 1;
         let Some(parsed) = parse_handle(handle) else { return Ok(false) };
         if self.is_live(parsed) {
             return Ok(false);
@@ -858,7 +1116,7 @@ impl Backend for KubernetesBackend {
             let names: Vec<String> = match parsed {
                 Handle::Pod { name, .. } => vec![name.to_string()],
                 Handle::Group { namespace, group, .. } => {
-                    match self.group_pods(namespace, group, false) {
+                    match self.cached_group_pods(namespace, group) {
                         Ok(pods) => pods.iter().filter_map(|p| p.metadata.name.clone()).collect(),
                         Err(e) => {
                             first_error.get_or_insert(e);

@@ -102,7 +102,11 @@ impl Tracked {
 
     /// What happened to the run's pods, judged from `pods` (by `namespace/name`); updates the run.
     /// Started once every pod ran; ended once every pod ended (see [`Tracked::exit`]).
-    pub(crate) fn observe(&mut self, run: RunId, pods: &BTreeMap<String, Pod>) -> Vec<Observation> {
+    pub(crate) fn observe<P: std::borrow::Borrow<Pod>>(
+        &mut self,
+        run: RunId,
+        pods: &BTreeMap<String, P>,
+    ) -> Vec<Observation> {
         let mut out = Vec::new();
         for i in 0..self.pods.len() {
             if self.pods[i].end.is_some() {
@@ -110,7 +114,10 @@ impl Tracked {
             }
             let key = self.key(&self.pods[i]);
             let p = &mut self.pods[i];
-            let pod = pods.get(&key).filter(|pod| p.uid.is_none() || pod.metadata.uid == p.uid);
+            let pod = pods
+                .get(&key)
+                .map(|pod| pod.borrow())
+                .filter(|pod| p.uid.is_none() || pod.metadata.uid == p.uid);
             let Some(pod) = pod else {
                 p.end = Some(PodEnd::Gone);
                 continue;

@@ -138,6 +138,13 @@ impl Fixture {
         self.runtime.block_on(self.pods().get_opt(name)).expect("pod read")
     }
 
+    /// The node the pod is bound to, once it is (at most 10 s).
+    fn bound_node(&self, name: &str) -> String {
+        wait_for(&format!("pod {name} bound"), Duration::from_secs(10), || {
+            self.pod(name).and_then(|p| p.spec?.node_name)
+        })
+    }
+
     fn delete_pod(&self, name: &str) {
         let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
         self.runtime.block_on(self.pods().delete(name, &params)).expect("pod deleted");
@@ -296,8 +303,8 @@ fn an_allot_pod_is_adopted_bound_and_reported_until_it_completes() {
     let launch = launch_adopting(1, &work.handle, &node, 2);
     backend.launch(&launch).expect("launch");
     backend.launch(&launch).expect("a second launch of the same run does nothing");
-    let pod = fx.pod(&work.name).expect("the pod");
-    assert_eq!(pod.spec.and_then(|s| s.node_name).as_deref(), Some(node.as_str()));
+    // A single pod's bind is sent by the launch and answered in the background.
+    assert_eq!(fx.bound_node(&work.name), node);
     // Adopted: no longer foreign.
     assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty());
 
@@ -624,7 +631,10 @@ fn a_pod_group_is_bound_all_or_none_and_waits_for_its_missing_pods() {
     assert!(waiting.1.contains("pod group llm has 1 of its 2 pods"), "{}", waiting.1);
 
     fx.create_pod(group_pod("llm-1", "llm", 2, "8"));
-    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    let work = wait_for("the whole group offered", Duration::from_secs(10), || {
+        let work = foreign_in(&news(&mut backend), &fx.namespace);
+        (!work.is_empty()).then_some(work)
+    });
     let [group] = work.as_slice() else { panic!("one work: {work:?}") };
     assert!(group.handle.starts_with(&format!("{}/group:llm@", fx.namespace)), "{}", group.handle);
     assert_eq!((group.nodes, group.gpus_per_node, group.refusal.as_deref()), (2, 8, None));
@@ -788,8 +798,10 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
     // What the backend calls (lib.rs), and a sample of what it must not be able to do.
     let allowed: &[&[&str]] = &[
         &["list", "nodes"],
+        &["watch", "nodes"],
         &["get", "pods", "-n", "research"],
         &["list", "pods", "--all-namespaces"],
+        &["watch", "pods", "--all-namespaces"],
         &["delete", "pods", "-n", "research"],
         &["create", "pods", "--subresource=binding", "-n", "research"],
         &["create", "pods", "--subresource=eviction", "-n", "research"],
@@ -799,7 +811,6 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
     let denied: &[&[&str]] = &[
         &["delete", "nodes"],
         &["patch", "nodes"],
-        &["watch", "pods", "-n", "research"],
         &["create", "pods", "-n", "research"],
         &["update", "pods", "-n", "research"],
         &["patch", "pods", "-n", "research"],
@@ -880,7 +891,178 @@ fn a_pod_with_scheduling_gates_waits_for_them_to_be_removed() {
     fx.runtime
         .block_on(fx.pods().patch("gated", &PatchParams::default(), &Patch::Merge(&patch)))
         .expect("gate removed");
-    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    // The view sees the change through its watch, a moment later.
+    let work = wait_for("the pod offered once ungated", Duration::from_secs(10), || {
+        let work = foreign_in(&news(&mut backend), &fx.namespace);
+        (!work.is_empty()).then_some(work)
+    });
     assert_eq!(work.len(), 1, "{work:?}");
     assert_eq!(work[0].refusal, None);
+}
+
+#[test]
+fn the_view_sees_pods_come_and_go_through_its_watch_without_listing_again() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("watchview");
+    let node = fx.gpu_node("gpu-0", 8);
+    let mut backend = backend();
+    wait_for("the node usable", Duration::from_secs(30), || {
+        news(&mut backend).nodes.into_iter().find(|s| s.node == node && s.usable)
+    });
+    let lists = backend.lists();
+    assert_eq!(lists, 2, "one LIST of nodes and one of pods");
+    // Nothing changed since the last read: no news, not an empty cluster.
+    let quiet = news(&mut backend);
+    assert!(quiet.inventory.is_none() && quiet.nodes.is_empty(), "{quiet:?}");
+
+    fx.create_pod(allot_pod("fresh", "1"));
+    let work = wait_for("the new pod as foreign work", Duration::from_secs(10), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    assert_eq!(work.name, "fresh");
+    fx.delete_pod("fresh");
+    wait_for("the deleted pod gone from the news", Duration::from_secs(10), || {
+        let news = news(&mut backend);
+        (news.inventory.is_some() && foreign_in(&news, &fx.namespace).is_empty()).then_some(())
+    });
+    assert_eq!(backend.lists(), lists, "seen through the watch, not a new LIST");
+}
+
+#[test]
+fn a_view_whose_watch_was_down_lists_again_and_forgets_no_pod_nor_binds_one_twice() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("resync");
+    let node = fx.gpu_node("gpu-0", 8);
+    fx.create_pod(allot_pod("bound", "1"));
+    fx.create_pod(allot_pod("deleted", "1"));
+    let mut backend = backend();
+    let work = wait_for("both pods as foreign work", Duration::from_secs(30), || {
+        let work = foreign_in(&news(&mut backend), &fx.namespace);
+        (work.len() == 2).then_some(work)
+    });
+    let bound = work.iter().find(|w| w.name == "bound").expect("the pod to bind");
+    let launch = launch_adopting(1, &bound.handle, &node, 1);
+    backend.launch(&launch).expect("launch");
+    assert_eq!(fx.bound_node("bound"), node);
+
+    // The watch goes down: reads say so instead of answering from nothing.
+    backend.stop_watching();
+    let error = backend.watch_cluster().expect_err("no view");
+    assert!(matches!(error, BackendError::Unreachable(_)), "{error:?}");
+    let lists = backend.lists();
+    fx.delete_pod("deleted");
+    fx.create_pod(allot_pod("created", "1"));
+    backend.start_watching();
+
+    // Listed again: the pod deleted meanwhile is gone, the one created meanwhile is there,
+    // the bound one is the run's (not foreign, not bound again).
+    let names = wait_for("the pod created meanwhile", Duration::from_secs(30), || {
+        let news = backend.watch_cluster().ok()?;
+        let names: Vec<String> =
+            foreign_in(&news, &fx.namespace).into_iter().map(|w| w.name).collect();
+        names.contains(&"created".to_string()).then_some(names)
+    });
+    assert_eq!(names, ["created"]);
+    assert!(backend.lists() > lists, "listed again");
+    backend.launch(&launch).expect("the same launch again does nothing");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    assert_eq!(seen.iter().filter(|o| matches!(o, Observation::Started { .. })).count(), 1);
+    assert!(!seen.iter().any(|o| matches!(o, Observation::LaunchFailed { .. })), "{seen:?}");
+}
+
+#[test]
+fn a_bind_names_the_pods_uid_so_a_pod_created_again_under_the_name_is_not_bound() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("rebind");
+    let node = fx.gpu_node("gpu-0", 8);
+    fx.create_pod(allot_pod("again", "1"));
+    let mut backend = backend();
+    let work = wait_for("the pod as foreign work", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    // Deleted and created again before the view shows it: the launch (from the view's pod,
+    // the old uid) must not bind the new pod.
+    backend.stop_watching();
+    fx.delete_pod("again");
+    fx.create_pod(allot_pod("again", "1"));
+    backend.start_watching();
+    let launch = launch_adopting(1, &work.handle, &node, 1);
+    backend.launch(&launch).expect("launch");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "LaunchFailed", |o| {
+        matches!(o, Observation::LaunchFailed { .. })
+    });
+    let pod = fx.pod("again").expect("the new pod");
+    assert_eq!(pod.spec.as_ref().and_then(|s| s.node_name.clone()), None, "not bound");
+
+    // What the backend relies on when its view is behind: the API server refuses a Binding
+    // whose uid is not the pod's (409), and binds none.
+    let stale = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": { "name": "again", "namespace": fx.namespace, "uid": work.handle.rsplit('@').next() },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": node },
+    });
+    let answer = fx.runtime.block_on(fx.pods().create_subresource::<_, serde_json::Value>(
+        "binding",
+        "again",
+        &PostParams::default(),
+        &stale,
+    ));
+    assert!(matches!(&answer, Err(kube::Error::Api(s)) if s.code == 409), "{answer:?}");
+    let pod = fx.pod("again").expect("the new pod");
+    assert_eq!(pod.spec.and_then(|s| s.node_name), None, "still not bound");
+}
+
+#[test]
+fn a_bind_answered_in_the_background_that_fails_defers_the_launch_and_the_pod_is_offered_again() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("bindfail");
+    let _node = fx.gpu_node("gpu-0", 8);
+    fx.create_pod(allot_pod("lone", "1"));
+    let mut backend = backend();
+    let work = wait_for("the pod as foreign work", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    // A member placed on no node: the API server refuses the Binding with a 500, which the
+    // backend cannot tell from a lost answer: the launch is deferred, not failed.
+    let launch = launch_adopting(1, &work.handle, "", 1);
+    backend.launch(&launch).expect("the bind is sent");
+    assert!(foreign_in(&news(&mut backend), &fx.namespace).is_empty(), "held while in flight");
+    let mut seen = Vec::new();
+    poll_until(
+        &mut backend,
+        &mut seen,
+        "LaunchDeferred",
+        |o| matches!(o, Observation::LaunchDeferred { run, .. } if *run == launch.run),
+    );
+    assert!(!seen.iter().any(|o| matches!(o, Observation::Started { .. })), "{seen:?}");
+    let again = foreign_in(&news(&mut backend), &fx.namespace);
+    assert_eq!(again.len(), 1, "offered again: {again:?}");
+    assert_eq!(fx.pod("lone").and_then(|p| p.spec?.node_name), None);
+}
+
+#[test]
+fn a_view_of_more_pods_than_one_list_page_holds_lists_them_all() {
+    if !enabled() {
+        return;
+    }
+    let fx = Fixture::new("pages");
+    // More than one page of the view's LIST (500).
+    let count = 620;
+    for i in 0..count {
+        fx.create_pod(allot_pod(&format!("p{i:04}"), "1"));
+    }
+    let mut backend = backend();
+    let work = foreign_in(&news(&mut backend), &fx.namespace);
+    assert_eq!(work.len(), count, "every pod, from every page");
+    assert_eq!(backend.lists(), 2, "one (paged) LIST of nodes and one of pods");
 }

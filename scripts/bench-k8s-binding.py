@@ -306,7 +306,10 @@ def run_arm(arm, api, args, env, allot):
     churn_create = args.pods - backlog
     watch = Watch(api)
     delete_all_pods(api, watch, args.threads)
-    names = [f"p{i:05d}" for i in range(args.pods)]
+    # Names new to each arm: kwok finishes the previous arm's deletes late, by name, and would
+    # delete a new pod that took an old one's name.
+    tag = os.urandom(3).hex()
+    names = [f"p{tag}-{i:05d}" for i in range(args.pods)]
     created_at = {}
 
     def create(name):

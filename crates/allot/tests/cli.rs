@@ -263,9 +263,10 @@ fn readme_idle_rules_are_a_valid_policy() {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
     let rules = readme
         .split("```yaml\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("a yaml block in the README");
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.starts_with("idle:"))
+        .expect("a yaml block of idle rules in the README");
     let policy = std::fs::read_to_string(repo().join("examples/idle/allot.yaml")).expect("policy");
     let head = policy.split("\nidle:").next().expect("a head");
     let dir = std::env::temp_dir().join(format!("allot-cli-readme-{}", std::process::id()));

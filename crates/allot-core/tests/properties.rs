@@ -630,6 +630,7 @@ fn build(raw: &RawCase) -> Case {
             }),
             _ => Some(FairSharing { strategies: vec![FairShareStrategy::LessThanInitialShare] }),
         },
+        reservations: None,
     };
 
     let mut now = 0u64;
@@ -1604,6 +1605,7 @@ fn check_gang_uses_empty_node(
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     };
     let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
     let mut id = 0u64;

@@ -856,6 +856,10 @@ impl Engine {
             self.release_hold(id);
         }
         self.release_reservations();
+        // Derived afresh every cycle: nothing is kept between cycles but for `explain`'s clone.
+        if only.is_none() {
+            self.reserved.clear();
+        }
     }
 }
 

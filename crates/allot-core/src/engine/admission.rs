@@ -51,6 +51,13 @@ impl CycleMemory {
         self.victims.clear();
     }
 
+    /// Capacity grew within the cycle (a reservation's own workload was admitted and its
+    /// held devices went back): a shape that failed before may fit now.
+    fn grew(&mut self) {
+        self.changed();
+        self.failed.clear();
+    }
+
     fn remember(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
         if let Some(shape) = shape {
             self.failed.insert(shape, (self.changes, reason));
@@ -347,6 +354,9 @@ impl Engine {
         let shape = if opened.is_empty() { shape } else { None };
         self.open(&opened);
         let outcome = self.try_schedule(now, id, shape, memory);
+        if matches!(outcome, Outcome::Admitted(_)) && opened.contains(&id) {
+            memory.grew();
+        }
         for r in opened {
             self.close(r);
         }
@@ -476,16 +486,17 @@ impl Engine {
         }
         // Room it lacks only because devices are held for a reservation: it waits, and
         // stops nobody for it (engine/reserve.rs).
-        if !known_failure
-            && !placement_blocked.is_empty()
+        // (Checked even for a shape that failed before: the reason must be the one a fresh
+        // check gives, as the cycle's memory hands it to the shape's next workloads.)
+        if !placement_blocked.is_empty()
             && let Some(reason) = self.held_for_reservation(&request, &models)
         {
             memory.remember(shape_key, self.reasons.number(&reason));
             return Outcome::Deferred(reason);
         }
-        if best.as_ref().is_some_and(|b| matches!(b, DeferReason::HeldForClaimant { .. })) {
-            let reason = best.unwrap_or(DeferReason::NoQuotaForModel { project });
-            memory.remember(shape_key, self.reasons.number(&reason));
+        // Not remembered: the shape's failure is not one of placement, which a later
+        // workload of the shape could take for granted (`known_failure`).
+        if let Some(reason @ DeferReason::HeldForClaimant { .. }) = best {
             return Outcome::Deferred(reason);
         }
         if !known_failure && may_preempt {

@@ -76,8 +76,8 @@ impl Engine {
         if !self.held.is_empty() {
             return Err("room still held for pre-emptors between cycles".into());
         }
-        if !self.reserve_held.is_empty() {
-            return Err("devices still held for reservations between cycles".into());
+        if !self.reserve_held.is_empty() || !self.reserved.is_empty() {
+            return Err("reservations kept between cycles".into());
         }
         if self.planned.keys().any(|p| !self.preemptors.contains(p))
             || self.reservations.keys().any(|p| !self.preemptors.contains(p))

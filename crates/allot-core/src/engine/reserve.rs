@@ -445,13 +445,27 @@ impl Engine {
         (other && borrows).then_some(DeferReason::HeldForClaimant { claimant, key })
     }
 
-    /// The reservation held for a pending workload in the latest cycle, if any.
-    pub fn reservation(&self, id: WorkloadId) -> Option<&Reservation> {
+    /// The reservation `explain`'s cycle made for a pending workload, if any.
+    pub(crate) fn reservation(&self, id: WorkloadId) -> Option<&Reservation> {
         self.reserved.get(&id)
     }
 
-    /// Every reservation of the latest cycle, by workload.
-    pub fn reservations(&self) -> impl Iterator<Item = (WorkloadId, &Reservation)> + '_ {
-        self.reserved.iter().map(|(id, r)| (*id, r))
+    /// The reservations a cycle run at `now` would make, by workload (a what-if on a clone:
+    /// the engine keeps none between cycles).
+    pub fn reservations(&self, now: Timestamp) -> Vec<(WorkloadId, Reservation)> {
+        if self.reservation_policy.is_none() {
+            return Vec::new();
+        }
+        let mut sim = self.clone();
+        let mut decisions = Vec::new();
+        sim.advance(now);
+        sim.stop_due(now, &mut decisions);
+        for id in sim.preemptors.clone() {
+            if !sim.victims_still_stopping(id).is_empty() {
+                sim.hold_plan(id);
+            }
+        }
+        sim.plan_reservations(now);
+        std::mem::take(&mut sim.reserved).into_iter().collect()
     }
 }

@@ -354,8 +354,14 @@ fn reservations(ctx: &mut Ctx, node: &Node) -> Option<Option<Reservations>> {
             }
         };
     }
-    let f =
-        fields(ctx, node, "reservations", "reservations", &RESERVATION_FIELDS, RESERVATION_EXAMPLE)?;
+    let f = fields(
+        ctx,
+        node,
+        "reservations",
+        "reservations",
+        &RESERVATION_FIELDS,
+        RESERVATION_EXAMPLE,
+    )?;
     let after = f
         .required(
             ctx,

@@ -529,8 +529,11 @@ impl Engine {
             lines.push(format!("  not pre-emptible now: {}", render_protection(p)));
         }
         if let Some(r) = &e.reservation {
-            let nodes: Vec<String> =
-                r.nodes.iter().map(|(n, gpus)| format!("{} ({gpus})", self.node_name(*n))).collect();
+            let nodes: Vec<String> = r
+                .nodes
+                .iter()
+                .map(|(n, gpus)| format!("{} ({gpus})", self.node_name(*n)))
+                .collect();
             let start = r.start.map_or("unknown".to_string(), |t| format!("t={} ms", t.0));
             lines.push(format!(
                 "  reserved: {} {} GPUs held on {} since t={} ms; expected start {start}",

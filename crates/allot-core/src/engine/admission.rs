@@ -444,7 +444,9 @@ impl Engine {
         let mut best_fit: Option<Candidate> = None;
         for &m in &models {
             match self.check_model(&request, m, !known_failure) {
-                ModelCheck::Fits(key, _) if self.borrow_held_for(&request, key, &memory.claims).is_some() => {
+                ModelCheck::Fits(key, _)
+                    if self.borrow_held_for(&request, key, &memory.claims).is_some() =>
+                {
                     if let Some(reason) = self.borrow_held_for(&request, key, &memory.claims)
                         && best.as_ref().is_none_or(|b| rank(&reason) > rank(b))
                     {

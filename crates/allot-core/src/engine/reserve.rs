@@ -9,11 +9,11 @@
 //! reservations as the one it was saved from: same events, same decisions.
 //!
 //! - **Who** (`candidates`): in each project's queue order (priority, then submission), the
-//!   first pending workloads that ask whole GPUs, are not waiting for victims or idle-suspended,
-//!   have been pending `after` or longer and whose quota line has room for them now (a request
-//!   blocked by quota gains nothing from nodes). At most [`RESERVE_SCAN_MAX`] queue entries are
-//!   read per project per cycle; all projects' candidates are then taken in that order, at most
-//!   `per_model_max` per GPU model.
+//!   first pending workloads that ask two or more whole GPUs in all, are not waiting for
+//!   victims or idle-suspended, have been pending `after` or longer and whose quota line has
+//!   room for them now (a request blocked by quota gains nothing from nodes). At most
+//!   [`RESERVE_SCAN_MAX`] queue entries are read per project per cycle; all projects'
+//!   candidates are then taken in that order, at most `per_model_max` per GPU model.
 //! - **Where** (`earliest`): per device of the model, when it will be free: now if free, the
 //!   latest known end of what holds it (running work's max runtime; work told to stop: now)
 //!   when every holder's end is known, else unknown. The reservation starts at the first
@@ -133,6 +133,11 @@ impl Engine {
         if self.reserve_held.is_empty() {
             return Vec::new();
         }
+        // Read the workload only if it could backfill (the cycle visits every pending one).
+        if !self.reserve_held.contains_key(&id) && self.reserved.values().all(|r| r.start.is_none())
+        {
+            return Vec::new();
+        }
         let max_runtime = self.workloads.get(&id).and_then(|w| w.spec.max_runtime_ms);
         self.reserve_held
             .keys()
@@ -140,9 +145,10 @@ impl Engine {
             .filter(|r| {
                 *r == id
                     || max_runtime.is_some_and(|max| {
-                        self.reserved.get(r).and_then(|res| res.start).is_some_and(|start| {
-                            Timestamp(now.0.saturating_add(max)) <= start
-                        })
+                        self.reserved
+                            .get(r)
+                            .and_then(|res| res.start)
+                            .is_some_and(|start| Timestamp(now.0.saturating_add(max)) <= start)
                     })
             })
             .collect()
@@ -177,7 +183,9 @@ impl Engine {
                 .devices
                 .iter()
                 .enumerate()
-                .filter(|(_, d)| d.model == model && d.free == FULL && !d.occupied && !d.mig_in_use())
+                .filter(|(_, d)| {
+                    d.model == model && d.free == FULL && !d.occupied && !d.mig_in_use()
+                })
                 .take(need as usize)
                 .map(|(i, _)| DeviceShare { device: i as u16, shares: FULL, mig: None })
                 .collect();
@@ -208,7 +216,10 @@ impl Engine {
                     && w.idle_suspended_at.is_none()
                     && w.resume_at.is_none()
                     && since <= now
-                    && matches!(w.spec.gpus_per_member, GpuRequest::Whole(k) if k > 0);
+                    // A one-GPU request takes the first GPU that frees anywhere: it needs
+                    // no reservation, and would only keep one from the requests that do.
+                    && matches!(w.spec.gpus_per_member,
+                        GpuRequest::Whole(k) if k.saturating_mul(w.spec.members) >= 2);
                 if waiting {
                     found.push((*key, since));
                 }
@@ -308,9 +319,10 @@ impl Engine {
         }
         // Slots (members) a node holds by `t` (`None`: counting every device).
         let slots = |devices: &DeviceEnds, t: Option<Timestamp>| -> u32 {
-            let free =
-                devices.iter().filter(|(_, at)| t.is_none_or(|t| at.is_some_and(|a| a <= t))).count()
-                    as u32;
+            let free = devices
+                .iter()
+                .filter(|(_, at)| t.is_none_or(|t| at.is_some_and(|a| a <= t)))
+                .count() as u32;
             if same_node { u32::from(free >= per_node_needed) } else { free / k }
         };
         let wanted = if same_node { 1 } else { members };

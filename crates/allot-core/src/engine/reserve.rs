@@ -41,6 +41,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Engine, Stage};
+use crate::capacity::{Layout, Refine};
 use crate::decision::{DeferReason, DeviceShare, MemberPlacement, Placement, QuotaKey};
 use crate::ids::{ModelId, NodeId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::GpuRequest;
@@ -65,6 +66,9 @@ pub struct Reservation {
 
 /// When each device of a node becomes free: `Some(t)` known, `None` unknown.
 type DeviceEnds = Vec<(u16, Option<Timestamp>)>;
+/// Where a request would start earliest: (start, nodes with the GPUs needed on each, the
+/// devices counted).
+type Earliest = (Option<Timestamp>, Vec<(NodeId, u32)>, Vec<(NodeId, u16)>);
 
 impl Engine {
     /// Recomputes this cycle's reservations and holds their free devices (see the module
@@ -83,7 +87,7 @@ impl Engine {
             let Some(w) = self.workloads.get(&id) else { continue };
             let GpuRequest::Whole(k) = w.spec.gpus_per_member else { continue };
             let (members, same_node) = (w.spec.members, w.spec.same_node);
-            let mut best: Option<(Option<Timestamp>, Reservation, Vec<(NodeId, u16)>)> = None;
+            let mut best: Option<(Reservation, Vec<(NodeId, u16)>)> = None;
             for &m in self.candidate_models(w) {
                 if per_model.get(&m).is_some_and(|n| *n >= policy.per_model_max) {
                     continue;
@@ -97,16 +101,16 @@ impl Engine {
                     continue;
                 };
                 // Earliest known start wins; unknown starts last; ties to the first model.
-                let better = best.as_ref().is_none_or(|(s, ..)| match (start, *s) {
+                let better = best.as_ref().is_none_or(|(r, _)| match (start, r.start) {
                     (Some(a), Some(b)) => a < b,
                     (Some(_), None) => true,
                     _ => false,
                 });
                 if better {
-                    best = Some((start, Reservation { model: m, nodes, start, since }, devices));
+                    best = Some((Reservation { model: m, nodes, start, since }, devices));
                 }
             }
-            if let Some((_, r, devices)) = best {
+            if let Some((r, devices)) = best {
                 *per_model.entry(r.model).or_default() += 1;
                 taken.extend(devices);
                 self.reserved.insert(id, r);
@@ -282,7 +286,7 @@ impl Engine {
         same_node: bool,
         ends: &BTreeMap<(NodeId, u16), Timestamp>,
         taken: &BTreeSet<(NodeId, u16)>,
-    ) -> Option<(Option<Timestamp>, Vec<(NodeId, u32)>, Vec<(NodeId, u16)>)> {
+    ) -> Option<Earliest> {
         // Per usable node: its devices of the model with when each is free, soonest first.
         let mut nodes: Vec<(NodeId, DeviceEnds)> = Vec::new();
         for (i, n) in self.capacity.nodes.iter().enumerate() {
@@ -330,11 +334,35 @@ impl Engine {
         if everything < wanted {
             return None;
         }
-        let instants: BTreeSet<Timestamp> =
-            nodes.iter().flat_map(|(_, d)| d.iter().filter_map(|(_, at)| *at)).collect();
-        let start = instants
-            .into_iter()
-            .find(|&t| nodes.iter().map(|(_, d)| slots(d, Some(t))).sum::<u32>() >= wanted);
+        // The first instant at which the nodes hold enough slots: one sweep over the known
+        // ends, each node's slots updated as its devices free (soonest first, so the n-th
+        // device of a node frees its n-th).
+        let mut events: Vec<(Timestamp, usize, u32)> = nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, d))| {
+                d.iter()
+                    .enumerate()
+                    .filter_map(move |(n, (_, at))| at.map(|t| (t, i, n as u32 + 1)))
+            })
+            .collect();
+        events.sort_unstable();
+        let slots_of =
+            |free: u32| if same_node { u32::from(free >= per_node_needed) } else { free / k };
+        let mut held = vec![0u32; nodes.len()];
+        let (mut total, mut start, mut at) = (0u32, None, 0);
+        while let Some(&(t, ..)) = events.get(at) {
+            while let Some(&(_, i, free)) = events.get(at).filter(|e| e.0 == t) {
+                let s = slots_of(free);
+                total = total.saturating_sub(held[i]).saturating_add(s);
+                held[i] = s;
+                at += 1;
+            }
+            if total >= wanted {
+                start = Some(t);
+                break;
+            }
+        }
         // When each node first holds a slot, and its slots at the start.
         let mut ranked: Vec<(Option<Timestamp>, u32, NodeId, usize)> = nodes
             .iter()
@@ -396,10 +424,17 @@ impl Engine {
         }
         let held: Vec<WorkloadId> = self.reserve_held.keys().copied().collect();
         self.open(&held);
+        // A feasibility check (best fit, as the arbiter's what-ifs), not the kept placement.
         let mut found = None;
         for &m in models {
-            if let Some(p) = self.capacity.find(Some(m), r.shape, r.members, r.layout()) {
-                found = Some(p);
+            let placed = match r.layout() {
+                Layout::SameNode if r.members > 1 => {
+                    self.capacity.find(Some(m), r.shape, r.members, r.layout())
+                }
+                _ => self.capacity.find_each(Some(m), r.shape, r.members, Refine::BestFit),
+            };
+            if placed.is_some() {
+                found = placed;
                 break;
             }
         }

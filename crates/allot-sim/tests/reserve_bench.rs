@@ -1,22 +1,26 @@
-//! The Slurm comparison's slice (`scripts/bench-slurm-vs-allot.py`: Philly rows 58500–58749,
-//! 55× compressed, durations 3–90 s, accounts research 16 / team-a 8 / team-b 8 in one cohort,
-//! 4 nodes × 8 GPUs) replayed in the simulator, with and without reservations and time limits:
-//! a figure bench, not a test of figures (house rule 8). It runs only with
-//! `ALLOT_SLICE_BENCH=1` (it reads the shared trace):
+//! Reservations measured in the simulator (figure benches, not tests of figures, house rule 8;
+//! both read the shared traces and run only when asked):
 //!
 //! ```sh
-//! ALLOT_SLICE_BENCH=1 cargo test --release -p allot-sim --test slurm_slice -- --nocapture
+//! ALLOT_SLICE_BENCH=1 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
+//! ALLOT_PHILLY_BENCH=6 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ```
 //!
-//! The simulator starts admitted work at once and restarts pre-empted work with no delay
+//! `slurm_slice_figures`: the Slurm comparison's slice (`scripts/bench-slurm-vs-allot.py`: Philly rows 58500–58749,
+//! 55× compressed, durations 3–90 s, accounts research 16 / team-a 8 / team-b 8 in one cohort,
+//! 4 nodes × 8 GPUs) replayed in the simulator, with and without reservations and time limits:
+//! the simulator starts admitted work at once and restarts pre-empted work with no delay
 //! (`restart_delay_s: 0`), where the real cluster takes a second or two each way.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use allot_core::{DeviceSpec, NodeSpec};
-use allot_sim::replay::{ReplayConfig, replay};
-use allot_sim::trace::{TraceJob, parse_datetime};
+use allot_sim::BadRows;
+use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
+use allot_sim::trace::{
+    TraceJob, load_philly_jobs, load_philly_machines, parse_datetime, philly_nodes,
+};
 
 const FIRST: usize = 58_500;
 const COUNT: usize = 250;
@@ -160,21 +164,6 @@ fn slurm_slice_figures() {
                 .iter()
                 .filter_map(|id| report.by_job.get(id).and_then(|o| o.first_wait_s))
                 .collect();
-            if std::env::var("X_WORST").is_ok() {
-                let mut worst: Vec<(f64, u64)> = report
-                    .by_job
-                    .iter()
-                    .filter_map(|(id, o)| o.first_wait_s.map(|w| (w, *id)))
-                    .collect();
-                worst.sort_by(|a, b| b.0.total_cmp(&a.0));
-                for (w, id) in worst.iter().take(8) {
-                    let j = &jobs[*id as usize - 1];
-                    println!(
-                        "   worst {id} {} {}x{} submit {:.0} wait {w:.0}",
-                        j.project, j.members, j.gpus, j.submit_s
-                    );
-                }
-            }
             let mean = big_waits.iter().sum::<f64>() / big_waits.len().max(1) as f64;
             let max = big_waits.iter().copied().fold(0.0, f64::max);
             println!(
@@ -187,6 +176,86 @@ fn slurm_slice_figures() {
                 report.preemptions,
                 report.lost_gpu_hours,
                 report.span_s,
+            );
+        }
+    }
+}
+
+/// `philly_big_job_waits`: the whole Philly trace at the load `ALLOT_PHILLY_BENCH` gives (as
+/// `allot sim replay --load`), with `examples/philly-policy.yaml`, checkpoints every 30 min,
+/// with and without `reservations: {after: 5m}` and time limits: waits of all jobs and of
+/// jobs asking 8 GPUs or more, pre-emptions, lost GPU-hours and the replay's wall time.
+#[test]
+fn philly_big_job_waits() {
+    let Some(load) = std::env::var("ALLOT_PHILLY_BENCH").ok().and_then(|v| v.parse::<f64>().ok())
+    else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let traces = root.join("../shared/traces");
+    let (machines, _) =
+        load_philly_machines(&traces.join("philly-machines/cluster_machine_list"), BadRows::Fail)
+            .expect("machines");
+    let nodes = philly_nodes(&machines);
+    let per_node = nodes.iter().map(|n| n.devices.len() as u32).max().unwrap_or(0);
+    let loaded =
+        load_philly_jobs(&traces.join("philly-pollux/philly.csv"), BadRows::Fail).expect("jobs");
+    let jobs: Vec<TraceJob> = loaded
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let mut t = j.to_trace_job(i as u64 + 1, per_node);
+            t.submit_s /= load;
+            t
+        })
+        .collect();
+    let base = allot_config::load_policy(&root.join("examples/philly-policy.yaml"))
+        .expect("the example policy");
+    println!(
+        "| reservations | time limits | wait p50 / p95 / p99 s | ≥8-GPU wait mean / p95 / max s | \
+         pre-emptions | lost GPU-h | wall s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for reserve in [false, true] {
+        let mut policy = base.clone();
+        if reserve {
+            policy.reservations =
+                Some(allot_core::Reservations { after_ms: 300_000, per_model_max: 2 });
+        }
+        let (policy, _) = add_unlisted_projects(&policy, &jobs);
+        for time_limits in [false, true] {
+            let config = ReplayConfig {
+                default_checkpoint_interval_s: Some(1800.0),
+                time_limits,
+                ..ReplayConfig::default()
+            };
+            #[allow(clippy::disallowed_methods)] // a figure bench reports its wall time
+            let started = std::time::Instant::now();
+            let report = replay(&nodes, &policy, "philly", &jobs, &config).expect("replays");
+            let wall_s = started.elapsed().as_secs_f64();
+            let mut waits: Vec<f64> =
+                report.by_job.values().filter_map(|o| o.first_wait_s).collect();
+            waits.sort_by(f64::total_cmp);
+            let mut big: Vec<f64> = jobs
+                .iter()
+                .filter(|j| j.gpus * j.members >= 8)
+                .filter_map(|j| report.by_job.get(&j.id).and_then(|o| o.first_wait_s))
+                .collect();
+            big.sort_by(f64::total_cmp);
+            println!(
+                "| {} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} ({} jobs) | {} | {:.1} | {wall_s:.1} |",
+                if reserve { "after 5m" } else { "off" },
+                if time_limits { "yes" } else { "no" },
+                pct(&waits, 50.0),
+                pct(&waits, 95.0),
+                pct(&waits, 99.0),
+                big.iter().sum::<f64>() / big.len().max(1) as f64,
+                pct(&big, 95.0),
+                big.last().copied().unwrap_or(f64::NAN),
+                big.len(),
+                report.preemptions,
+                report.lost_gpu_hours,
             );
         }
     }

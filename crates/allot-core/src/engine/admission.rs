@@ -363,7 +363,11 @@ impl Engine {
         // A request within its guarantee that finds no quota or room now claims its line:
         // borrowers of other projects wait for it (engine/reserve.rs).
         if let Outcome::Deferred(reason) = &outcome
-            && (reason.is_placement() || matches!(reason, DeferReason::QuotaExhausted { .. }))
+            && (reason.is_placement()
+                || matches!(
+                    reason,
+                    DeferReason::QuotaExhausted { .. } | DeferReason::HeldForReservation { .. }
+                ))
             && let Some(claim) = self.claim_of(id)
         {
             memory.claims.entry(claim).or_insert(id);

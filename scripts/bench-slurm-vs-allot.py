@@ -114,7 +114,7 @@ def plain_slurm(jobs):
     submitted = {}
     for j in jobs:
         wait_until(j["offset_s"], t0)
-        limit_min = math.ceil(j["duration_s"] / 60) + 1
+        limit_min = time_limit_min(j)
         name = f"plain-{j['i']}"
         run(["sbatch", "--parsable", "-p", "batch", "-A", j["account"], "-J", name,
              "-N", str(j["nodes"]), f"--gres=gpu:{j['per_node']}", f"--time={limit_min}",
@@ -131,11 +131,20 @@ def plain_slurm(jobs):
     return submitted, runs, t0
 
 
-def allot_arm(jobs, allot):
-    """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time."""
+def time_limit_min(job):
+    """The time limit a job asks, in minutes: its duration rounded up, plus one."""
+    return math.ceil(job["duration_s"] / 60) + 1
+
+
+def allot_arm(jobs, allot, reserve_after=None, time_limits=False):
+    """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time. With
+    `reserve_after` (a duration), the policy holds nodes for requests waiting that long; with
+    `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill)."""
     data = tempfile.mkdtemp(prefix="allot-bench-")
     policy = os.path.join(data, "policy.yaml")
     with open(policy, "w") as f:
+        if reserve_after:
+            f.write(f"reservations: {{after: {reserve_after}}}\n")
         f.write("preemption:\n  mode: requeue\nrestart_cost: 1m\n"
                 "priority_classes:\n  - {name: normal, value: 0, preemptible: true}\n"
                 "default_priority_class: normal\nprojects:\n")
@@ -164,6 +173,8 @@ def allot_arm(jobs, allot):
                     "--name", f"job-{j['i']}"]
             if j["nodes"] > 1:
                 argv += ["--members", str(j["nodes"])]
+            if time_limits:
+                argv += ["--max-runtime", f"{time_limit_min(j)}m"]
             wid = run(argv + ["--", "sleep", str(j["duration_s"])], env=env).strip()
             submitted[wid] = time.time()
         final = {"succeeded", "failed", "cancelled", "rejected"}
@@ -243,6 +254,10 @@ def main():
     p.add_argument("--compress", type=float, default=55.0)
     p.add_argument("--arms", default="slurm,allot")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--reserve-after", metavar="DURATION",
+                   help="allot arm: policy `reservations: {after: DURATION}`")
+    p.add_argument("--time-limits", action="store_true",
+                   help="allot arm: each job asks the Slurm arm's time limit as its max runtime")
     a = p.parse_args()
     if not os.environ.get("SLURM_CONF"):
         sys.exit("SLURM_CONF is not set: `sudo bash scripts/slurm-cluster.sh up` and "
@@ -255,7 +270,8 @@ def main():
             submitted, runs, _ = plain_slurm(jobs)
             rows.append(figures("plain Slurm (backfill)", submitted, runs, len(jobs)))
         elif arm == "allot":
-            submitted, runs, _, _report = allot_arm(jobs, a.allot)
+            submitted, runs, _, _report = allot_arm(jobs, a.allot, a.reserve_after,
+                                                    a.time_limits)
             rows.append(figures("allot (requeue pre-emption)", submitted, runs, len(jobs)))
         else:
             sys.exit(f"--arms: unknown arm {arm!r}; use slurm, allot or both")

@@ -76,6 +76,13 @@
 //!                                     #   final_share, less_than_initial_share]}` by default)
 //! defragmentation: true               # optional, default false; or {enabled: true, restart_cost: 2m}
 //!                                     #   (restart_cost here: per GPU of work moved to defragment)
+//! reservations: {after: 5m, per_model_max: 2}   # optional, default off: a whole-GPU request
+//!                                     #   quota allows that has waited `after` gets the nodes
+//!                                     #   where it would start earliest held for it (at most
+//!                                     #   `per_model_max` per GPU model, 1-16, default 2); other
+//!                                     #   work goes there only if its max runtime ends first.
+//!                                     #   Borrowers also wait while an in-guarantee request of
+//!                                     #   another project of the cohort waits for room
 //! restart_cost: 2m                    # optional, default 2m: what restarting a pre-empted or
 //!                                     #   reclaimed victim costs the arbiter, per GPU it holds
 //! idle_resume_backoff: 5m             # optional, default 5m, at most 4h: first wait before work

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use allot_core::{
     BorrowWithinCohort, CohortSpec, Defragmentation, FairShareStrategy, FairSharing, PolicySpec,
     PreemptionGuard, PreemptionLimit, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec, WithinProject,
+    QuotaModel, QuotaSpec, Reservations, WithinProject,
 };
 
 use crate::decode::{self, Ctx, fields, index, list};
@@ -19,7 +19,7 @@ use crate::tree::{self, Node, Pos};
 const PROJECTS_MAX: usize = 10_000;
 const PRIORITY_CLASSES_MAX: usize = 1_000;
 
-const TOP_FIELDS: [&str; 10] = [
+const TOP_FIELDS: [&str; 11] = [
     "fair_share",
     "preemption",
     "defragmentation",
@@ -30,6 +30,7 @@ const TOP_FIELDS: [&str; 10] = [
     "projects",
     "cohorts",
     "idle",
+    "reservations",
 ];
 const COHORT_FIELDS: [&str; 3] = ["name", "parent", "quotas"];
 const COHORT_EXAMPLE: &str =
@@ -37,6 +38,8 @@ const COHORT_EXAMPLE: &str =
 const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
 const DEFRAG_EXAMPLE: &str =
     "`defragmentation: true`, or `defragmentation: {enabled: true, restart_cost: 2m}`";
+const RESERVATION_FIELDS: [&str; 2] = ["after", "per_model_max"];
+const RESERVATION_EXAMPLE: &str = "`reservations: {after: 5m, per_model_max: 2}`";
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
 const PREEMPTION_FIELDS: [&str; 4] =
     ["mode", "fair_sharing", "exempt_after_restart", "max_per_workload"];
@@ -158,6 +161,11 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         Some(n) => defragmentation(ctx, n),
     };
 
+    let reservations = match top.get("reservations") {
+        None => Some(None),
+        Some(n) => reservations(ctx, n),
+    };
+
     let classes = top
         .required(
             ctx,
@@ -226,6 +234,7 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         idle_resume_backoff_ms: resume_backoff?,
         cohorts: cohorts?,
         fair_sharing: fair_sharing?,
+        reservations: reservations?,
     })
 }
 
@@ -326,6 +335,60 @@ fn defragmentation(ctx: &mut Ctx, node: &Node) -> Option<Option<Defragmentation>
     };
     let (enabled, restart_cost_ms) = (enabled?, restart?);
     Some(enabled.then_some(Defragmentation { restart_cost_ms, ..Default::default() }))
+}
+
+/// `reservations: {after: DURATION, per_model_max: N}` (`after` required, more than 0;
+/// `per_model_max` 1 to `Reservations::PER_MODEL_MAX`, default 2), or `false`.
+fn reservations(ctx: &mut Ctx, node: &Node) -> Option<Option<Reservations>> {
+    if !matches!(node.value, tree::Value::Map(_)) {
+        return match decode::boolean(ctx, node, "reservations")? {
+            false => Some(None),
+            true => {
+                ctx.report(
+                    node.pos,
+                    "reservations",
+                    "`reservations: true` does not say how long a request waits first".to_string(),
+                    format!("write {RESERVATION_EXAMPLE}"),
+                );
+                None
+            }
+        };
+    }
+    let f = fields(
+        ctx,
+        node,
+        "reservations",
+        "reservations",
+        &RESERVATION_FIELDS,
+        RESERVATION_EXAMPLE,
+    )?;
+    let after = f
+        .required(
+            ctx,
+            "after",
+            &format!("say how long a request waits before nodes are held for it, e.g. {RESERVATION_EXAMPLE}"),
+        )
+        .and_then(|n| {
+            let ms = decode::duration_ms(ctx, n, &f.path("after"))?;
+            if ms == 0 {
+                ctx.report(
+                    n.pos,
+                    &f.path("after"),
+                    "a wait of 0 would hold nodes for every request that does not start at once"
+                        .to_string(),
+                    "give a wait longer than a cycle, e.g. `after: 5m`".to_string(),
+                );
+                return None;
+            }
+            Some(ms)
+        });
+    let max = u64::from(Reservations::PER_MODEL_MAX);
+    let per_model_max = match f.get("per_model_max") {
+        None => Some(u64::from(Reservations::DEFAULT_PER_MODEL_MAX)),
+        Some(n) => decode::uint(ctx, n, &f.path("per_model_max"), 1, max, "2"),
+    };
+    let (after_ms, per_model_max) = (after?, per_model_max?);
+    Some(Some(Reservations { after_ms, per_model_max: per_model_max as u32 }))
 }
 
 fn half_life_ms(ctx: &mut Ctx, node: &Node) -> Option<u64> {

@@ -55,6 +55,14 @@ pub fn render_policy(policy: &PolicySpec, header: &str) -> String {
         }
         None => out.push_str("defragmentation: false\n"),
     }
+    if let Some(r) = &policy.reservations {
+        let _ = writeln!(
+            out,
+            "reservations: {{after: {}, per_model_max: {}}}",
+            format_duration(r.after_ms),
+            r.per_model_max
+        );
+    }
     let _ = writeln!(out, "restart_cost: {}", format_duration(policy.restart_cost_ms));
     let _ =
         writeln!(out, "idle_resume_backoff: {}", format_duration(policy.idle_resume_backoff_ms));

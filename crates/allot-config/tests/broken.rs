@@ -286,6 +286,31 @@ fn cases() -> Vec<Case> {
                 (1, "defragmentation.budget", "unknown field `budget`"),
             ],
         },
+        Case {
+            name: "reservations switched on without a wait",
+            kind: Kind::Policy,
+            text: format!("reservations: true\n{}", policy("  - name: vision\n")),
+            want: vec![(1, "reservations", "does not say how long a request waits")],
+        },
+        Case {
+            name: "reservations with a zero wait, a bad limit and an unknown field",
+            kind: Kind::Policy,
+            text: format!(
+                "reservations: {{after: 0s, per_model_max: 40, nodes: 2}}\n{}",
+                policy("  - name: vision\n")
+            ),
+            want: vec![
+                (1, "reservations.after", "a wait of 0"),
+                (1, "reservations.per_model_max", "must be between 1 and 16"),
+                (1, "reservations.nodes", "unknown field `nodes`"),
+            ],
+        },
+        Case {
+            name: "reservations without `after`",
+            kind: Kind::Policy,
+            text: format!("reservations: {{per_model_max: 2}}\n{}", policy("  - name: vision\n")),
+            want: vec![(1, "reservations.after", "missing")],
+        },
     ]
 }
 

@@ -436,6 +436,32 @@ fn topology_and_defragmentation_decode() {
 }
 
 #[test]
+fn reservations_decode_and_render_back() {
+    let head = "priority_classes: [{name: low, value: 0}]\ndefault_priority_class: low\n\
+                projects: [{name: v}]\n";
+    let off = ok(allot_config::parse_policy("p.yaml", head));
+    assert_eq!(off.reservations, None);
+    let off = ok(allot_config::parse_policy("p.yaml", &format!("reservations: false\n{head}")));
+    assert_eq!(off.reservations, None);
+    let on =
+        ok(allot_config::parse_policy("p.yaml", &format!("reservations: {{after: 5m}}\n{head}")));
+    assert_eq!(
+        on.reservations,
+        Some(allot_core::Reservations { after_ms: 300_000, per_model_max: 2 })
+    );
+    let custom = ok(allot_config::parse_policy(
+        "p.yaml",
+        &format!("reservations: {{after: 90s, per_model_max: 4}}\n{head}"),
+    ));
+    assert_eq!(
+        custom.reservations,
+        Some(allot_core::Reservations { after_ms: 90_000, per_model_max: 4 })
+    );
+    let text = allot_config::render_policy(&custom, "");
+    assert_eq!(ok(allot_config::parse_policy("p.yaml", &text)), custom);
+}
+
+#[test]
 fn preemption_rules_decode() {
     use allot_core::{BorrowWithinCohort, WithinProject};
     let policy = ok(allot_config::parse_policy(

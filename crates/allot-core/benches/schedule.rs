@@ -101,6 +101,7 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

@@ -250,6 +250,14 @@ pub enum DeferReason {
     /// Stopped for idleness at `since`; its use is observable by a probe, so it resumes when
     /// a probe shows its user back, not into free room while nobody uses it.
     AwaitingUse { since: Timestamp },
+    /// It would fit now on GPUs held for `reservation`, a request pending longer (policy
+    /// `reservations`), on `nodes`; work may use them only if its max runtime ends by `start`
+    /// (`None`: the start is unknown, so nothing may).
+    HeldForReservation { reservation: WorkloadId, nodes: Vec<NodeId>, start: Option<Timestamp> },
+    /// It would borrow on `key` while `claimant`, of another project of its cohort, waits for
+    /// room there within its guarantee (policy `reservations`): admitted now, it would only be
+    /// reclaimed.
+    HeldForClaimant { claimant: WorkloadId, key: QuotaKey },
 }
 
 impl DeferReason {

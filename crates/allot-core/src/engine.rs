@@ -23,6 +23,8 @@
 //!   the claimant's wait and reservation, the room held for it;
 //! - `guard.rs`: which running work is protected from pre-emption now, and why;
 //! - `defrag.rs`: defragmentation, tried in step 4 after the arbiter found no victims;
+//! - `reserve.rs`: reservations for long-waiting requests (held around steps 3 and 4, opened
+//!   for their own workload and for backfill), and borrowers held for in-guarantee claimants;
 //! - `book.rs`: `commit`, `release` and `book_resources`, the only code that moves capacity
 //!   and quota;
 //! - `idle.rs`: idle reclaim (`idle_pass` after step 2, `amd_pressure_pass` after step 4);
@@ -39,8 +41,8 @@ use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, 
 use crate::mig::MigGpu;
 use crate::model::{
     BorrowWithinCohort, Defragmentation, FairSharing, IdlePolicySpec, NodeSpec, PolicySpec,
-    PreemptionGuard, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel, WithinProject,
-    WorkloadSpec,
+    PreemptionGuard, PreemptionMode, PriorityClassSpec, Queueing, QuotaModel, Reservations,
+    WithinProject, WorkloadSpec,
 };
 use crate::quota::{CohortQuota, QuotaBook, QuotaLine};
 
@@ -56,6 +58,7 @@ mod idle;
 mod inventory;
 mod preempt;
 mod queue;
+mod reserve;
 mod standing;
 mod state;
 pub(crate) use admission::{ModelCheck, Request};
@@ -65,6 +68,7 @@ pub use guard::Protection;
 pub(crate) use idle::IdleState;
 pub use inventory::InventoryChange;
 pub(crate) use queue::QueueKey;
+pub use reserve::{RESERVE_SCAN_MAX, Reservation};
 pub use standing::Standing;
 pub use state::StateError;
 // `state.rs` rebuilds the line totals `book.rs` keeps and the demand ratio `events.rs` keeps.
@@ -377,6 +381,12 @@ pub struct Engine {
     /// Cycles without the cycle's memory (`reference_cycles`): the reference the
     /// incremental cycle is tested against.
     pub(crate) reference: bool,
+    /// The policy's reservations (`engine/reserve.rs`); `None`: off.
+    reservation_policy: Option<Reservations>,
+    /// The latest cycle's reservations, derived afresh each cycle (never saved).
+    reserved: BTreeMap<WorkloadId, reserve::Reservation>,
+    /// Devices held for reservations during one cycle. Empty between cycles.
+    reserve_held: BTreeMap<WorkloadId, Vec<Placement>>,
 }
 
 impl Engine {
@@ -642,6 +652,9 @@ impl Engine {
             reasons: queue::Reasons::default(),
             changes_only: false,
             reference: false,
+            reservation_policy: policy.reservations,
+            reserved: BTreeMap::new(),
+            reserve_held: BTreeMap::new(),
         })
     }
 
@@ -836,9 +849,16 @@ impl Engine {
                 self.hold_plan(id);
             }
         }
+        // Hold what is free of the reservations' nodes (engine/reserve.rs).
+        self.plan_reservations(now);
         self.admission_steps(now, out, only);
         for id in self.held.keys().copied().collect::<Vec<_>>() {
             self.release_hold(id);
+        }
+        self.release_reservations();
+        // Derived afresh every cycle: nothing is kept between cycles but for `explain`'s clone.
+        if only.is_none() {
+            self.reserved.clear();
         }
     }
 }

@@ -44,6 +44,8 @@ pub struct Explanation {
     pub borrowing: Option<(QuotaKey, Vec<(String, Shares)>)>,
     /// Running: why it may not be pre-empted for other work now, if it may not.
     pub protection: Option<Protection>,
+    /// Pending: the GPUs held for it (policy `reservations`), as a cycle run now holds them.
+    pub reservation: Option<crate::engine::Reservation>,
 }
 
 impl Explanation {
@@ -111,6 +113,7 @@ impl Engine {
             idle: self.idle_facts(id).map(|f| (f, self.idle.get(&id).and_then(|s| s.warned_at))),
             idle_action_at: self.idle_action_at(now, id),
             protection: self.protection_of(now, id),
+            reservation: None,
             borrowing: w.allocation.as_ref().and_then(|a| a.key).and_then(|key| {
                 let path = self.quota.borrowing_path(w.project, key);
                 (!path.is_empty()).then(|| {
@@ -141,6 +144,7 @@ impl Engine {
         sim.stop_due(now, &mut decisions);
         sim.idle_pass(now, &mut decisions);
         sim.admission_cycle(now, &mut decisions, Some(id));
+        explanation.reservation = sim.reservation(id).cloned();
         explanation.decision = decisions
             .iter()
             .rev()

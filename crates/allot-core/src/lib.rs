@@ -29,8 +29,8 @@ pub use decision::{
 };
 pub use engine::{
     ConfigError, DefragPlan, DefragVictim, ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Engine, Eta, EtaCause,
-    EtaUnknown, InventoryChange, MEMBERS_MAX, Occupancy, Protection, ROUNDS_PER_INSTANT, Stage,
-    Standing, StateError, WHOLE_GPUS_PER_MEMBER_MAX,
+    EtaUnknown, InventoryChange, MEMBERS_MAX, Occupancy, Protection, RESERVE_SCAN_MAX,
+    ROUNDS_PER_INSTANT, Reservation, Stage, Standing, StateError, WHOLE_GPUS_PER_MEMBER_MAX,
 };
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};
@@ -43,5 +43,5 @@ pub use model::{
     BorrowWithinCohort, Checkpointing, CohortSpec, Defragmentation, DeviceSpec, FairShareStrategy,
     FairSharing, GpuRequest, IDLE_BACKOFF_MAX_MS, IdlePolicySpec, IdleWhen, NodeSpec, PolicySpec,
     PreemptionGuard, PreemptionLimit, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing,
-    QuotaModel, QuotaSpec, WithinProject, WorkloadKind, WorkloadSpec,
+    QuotaModel, QuotaSpec, Reservations, WithinProject, WorkloadKind, WorkloadSpec,
 };

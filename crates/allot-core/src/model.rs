@@ -68,6 +68,27 @@ pub struct PolicySpec {
     /// borrows may take borrowed GPUs from a project whose share of the cohort's lendable GPUs
     /// stays at least its own. `None`: off (reclaim only for a claimant within its quota).
     pub fair_sharing: Option<FairSharing>,
+    /// Reservations for long-blocked requests (Slurm's backfill reservation): `None`: off.
+    pub reservations: Option<Reservations>,
+}
+
+/// Reservations (`engine/reserve.rs`): a whole-GPU request pending longer than `after_ms`
+/// that quota allows gets the nodes where it would start earliest held for it; other work
+/// goes there only if its max runtime ends before the reservation's expected start. Also, a
+/// borrower is not admitted while a request of another project of its cohort, within its
+/// guarantee, waits for room on the same quota line (it would only be reclaimed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservations {
+    /// How long a request waits before nodes are held for it.
+    pub after_ms: u64,
+    /// At most this many reservations per GPU model at once (oldest requests first).
+    pub per_model_max: u32,
+}
+
+impl Reservations {
+    pub const DEFAULT_PER_MODEL_MAX: u32 = 2;
+    /// The most the policy may ask for: every reservation is recomputed each cycle.
+    pub const PER_MODEL_MAX: u32 = 16;
 }
 
 /// Fair-sharing pre-emption: the strategies, tried in order on each candidate.

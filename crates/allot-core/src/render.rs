@@ -352,6 +352,30 @@ impl Engine {
             DeferReason::BlockedByFifo { head } => {
                 format!("strict FIFO: behind {}, which cannot start", self.wl(*head))
             }
+            DeferReason::HeldForReservation { reservation, nodes, start } => {
+                let names: Vec<&str> = nodes.iter().map(|n| self.node_name(*n)).collect();
+                match start {
+                    Some(t) => format!(
+                        "fits only on GPUs held for {} on {} (expected to start at t={} ms; \
+                         work whose max runtime ends by then may use them)",
+                        self.wl(*reservation),
+                        names.join(", "),
+                        t.0
+                    ),
+                    None => format!(
+                        "fits only on GPUs held for {} on {} (its start is unknown: held from \
+                         all other work)",
+                        self.wl(*reservation),
+                        names.join(", ")
+                    ),
+                }
+            }
+            DeferReason::HeldForClaimant { claimant, key } => format!(
+                "would borrow {} while {} of another project of its cohort waits for room \
+                 within its guarantee (it would be reclaimed)",
+                self.key_name(*key),
+                self.wl(*claimant)
+            ),
         }
     }
 
@@ -503,6 +527,21 @@ impl Engine {
         }
         if let Some(p) = e.protection {
             lines.push(format!("  not pre-emptible now: {}", render_protection(p)));
+        }
+        if let Some(r) = &e.reservation {
+            let nodes: Vec<String> = r
+                .nodes
+                .iter()
+                .map(|(n, gpus)| format!("{} ({gpus})", self.node_name(*n)))
+                .collect();
+            let start = r.start.map_or("unknown".to_string(), |t| format!("t={} ms", t.0));
+            lines.push(format!(
+                "  reserved: {} {} GPUs held on {} since t={} ms; expected start {start}",
+                r.nodes.iter().map(|(_, g)| g).sum::<u32>(),
+                self.model_name(r.model),
+                nodes.join(", "),
+                r.since.0
+            ));
         }
         if let Some((idle, warned)) = &e.idle {
             let warned = warned.map(|t| format!("; warned at t={} ms", t.0)).unwrap_or_default();

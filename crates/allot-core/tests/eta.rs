@@ -86,6 +86,7 @@ fn engine(script: &str) -> Engine {
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     };
     let mut e = Engine::new(&nodes, &policy).expect("valid scenario");
     for spec in runs {

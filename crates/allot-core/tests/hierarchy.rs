@@ -103,6 +103,7 @@ fn policy(depts: &[RawLimits], projects: &[(u8, RawLimits)], fair: bool) -> Poli
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts,
         fair_sharing: fair.then(FairSharing::default),
+        reservations: None,
     }
 }
 

@@ -162,6 +162,7 @@ fn policy(rules: Vec<IdlePolicySpec>) -> PolicySpec {
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

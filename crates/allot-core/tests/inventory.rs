@@ -63,6 +63,7 @@ fn policy() -> PolicySpec {
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

@@ -202,6 +202,7 @@ fn policy() -> PolicySpec {
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

@@ -134,6 +134,7 @@ fn engine_refuses_mig_without_a_table() {
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     };
     assert!(Engine::new(&[node("H200")], &policy).is_ok());
     let error = Engine::new(&[node("A100")], &policy).expect_err("no table for A100");

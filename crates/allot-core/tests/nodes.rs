@@ -80,6 +80,7 @@ impl World {
             idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
             cohorts: Vec::new(),
             fair_sharing: None,
+            reservations: None,
         };
         let engine = Engine::new(&nodes, &policy).expect("valid configuration");
         World { nodes, policy, engine, ids: BTreeMap::new(), out: String::new() }

@@ -144,6 +144,8 @@ struct RawCase {
     victims_max: Option<u32>,
     /// The guard against pre-emption thrash (`guard_of`): 0 off.
     guard: u8,
+    /// Reservations (after ms, per model max), when on.
+    reserve: Option<(u64, u32)>,
 }
 
 fn raw_line() -> impl Strategy<Value = RawLine> {
@@ -240,13 +242,22 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
 
 /// Half the cases are dense: one model, one cohort, distinct priorities and small requests,
 /// so that borrowing, reclaim and priority pre-emption happen often.
+/// Two in five of them with reservations (a wait within the steps' spacing, 1 to 3 per
+/// model), so that reservations are made, held, opened for backfill and dropped.
 fn raw_case() -> impl Strategy<Value = RawCase> {
-    prop_oneof![
-        2 => raw_case_general(),
-        2 => raw_case_dense(),
-        1 => raw_case_fragmented(),
-        1 => raw_case_consolidating()
-    ]
+    (
+        prop_oneof![
+            2 => raw_case_general(),
+            2 => raw_case_dense(),
+            1 => raw_case_fragmented(),
+            1 => raw_case_consolidating()
+        ],
+        prop::option::weighted(0.4, (1u64..=4000, 1u32..=3)),
+    )
+        .prop_map(|(mut case, reserve)| {
+            case.reserve = reserve;
+            case
+        })
 }
 
 /// Defragmentation-heavy: one model, two projects in one cohort, small nodes filled with small
@@ -363,6 +374,7 @@ fn raw_case_fragmented() -> impl Strategy<Value = RawCase> {
                     consolidate: false,
                     victims_max: None,
                     guard: 0,
+                    reserve: None,
                 }
             },
         )
@@ -420,6 +432,7 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
             consolidate: false,
             victims_max: None,
             guard,
+            reserve: None,
         })
 }
 
@@ -458,6 +471,7 @@ fn raw_case_general() -> impl Strategy<Value = RawCase> {
                     consolidate: defrag.is_some_and(|r| r % 2 == 1),
                     victims_max: defrag.filter(|r| r % 3 == 0).map(|r| (r / 3 % 3) as u32),
                     guard,
+                    reserve: None,
                 }
             },
         )
@@ -630,6 +644,9 @@ fn build(raw: &RawCase) -> Case {
             }),
             _ => Some(FairSharing { strategies: vec![FairShareStrategy::LessThanInitialShare] }),
         },
+        reservations: raw
+            .reserve
+            .map(|(after_ms, per_model_max)| allot_core::Reservations { after_ms, per_model_max }),
     };
 
     let mut now = 0u64;
@@ -1604,6 +1621,7 @@ fn check_gang_uses_empty_node(
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     };
     let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
     let mut id = 0u64;

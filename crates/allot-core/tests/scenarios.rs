@@ -11,6 +11,8 @@
 //! half-life MS                         # fair-share half-life (default 0)
 //! mode suspend|requeue|delete          # default pre-emption mode
 //! defrag [restart=MS]                  # defragmentation on (restart cost per GPU, default 2 min)
+//! reserve after=MS [max=N]             # reservations on: after this wait, at most N per model
+//!                                      # (default 2)
 //! restart-cost MS                      # the arbiter's restart cost per victim GPU (default 2 min)
 //! backoff MS                           # first idle resume backoff (default 5 min)
 //! guard [after-restart=MS] [cap=COUNT/WINDOW_MS]   # protection from pre-emption thrash;
@@ -130,6 +132,7 @@ struct Setup {
     cohorts: Vec<CohortSpec>,
     fair_sharing: Option<FairSharing>,
     guard: allot_core::PreemptionGuard,
+    reservations: Option<allot_core::Reservations>,
 }
 
 struct Run {
@@ -164,6 +167,7 @@ fn run(script: &str) -> Result<String, String> {
                 | "backoff"
                 | "guard"
                 | "idle-rule"
+                | "reserve"
         );
         if is_setup {
             if state.is_some() {
@@ -333,6 +337,12 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
             };
         }
         "idle-rule" => setup.idle.push(idle_rule(words, &args)?),
+        "reserve" => {
+            setup.reservations = Some(allot_core::Reservations {
+                after_ms: num(args.get("after").ok_or("reserve needs after=MS")?)?,
+                per_model_max: args.get("max").map_or(Ok(2), |n| num(n))? as u32,
+            })
+        }
         other => return Err(format!("unknown setup {other}")),
     }
     Ok(())
@@ -504,6 +514,7 @@ fn build(setup: &Setup) -> Result<Run, String> {
             .unwrap_or(PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS),
         cohorts: setup.cohorts.clone(),
         fair_sharing: setup.fair_sharing.clone(),
+        reservations: setup.reservations,
     };
     let engine = Engine::new(&setup.nodes, &policy).map_err(|e| e.to_string())?;
     Ok(Run { engine, ids: BTreeMap::new(), next_id: 1, out: String::new() })

@@ -60,6 +60,7 @@ fn engine() -> Engine {
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     };
     Engine::new(&nodes, &policy).expect("valid")
 }

@@ -70,6 +70,7 @@ fn policy(projects: &[(&str, u64)]) -> PolicySpec {
         idle_resume_backoff_ms: 120_000,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

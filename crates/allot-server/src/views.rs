@@ -46,6 +46,8 @@ pub fn reason_code(d: &Decision) -> &'static str {
             DeferReason::BlockedByFifo { .. } => "blocked_by_fifo",
             DeferReason::IdleBackoff { .. } => "idle_backoff",
             DeferReason::AwaitingUse { .. } => "awaiting_use",
+            DeferReason::HeldForReservation { .. } => "held_for_reservation",
+            DeferReason::HeldForClaimant { .. } => "held_for_claimant",
         },
         Decision::Reject { reason, .. } => match reason {
             RejectReason::UnknownProject { .. } => "unknown_project",

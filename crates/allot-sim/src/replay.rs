@@ -68,6 +68,10 @@ pub struct ReplayConfig {
     pub audit: bool,
     /// A scoped rollout rehearsed on the trace, with its rollback conditions.
     pub rehearsal: Option<Rehearsal>,
+    /// Every job declares a max runtime: its duration rounded up to whole minutes, plus one
+    /// minute (the time limit a Slurm user would give). A run never reaches it: a run lasts at
+    /// most the duration after its start.
+    pub time_limits: bool,
 }
 
 /// A rollout rehearsed on history: from `at_s` the replay runs under `policy` (the active
@@ -98,6 +102,7 @@ impl Default for ReplayConfig {
             activity: ActivityParams::default(),
             audit: false,
             rehearsal: None,
+            time_limits: false,
         }
     }
 }
@@ -733,7 +738,10 @@ impl Sim<'_> {
                 last_checkpoint_at: None,
             }),
             min_runtime_ms: 0,
-            max_runtime_ms: None,
+            max_runtime_ms: self
+                .config
+                .time_limits
+                .then(|| ((j.duration_s / 60.0).ceil() as u64 + 1) * 60_000),
             deadline: None,
         }
     }

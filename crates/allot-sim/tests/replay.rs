@@ -72,6 +72,7 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
         idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

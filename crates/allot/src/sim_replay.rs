@@ -85,6 +85,11 @@ pub(crate) struct ReplayOptions {
     /// Seconds a pre-empted job needs to restart (allocated, counted as lost).
     #[arg(long, default_value_t = 60.0)]
     restart_delay: f64,
+    /// Give every job a max runtime, as a Slurm user gives a time limit: its duration rounded
+    /// up to whole minutes, plus one minute (what `scripts/bench-slurm-vs-allot.py` asks of
+    /// Slurm). Reservations let only work with a max runtime backfill.
+    #[arg(long)]
+    time_limits: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ReplayOutput::Text)]
     output: ReplayOutput,
@@ -184,6 +189,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
         decide_every_s: args.decide_every,
         restart_delay_s: args.restart_delay,
         default_checkpoint_interval_s: args.checkpoint_every,
+        time_limits: args.time_limits,
         ..ReplayConfig::default()
     };
     let mut labels = labels(&args.policy);

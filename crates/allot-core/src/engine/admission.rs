@@ -38,6 +38,10 @@ pub(crate) struct CycleMemory {
     /// (the same for every claimant until the state changes).
     victims: EligibleLists,
     changes: u64,
+    /// Per (cohort, quota line), the first request of the cycle within its guarantee that
+    /// found no room (policy `reservations`): borrowers of other projects wait for it
+    /// (`Engine::borrow_held_for`). Only grows within a cycle.
+    claims: BTreeMap<(usize, QuotaKey), WorkloadId>,
 }
 
 impl CycleMemory {
@@ -45,6 +49,13 @@ impl CycleMemory {
     fn changed(&mut self) {
         self.changes += 1;
         self.victims.clear();
+    }
+
+    /// Capacity grew within the cycle (a reservation's own workload was admitted and its
+    /// held devices went back): a shape that failed before may fit now.
+    fn grew(&mut self) {
+        self.changed();
+        self.failed.clear();
     }
 
     fn remember(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
@@ -157,8 +168,12 @@ impl Engine {
             let id = queued.2;
             let stuck_head =
                 stuck.get(&p).filter(|&&(k, _)| strict && k < queued).map(|&(_, head)| head);
-            let known =
-                if self.reference || !entry.plain { None } else { memory.known(entry.shape) };
+            // Work that may use reserved devices sees more room than its shape's others.
+            let known = if self.reference || !entry.plain || !self.opens(now, id).is_empty() {
+                None
+            } else {
+                memory.known(entry.shape)
+            };
             let head = match (stuck_head, known) {
                 // Behind a pre-emptor that has not started: blocked like the rest below.
                 (Some(head), _) => head,
@@ -333,7 +348,31 @@ impl Engine {
         memory: &mut CycleMemory,
         out: &mut Vec<Decision>,
     ) -> OutcomeKind {
-        match self.try_schedule(now, id, shape, memory) {
+        // Reservations it may use are opened while it is scheduled (engine/reserve.rs); its
+        // room differs from its shape's, so the cycle's memory is not used for it.
+        let opened = self.opens(now, id);
+        let shape = if opened.is_empty() { shape } else { None };
+        self.open(&opened);
+        let outcome = self.try_schedule(now, id, shape, memory);
+        if matches!(outcome, Outcome::Admitted(_)) && opened.contains(&id) {
+            memory.grew();
+        }
+        for r in opened {
+            self.close(r);
+        }
+        // A request within its guarantee that finds no quota or room now claims its line:
+        // borrowers of other projects wait for it (engine/reserve.rs).
+        if let Outcome::Deferred(reason) = &outcome
+            && (reason.is_placement()
+                || matches!(
+                    reason,
+                    DeferReason::QuotaExhausted { .. } | DeferReason::HeldForReservation { .. }
+                ))
+            && let Some(claim) = self.claim_of(id)
+        {
+            memory.claims.entry(claim).or_insert(id);
+        }
+        match outcome {
             Outcome::Admitted(d) => {
                 memory.changed();
                 out.push(d);
@@ -409,6 +448,15 @@ impl Engine {
         let mut best_fit: Option<Candidate> = None;
         for &m in &models {
             match self.check_model(&request, m, !known_failure) {
+                ModelCheck::Fits(key, _)
+                    if self.borrow_held_for(&request, key, &memory.claims).is_some() =>
+                {
+                    if let Some(reason) = self.borrow_held_for(&request, key, &memory.claims)
+                        && best.as_ref().is_none_or(|b| rank(&reason) > rank(b))
+                    {
+                        best = Some(reason);
+                    }
+                }
                 ModelCheck::Fits(key, placement) => {
                     if !weigh_models {
                         return Outcome::Admitted(self.admit(id, project, key, placement));
@@ -441,6 +489,21 @@ impl Engine {
 
         if let Some((_, key, placement)) = best_fit {
             return Outcome::Admitted(self.admit(id, project, key, placement));
+        }
+        // Room it lacks only because devices are held for a reservation: it waits, and
+        // stops nobody for it (engine/reserve.rs).
+        // (Checked even for a shape that failed before: the reason must be the one a fresh
+        // check gives, as the cycle's memory hands it to the shape's next workloads.)
+        if !placement_blocked.is_empty()
+            && let Some(reason) = self.held_for_reservation(&request, &models)
+        {
+            memory.remember(shape_key, self.reasons.number(&reason));
+            return Outcome::Deferred(reason);
+        }
+        // Not remembered: the shape's failure is not one of placement, which a later
+        // workload of the shape could take for granted (`known_failure`).
+        if let Some(reason @ DeferReason::HeldForClaimant { .. }) = best {
+            return Outcome::Deferred(reason);
         }
         if !known_failure && may_preempt {
             if self.reference {
@@ -725,6 +788,8 @@ fn rank(reason: &DeferReason) -> u8 {
         DeferReason::BlockedByFifo { .. }
         | DeferReason::WaitingForPreemption { .. }
         | DeferReason::IdleBackoff { .. }
-        | DeferReason::AwaitingUse { .. } => 5,
+        | DeferReason::AwaitingUse { .. }
+        | DeferReason::HeldForReservation { .. }
+        | DeferReason::HeldForClaimant { .. } => 5,
     }
 }

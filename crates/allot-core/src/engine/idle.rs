@@ -332,6 +332,8 @@ impl Engine {
                 DeferReason::WaitingForPreemption { .. }
                     | DeferReason::IdleBackoff { .. }
                     | DeferReason::AwaitingUse { .. }
+                    | DeferReason::HeldForReservation { .. }
+                    | DeferReason::HeldForClaimant { .. }
             )
         };
         let deferred: Vec<WorkloadId> = if self.changes_only {

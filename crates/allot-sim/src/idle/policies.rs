@@ -52,6 +52,7 @@ fn base_policy(idle: Vec<IdlePolicySpec>) -> PolicySpec {
         idle_resume_backoff_ms: 300_000,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

@@ -286,6 +286,7 @@ fn engine_policy(order: &[PackNodeSpec], migrating: bool) -> PolicySpec {
         idle_resume_backoff_ms: 0,
         cohorts: Vec::new(),
         fair_sharing: None,
+        reservations: None,
     }
 }
 

@@ -1,0 +1,518 @@
+//! Reservations, as Slurm's backfill reserves for its top jobs (policy `reservations`):
+//! a whole-GPU request that quota allows and that has been pending longer than `after` gets
+//! GPUs held for it on the nodes where it would start earliest, and other work goes there only
+//! if its max runtime ends before the reservation's expected start (backfill).
+//!
+//! A reservation is derived, not remembered: every cycle (`plan_reservations`, called by
+//! `Engine::admission_cycle` before steps 3 and 4) recomputes them from the queue and the
+//! running work, so that nothing needs saving and a rebuilt engine (`state.rs`) holds the same
+//! reservations as the one it was saved from: same events, same decisions.
+//!
+//! - **Who** (`candidates`): in each project's queue order (priority, then submission), the
+//!   first pending workloads that ask two or more whole GPUs in all, are not waiting for
+//!   victims or idle-suspended, have been pending `after` or longer and whose quota line has
+//!   room for them now (a request blocked by quota gains nothing from nodes). At most
+//!   [`RESERVE_SCAN_MAX`] queue entries are read per project per cycle; all projects'
+//!   candidates are then taken in that order, at most `per_model_max` per GPU model.
+//! - **Where** (`earliest`): per device of the model, when it will be free: now if free, the
+//!   latest known end of what holds it (running work's max runtime; work told to stop: now)
+//!   when every holder's end is known, else unknown. The reservation starts at the first
+//!   instant at which enough nodes have enough such devices (one node for `same_node`), on the
+//!   nodes ready soonest (then with the most room, then lowest id), taking on each as many
+//!   devices as its members there need. If no known instant suffices the start is unknown and
+//!   the nodes are those with the most devices whose end is known. Devices an earlier
+//!   reservation of the cycle took are not offered again. CPU and memory are not reserved.
+//! - **Holding** (`hold_reservations`): during the cycle, the free whole devices of each
+//!   reservation (up to what it needs per node) are taken from capacity, as the room of a
+//!   waiting pre-emptor is (`preempt.rs`). They are given back for the reserved workload
+//!   itself, and for work whose max runtime ends by the expected start (`opens`), while it
+//!   is scheduled, then taken again if still free (`close`). Work without a max runtime, and
+//!   any work while the start is unknown, never backfills.
+//! - **Why**: a workload that would fit were the held devices free is deferred with
+//!   `DeferReason::HeldForReservation` and pre-empts nobody for room it only lacks because of
+//!   the reservation; `explain` of the reserved workload shows its reservation.
+//!
+//! The second rule of the same policy (`claim_of`, `borrow_held_for`): while a request of a
+//! project that would stay within its guarantee waits for room (no placement, no victims now,
+//! e.g. because they are protected), another project of its cohort is not admitted as a
+//! borrower on that quota line in the same cycle (`DeferReason::HeldForClaimant`): admitted,
+//! it would be reclaimed as soon as the claimant could act.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Engine, Stage};
+use crate::capacity::{Layout, Refine};
+use crate::decision::{DeferReason, DeviceShare, MemberPlacement, Placement, QuotaKey};
+use crate::ids::{ModelId, NodeId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::model::GpuRequest;
+
+/// Queue entries read per project per cycle when looking for requests to reserve for.
+pub const RESERVE_SCAN_MAX: usize = 64;
+
+const FULL: u32 = SHARES_PER_GPU as u32;
+
+/// GPUs held for a long-waiting request (`Engine::reservation`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub model: ModelId,
+    /// Nodes and how many whole GPUs of each are held for it.
+    pub nodes: Vec<(NodeId, u32)>,
+    /// When it is expected to start: every device it needs is free by then if running work
+    /// ends at its max runtime. `None`: some of it is held by work with no known end.
+    pub start: Option<Timestamp>,
+    /// Since when nodes are held for it: its wait passed the policy's `after`.
+    pub since: Timestamp,
+}
+
+/// When each device of a node becomes free: `Some(t)` known, `None` unknown.
+type DeviceEnds = Vec<(u16, Option<Timestamp>)>;
+/// Where a request would start earliest: (start, nodes with the GPUs needed on each, the
+/// devices counted).
+type Earliest = (Option<Timestamp>, Vec<(NodeId, u32)>, Vec<(NodeId, u16)>);
+
+impl Engine {
+    /// Recomputes this cycle's reservations and holds their free devices (see the module
+    /// docs). Nothing without the policy.
+    pub(super) fn plan_reservations(&mut self, now: Timestamp) {
+        self.reserved.clear();
+        let Some(policy) = self.reservation_policy else { return };
+        let candidates = self.candidates(now, policy.after_ms);
+        if candidates.is_empty() {
+            return;
+        }
+        let ends = self.device_ends(now);
+        let mut taken: BTreeSet<(NodeId, u16)> = BTreeSet::new();
+        let mut per_model: BTreeMap<ModelId, u32> = BTreeMap::new();
+        for (id, since) in candidates {
+            let Some(w) = self.workloads.get(&id) else { continue };
+            let GpuRequest::Whole(k) = w.spec.gpus_per_member else { continue };
+            let (members, same_node) = (w.spec.members, w.spec.same_node);
+            let mut best: Option<(Reservation, Vec<(NodeId, u16)>)> = None;
+            for &m in self.candidate_models(w) {
+                if per_model.get(&m).is_some_and(|n| *n >= policy.per_model_max) {
+                    continue;
+                }
+                if !self.quota_allows(w.project, m, w.spec.total_shares()) {
+                    continue;
+                }
+                let Some((start, nodes, devices)) =
+                    self.earliest(now, m, k, members, same_node, &ends, &taken)
+                else {
+                    continue;
+                };
+                // Earliest known start wins; unknown starts last; ties to the first model.
+                let better = best.as_ref().is_none_or(|(r, _)| match (start, r.start) {
+                    (Some(a), Some(b)) => a < b,
+                    (Some(_), None) => true,
+                    _ => false,
+                });
+                if better {
+                    best = Some((Reservation { model: m, nodes, start, since }, devices));
+                }
+            }
+            if let Some((r, devices)) = best {
+                *per_model.entry(r.model).or_default() += 1;
+                taken.extend(devices);
+                self.reserved.insert(id, r);
+            }
+        }
+        for id in self.reserved.keys().copied().collect::<Vec<_>>() {
+            self.close(id);
+        }
+    }
+
+    /// Gives back every reservation's held devices (end of the cycle); the reservations stay
+    /// readable until the next cycle.
+    pub(super) fn release_reservations(&mut self) {
+        for (_, parts) in std::mem::take(&mut self.reserve_held) {
+            for part in parts {
+                self.capacity.give(&part, 0, 0);
+            }
+        }
+    }
+
+    /// The reservations whose held devices workload `id` may use now: its own, and those it
+    /// backfills (its max runtime ends by their known start).
+    pub(super) fn opens(&self, now: Timestamp, id: WorkloadId) -> Vec<WorkloadId> {
+        if self.reserve_held.is_empty() {
+            return Vec::new();
+        }
+        // Read the workload only if it could backfill (the cycle visits every pending one).
+        if !self.reserve_held.contains_key(&id) && self.reserved.values().all(|r| r.start.is_none())
+        {
+            return Vec::new();
+        }
+        let max_runtime = self.workloads.get(&id).and_then(|w| w.spec.max_runtime_ms);
+        self.reserve_held
+            .keys()
+            .copied()
+            .filter(|r| {
+                *r == id
+                    || max_runtime.is_some_and(|max| {
+                        self.reserved
+                            .get(r)
+                            .and_then(|res| res.start)
+                            .is_some_and(|start| Timestamp(now.0.saturating_add(max)) <= start)
+                    })
+            })
+            .collect()
+    }
+
+    /// Gives back the held devices of these reservations, for the workload being scheduled.
+    pub(super) fn open(&mut self, reservations: &[WorkloadId]) {
+        for r in reservations {
+            for part in self.reserve_held.remove(r).unwrap_or_default() {
+                self.capacity.give(&part, 0, 0);
+            }
+        }
+    }
+
+    /// Takes again what is free of a reservation's devices, up to what it needs per node,
+    /// unless its workload no longer waits (admitted, or gone). The inverse of `open` when
+    /// nothing was admitted in between.
+    pub(super) fn close(&mut self, id: WorkloadId) {
+        if self.workloads.get(&id).is_none_or(|w| w.stage != Stage::Pending) {
+            self.reserved.remove(&id);
+            return;
+        }
+        let Some(r) = self.reserved.get(&id) else { return };
+        let model = r.model;
+        let mut parts = Vec::new();
+        for &(node, need) in &r.nodes {
+            let Some(n) = self.capacity.nodes.get(node.0 as usize) else { continue };
+            if n.unavailable {
+                continue;
+            }
+            let devices: Vec<DeviceShare> = n
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| {
+                    d.model == model && d.free == FULL && !d.occupied && !d.mig_in_use()
+                })
+                .take(need as usize)
+                .map(|(i, _)| DeviceShare { device: i as u16, shares: FULL, mig: None })
+                .collect();
+            if !devices.is_empty() {
+                parts.push(Placement {
+                    model: Some(model),
+                    members: vec![MemberPlacement { node, devices }],
+                });
+            }
+        }
+        for part in &parts {
+            self.capacity.take(part, 0, 0);
+        }
+        if !parts.is_empty() {
+            self.reserve_held.insert(id, parts);
+        }
+    }
+
+    /// Workloads to reserve for, in the order they are served: (workload, since when).
+    fn candidates(&self, now: Timestamp, after_ms: u64) -> Vec<(WorkloadId, Timestamp)> {
+        let mut found = Vec::new();
+        for queue in &self.queues {
+            for (key, _) in queue.iter().take(RESERVE_SCAN_MAX) {
+                let Some(w) = self.workloads.get(&key.2) else { continue };
+                let since = Timestamp(w.pending_since.0.saturating_add(after_ms));
+                let waiting = w.stage == Stage::Pending
+                    && !self.preemptors.contains(&key.2)
+                    && w.idle_suspended_at.is_none()
+                    && w.resume_at.is_none()
+                    && since <= now
+                    // A one-GPU request takes the first GPU that frees anywhere: it needs
+                    // no reservation, and would only keep one from the requests that do.
+                    && matches!(w.spec.gpus_per_member,
+                        GpuRequest::Whole(k) if k.saturating_mul(w.spec.members) >= 2);
+                if waiting {
+                    found.push((*key, since));
+                }
+            }
+        }
+        found.sort();
+        found.into_iter().map(|(key, since)| (key.2, since)).collect()
+    }
+
+    /// Whether `project`'s quota line for model `m` has room for `total` now.
+    fn quota_allows(&self, project: crate::ids::ProjectId, m: ModelId, total: Shares) -> bool {
+        self.quota
+            .resolve(project, QuotaKey::Model(m))
+            .and_then(|key| self.quota.view(project, key))
+            .is_some_and(|v| total <= v.available)
+    }
+
+    /// When each in-use device becomes free, per (node, device), from the known ends of the
+    /// work holding it; a device some holder of which has no known end is absent.
+    fn device_ends(&self, now: Timestamp) -> BTreeMap<(NodeId, u16), Timestamp> {
+        let mut known: BTreeMap<(NodeId, u16), (Timestamp, u32)> = BTreeMap::new();
+        for &(end, id) in &self.deadlines {
+            let Some(w) = self.workloads.get(&id) else { continue };
+            let end = match w.stage {
+                Stage::Running => end.max(now),
+                Stage::Stopping => now,
+                _ => continue,
+            };
+            let Some(a) = &w.allocation else { continue };
+            for member in &a.placement.members {
+                for d in &member.devices {
+                    let e = known.entry((member.node, d.device)).or_insert((end, 0));
+                    e.0 = e.0.max(end);
+                    e.1 = e.1.saturating_add(d.shares);
+                }
+            }
+        }
+        known
+            .into_iter()
+            .filter(|((node, device), (_, shares))| {
+                self.capacity
+                    .nodes
+                    .get(node.0 as usize)
+                    .and_then(|n| n.devices.get(*device as usize))
+                    .is_some_and(|d| d.free.saturating_add(*shares) >= FULL)
+            })
+            .map(|(k, (end, _))| (k, end))
+            .collect()
+    }
+
+    /// Where and when a request of `members` × `k` whole GPUs of model `m` starts earliest
+    /// (module docs): (start, nodes with the GPUs needed on each, the devices counted).
+    #[allow(clippy::too_many_arguments)]
+    fn earliest(
+        &self,
+        now: Timestamp,
+        m: ModelId,
+        k: u32,
+        members: u32,
+        same_node: bool,
+        ends: &BTreeMap<(NodeId, u16), Timestamp>,
+        taken: &BTreeSet<(NodeId, u16)>,
+    ) -> Option<Earliest> {
+        // Per usable node: its devices of the model with when each is free, soonest first.
+        let mut nodes: Vec<(NodeId, DeviceEnds)> = Vec::new();
+        for (i, n) in self.capacity.nodes.iter().enumerate() {
+            if n.unavailable {
+                continue;
+            }
+            let node = NodeId(i as u32);
+            let mut devices: DeviceEnds = n
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(d, dev)| {
+                    dev.model == m && !dev.occupied && !taken.contains(&(node, *d as u16))
+                })
+                .map(|(d, dev)| {
+                    let d = d as u16;
+                    let at = if dev.free == FULL && !dev.mig_in_use() {
+                        Some(now)
+                    } else {
+                        ends.get(&(node, d)).copied()
+                    };
+                    (d, at)
+                })
+                .collect();
+            if devices.is_empty() {
+                continue;
+            }
+            devices.sort_by_key(|&(d, at)| (at.is_none(), at, d));
+            nodes.push((node, devices));
+        }
+        let per_node_needed = if same_node { k.saturating_mul(members) } else { k };
+        if per_node_needed == 0 {
+            return None;
+        }
+        // Slots (members) a node holds by `t` (`None`: counting every device).
+        let slots = |devices: &DeviceEnds, t: Option<Timestamp>| -> u32 {
+            let free = devices
+                .iter()
+                .filter(|(_, at)| t.is_none_or(|t| at.is_some_and(|a| a <= t)))
+                .count() as u32;
+            if same_node { u32::from(free >= per_node_needed) } else { free / k }
+        };
+        let wanted = if same_node { 1 } else { members };
+        let everything: u32 = nodes.iter().map(|(_, d)| slots(d, None)).sum();
+        if everything < wanted {
+            return None;
+        }
+        // The first instant at which the nodes hold enough slots: one sweep over the known
+        // ends, each node's slots updated as its devices free (soonest first, so the n-th
+        // device of a node frees its n-th).
+        let mut events: Vec<(Timestamp, usize, u32)> = nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, d))| {
+                d.iter()
+                    .enumerate()
+                    .filter_map(move |(n, (_, at))| at.map(|t| (t, i, n as u32 + 1)))
+            })
+            .collect();
+        events.sort_unstable();
+        let slots_of =
+            |free: u32| if same_node { u32::from(free >= per_node_needed) } else { free / k };
+        let mut held = vec![0u32; nodes.len()];
+        let (mut total, mut start, mut at) = (0u32, None, 0);
+        while let Some(&(t, ..)) = events.get(at) {
+            while let Some(&(_, i, free)) = events.get(at).filter(|e| e.0 == t) {
+                let s = slots_of(free);
+                total = total.saturating_sub(held[i]).saturating_add(s);
+                held[i] = s;
+                at += 1;
+            }
+            if total >= wanted {
+                start = Some(t);
+                break;
+            }
+        }
+        // When each node first holds a slot, and its slots at the start.
+        let mut ranked: Vec<(Option<Timestamp>, u32, NodeId, usize)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (node, devices))| {
+                let ready = devices
+                    .get(per_node_needed as usize - 1)
+                    .and_then(|&(_, at)| at)
+                    .filter(|_| devices.len() >= per_node_needed as usize);
+                let room = match start {
+                    Some(t) => slots(devices, Some(t)),
+                    // Unknown start: the room whose end is known counts first.
+                    None => {
+                        let known = devices.iter().filter(|(_, at)| at.is_some()).count() as u32;
+                        if same_node { u32::from(known >= per_node_needed) } else { known / k }
+                    }
+                };
+                (ready, room, *node, i)
+            })
+            .collect();
+        ranked.sort_by_key(|&(ready, room, node, _)| {
+            (ready.is_none(), ready, std::cmp::Reverse(room), node)
+        });
+        let mut chosen = Vec::new();
+        let mut counted = Vec::new();
+        let mut left = wanted;
+        for (_, room, node, i) in ranked {
+            if left == 0 {
+                break;
+            }
+            let room = match start {
+                Some(_) => room,
+                None => slots(&nodes[i].1, None),
+            };
+            let slots_here = room.min(left);
+            if slots_here == 0 {
+                continue;
+            }
+            left -= slots_here;
+            let gpus = if same_node { per_node_needed } else { slots_here * k };
+            chosen.push((node, gpus));
+            counted.extend(nodes[i].1.iter().take(gpus as usize).map(|&(d, _)| (node, d)));
+        }
+        (left == 0).then(|| {
+            chosen.sort();
+            (start, chosen, counted)
+        })
+    }
+
+    /// Whether a request deferred for placement would fit were every reservation it may not
+    /// use open: then it is held for the reservation whose nodes that placement uses.
+    pub(super) fn held_for_reservation(
+        &mut self,
+        r: &super::Request,
+        models: &[ModelId],
+    ) -> Option<DeferReason> {
+        if self.reserve_held.is_empty() {
+            return None;
+        }
+        let held: Vec<WorkloadId> = self.reserve_held.keys().copied().collect();
+        self.open(&held);
+        // A feasibility check (best fit, as the arbiter's what-ifs), not the kept placement.
+        let mut found = None;
+        for &m in models {
+            let placed = match r.layout() {
+                Layout::SameNode if r.members > 1 => {
+                    self.capacity.find(Some(m), r.shape, r.members, r.layout())
+                }
+                _ => self.capacity.find_each(Some(m), r.shape, r.members, Refine::BestFit),
+            };
+            if placed.is_some() {
+                found = placed;
+                break;
+            }
+        }
+        for &id in &held {
+            self.close(id);
+        }
+        let placement = found?;
+        let used: BTreeSet<NodeId> = placement.members.iter().map(|m| m.node).collect();
+        let (id, res) = self
+            .reserved
+            .iter()
+            .find(|(_, res)| res.nodes.iter().any(|(n, _)| used.contains(n)))
+            .or_else(|| self.reserved.iter().next())?;
+        Some(DeferReason::HeldForReservation {
+            reservation: *id,
+            nodes: res.nodes.iter().map(|(n, _)| *n).collect(),
+            start: res.start,
+        })
+    }
+
+    /// The (cohort, quota line) on which a deferred workload waits for room within its
+    /// guarantee, if it does: it claims that line against borrowers of other projects.
+    pub(super) fn claim_of(&self, id: WorkloadId) -> Option<(usize, QuotaKey)> {
+        self.reservation_policy?;
+        let w = self.workloads.get(&id)?;
+        let total = w.spec.total_shares();
+        if total == Shares::ZERO {
+            return None;
+        }
+        self.candidate_models(w).iter().find_map(|&m| {
+            let key = self.quota.resolve(w.project, QuotaKey::Model(m))?;
+            let l = self.quota.line(w.project, key)?;
+            (l.used.saturating_add(total) <= l.guaranteed)
+                .then_some((self.projects[w.project.0 as usize].cohort, key))
+        })
+    }
+
+    /// Whether admitting request `r` on line `key` would make its project borrow while a
+    /// claimant of another project of the cohort waits on that line (`claims`, this cycle's):
+    /// then the deferral it gets instead.
+    pub(super) fn borrow_held_for(
+        &self,
+        r: &super::Request,
+        key: QuotaKey,
+        claims: &BTreeMap<(usize, QuotaKey), WorkloadId>,
+    ) -> Option<DeferReason> {
+        if claims.is_empty() {
+            return None;
+        }
+        let cohort = self.projects[r.project.0 as usize].cohort;
+        let &claimant = claims.get(&(cohort, key))?;
+        let other = self.workloads.get(&claimant).is_some_and(|c| c.project != r.project);
+        let line = self.quota.line(r.project, key)?;
+        let borrows = line.used.saturating_add(r.total) > line.guaranteed;
+        (other && borrows).then_some(DeferReason::HeldForClaimant { claimant, key })
+    }
+
+    /// The reservation `explain`'s cycle made for a pending workload, if any.
+    pub(crate) fn reservation(&self, id: WorkloadId) -> Option<&Reservation> {
+        self.reserved.get(&id)
+    }
+
+    /// The reservations a cycle run at `now` would make, by workload (a what-if on a clone:
+    /// the engine keeps none between cycles).
+    pub fn reservations(&self, now: Timestamp) -> Vec<(WorkloadId, Reservation)> {
+        if self.reservation_policy.is_none() {
+            return Vec::new();
+        }
+        let mut sim = self.clone();
+        let mut decisions = Vec::new();
+        sim.advance(now);
+        sim.stop_due(now, &mut decisions);
+        for id in sim.preemptors.clone() {
+            if !sim.victims_still_stopping(id).is_empty() {
+                sim.hold_plan(id);
+            }
+        }
+        sim.plan_reservations(now);
+        std::mem::take(&mut sim.reserved).into_iter().collect()
+    }
+}

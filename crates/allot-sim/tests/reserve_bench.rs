@@ -1,0 +1,262 @@
+//! Reservations measured in the simulator (figure benches, not tests of figures, house rule 8;
+//! both read the shared traces and run only when asked):
+//!
+//! ```sh
+//! ALLOT_SLICE_BENCH=1 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
+//! ALLOT_PHILLY_BENCH=6 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
+//! ```
+//!
+//! `slurm_slice_figures`: the Slurm comparison's slice (`scripts/bench-slurm-vs-allot.py`: Philly rows 58500–58749,
+//! 55× compressed, durations 3–90 s, accounts research 16 / team-a 8 / team-b 8 in one cohort,
+//! 4 nodes × 8 GPUs) replayed in the simulator, with and without reservations and time limits:
+//! the simulator starts admitted work at once and restarts pre-empted work with no delay
+//! (`restart_delay_s: 0`), where the real cluster takes a second or two each way.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use allot_core::{DeviceSpec, NodeSpec};
+use allot_sim::BadRows;
+use allot_sim::replay::{ReplayConfig, add_unlisted_projects, replay};
+use allot_sim::trace::{
+    TraceJob, load_philly_jobs, load_philly_machines, parse_datetime, philly_nodes,
+};
+
+const FIRST: usize = 58_500;
+const COUNT: usize = 250;
+const COMPRESS: f64 = 55.0;
+const GUARANTEED: [(&str, u32); 3] = [("research", 16), ("team-a", 8), ("team-b", 8)];
+
+/// The slice as the bench script makes it.
+fn slice(trace: &Path) -> Vec<TraceJob> {
+    let text = std::fs::read_to_string(trace).expect("the shared Philly trace");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).expect(name);
+    let (ts, dur, gpus, vc) = (col("timestamp"), col("duration"), col("num_gpus"), col("cluster"));
+    let rows: Vec<Vec<&str>> =
+        lines.skip(FIRST).take(COUNT).map(|l| l.split(',').collect()).collect();
+    // Accounts: the largest VC is research, the others alternately team-a and team-b.
+    let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &rows {
+        *sizes.entry(r[vc]).or_default() += 1;
+    }
+    let mut order: Vec<(&str, usize)> = sizes.into_iter().collect();
+    order.sort_by_key(|&(name, n)| (std::cmp::Reverse(n), name));
+    let account: BTreeMap<&str, &str> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, _))| {
+            (
+                name,
+                if i == 0 {
+                    "research"
+                } else if i % 2 == 1 {
+                    "team-a"
+                } else {
+                    "team-b"
+                },
+            )
+        })
+        .collect();
+    let t0 = parse_datetime(rows[0][ts]).expect("a timestamp");
+    rows.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let g: u32 = r[gpus].parse().expect("num_gpus");
+            let members = g.div_ceil(8).max(1);
+            let at = parse_datetime(r[ts]).expect("a timestamp");
+            let d: f64 = r[dur].parse().expect("duration");
+            TraceJob {
+                id: i as u64 + 1,
+                name: format!("job-{i}"),
+                submit_s: (at - t0) as f64 / COMPRESS,
+                duration_s: ((d / COMPRESS).clamp(3.0, 90.0) * 10.0).round() / 10.0,
+                project: account[r[vc]].to_string(),
+                gpus: g / members,
+                members,
+                gpu_milli: 1000,
+                gpu_models: Vec::new(),
+                kind: None,
+                priority_class: None,
+                checkpoint_interval_s: None,
+                cpu_milli: 0,
+                memory_mib: 0,
+                line: FIRST + i + 2,
+            }
+        })
+        .collect()
+}
+
+fn policy(reserve: Option<&str>) -> allot_core::PolicySpec {
+    let mut text = String::new();
+    if let Some(after) = reserve {
+        text.push_str(&format!("reservations: {{after: {after}}}\n"));
+    }
+    text.push_str(
+        "preemption:\n  mode: requeue\nrestart_cost: 1m\npriority_classes:\n  \
+         - {name: normal, value: 0, preemptible: true}\ndefault_priority_class: normal\n\
+         projects:\n",
+    );
+    for (name, g) in GUARANTEED {
+        text.push_str(&format!(
+            "  - name: {name}\n    cohort: lab\n    quotas:\n      \
+             - {{model: h100, guaranteed: {g}, borrow_limit: {}}}\n",
+            32 - g
+        ));
+    }
+    allot_config::parse_policy("bench.yaml", &text).expect("the bench policy parses")
+}
+
+fn nodes() -> Vec<NodeSpec> {
+    (0..4)
+        .map(|i| NodeSpec {
+            name: format!("n{i}"),
+            cpu_millis: 64_000,
+            memory_mib: 256 * 1024,
+            labels: BTreeMap::new(),
+            pool: None,
+            rack: None,
+            devices: (0..8)
+                .map(|_| DeviceSpec {
+                    model: "h100".into(),
+                    memory_mib: 81_920,
+                    island: 0,
+                    mig: false,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 * p / 100.0).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[test]
+fn slurm_slice_figures() {
+    if std::env::var("ALLOT_SLICE_BENCH").ok().as_deref() != Some("1") {
+        return;
+    }
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/philly-pollux/philly.csv");
+    let jobs = slice(&trace);
+    let big: Vec<u64> = jobs.iter().filter(|j| j.gpus * j.members >= 8).map(|j| j.id).collect();
+    println!(
+        "| policy | time limits | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | \
+         pre-emptions | lost GPU-h | makespan s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for reserve in [None, Some("10s"), Some("30s"), Some("1m")] {
+        for time_limits in [false, true] {
+            let config =
+                ReplayConfig { restart_delay_s: 0.0, time_limits, ..ReplayConfig::default() };
+            let report = replay(&nodes(), &policy(reserve), "slice", &jobs, &config)
+                .expect("the slice replays");
+            let mut waits: Vec<f64> =
+                report.by_job.values().filter_map(|o| o.first_wait_s).collect();
+            waits.sort_by(f64::total_cmp);
+            let big_waits: Vec<f64> = big
+                .iter()
+                .filter_map(|id| report.by_job.get(id).and_then(|o| o.first_wait_s))
+                .collect();
+            let mean = big_waits.iter().sum::<f64>() / big_waits.len().max(1) as f64;
+            let max = big_waits.iter().copied().fold(0.0, f64::max);
+            println!(
+                "| {} | {} | {:.1} / {:.1} / {:.1} | {mean:.1} / {max:.1} | {} | {:.3} | {:.0} |",
+                reserve.map_or("off".to_string(), |a| format!("after {a}")),
+                if time_limits { "yes" } else { "no" },
+                pct(&waits, 50.0),
+                pct(&waits, 95.0),
+                pct(&waits, 99.0),
+                report.preemptions,
+                report.lost_gpu_hours,
+                report.span_s,
+            );
+        }
+    }
+}
+
+/// `philly_big_job_waits`: the whole Philly trace at the load `ALLOT_PHILLY_BENCH` gives (as
+/// `allot sim replay --load`), with `examples/philly-policy.yaml`, checkpoints every 30 min,
+/// with and without `reservations: {after: 5m}` and time limits: waits of all jobs and of
+/// jobs asking 8 GPUs or more, pre-emptions, lost GPU-hours and the replay's wall time.
+#[test]
+fn philly_big_job_waits() {
+    let Some(load) = std::env::var("ALLOT_PHILLY_BENCH").ok().and_then(|v| v.parse::<f64>().ok())
+    else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let traces = root.join("../shared/traces");
+    let (machines, _) =
+        load_philly_machines(&traces.join("philly-machines/cluster_machine_list"), BadRows::Fail)
+            .expect("machines");
+    let nodes = philly_nodes(&machines);
+    let per_node = nodes.iter().map(|n| n.devices.len() as u32).max().unwrap_or(0);
+    let loaded =
+        load_philly_jobs(&traces.join("philly-pollux/philly.csv"), BadRows::Fail).expect("jobs");
+    let jobs: Vec<TraceJob> = loaded
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let mut t = j.to_trace_job(i as u64 + 1, per_node);
+            t.submit_s /= load;
+            t
+        })
+        .collect();
+    let base = allot_config::load_policy(&root.join("examples/philly-policy.yaml"))
+        .expect("the example policy");
+    println!(
+        "| reservations | time limits | wait p50 / p95 / p99 s | ≥8-GPU wait mean / p95 / max s | \
+         pre-emptions | lost GPU-h | wall s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for reserve in [false, true] {
+        let mut policy = base.clone();
+        if reserve {
+            policy.reservations =
+                Some(allot_core::Reservations { after_ms: 300_000, per_model_max: 2 });
+        }
+        let (policy, _) = add_unlisted_projects(&policy, &jobs);
+        for time_limits in [false, true] {
+            let config = ReplayConfig {
+                default_checkpoint_interval_s: Some(1800.0),
+                time_limits,
+                ..ReplayConfig::default()
+            };
+            #[allow(clippy::disallowed_methods)] // a figure bench reports its wall time
+            let started = std::time::Instant::now();
+            let report = replay(&nodes, &policy, "philly", &jobs, &config).expect("replays");
+            let wall_s = started.elapsed().as_secs_f64();
+            let mut waits: Vec<f64> =
+                report.by_job.values().filter_map(|o| o.first_wait_s).collect();
+            waits.sort_by(f64::total_cmp);
+            let mut big: Vec<f64> = jobs
+                .iter()
+                .filter(|j| j.gpus * j.members >= 8)
+                .filter_map(|j| report.by_job.get(&j.id).and_then(|o| o.first_wait_s))
+                .collect();
+            big.sort_by(f64::total_cmp);
+            println!(
+                "| {} | {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} ({} jobs) | {} | {:.1} | {wall_s:.1} |",
+                if reserve { "after 5m" } else { "off" },
+                if time_limits { "yes" } else { "no" },
+                pct(&waits, 50.0),
+                pct(&waits, 95.0),
+                pct(&waits, 99.0),
+                big.iter().sum::<f64>() / big.len().max(1) as f64,
+                pct(&big, 95.0),
+                big.last().copied().unwrap_or(f64::NAN),
+                big.len(),
+                report.preemptions,
+                report.lost_gpu_hours,
+            );
+        }
+    }
+}

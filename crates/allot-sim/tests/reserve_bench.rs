@@ -11,6 +11,7 @@
 //! 4 nodes × 8 GPUs) replayed in the simulator, with and without reservations and time limits:
 //! the simulator starts admitted work at once and restarts pre-empted work with no delay
 //! (`restart_delay_s: 0`), where the real cluster takes a second or two each way.
+#![allow(clippy::print_stdout)] // a figure bench: its tables are what it is run for
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -196,6 +196,50 @@ async fn bind_checked(
 /// Binds of single pods sent at once, at most (a group's are sent one by one, all or none).
 const BINDS_IN_FLIGHT_MAX: usize = 32;
 
+/// `pod`, the pod a handle names (from the view or the API server), if it is still the pod allot
+/// admitted: `Err` with the words when it is gone or was created again under the name.
+fn pod_as_admitted<P: std::borrow::Borrow<Pod>>(
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+    pod: Option<P>,
+) -> Result<P, String> {
+    match pod {
+        None => Err(format!("pod {namespace}/{name} is gone")),
+        Some(pod) if uid.is_some() && pod.borrow().metadata.uid.as_deref() != uid => Err(format!(
+            "pod {namespace}/{name} was deleted and created again since allot admitted it (the \
+             new pod is new work)"
+        )),
+        Some(pod) => Ok(pod),
+    }
+}
+
+/// Whether `pods` are the group a handle's id names (any pods, for a handle without one).
+fn is_group<P: std::borrow::Borrow<Pod>>(uid: Option<&str>, pods: &[P]) -> bool {
+    let refs: Vec<&Pod> = pods.iter().map(|p| p.borrow()).collect();
+    uid.is_none_or(|id| map::group_id(&refs) == id)
+}
+
+/// `pods`, a group's pods now, if they are the group allot admitted: `Err` with the words when
+/// none is left or one was added, removed or created again.
+fn group_as_admitted<P: std::borrow::Borrow<Pod>>(
+    namespace: &str,
+    group: &str,
+    uid: Option<&str>,
+    pods: Vec<P>,
+) -> Result<Vec<P>, String> {
+    if pods.is_empty() {
+        return Err(format!("pod group {namespace}/{group} has no pods left"));
+    }
+    if !is_group(uid, &pods) {
+        return Err(format!(
+            "pod group {namespace}/{group} changed since allot admitted it (a pod was added, \
+             removed or created again; the group is new work)"
+        ));
+    }
+    Ok(pods)
+}
+
 impl KubernetesBackend {
     /// Reads the cluster's credentials and starts watching the cluster in the background (a
     /// failure to reach it shows in the first read).
@@ -402,30 +446,11 @@ impl KubernetesBackend {
         match handle {
             Handle::Pod { namespace, name, uid } => {
                 let pod = self.view()?.pods.items.get(&format!("{namespace}/{name}")).cloned();
-                match pod {
-                    None => Ok(Err(format!("pod {namespace}/{name} is gone"))),
-                    Some(pod) if uid.is_some() && pod.metadata.uid.as_deref() != uid => {
-                        Ok(Err(format!(
-                            "pod {namespace}/{name} was deleted and created again since allot \
-                             admitted it (the new pod is new work)"
-                        )))
-                    }
-                    Some(pod) => Ok(Ok(vec![pod])),
-                }
+                Ok(pod_as_admitted(namespace, name, uid, pod).map(|pod| vec![pod]))
             }
             Handle::Group { namespace, group, uid } => {
                 let pods = self.cached_group_pods(namespace, group)?;
-                if pods.is_empty() {
-                    return Ok(Err(format!("pod group {namespace}/{group} has no pods left")));
-                }
-                let refs: Vec<&Pod> = pods.iter().map(|p| &**p).collect();
-                if uid.is_some_and(|id| map::group_id(&refs) != id) {
-                    return Ok(Err(format!(
-                        "pod group {namespace}/{group} changed since allot admitted it (a pod \
-                         was added, removed or created again; the group is new work)"
-                    )));
-                }
-                Ok(Ok(pods))
+                Ok(group_as_admitted(namespace, group, uid, pods))
             }
         }
     }
@@ -465,35 +490,16 @@ impl KubernetesBackend {
         recovering: bool,
     ) -> Result<Result<Vec<Pod>, String>, BackendError> {
         match handle {
-            Handle::Pod { namespace, name, uid } => match self.get_pod(namespace, name)? {
-                None => Ok(Err(format!("pod {namespace}/{name} is gone"))),
-                Some(pod) if uid.is_some() && pod.metadata.uid.as_deref() != uid => {
-                    Ok(Err(format!(
-                        "pod {namespace}/{name} was deleted and created again since allot \
-                         admitted it (the new pod is new work)"
-                    )))
-                }
-                Some(pod) => Ok(Ok(vec![pod])),
-            },
+            Handle::Pod { namespace, name, uid } => {
+                let pod = self.get_pod(namespace, name)?;
+                Ok(pod_as_admitted(namespace, name, uid, pod).map(|pod| vec![pod]))
+            }
             Handle::Group { namespace, group, uid } => {
                 let mut pods = self.group_pods(namespace, group, false)?;
-                let same = |pods: &[Pod]| {
-                    let refs: Vec<&Pod> = pods.iter().collect();
-                    uid.is_none_or(|id| map::group_id(&refs) == id)
-                };
-                if recovering && !same(&pods) {
+                if recovering && !is_group(uid, &pods) {
                     pods = self.group_pods(namespace, group, true)?;
                 }
-                if pods.is_empty() {
-                    return Ok(Err(format!("pod group {namespace}/{group} has no pods left")));
-                }
-                if !same(&pods) {
-                    return Ok(Err(format!(
-                        "pod group {namespace}/{group} changed since allot admitted it (a pod \
-                         was added, removed or created again; the group is new work)"
-                    )));
-                }
-                Ok(Ok(pods))
+                Ok(group_as_admitted(namespace, group, uid, pods))
             }
         }
     }

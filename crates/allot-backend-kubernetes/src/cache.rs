@@ -1,4 +1,4 @@
-//! The cluster as the backend last saw it: Nodes and Pods (all namespaces) in memory, kept
+//! The cluster as the backend last saw it: Nodes, Pods and Jobs (all namespaces) in memory, kept
 //! up to date by a list and then a watch of each, on the backend's runtime, in the
 //! background. Reads (`watch_cluster`, `poll`, `inventory`, a launch's pods) take the view
 //! and make no API call.
@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use allot_backend::BackendError;
 use futures_util::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Resource;
@@ -72,21 +73,27 @@ impl<K> Store<K> {
     }
 }
 
-/// The view: nodes by name, pods by `namespace/name`, and a count that changes whenever
-/// anything in it does.
+/// The view: nodes by name, pods and Jobs by `namespace/name`, and a count that changes
+/// whenever anything in it does.
 #[derive(Debug, Default)]
 pub(crate) struct View {
     pub(crate) nodes: Store<Node>,
     pub(crate) pods: Store<Pod>,
+    pub(crate) jobs: Store<Job>,
     /// Bumped on every change (an event applied, a list that replaced a kind).
     pub(crate) generation: u64,
 }
 
 impl View {
-    /// `Err(Unreachable)` unless both kinds are listed and not down.
+    /// `Err(Unreachable)` unless every kind is listed and not down.
     pub(crate) fn usable(&self) -> Result<(), BackendError> {
         self.nodes.usable("nodes")?;
-        self.pods.usable("pods")
+        self.pods.usable("pods")?;
+        self.jobs.usable("Jobs")
+    }
+
+    fn listed(&self) -> bool {
+        self.nodes.synced && self.pods.synced && self.jobs.synced
     }
 }
 
@@ -122,7 +129,15 @@ impl Cache {
             map::pod_key,
             |v| &mut v.pods,
         ));
-        Cache { view, tasks: vec![nodes, pods] }
+        let jobs = runtime.spawn(keep::<Job>(
+            "Jobs",
+            Api::all(client.clone()),
+            view.clone(),
+            call_timeout,
+            crate::job::job_key,
+            |v| &mut v.jobs,
+        ));
+        Cache { view, tasks: vec![nodes, pods, jobs] }
     }
 
     /// Stops the loops and forgets the view (reads wait for a new start's first list).
@@ -144,7 +159,7 @@ impl Cache {
         let start = std::time::Instant::now();
         loop {
             let view = self.lock();
-            let never_listed = !view.nodes.synced || !view.pods.synced;
+            let never_listed = !view.listed();
             match view.usable() {
                 Ok(()) => return Ok(view),
                 Err(e) if !never_listed || start.elapsed() >= wait => return Err(e),
@@ -155,10 +170,10 @@ impl Cache {
         }
     }
 
-    /// LIST calls made so far, nodes and pods together.
+    /// LIST calls made so far, every kind together.
     pub(crate) fn lists(&self) -> u64 {
         let view = self.lock();
-        view.nodes.lists + view.pods.lists
+        view.nodes.lists + view.pods.lists + view.jobs.lists
     }
 }
 

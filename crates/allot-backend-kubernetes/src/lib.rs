@@ -7,9 +7,13 @@
 //! subresource and watches it from then on. A pod group (a gang: pods sharing the label
 //! `allot.dev/pod-group`, as many as its annotation `allot.dev/pod-group-size` says) is one
 //! piece of work of one member per pod, offered once all its pods exist and bound all or none
-//! (see [`map`] for the labels, annotations and handles read). Pods of other schedulers that
-//! hold GPUs on a GPU node are occupied capacity ([`ClusterNews::beside`]). Work submitted
-//! through `allot submit` has no pod and is refused: the backend does not create pods yet.
+//! (see [`map`] for the labels, annotations and handles read). A Job labelled
+//! `allot.dev/queue` and created suspended is one piece of work too, as wide as its
+//! parallelism: admitting it resumes it, its pods are bound where allot placed it as the job
+//! controller makes them, and a pre-emption suspends it again, keeping it for the next run
+//! (see [`job`]). Pods of other schedulers that hold GPUs on a GPU node are occupied capacity
+//! ([`ClusterNews::beside`]). Work submitted through `allot submit` has no pod and is refused:
+//! the backend does not create pods yet.
 //!
 //! A pod its user deletes while it runs ends the run as cancelled
 //! ([`Observation::Cancelled`]); a pod allot evicted is an exit without code. A pod with
@@ -36,10 +40,12 @@ use allot_backend::{
     Waiting,
 };
 use allot_core::NodeSpec;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 
 mod cache;
+pub mod job;
 pub mod map;
 mod run;
 
@@ -86,6 +92,8 @@ pub struct KubernetesBackend {
     binds: BTreeMap<RunId, tokio::task::JoinHandle<Option<BackendError>>>,
     /// The note last set on each pod (by handle: `reason\nmessage`), of the pods that have one.
     notes_shown: BTreeMap<String, String>,
+    /// The refusal last recorded on each Job allot refuses, by handle.
+    job_notes_shown: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -193,6 +201,11 @@ async fn bind_checked(
     }
 }
 
+/// The words for a Job's handle where pods were expected.
+fn not_pods(namespace: &str, name: &str) -> String {
+    format!("job {namespace}/{name} is a Job: its pods are the job controller's")
+}
+
 /// Binds of single pods sent at once, at most (a group's are sent one by one, all or none).
 const BINDS_IN_FLIGHT_MAX: usize = 32;
 
@@ -287,6 +300,7 @@ impl KubernetesBackend {
             last_observed: None,
             binds: BTreeMap::new(),
             notes_shown: BTreeMap::new(),
+            job_notes_shown: BTreeMap::new(),
         })
     }
 
@@ -452,6 +466,7 @@ impl KubernetesBackend {
                 let pods = self.cached_group_pods(namespace, group)?;
                 Ok(group_as_admitted(namespace, group, uid, pods))
             }
+            Handle::Job { namespace, name, .. } => Ok(Err(not_pods(namespace, name))),
         }
     }
 
@@ -501,6 +516,7 @@ impl KubernetesBackend {
                 }
                 Ok(group_as_admitted(namespace, group, uid, pods))
             }
+            Handle::Job { namespace, name, .. } => Ok(Err(not_pods(namespace, name))),
         }
     }
 
@@ -600,9 +616,13 @@ impl KubernetesBackend {
     fn take(&mut self, launch: &Launch, handle: &str) -> Result<Result<(), String>, BackendError> {
         let Some(parsed) = parse_handle(handle) else {
             return Ok(Err(format!(
-                "{handle:?} is not a pod handle (namespace/name or namespace/group:name)"
+                "{handle:?} is not a handle of pods or a Job (namespace/name, \
+                 namespace/group:name or namespace/job:name)"
             )));
         };
+        if let Handle::Job { namespace, name, uid } = parsed {
+            return self.take_job(launch, namespace, name, uid);
+        }
         if matches!(parsed, Handle::Pod { .. }) && launch.members.len() != 1 {
             return Ok(Err(format!(
                 "pod {handle}: {} members asked; a pod is one member (a gang is a pod group: \
@@ -623,7 +643,7 @@ impl KubernetesBackend {
         };
         let group = match parsed {
             Handle::Group { group, .. } => Some(group.to_string()),
-            Handle::Pod { .. } => None,
+            Handle::Pod { .. } | Handle::Job { .. } => None,
         };
         let what = match &group {
             Some(g) => format!("pod group {}/{g}", parsed.namespace()),
@@ -675,6 +695,7 @@ impl KubernetesBackend {
                 started: false,
                 ended: false,
                 stopped_by_allot: false,
+                job: None,
             },
         );
     }
@@ -723,6 +744,9 @@ impl KubernetesBackend {
             Handle::Group { namespace, group, .. } => {
                 t.namespace == namespace && t.group.as_deref() == Some(group)
             }
+            Handle::Job { namespace, name, .. } => {
+                t.namespace == namespace && t.job.as_ref().is_some_and(|j| j.name == name)
+            }
         })
     }
 
@@ -762,6 +786,19 @@ impl KubernetesBackend {
             Err(e) if is_not_found(&e) => return Ok(()),
             Err(e) => return Err(api_error(&what, e)),
         };
+        let object = ("v1", "Pod", namespace, name, pod.metadata.uid);
+        self.record_event(object, reason, message, now)
+    }
+
+    /// Records an Event of the object (`apiVersion`, `kind`, namespace, name, uid) with
+    /// allot's reason: `Warning` for a refusal, `Normal` else.
+    fn record_event(
+        &self,
+        (api_version, kind, namespace, name, uid): (&str, &str, &str, &str, Option<String>),
+        reason: &str,
+        message: String,
+        now: &str,
+    ) -> Result<(), BackendError> {
         // An Event's message is bounded (1 KiB for events.k8s.io); cut on a char boundary.
         let mut short = message;
         if short.len() > EVENT_MESSAGE_BYTES_MAX {
@@ -774,8 +811,8 @@ impl KubernetesBackend {
         }
         let event = serde_json::json!({
             "metadata": { "generateName": format!("{name}."), "namespace": namespace },
-            "involvedObject": { "apiVersion": "v1", "kind": "Pod", "name": name,
-                                "namespace": namespace, "uid": pod.metadata.uid },
+            "involvedObject": { "apiVersion": api_version, "kind": kind, "name": name,
+                                "namespace": namespace, "uid": uid },
             "reason": reason,
             "message": short,
             "type": if reason == map::REFUSED_REASON { "Warning" } else { "Normal" },
@@ -786,9 +823,9 @@ impl KubernetesBackend {
             "count": 1,
         });
         let event: Event = serde_json::from_value(event)
-            .map_err(|e| BackendError::Invalid(format!("an Event for pod {name}: {e}")))?;
+            .map_err(|e| BackendError::Invalid(format!("an Event for {kind} {name}: {e}")))?;
         let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
-        let what = format!("record an Event for pod {namespace}/{name}");
+        let what = format!("record an Event for {kind} {namespace}/{name}");
         self.call(&what, events.create(&PostParams::default(), &event))?
             .map_err(|e| api_error(&what, e))?;
         Ok(())
@@ -834,6 +871,239 @@ impl KubernetesBackend {
             ) {
                 Ok(()) => {
                     self.notes_shown.insert(handle, said);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Jobs queued for allot (see the [`job`] module).
+impl KubernetesBackend {
+    fn jobs(&self, namespace: &str) -> Api<Job> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Suspends or resumes a Job (a resume records where allot placed it). `Ok(false)`: the
+    /// Job is gone.
+    fn set_suspended(
+        &self,
+        namespace: &str,
+        name: &str,
+        suspend: bool,
+        placement: Option<&str>,
+    ) -> Result<bool, BackendError> {
+        let mut patch = serde_json::json!({ "spec": { "suspend": suspend } });
+        if let Some(nodes) = placement {
+            patch["metadata"] =
+                serde_json::json!({ "annotations": { job::PLACEMENT_ANNOTATION: nodes } });
+        }
+        let verb = if suspend { "suspend" } else { "resume" };
+        let what = format!("{verb} job {namespace}/{name}");
+        let params = PatchParams::default();
+        match self.call(&what, self.jobs(namespace).patch(name, &params, &Patch::Merge(&patch)))? {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(api_error(&what, e)),
+        }
+    }
+
+    /// The Job `namespace/name` in the view, else as the API server has it (the view may be
+    /// behind it: a Job created just now).
+    fn job_now(&self, namespace: &str, name: &str) -> Result<Option<Arc<Job>>, BackendError> {
+        if let Some(job) = self.view()?.jobs.items.get(&format!("{namespace}/{name}")).cloned() {
+            return Ok(Some(job));
+        }
+        let what = format!("get job {namespace}/{name}");
+        match self.call(&what, self.jobs(namespace).get_opt(name))? {
+            Ok(job) => Ok(job.map(Arc::new)),
+            Err(e) => Err(api_error(&what, e)),
+        }
+    }
+
+    /// Takes a Job queued for allot as `launch.run`: resumes it, with the launch's nodes as
+    /// its placement; `poll` binds its pods to them as the job controller makes them.
+    fn take_job(
+        &mut self,
+        launch: &Launch,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<Result<(), String>, BackendError> {
+        let key = format!("{namespace}/{name}");
+        let job = match self.job_now(namespace, name)? {
+            Some(job) if uid.is_none() || job.metadata.uid.as_deref() == uid => job,
+            Some(_) => {
+                return Ok(Err(format!(
+                    "job {key} was deleted and created again before allot admitted it (the new \
+                     Job is new work)"
+                )));
+            }
+            None => {
+                return Ok(Err(format!("job {key} is gone (deleted before allot admitted it)")));
+            }
+        };
+        if job::finished(&job).is_some() {
+            return Ok(Err(format!("job {key} finished before allot admitted it")));
+        }
+        let width = job::width(&job) as usize;
+        if launch.members.len() != width {
+            return Ok(Err(format!(
+                "job {key}: {} members asked, but it runs {width} pods at once \
+                 (spec.parallelism, at most spec.completions)",
+                launch.members.len()
+            )));
+        }
+        // An earlier run of the work that still holds the Job (its pods still stopping) ends
+        // now: this run takes it over.
+        for (run, t) in self.runs.iter_mut().filter(|(_, t)| !t.ended) {
+            if t.job.as_ref().is_some_and(|j| j.key == key) {
+                t.ended = true;
+                self.pending.push(Observation::Exited {
+                    run: *run,
+                    code: None,
+                    detail: format!("job {key} resumed as run {}", launch.run),
+                });
+            }
+        }
+        let placement = job::placement_text(&launch.members);
+        if !self.set_suspended(namespace, name, false, Some(&placement))? {
+            return Ok(Err(format!("job {key} is gone (deleted before allot admitted it)")));
+        }
+        self.track_job(launch, namespace, name, job.metadata.uid.clone(), false);
+        Ok(Ok(()))
+    }
+
+    fn track_job(
+        &mut self,
+        launch: &Launch,
+        namespace: &str,
+        name: &str,
+        uid: Option<String>,
+        seen_resumed: bool,
+    ) {
+        self.last_observed = None;
+        let key = format!("{namespace}/{name}");
+        self.runs.insert(
+            launch.run,
+            Tracked {
+                namespace: namespace.to_string(),
+                group: None,
+                pods: Vec::new(),
+                members: launch.members.clone(),
+                started: false,
+                ended: false,
+                stopped_by_allot: false,
+                job: Some(job::JobRun { name: name.to_string(), key, uid, seen_resumed }),
+            },
+        );
+    }
+
+    /// Stops a Job's run: suspends the Job (the job controller deletes its pods, each with
+    /// its grace period: the checkpoint path); a kill once that was asked deletes the pods
+    /// left at once.
+    fn stop_job(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
+        let Some(t) = self.runs.get(&run) else {
+            return Err(BackendError::UnknownRun { run });
+        };
+        let Some(j) = &t.job else { return Ok(()) };
+        if t.ended || signal == StopSignal::Checkpoint {
+            return Ok(());
+        }
+        let (namespace, name, uid) = (t.namespace.clone(), j.name.clone(), j.uid.clone());
+        let kill = signal == StopSignal::Kill && t.stopped_by_allot;
+        self.local_changes += 1;
+        self.set_suspended(&namespace, &name, true, None)?;
+        if let Some(t) = self.runs.get_mut(&run) {
+            t.stopped_by_allot = true;
+        }
+        if kill {
+            let prefix = format!("{namespace}/");
+            let left: Vec<String> = self
+                .view()?
+                .pods
+                .items
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .map(|(_, p)| p)
+                .filter(|p| uid.is_some() && job::owner_job_uid(p) == uid.as_deref())
+                .filter(|p| !map::is_terminal(p))
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            for pod in left {
+                self.delete_pod(&namespace, &pod, Some(0))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A recovered Job's run: a Job gone ended unknown; a suspended one was never resumed for
+    /// this run (pending again); else it is watched again and judged from the view.
+    fn recover_job(
+        &mut self,
+        launch: &Launch,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<Vec<Observation>, BackendError> {
+        let run = launch.run;
+        let key = format!("{namespace}/{name}");
+        let job = self.view()?.jobs.items.get(&key).cloned();
+        let Some(job) = job.filter(|j| uid.is_none() || j.metadata.uid.as_deref() == uid) else {
+            return Ok(vec![Observation::Exited {
+                run,
+                code: None,
+                detail: format!(
+                    "exit status unknown: job {key} is gone (it ended while allot was not \
+                     watching)"
+                ),
+            }]);
+        };
+        if job::is_suspended(&job) && job::finished(&job).is_none() {
+            return Ok(vec![Observation::LaunchFailed {
+                run,
+                error: format!("job {key} was never resumed"),
+            }]);
+        }
+        self.track_job(launch, namespace, name, job.metadata.uid.clone(), true);
+        let view = self.cache.read(self.call_timeout)?;
+        let Some(t) = self.runs.get_mut(&run) else { return Ok(Vec::new()) };
+        let (seen, binds) = t.observe_job(run, &view.jobs.items, &view.pods.items);
+        drop(view);
+        self.bind_job_pods(binds);
+        Ok(seen)
+    }
+
+    /// Binds a Job's pods where `Tracked::observe_job` sent them; a bind that fails is tried
+    /// again at the next poll.
+    fn bind_job_pods(&mut self, binds: Vec<(Arc<Pod>, String)>) {
+        for (pod, node) in binds {
+            if self.bind(&pod, &node).is_some() {
+                self.last_observed = None;
+            }
+        }
+    }
+
+    /// Records the refusal of each Job allot refuses as a Warning Event of the Job (what
+    /// `kubectl describe job` lists), once per Job and reason.
+    fn show_job_refusals(&mut self, refused: &[(Arc<Job>, String)]) -> Result<(), BackendError> {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let handles: BTreeSet<String> = refused.iter().map(|(j, _)| job::job_handle(j)).collect();
+        self.job_notes_shown.retain(|handle, _| handles.contains(handle));
+        let mut first_error = None;
+        for (j, why) in refused {
+            let handle = job::job_handle(j);
+            if self.job_notes_shown.get(&handle) == Some(why) {
+                continue;
+            }
+            let name = j.metadata.name.as_deref().unwrap_or_default();
+            let object = ("batch/v1", "Job", job::job_namespace(j), name, j.metadata.uid.clone());
+            match self.record_event(object, map::REFUSED_REASON, format!("allot: {why}"), &now) {
+                Ok(()) => {
+                    self.job_notes_shown.insert(handle, why.clone());
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -909,6 +1179,9 @@ impl Backend for KubernetesBackend {
         let Some(t) = self.runs.get(&run).cloned() else {
             return Err(BackendError::UnknownRun { run });
         };
+        if t.job.is_some() {
+            return self.stop_job(run, signal);
+        }
         if t.ended || signal == StopSignal::Checkpoint {
             return Ok(());
         }
@@ -956,11 +1229,20 @@ impl Backend for KubernetesBackend {
                 let binds = &self.binds;
                 let watched =
                     self.runs.iter_mut().filter(|(r, t)| !t.ended && !binds.contains_key(r));
+                let mut job_binds = Vec::new();
                 for (run, t) in watched {
-                    seen.extend(t.observe(*run, &view.pods.items));
+                    if t.job.is_some() {
+                        let (observed, to_bind) =
+                            t.observe_job(*run, &view.jobs.items, &view.pods.items);
+                        seen.extend(observed);
+                        job_binds.extend(to_bind);
+                    } else {
+                        seen.extend(t.observe(*run, &view.pods.items));
+                    }
                 }
                 self.last_observed = Some(view.generation);
                 drop(view);
+                self.bind_job_pods(job_binds);
                 if seen.iter().any(|o| !matches!(o, Observation::Started { .. })) {
                     self.local_changes += 1;
                 }
@@ -981,10 +1263,15 @@ impl Backend for KubernetesBackend {
             let Some(handle) = launch.adopt.as_deref().and_then(parse_handle) else {
                 out.push(Observation::LaunchFailed {
                     run,
-                    error: "no pod: the kubernetes backend only runs pods it took over".into(),
+                    error: "no pod: the kubernetes backend only runs pods and Jobs it took over"
+                        .into(),
                 });
                 continue;
             };
+            if let Handle::Job { namespace, name, uid } = handle {
+                out.extend(self.recover_job(launch, namespace, name, uid)?);
+                continue;
+            }
             let pods = match self.pods_of(handle, true)? {
                 Ok(pods) => pods,
                 Err(why) => {
@@ -1011,6 +1298,7 @@ impl Backend for KubernetesBackend {
                     (Some(group.to_string()), format!("pod group {namespace}/{group}"))
                 }
                 Handle::Pod { namespace, name, .. } => (None, format!("pod {namespace}/{name}")),
+                Handle::Job { namespace, name, .. } => (None, format!("job {namespace}/{name}")),
             };
             // A group bound in part (the daemon stopped mid-launch): bound in full as launched.
             let unbound = pods.iter().any(|p| map::bound_node(p).is_none());
@@ -1029,9 +1317,22 @@ impl Backend for KubernetesBackend {
         Ok(out)
     }
 
+    /// A Job's run is stopped by suspending its Job, which keeps it for `next`: `launch` of
+    /// `next` resumes it (Kueue's way). Pods cannot be kept: `Ok(false)`.
+    fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
+        let _ = next;
+        if self.runs.get(&run).is_none_or(|t| t.job.is_none()) {
+            return Ok(false);
+        }
+        self.stop_job(run, StopSignal::Terminate)?;
+        Ok(true)
+    }
+
     /// Node states, the inventory, allot's pods and groups no run holds (pending: to admit;
     /// bound: running foreign work; pods with scheduling gates wait for them to be removed),
-    /// and the GPUs pods of other schedulers hold on GPU nodes.
+    /// and the GPUs pods of other schedulers hold on GPU nodes. Jobs queued for allot that no
+    /// run holds are work too (suspended: to admit); their pods are the Job's, never work by
+    /// themselves.
     /// Pods allot refuses, and pods of a group that waits for the rest of its pods, get
     /// allot's reason in their `PodScheduled` condition.
     /// Nothing (an empty [`ClusterNews`]) when neither the view nor allot's runs changed
@@ -1053,7 +1354,12 @@ impl Backend for KubernetesBackend {
             .map(|n| map::node_status(n))
             .collect();
         let mut pods: Vec<Arc<Pod>> = view.pods.items.values().cloned().collect();
+        let jobs: Vec<Arc<Job>> =
+            view.jobs.items.values().filter(|j| job::queues_for_allot(j)).cloned().collect();
         drop(view);
+        let queued: BTreeSet<&str> =
+            jobs.iter().filter_map(|j| j.metadata.uid.as_deref()).collect();
+        let mut job_pods: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
         pods.sort_by_cached_key(|p| map::pod_handle(p));
         let live = self.live_pods();
         let mut guess = IndexGuess::default();
@@ -1067,6 +1373,10 @@ impl Backend for KubernetesBackend {
         let mut ours: Vec<&Pod> = Vec::new();
         let mut beside = Vec::new();
         for pod in pods.iter().map(|p| &**p).filter(|p| !map::is_terminal(p)) {
+            if let Some(owner) = job::owner_job_uid(pod).filter(|o| queued.contains(o)) {
+                job_pods.entry(owner.to_string()).or_default().push(pod);
+                continue;
+            }
             if map::asks_allot(pod) {
                 // A gated pod unbound waits for its gates (a group of it waits with it).
                 let gated = map::is_gated(pod) && map::bound_node(pod).is_none();
@@ -1080,7 +1390,26 @@ impl Backend for KubernetesBackend {
                 beside.push(map::foreign_work(pod, &mut guess));
             }
         }
-        let (foreign, notes) = map::allot_work(&ours, &mut guess);
+        let (mut foreign, notes) = map::allot_work(&ours, &mut guess);
+        let mut refused_jobs = Vec::new();
+        for j in &jobs {
+            let key = job::job_key(j);
+            let held = self.runs.values().any(|t| {
+                !t.ended && t.job.as_ref().is_some_and(|r| r.key == key && r.uid == j.metadata.uid)
+            });
+            if held {
+                continue;
+            }
+            let uid = j.metadata.uid.as_deref().unwrap_or_default();
+            let owned = job_pods.get(uid).map(Vec::as_slice).unwrap_or_default();
+            let Some(mut work) = job::job_work(j, owned, &mut guess) else { continue };
+            if let Some(why) = &work.refusal {
+                refused_jobs.push((j.clone(), why.clone()));
+            }
+            map::mark_refused(&mut work);
+            foreign.push(work);
+        }
+        let _ = self.show_job_refusals(&refused_jobs);
         let by_key: BTreeMap<String, &Pod> = ours.iter().map(|p| (map::pod_key(p), *p)).collect();
         // Best effort: the news matter more than the words on the pods.
         let _ = self.show_notes(&by_key, &notes);
@@ -1089,12 +1418,25 @@ impl Backend for KubernetesBackend {
     }
 
     /// Deletes a pending pod of allot's that no run holds, or every unbound pod of such a
-    /// group. `Ok(false)`: not such work.
+    /// group, or such a Job (its pods with it). `Ok(false)`: not such work.
     fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {
         self.local_changes += 1;
         let Some(parsed) = parse_handle(handle) else { return Ok(false) };
         if self.is_live(parsed) {
             return Ok(false);
+        }
+        if let Handle::Job { namespace, name, uid } = parsed {
+            let Some(j) = self.job_now(namespace, name)? else { return Ok(false) };
+            if uid.is_some() && j.metadata.uid.as_deref() != uid {
+                return Ok(false);
+            }
+            let what = format!("delete job {namespace}/{name}");
+            let params = DeleteParams::background();
+            return match self.call(&what, self.jobs(namespace).delete(name, &params))? {
+                Ok(_) => Ok(true),
+                Err(e) if is_not_found(&e) => Ok(false),
+                Err(e) => Err(api_error(&what, e)),
+            };
         }
         let pods = match self.pods_of(parsed, false)? {
             Ok(pods) => pods,
@@ -1121,6 +1463,16 @@ impl Backend for KubernetesBackend {
             let Some(parsed) = parse_handle(handle) else { continue };
             let names: Vec<String> = match parsed {
                 Handle::Pod { name, .. } => vec![name.to_string()],
+                Handle::Job { namespace, name, .. } => {
+                    // A suspended Job has no pod to carry a condition: an Event of the Job.
+                    let uid = parsed.uid().map(str::to_string);
+                    let object = ("batch/v1", "Job", namespace, name, uid);
+                    let message = format!("allot: {text}");
+                    if let Err(e) = self.record_event(object, map::WAITING_REASON, message, &now) {
+                        first_error.get_or_insert(e);
+                    }
+                    continue;
+                }
                 Handle::Group { namespace, group, .. } => {
                     match self.cached_group_pods(namespace, group) {
                         Ok(pods) => pods.iter().filter_map(|p| p.metadata.name.clone()).collect(),

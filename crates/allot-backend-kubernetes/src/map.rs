@@ -218,20 +218,36 @@ pub fn group_handle(namespace: &str, group: &str, uid: Option<&str>) -> String {
 /// forms cannot be confused.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handle<'a> {
-    Pod { namespace: &'a str, name: &'a str, uid: Option<&'a str> },
-    Group { namespace: &'a str, group: &'a str, uid: Option<&'a str> },
+    Pod {
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    },
+    Group {
+        namespace: &'a str,
+        group: &'a str,
+        uid: Option<&'a str>,
+    },
+    /// A Job queued for allot (see the `job` module): `namespace/job:name@uid`.
+    Job {
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    },
 }
 
 impl Handle<'_> {
     pub fn namespace(&self) -> &str {
         match self {
-            Handle::Pod { namespace, .. } | Handle::Group { namespace, .. } => namespace,
+            Handle::Pod { namespace, .. }
+            | Handle::Group { namespace, .. }
+            | Handle::Job { namespace, .. } => namespace,
         }
     }
 
     pub fn uid(&self) -> Option<&str> {
         match self {
-            Handle::Pod { uid, .. } | Handle::Group { uid, .. } => *uid,
+            Handle::Pod { uid, .. } | Handle::Group { uid, .. } | Handle::Job { uid, .. } => *uid,
         }
     }
 }
@@ -252,6 +268,7 @@ pub fn parse_handle(handle: &str) -> Option<Handle<'_>> {
     }
     match name.split_once(':') {
         Some(("group", group)) if plain(group) => Some(Handle::Group { namespace, group, uid }),
+        Some(("job", name)) if plain(name) => Some(Handle::Job { namespace, name, uid }),
         Some(_) => None,
         None if plain(name) => Some(Handle::Pod { namespace, name, uid }),
         None => None,
@@ -418,7 +435,12 @@ pub fn foreign_work(pod: &Pod, guess: &mut IndexGuess) -> ForeignWork {
     }
 }
 
-fn running_member(node: &str, gpus: u32, vendor: Vendor, guess: &mut IndexGuess) -> MemberLaunch {
+pub(crate) fn running_member(
+    node: &str,
+    gpus: u32,
+    vendor: Vendor,
+    guess: &mut IndexGuess,
+) -> MemberLaunch {
     MemberLaunch {
         node: node.to_string(),
         devices: guess
@@ -429,7 +451,7 @@ fn running_member(node: &str, gpus: u32, vendor: Vendor, guess: &mut IndexGuess)
     }
 }
 
-fn started_ms(pod: &Pod) -> Option<u64> {
+pub(crate) fn started_ms(pod: &Pod) -> Option<u64> {
     let start = pod.status.as_ref()?.start_time.as_ref()?;
     u64::try_from(start.0.as_millisecond()).ok()
 }
@@ -592,14 +614,18 @@ pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, V
         }
         works.extend(work);
     }
-    // Refused work is marked by its reason: a pod whose labels or annotations are corrected
-    // (kubectl annotate --overwrite) is new work, not a handle the daemon already refused.
     for work in &mut works {
-        if let Some(why) = &work.refusal {
-            work.handle = format!("{}~{:08x}", work.handle, fnv64(why) >> 32);
-        }
+        mark_refused(work);
     }
     (works, notes)
+}
+
+/// Refused work is marked by its reason: work whose labels or annotations are corrected
+/// (kubectl annotate --overwrite) is new work, not a handle the daemon already refused.
+pub fn mark_refused(work: &mut ForeignWork) {
+    if let Some(why) = &work.refusal {
+        work.handle = format!("{}~{:08x}", work.handle, fnv64(why) >> 32);
+    }
 }
 
 /// One group's pods (sorted by name) as work: `None` while pods are missing; refused (the

@@ -2,10 +2,13 @@
 //! as the API lists them: pure, no I/O (the backend lists, this decides).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use allot_backend::{MemberLaunch, Observation, RunId};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::job::JobRun;
 use crate::map;
 
 /// One pod of a run.
@@ -41,6 +44,9 @@ pub(crate) struct Tracked {
     pub(crate) ended: bool,
     /// Set once allot asked it to stop, for the exit's words.
     pub(crate) stopped_by_allot: bool,
+    /// The Job, for a Job's run (its pods come and go: `pods` is empty, they are found by
+    /// owner in the view).
+    pub(crate) job: Option<JobRun>,
 }
 
 impl Tracked {
@@ -49,6 +55,9 @@ impl Tracked {
     }
 
     pub(crate) fn what(&self) -> String {
+        if let Some(job) = &self.job {
+            return format!("job {}", job.key);
+        }
         match &self.group {
             Some(group) => format!("pod group {}/{group}", self.namespace),
             None => format!("pod {}/{}", self.namespace, self.pods.first().map_or("", |p| &p.name)),
@@ -149,6 +158,57 @@ impl Tracked {
     }
 }
 
+impl Tracked {
+    /// A Job's run judged from the view's Jobs and pods (by `namespace/name`): started once a
+    /// pod of it ran, ended as [`crate::job::observe`] says. Returns the observations and the
+    /// Job's unbound pods with the node each goes to ([`crate::job::assign`]).
+    pub(crate) fn observe_job(
+        &mut self,
+        run: RunId,
+        jobs: &BTreeMap<String, Arc<Job>>,
+        pods: &BTreeMap<String, Arc<Pod>>,
+    ) -> (Vec<Observation>, Vec<(Arc<Pod>, String)>) {
+        let Some(job_run) = self.job.as_mut() else { return (Vec::new(), Vec::new()) };
+        let job = jobs.get(&job_run.key).map(|j| &**j);
+        let prefix = format!("{}/", self.namespace);
+        let uid = job.and_then(|j| j.metadata.uid.as_deref());
+        let owned: Vec<&Arc<Pod>> = pods
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, p)| p)
+            .filter(|p| uid.is_some() && crate::job::owner_job_uid(p) == uid)
+            .collect();
+        let borrowed: Vec<&Pod> = owned.iter().map(|p| &***p).collect();
+        let (ran, end) = crate::job::observe(run, job_run, job, &borrowed, self.stopped_by_allot);
+        let mut out = Vec::new();
+        if ran && !self.started {
+            self.started = true;
+            out.push(Observation::Started { run, pids: Vec::new() });
+        }
+        if let Some(end) = end {
+            self.ended = true;
+            out.push(end);
+            return (out, Vec::new());
+        }
+        let binds = if self.stopped_by_allot || job.is_some_and(crate::job::is_suspended) {
+            Vec::new()
+        } else {
+            let by_name: BTreeMap<&str, &Arc<Pod>> = owned
+                .iter()
+                .map(|p| (p.metadata.name.as_deref().unwrap_or_default(), *p))
+                .collect();
+            crate::job::assign(&self.members, &borrowed)
+                .into_iter()
+                .filter_map(|(pod, node)| {
+                    let name = pod.metadata.name.as_deref().unwrap_or_default();
+                    by_name.get(name).map(|p| (Arc::clone(p), node))
+                })
+                .collect()
+        };
+        (out, binds)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +233,7 @@ mod tests {
             started: true,
             ended: false,
             stopped_by_allot: false,
+            job: None,
         }
     }
 

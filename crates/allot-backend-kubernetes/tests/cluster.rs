@@ -807,6 +807,11 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["create", "pods", "--subresource=eviction", "-n", "research"],
         &["patch", "pods", "--subresource=status", "-n", "research"],
         &["create", "events", "-n", "research"],
+        &["list", "jobs.batch", "--all-namespaces"],
+        &["watch", "jobs.batch", "--all-namespaces"],
+        &["get", "jobs.batch", "-n", "research"],
+        &["patch", "jobs.batch", "-n", "research"],
+        &["delete", "jobs.batch", "-n", "research"],
     ];
     let denied: &[&[&str]] = &[
         &["delete", "nodes"],
@@ -820,6 +825,8 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["get", "configmaps", "-n", "research"],
         &["patch", "events", "-n", "research"],
         &["create", "deployments", "-n", "research"],
+        &["create", "jobs.batch", "-n", "research"],
+        &["update", "jobs.batch", "-n", "research"],
         &["create", "clusterrolebindings"],
     ];
     // The deployment's ServiceAccount and the test user hold the same ClusterRole.
@@ -912,7 +919,7 @@ fn the_view_sees_pods_come_and_go_through_its_watch_without_listing_again() {
         news(&mut backend).nodes.into_iter().find(|s| s.node == node && s.usable)
     });
     let lists = backend.lists();
-    assert_eq!(lists, 2, "one LIST of nodes and one of pods");
+    assert_eq!(lists, 3, "one LIST each of nodes, pods and Jobs");
     // Nothing changed since the last read: no news, not an empty cluster.
     let quiet = news(&mut backend);
     assert!(quiet.inventory.is_none() && quiet.nodes.is_empty(), "{quiet:?}");
@@ -1064,5 +1071,200 @@ fn a_view_of_more_pods_than_one_list_page_holds_lists_them_all() {
     let mut backend = backend();
     let work = foreign_in(&news(&mut backend), &fx.namespace);
     assert_eq!(work.len(), count, "every pod, from every page");
-    assert_eq!(backend.lists(), 2, "one (paged) LIST of nodes and one of pods");
+    assert_eq!(backend.lists(), 3, "one (paged) LIST of nodes, one of pods, one of Jobs");
+}
+
+/// A Job queued for allot: labelled, suspended, its pods asking for allot; `width` pods at
+/// once of `gpus` GPUs each, each done `delay` after it runs (kwok).
+fn queued_job(
+    name: &str,
+    width: u32,
+    completions: u32,
+    gpus: &str,
+    delay: &str,
+) -> serde_json::Value {
+    json!({
+        "metadata": { "name": name, "labels": { "allot.dev/queue": "default" },
+                      "annotations": { "allot.dev/kind": "training" } },
+        "spec": { "suspend": true, "parallelism": width, "completions": completions,
+                  "backoffLimit": 0, "template": {
+            "metadata": { "annotations": { "pod-complete.stage.kwok.x-k8s.io/delay": delay } },
+            "spec": {
+                "schedulerName": "allot",
+                "restartPolicy": "Never",
+                "containers": [{ "name": "main", "image": "busybox",
+                                 "resources": { "limits": { "nvidia.com/gpu": gpus } } }]
+            }
+        }}
+    })
+}
+
+impl Fixture {
+    fn job(&self, name: &str) -> Option<Job> {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.namespace);
+        self.runtime.block_on(jobs.get_opt(name)).expect("job read")
+    }
+
+    /// The Job's pods that have not finished: (name, node), by name.
+    fn job_pods(&self, job: &str) -> Vec<(String, Option<String>)> {
+        let params = kube::api::ListParams::default().labels(&format!("job-name={job}"));
+        let list = self.runtime.block_on(self.pods().list(&params)).expect("pods listed");
+        let mut out: Vec<(String, Option<String>)> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
+            .map(|p| (p.metadata.name.unwrap_or_default(), p.spec.and_then(|s| s.node_name)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The Events of Job `name`: (type, reason, message).
+    fn job_events(&self, name: &str) -> Vec<(String, String, String)> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let params = kube::api::ListParams::default()
+            .fields(&format!("involvedObject.kind=Job,involvedObject.name={name}"));
+        let list = self.runtime.block_on(events.list(&params)).expect("events listed");
+        list.items
+            .into_iter()
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+}
+
+#[test]
+fn a_queued_job_waits_suspended_is_placed_whole_where_allot_chose_and_completes() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("job");
+    let a = fx.gpu_node("gpu-0", 8);
+    let b = fx.gpu_node("gpu-1", 8);
+    let mut backend = backend();
+    // Two pods at once, four in all: the first two finish, the job controller makes two more,
+    // and they go where the first ones were.
+    fx.create_job(queued_job("train", 2, 4, "4", "2s"));
+    let mut refused = queued_job("elsewhere", 1, 1, "1", "2s");
+    refused["spec"]["template"]["spec"]["schedulerName"] = json!("default-scheduler");
+    fx.create_job(refused);
+    let works = wait_for("both Jobs as work", Duration::from_secs(30), || {
+        let works = foreign_in(&news(&mut backend), &fx.namespace);
+        (works.len() == 2).then_some(works)
+    });
+    let work = works.iter().find(|w| w.name == "train").expect("train");
+    assert!(work.handle.starts_with(&format!("{}/job:train@", fx.namespace)), "{}", work.handle);
+    assert_eq!((work.nodes, work.gpus_per_node, work.refusal.as_deref()), (2, 4, None));
+    assert_eq!(work.intent.kind.as_deref(), Some("training"));
+    let other = works.iter().find(|w| w.name == "elsewhere").expect("elsewhere");
+    let why = other.refusal.as_deref().expect("refused");
+    assert!(why.contains("spec.template.spec.schedulerName"), "{why}");
+    wait_for("the refusal as an Event of the Job", Duration::from_secs(10), || {
+        fx.job_events("elsewhere")
+            .into_iter()
+            .find(|(t, r, _)| t == "Warning" && r == "AllotRefused")
+    });
+    // Suspended: the job controller made no pod.
+    assert!(fx.job_pods("train").is_empty());
+
+    let launch = launch_members(1, &work.handle, &[&a, &b], 4);
+    backend.launch(&launch).expect("launch");
+    let job = fx.job("train").expect("job");
+    assert!(!suspended(&job), "resumed");
+    let placed = job.metadata.annotations.as_ref().and_then(|a| a.get("allot.dev/placement"));
+    assert_eq!(placed, Some(&format!("{a},{b}")));
+    assert!(
+        !foreign_in(&news(&mut backend), &fx.namespace).iter().any(|w| w.name == "train"),
+        "held by the run: not work any more"
+    );
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    poll_until(&mut backend, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    let exits: Vec<_> =
+        seen.iter().filter(|o| matches!(o, Observation::Exited { .. })).cloned().collect();
+    assert!(matches!(&exits[..], [Observation::Exited { code: Some(0), .. }]), "{seen:?}");
+    // Every pod ran on a node of the placement, at most two on each... one on each at once.
+    let params = kube::api::ListParams::default().labels("job-name=train");
+    let pods = fx.runtime.block_on(fx.pods().list(&params)).expect("pods").items;
+    assert_eq!(pods.len(), 4, "four completions");
+    let mut per_node: BTreeMap<String, u32> = BTreeMap::new();
+    for p in &pods {
+        *per_node
+            .entry(p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default())
+            .or_default() += 1;
+    }
+    assert_eq!(per_node, BTreeMap::from([(a.clone(), 2), (b.clone(), 2)]));
+}
+
+#[test]
+fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("jobrq");
+    let a = fx.gpu_node("gpu-0", 8);
+    let b = fx.gpu_node("gpu-1", 8);
+    let mut backend = backend();
+    fx.create_job(queued_job("long", 1, 1, "2", "600s"));
+    let work = wait_for("the Job as work", Duration::from_secs(30), || {
+        foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
+    });
+    let first = launch_members(1, &work.handle, &[&a], 2);
+    backend.launch(&first).expect("launch");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    assert_eq!(fx.job_pods("long").first().and_then(|(_, n)| n.clone()), Some(a.clone()));
+
+    // Pre-empted with requeue: the Job is suspended (its pod deleted) and kept for run 2.
+    let next = RunId { workload: 1, attempt: 2 };
+    assert!(backend.requeue(first.run, next).expect("requeue"), "a Job can be kept");
+    poll_until(&mut backend, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    assert!(
+        matches!(seen.last(), Some(Observation::Exited { code: None, detail, .. })
+            if detail.contains("suspended by allot")),
+        "{seen:?}"
+    );
+    assert!(suspended(&fx.job("long").expect("job")));
+    wait_for("its pod gone", Duration::from_secs(30), || {
+        fx.job_pods("long").is_empty().then_some(())
+    });
+
+    // Run 2 resumes it elsewhere.
+    let mut second = launch_members(1, &work.handle, &[&b], 2);
+    second.run = next;
+    backend.launch(&second).expect("launch again");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    assert_eq!(fx.job_pods("long").first().and_then(|(_, n)| n.clone()), Some(b.clone()));
+
+    // A restarted daemon finds run 2 through the Job; a stop suspends it again.
+    let mut restarted = self::backend();
+    let recovered = restarted.recover(std::slice::from_ref(&second)).expect("recover");
+    assert!(
+        matches!(recovered.first(), Some(Observation::Started { run, .. }) if *run == next),
+        "{recovered:?}"
+    );
+    restarted.signal(next, StopSignal::Terminate).expect("stop");
+    let mut seen = Vec::new();
+    poll_until(&mut restarted, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    assert!(suspended(&fx.job("long").expect("job")));
+    // Cancelled through allot while no run holds it: the Job is deleted.
+    assert!(restarted.cancel_foreign(&work.handle).expect("cancel"));
+    wait_for("the Job gone", Duration::from_secs(30), || fx.job("long").is_none().then_some(()));
 }

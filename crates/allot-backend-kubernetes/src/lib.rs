@@ -94,6 +94,10 @@ pub struct KubernetesBackend {
     notes_shown: BTreeMap<String, String>,
     /// The refusal last recorded on each Job allot refuses, by handle.
     job_notes_shown: BTreeMap<String, String>,
+    /// Jobs suspended to be resumed by a later run (`requeue`), by that run: (namespace,
+    /// name, uid), so that allot's reason for the wait reaches the Job. (After a restart the
+    /// daemon still resumes them; only the words are lost.)
+    kept: BTreeMap<RunId, (String, String, Option<String>)>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -301,6 +305,7 @@ impl KubernetesBackend {
             binds: BTreeMap::new(),
             notes_shown: BTreeMap::new(),
             job_notes_shown: BTreeMap::new(),
+            kept: BTreeMap::new(),
         })
     }
 
@@ -969,6 +974,7 @@ impl KubernetesBackend {
                 });
             }
         }
+        self.kept.retain(|_, (ns, n, _)| (ns.as_str(), n.as_str()) != (namespace, name));
         let placement = job::placement_text(&launch.members);
         if !self.set_suspended(namespace, name, false, Some(&placement))? {
             return Ok(Err(format!("job {key} is gone (deleted before allot admitted it)")));
@@ -1320,11 +1326,12 @@ impl Backend for KubernetesBackend {
     /// A Job's run is stopped by suspending its Job, which keeps it for `next`: `launch` of
     /// `next` resumes it (Kueue's way). Pods cannot be kept: `Ok(false)`.
     fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
-        let _ = next;
-        if self.runs.get(&run).is_none_or(|t| t.job.is_none()) {
+        let Some(j) = self.runs.get(&run).and_then(|t| Some((t.namespace.clone(), t.job.clone()?)))
+        else {
             return Ok(false);
-        }
+        };
         self.stop_job(run, StopSignal::Terminate)?;
+        self.kept.insert(next, (j.0, j.1.name, j.1.uid));
         Ok(true)
     }
 
@@ -1459,7 +1466,17 @@ impl Backend for KubernetesBackend {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let mut first_error = None;
         for (waiting, text) in reasons {
-            let Waiting::Foreign(handle) = waiting else { continue };
+            let handle = match waiting {
+                Waiting::Foreign(handle) => handle.clone(),
+                Waiting::Kept(run) => match self.kept.get(run) {
+                    Some((namespace, name, uid)) => {
+                        let uid = uid.as_deref().map(|u| format!("@{u}")).unwrap_or_default();
+                        format!("{namespace}/job:{name}{uid}")
+                    }
+                    None => continue,
+                },
+            };
+            let handle = &handle;
             let Some(parsed) = parse_handle(handle) else { continue };
             let names: Vec<String> = match parsed {
                 Handle::Pod { name, .. } => vec![name.to_string()],

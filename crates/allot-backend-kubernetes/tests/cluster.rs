@@ -1244,6 +1244,14 @@ fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
     wait_for("its pod gone", Duration::from_secs(30), || {
         fx.job_pods("long").is_empty().then_some(())
     });
+    // allot's reason for the wait reaches the kept Job as an Event.
+    let why = "waits for 2 GPUs: project over its quota".to_string();
+    backend.explain_waiting(&[(Waiting::Kept(next), why.clone())]).expect("explained");
+    let events = fx.job_events("long");
+    assert!(
+        events.iter().any(|(t, r, m)| t == "Normal" && r == "AllotWaiting" && m.contains(&why)),
+        "{events:?}"
+    );
 
     // Run 2 resumes it elsewhere.
     let mut second = launch_members(1, &work.handle, &[&b], 2);

@@ -22,18 +22,22 @@ pub(crate) struct OutputArgs {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct IdArgs {
-    /// The workload's id (from `allot submit` or `allot ls`), or a Slurm job id as
-    /// `slurm:JOBID` (a job allot imported, or one of its own, named `<prefix>-W.A`).
+    /// The workload's id (from `allot submit` or `allot ls`); a Slurm job id as
+    /// `slurm:JOBID` (a job allot imported, or one of its own, named `<prefix>-W.A`); or a
+    /// Kubernetes pod, pod group or Job allot imported as `NAMESPACE/POD`,
+    /// `NAMESPACE/group:NAME` or `NAMESPACE/job:NAME`.
     pub(crate) id: WorkloadRef,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
 
-/// A workload named by allot's id or by the Slurm job that runs it (`slurm:JOBID`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A workload named by allot's id, by the Slurm job that runs it (`slurm:JOBID`), or by the
+/// Kubernetes object it is (`namespace/pod`, `namespace/group:NAME`, `namespace/job:NAME`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum WorkloadRef {
     Id(u64),
     SlurmJob(u64),
+    Kubernetes(String),
 }
 
 impl std::str::FromStr for WorkloadRef {
@@ -41,12 +45,21 @@ impl std::str::FromStr for WorkloadRef {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let number = |t: &str| t.parse::<u64>().ok();
+        let kubernetes = |t: &str| {
+            let (namespace, name) = t.split_once('/')?;
+            let plain = |x: &str| !x.is_empty() && !x.contains(['/', '@', '~', ' ']);
+            let name = name.strip_prefix("job:").or(name.strip_prefix("group:")).unwrap_or(name);
+            (plain(namespace) && plain(name)).then(|| WorkloadRef::Kubernetes(t.to_string()))
+        };
         match s.strip_prefix("slurm:") {
             Some(job) => number(job)
                 .map(WorkloadRef::SlurmJob)
                 .ok_or_else(|| format!("{s:?}: a Slurm job id is a number, as in slurm:1234")),
-            None => number(s).map(WorkloadRef::Id).ok_or_else(|| {
-                format!("{s:?}: give a workload id (a number) or a Slurm job id as slurm:1234")
+            None => number(s).map(WorkloadRef::Id).or_else(|| kubernetes(s)).ok_or_else(|| {
+                format!(
+                    "{s:?}: give a workload id (a number), a Slurm job id as slurm:1234, or a \
+                     Kubernetes pod or Job as namespace/pod or namespace/job:name"
+                )
             }),
         }
     }
@@ -59,6 +72,7 @@ pub(crate) fn resolve(client: &Client, r: WorkloadRef) -> Result<u64> {
     let job = match r {
         WorkloadRef::Id(id) => return Ok(id),
         WorkloadRef::SlurmJob(job) => job,
+        WorkloadRef::Kubernetes(name) => return resolve_kubernetes(client, &name),
     };
     let list = client.get::<WorkloadList>("/workloads")?.value;
     let handle = job.to_string();
@@ -96,6 +110,35 @@ pub(crate) fn resolve(client: &Client, r: WorkloadRef) -> Result<u64> {
             format!(
                 "Slurm job {job}: no workload allot imported has it, and {seen}; find the \
                  workload with `allot ls`\n"
+            ),
+        )
+        .into()
+    })
+}
+
+/// The newest workload allot imported from the Kubernetes object `namespace/name` (its
+/// handle is the name with the object's uid after `@`, or a refusal's mark after `~`; a pod
+/// deleted and created again under the name is another workload, the newest is meant).
+fn resolve_kubernetes(client: &Client, name: &str) -> Result<u64> {
+    let list = client.get::<WorkloadList>("/workloads")?.value;
+    let of_object = |handle: &str| {
+        handle
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['@', '~']))
+    };
+    let found = list
+        .workloads
+        .iter()
+        .filter(|w| matches!(w.command.as_slice(), [tag, h] if tag == "foreign" && of_object(h)))
+        .map(|w| w.id)
+        .max();
+    found.ok_or_else(|| {
+        Failure::new(
+            crate::EXIT_NOT_FOUND,
+            format!(
+                "{name}: no workload allot imported is that pod or Job (allot imports pods \
+                 that ask for schedulerName: allot in a namespace the policy names, and Jobs \
+                 labelled allot.dev/queue); find the workload with `allot ls`\n"
             ),
         )
         .into()
@@ -192,7 +235,7 @@ pub(crate) fn ls(remote: &RemoteArgs, args: &LsArgs) -> Result<String> {
 
 pub(crate) fn why(remote: &RemoteArgs, args: &IdArgs) -> Result<String> {
     let client = Client::new(remote)?;
-    let id = resolve(&client, args.id)?;
+    let id = resolve(&client, args.id.clone())?;
     let why = client.get::<Why>(&format!("/workloads/{id}/why"))?;
     Ok(match args.output.output {
         Output::Json => why.pretty(),

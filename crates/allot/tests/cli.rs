@@ -304,7 +304,8 @@ fn history_export_refuses_a_format_name_as_its_output_file() {
 fn why_names_the_two_forms_of_a_workload_reference_when_given_neither() {
     for (arg, says) in [
         ("slurm:abc", "a Slurm job id is a number, as in slurm:1234"),
-        ("12x", "give a workload id (a number) or a Slurm job id as slurm:1234"),
+        ("12x", "give a workload id (a number), a Slurm job id as slurm:1234, or a Kubernetes"),
+        ("ns/a/b", "namespace/pod or namespace/job:name"),
     ] {
         let out = allot(&["why", arg]);
         assert_eq!(out.status.code(), Some(2), "{arg}");

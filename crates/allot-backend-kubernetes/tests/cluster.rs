@@ -581,10 +581,15 @@ fn launch_members(workload: u64, handle: &str, nodes: &[&str], gpus: u32) -> Lau
 impl Fixture {
     /// The Events of pod `name`: (type, reason, message), oldest first.
     fn events_of(&self, name: &str) -> Vec<(String, String, String)> {
+        self.events("Pod", name)
+    }
+
+    /// The Events of the object `kind`/`name`: (type, reason, message), oldest first.
+    fn events(&self, kind: &str, name: &str) -> Vec<(String, String, String)> {
         let events: Api<k8s_openapi::api::core::v1::Event> =
             Api::namespaced(self.client.clone(), &self.namespace);
         let params = kube::api::ListParams::default()
-            .fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"));
+            .fields(&format!("involvedObject.kind={kind},involvedObject.name={name}"));
         let list = self.runtime.block_on(events.list(&params)).expect("events listed");
         list.items
             .into_iter()
@@ -1124,25 +1129,6 @@ impl Fixture {
         out.sort();
         out
     }
-
-    /// The Events of Job `name`: (type, reason, message).
-    fn job_events(&self, name: &str) -> Vec<(String, String, String)> {
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        let params = kube::api::ListParams::default()
-            .fields(&format!("involvedObject.kind=Job,involvedObject.name={name}"));
-        let list = self.runtime.block_on(events.list(&params)).expect("events listed");
-        list.items
-            .into_iter()
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.message.unwrap_or_default(),
-                )
-            })
-            .collect()
-    }
 }
 
 fn suspended(job: &Job) -> bool {
@@ -1176,7 +1162,7 @@ fn a_queued_job_waits_suspended_is_placed_whole_where_allot_chose_and_completes(
     let why = other.refusal.as_deref().expect("refused");
     assert!(why.contains("spec.template.spec.schedulerName"), "{why}");
     wait_for("the refusal as an Event of the Job", Duration::from_secs(10), || {
-        fx.job_events("elsewhere")
+        fx.events("Job", "elsewhere")
             .into_iter()
             .find(|(t, r, _)| t == "Warning" && r == "AllotRefused")
     });
@@ -1247,7 +1233,7 @@ fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
     // allot's reason for the wait reaches the kept Job as an Event.
     let why = "waits for 2 GPUs: project over its quota".to_string();
     backend.explain_waiting(&[(Waiting::Kept(next), why.clone())]).expect("explained");
-    let events = fx.job_events("long");
+    let events = fx.events("Job", "long");
     assert!(
         events.iter().any(|(t, r, m)| t == "Normal" && r == "AllotWaiting" && m.contains(&why)),
         "{events:?}"

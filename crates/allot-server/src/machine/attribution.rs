@@ -172,6 +172,7 @@ mod tests {
             workload: WorkloadId(workload),
             member: 0,
             shares,
+            pod: None,
         }
     }
 

@@ -1475,6 +1475,7 @@ impl Daemon {
                         workload: WorkloadId(*id),
                         member: member as u32,
                         shares: u32::try_from(d.shares).unwrap_or(1000),
+                        pod: None,
                     });
                 }
             }

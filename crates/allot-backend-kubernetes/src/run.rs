@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_backend::{MemberLaunch, Observation, RunId};
+use allot_backend::{MemberLaunch, Observation, PodRef, RunId};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::map;
@@ -149,6 +149,41 @@ impl Tracked {
     }
 }
 
+impl Tracked {
+    /// The pod each member is, by member, judged from `pods` (by `namespace/name`): a member
+    /// takes a pod bound to its node; members left over take the pods left over in the order
+    /// the run took them (the order `bind_all` binds a fresh group in). Cut at the first member
+    /// without a pod (the run has fewer pods than members; it cannot, once bound).
+    pub(crate) fn member_pods<P: std::borrow::Borrow<Pod>>(
+        &self,
+        pods: &BTreeMap<String, P>,
+    ) -> Vec<PodRef> {
+        let node_of = |p: &PodRun| {
+            pods.get(&self.key(p)).and_then(|pod| map::bound_node(pod.borrow()).map(str::to_string))
+        };
+        let mut free: Vec<Option<&PodRun>> = self.pods.iter().map(Some).collect();
+        let mut chosen: Vec<Option<&PodRun>> = self
+            .members
+            .iter()
+            .map(|m| {
+                let on_node = free
+                    .iter_mut()
+                    .find(|p| p.is_some_and(|p| node_of(p).is_some_and(|node| node == m.node)))?;
+                on_node.take()
+            })
+            .collect();
+        let mut rest = free.into_iter().flatten();
+        for slot in chosen.iter_mut().filter(|s| s.is_none()) {
+            *slot = rest.next();
+        }
+        chosen
+            .into_iter()
+            .map_while(|p| p)
+            .map(|p| PodRef { namespace: self.namespace.clone(), name: p.name.clone() })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,5 +311,33 @@ mod tests {
             "p-0 Succeeded before it went: its end stands"
         );
         assert!(t.ended);
+    }
+
+    #[test]
+    fn members_are_the_pods_bound_to_their_nodes_else_the_pods_in_order() {
+        let member = |node: &str| MemberLaunch { node: node.into(), devices: Vec::new() };
+        let mut t = run_of(Some("g"), &[None, None, None]);
+        t.members = vec![member("n-a"), member("n-b"), member("n-c")];
+        let bound = |name: &str, node: Option<&str>| -> (String, Pod) {
+            let pod = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": "ns" },
+                "spec": { "containers": [{ "name": "main" }], "nodeName": node },
+            }))
+            .expect("a pod");
+            (format!("ns/{name}"), pod)
+        };
+        let names = |pods: Vec<PodRef>| -> Vec<String> {
+            assert!(pods.iter().all(|p| p.namespace == "ns"));
+            pods.into_iter().map(|p| p.name).collect()
+        };
+        // p-0 runs on n-b, p-2 on n-a; p-1 is not in the view yet: it is what is left.
+        let view: BTreeMap<String, Pod> =
+            [bound("p-0", Some("n-b")), bound("p-2", Some("n-a"))].into_iter().collect();
+        assert_eq!(names(t.member_pods(&view)), ["p-2", "p-0", "p-1"]);
+        // Nothing known of the nodes: the order the run took them.
+        assert_eq!(names(t.member_pods(&BTreeMap::<String, Pod>::new())), ["p-0", "p-1", "p-2"]);
+        // A member more than there are pods has none (and none after it is guessed).
+        t.members.push(member("n-d"));
+        assert_eq!(names(t.member_pods(&view)).len(), 3);
     }
 }

@@ -1424,6 +1424,18 @@ impl Backend for KubernetesBackend {
         Ok(ClusterNews { inventory: Some(inventory), nodes: statuses, foreign, beside })
     }
 
+    /// From the view (no API call): the pod each member of the runs is (see
+    /// [`run::Tracked::member_pods`]), so that telemetry is attributed by the exporters' pod
+    /// labels, not by the device indices allot guessed.
+    fn member_pods(
+        &mut self,
+        runs: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<allot_backend::PodRef>)>, BackendError> {
+        let view = self.view()?;
+        let tracked = runs.iter().filter_map(|run| Some((*run, self.runs.get(run)?)));
+        Ok(tracked.map(|(run, t)| (run, t.member_pods(&view.pods.items))).collect())
+    }
+
     /// Deletes a pending pod of allot's that no run holds, or every unbound pod of such a
     /// group, or such a Job (its pods with it). `Ok(false)`: not such work.
     fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {

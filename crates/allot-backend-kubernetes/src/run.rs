@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use allot_backend::{MemberLaunch, Observation, RunId};
+use allot_backend::{MemberLaunch, Observation, PodRef, RunId};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
@@ -207,6 +207,70 @@ impl Tracked {
         };
         (out, binds)
     }
+
+    /// The pod each member is, by member, judged from `pods` (by `namespace/name`): a member
+    /// takes a pod bound to its node; members left over take the pods left over in the order
+    /// the run took them (the order `bind_all` binds a fresh group in). Cut at the first member
+    /// without a pod (the run has fewer pods than members; it cannot, once bound).
+    pub(crate) fn member_pods<P: std::borrow::Borrow<Pod>>(
+        &self,
+        pods: &BTreeMap<String, P>,
+    ) -> Vec<PodRef> {
+        if let Some(job) = &self.job {
+            return self.job_member_pods(job, pods);
+        }
+        let node_of = |p: &PodRun| {
+            pods.get(&self.key(p)).and_then(|pod| map::bound_node(pod.borrow()).map(str::to_string))
+        };
+        let mut free: Vec<Option<&PodRun>> = self.pods.iter().map(Some).collect();
+        let mut chosen: Vec<Option<&PodRun>> = self
+            .members
+            .iter()
+            .map(|m| {
+                let on_node = free
+                    .iter_mut()
+                    .find(|p| p.is_some_and(|p| node_of(p).is_some_and(|node| node == m.node)))?;
+                on_node.take()
+            })
+            .collect();
+        let mut rest = free.into_iter().flatten();
+        for slot in chosen.iter_mut().filter(|s| s.is_none()) {
+            *slot = rest.next();
+        }
+        chosen
+            .into_iter()
+            .map_while(|p| p)
+            .map(|p| PodRef { namespace: self.namespace.clone(), name: p.name.clone() })
+            .collect()
+    }
+}
+
+impl Tracked {
+    /// A Job's members' pods: each member takes a pod of the Job, running on its node, not
+    /// finished (by name). A Job's pods come and go: this is who they are now.
+    fn job_member_pods<P: std::borrow::Borrow<Pod>>(
+        &self,
+        job: &JobRun,
+        pods: &BTreeMap<String, P>,
+    ) -> Vec<PodRef> {
+        let prefix = format!("{}/", self.namespace);
+        let mut live: Vec<&Pod> = pods
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(_, p)| p.borrow())
+            .filter(|p| job.uid.is_some() && crate::job::owner_job_uid(p) == job.uid.as_deref())
+            .filter(|p| !map::is_terminal(p) && map::bound_node(p).is_some())
+            .collect();
+        self.members
+            .iter()
+            .map_while(|m| {
+                let at = live.iter().position(|p| map::bound_node(p) == Some(m.node.as_str()))?;
+                let pod = live.remove(at);
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                Some(PodRef { namespace: self.namespace.clone(), name })
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -337,5 +401,63 @@ mod tests {
             "p-0 Succeeded before it went: its end stands"
         );
         assert!(t.ended);
+    }
+
+    #[test]
+    fn members_are_the_pods_bound_to_their_nodes_else_the_pods_in_order() {
+        let member = |node: &str| MemberLaunch { node: node.into(), devices: Vec::new() };
+        let mut t = run_of(Some("g"), &[None, None, None]);
+        t.members = vec![member("n-a"), member("n-b"), member("n-c")];
+        let bound = |name: &str, node: Option<&str>| -> (String, Pod) {
+            let pod = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": "ns" },
+                "spec": { "containers": [{ "name": "main" }], "nodeName": node },
+            }))
+            .expect("a pod");
+            (format!("ns/{name}"), pod)
+        };
+        let names = |pods: Vec<PodRef>| -> Vec<String> {
+            assert!(pods.iter().all(|p| p.namespace == "ns"));
+            pods.into_iter().map(|p| p.name).collect()
+        };
+        // p-0 runs on n-b, p-2 on n-a; p-1 is not in the view yet: it is what is left.
+        let view: BTreeMap<String, Pod> =
+            [bound("p-0", Some("n-b")), bound("p-2", Some("n-a"))].into_iter().collect();
+        assert_eq!(names(t.member_pods(&view)), ["p-2", "p-0", "p-1"]);
+        // Nothing known of the nodes: the order the run took them.
+        assert_eq!(names(t.member_pods(&BTreeMap::<String, Pod>::new())), ["p-0", "p-1", "p-2"]);
+        // A member more than there are pods has none (and none after it is guessed).
+        t.members.push(member("n-d"));
+        assert_eq!(names(t.member_pods(&view)).len(), 3);
+
+        // A Job's members are its running pods on their nodes (its own pods only).
+        let mut job = run_of(None, &[]);
+        job.members = vec![member("n-a"), member("n-b")];
+        job.job = Some(JobRun {
+            name: "train".into(),
+            key: "ns/train".into(),
+            uid: Some("u-1".into()),
+            seen_resumed: true,
+        });
+        let owned = |name: &str, node: &str, owner: &str, phase: &str| -> (String, Pod) {
+            let pod = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name, "namespace": "ns", "ownerReferences": [
+                    { "apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": owner,
+                      "controller": true } ] },
+                "spec": { "containers": [{ "name": "main" }], "nodeName": node },
+                "status": { "phase": phase },
+            }))
+            .expect("a pod");
+            (format!("ns/{name}"), pod)
+        };
+        let view: BTreeMap<String, Pod> = [
+            owned("train-0", "n-a", "u-1", "Succeeded"),
+            owned("train-1", "n-b", "u-1", "Running"),
+            owned("train-2", "n-a", "u-1", "Running"),
+            owned("other-0", "n-a", "u-9", "Running"),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(names(job.member_pods(&view)), ["train-2", "train-1"]);
     }
 }

@@ -65,6 +65,8 @@ struct World {
     requeues: Vec<(RunId, RunId)>,
     /// Devices runs hold where the cluster's scheduler bound others than launched.
     bound: std::collections::BTreeMap<RunId, Vec<crate::MemberLaunch>>,
+    /// The pod each member of a run is, where a test said (`member_pods` reports them).
+    pods: std::collections::BTreeMap<RunId, Vec<crate::PodRef>>,
     /// While set, the controller does not answer: every call fails with this, changing nothing.
     unreachable: Option<String>,
     /// So many next polls fail (a slow or failing status query), changing nothing.
@@ -225,6 +227,11 @@ impl FakeControl {
     /// itself); `allocated_devices` reports them.
     pub fn bind_devices(&self, run: RunId, members: Vec<crate::MemberLaunch>) {
         lock(&self.world).bound.insert(run, members);
+    }
+
+    /// The run's members are these pods (as on Kubernetes); `member_pods` reports them.
+    pub fn set_member_pods(&self, run: RunId, pods: Vec<crate::PodRef>) {
+        lock(&self.world).pods.insert(run, pods);
     }
 
     /// The controller stops answering (`Some(error)`: every backend call fails with
@@ -525,6 +532,15 @@ impl Backend for FakeBackend {
     ) -> Result<Vec<(RunId, Vec<crate::MemberLaunch>)>, BackendError> {
         let world = lock(&self.world);
         Ok(runs.iter().filter_map(|r| Some((*r, world.bound.get(r)?.clone()))).collect())
+    }
+
+    fn member_pods(
+        &mut self,
+        runs: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<crate::PodRef>)>, BackendError> {
+        self.reachable()?;
+        let world = lock(&self.world);
+        Ok(runs.iter().filter_map(|r| Some((*r, world.pods.get(r)?.clone()))).collect())
     }
 
     fn cancel_foreign(&mut self, handle: &str) -> Result<bool, BackendError> {

@@ -84,6 +84,14 @@ pub struct DeviceAssignment {
     pub shares: u64,
 }
 
+/// A Kubernetes pod by namespace and name: what a member of a run is on a cluster whose device
+/// plugin, not allot, picks its GPUs (`Backend::member_pods`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Vendor {
     Nvidia,
@@ -303,6 +311,16 @@ pub trait Backend: Send {
         &mut self,
         runs: &[RunId],
     ) -> Result<Vec<(RunId, Vec<MemberLaunch>)>, BackendError> {
+        let _ = runs;
+        Ok(Vec::new())
+    }
+
+    /// The pod each member of these started runs is (index = member), where the cluster's
+    /// device plugin picked the GPUs: the launch's device indices are allot's guess, and the
+    /// exporters label each GPU with the pod that holds it, so telemetry is attributed by pod.
+    /// Asked once a run started or was re-adopted (a run's pods do not change while it runs);
+    /// runs without pods are left out (the default: none).
+    fn member_pods(&mut self, runs: &[RunId]) -> Result<Vec<(RunId, Vec<PodRef>)>, BackendError> {
         let _ = runs;
         Ok(Vec::new())
     }

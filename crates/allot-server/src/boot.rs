@@ -36,6 +36,8 @@ pub(crate) struct Booted {
     pub durable: Durable,
     /// What recovery decided, for the executor to run first.
     pub commands: Vec<Command>,
+    /// Re-adopted runs whose pods the backend could not say now: the executor asks again.
+    pub pods_owed: Vec<allot_backend::RunId>,
     /// Log records replayed.
     pub replayed: u64,
     /// Where the inventory came from, for readers.
@@ -181,6 +183,20 @@ pub(crate) fn recover(
         }
         None => {}
     }
+    // The pods of re-adopted runs (not logged: asked again), for telemetry.
+    let readopted: Vec<allot_backend::RunId> = observations
+        .iter()
+        .filter(|o| matches!(o, allot_backend::Observation::Started { .. }))
+        .map(allot_backend::Observation::run)
+        .collect();
+    let mut pods_owed = Vec::new();
+    if !readopted.is_empty() {
+        match backend.member_pods(&readopted) {
+            Ok(pods) => durable.machine.take_pods(pods),
+            Err(e) if e.is_transient() => pods_owed = readopted,
+            Err(e) => crate::os::tracing_log(&format!("backend member pods: {e}")),
+        }
+    }
     entries.extend(machine::recovered_entries(observations));
     commands.extend(durable.apply_logged(now, &entries)?);
     // Stops that were under way: their current step again, then escalate from now (signals
@@ -222,7 +238,7 @@ pub(crate) fn recover(
         ));
     }
     durable.store.set_meta(GIVEN_AT_LAST_START, &config.policy_text)?;
-    Ok(Booted { durable, commands, replayed, inventory_source })
+    Ok(Booted { durable, commands, pods_owed, replayed, inventory_source })
 }
 
 /// What the log begins with: the policy (replay starts under it; snapshots and

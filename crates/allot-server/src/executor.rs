@@ -36,6 +36,9 @@ pub(crate) struct Executor {
     backoff_ms: u64,
     /// Commands the unreachable backend could not take, to run again in order.
     owed: VecDeque<Command>,
+    /// Started runs whose pods the backend could not say (transiently): asked again at the next
+    /// poll, so that their telemetry is found by pod as soon as it can be.
+    pods_owed: Vec<RunId>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -64,6 +67,7 @@ impl Executor {
             retry_at_ms: 0,
             backoff_ms: UNREACHABLE_RETRY_MIN_MS,
             owed: VecDeque::new(),
+            pods_owed: Vec::new(),
         }
     }
 
@@ -159,10 +163,42 @@ impl Executor {
         if !kept.is_empty() {
             out.push(Input::Kept(kept));
         }
+        // Pods before what started: no telemetry round reads a started run by device index.
+        let readopted = started_runs(&recovered);
+        if unreachable.is_none() {
+            self.ask_pods(readopted, &mut out);
+        } else {
+            self.pods_owed.extend(readopted);
+        }
         if !recovered.is_empty() {
             out.push(Input::Recovered(recovered));
         }
         out
+    }
+
+    /// Runs whose pods recovery could not learn: asked at the next poll.
+    pub(crate) fn owe_pods(&mut self, runs: Vec<RunId>) {
+        self.pods_owed.extend(runs);
+    }
+
+    /// Asks which pods started runs are (`Backend::member_pods`), with those owed; a transient
+    /// failure leaves them owed (at most `OWED_COMMANDS_MAX`, the newest).
+    fn ask_pods(&mut self, started: Vec<RunId>, out: &mut Vec<Input>) {
+        let mut runs = std::mem::take(&mut self.pods_owed);
+        runs.extend(started);
+        if runs.is_empty() {
+            return;
+        }
+        match self.backend.member_pods(&runs) {
+            Ok(pods) if !pods.is_empty() => out.push(Input::Pods(pods)),
+            Ok(_) => {}
+            Err(e) if e.is_transient() => {
+                let over = runs.len().saturating_sub(OWED_COMMANDS_MAX);
+                runs.drain(..over);
+                self.pods_owed = runs;
+            }
+            Err(e) => tracing_log(&format!("backend member pods: {e}")),
+        }
     }
 
     /// Polls the backend (and asks where the runs it saw start were bound), and watches the
@@ -182,19 +218,17 @@ impl Executor {
         match self.backend.poll() {
             Ok(observations) => {
                 self.answered(&mut out);
+                let started = started_runs(&observations);
+                // Pods before what started: no telemetry round reads a started run by index.
+                self.ask_pods(started.clone(), &mut out);
                 if !observations.is_empty() {
-                    let started: Vec<RunId> = observations
-                        .iter()
-                        .filter(|o| matches!(o, Observation::Started { .. }))
-                        .map(Observation::run)
-                        .collect();
                     out.push(Input::Observed(observations));
-                    if !started.is_empty() {
-                        match self.backend.allocated_devices(&started) {
-                            Ok(placed) if !placed.is_empty() => out.push(Input::Placed(placed)),
-                            Ok(_) => {}
-                            Err(e) => tracing_log(&format!("backend allocated devices: {e}")),
-                        }
+                }
+                if !started.is_empty() {
+                    match self.backend.allocated_devices(&started) {
+                        Ok(placed) if !placed.is_empty() => out.push(Input::Placed(placed)),
+                        Ok(_) => {}
+                        Err(e) => tracing_log(&format!("backend allocated devices: {e}")),
                     }
                 }
             }
@@ -218,6 +252,15 @@ impl Executor {
         }
         out
     }
+}
+
+/// The runs `observations` say started.
+fn started_runs(observations: &[Observation]) -> Vec<RunId> {
+    observations
+        .iter()
+        .filter(|o| matches!(o, Observation::Started { .. }))
+        .map(Observation::run)
+        .collect()
 }
 
 /// Runs one command; a launch the backend refused with an error (not a `LaunchFailed` it

@@ -296,7 +296,7 @@ pub fn start(parts: Parts) -> Result<Started> {
         snapshot_every: snapshot_every.unwrap_or(durable::SNAPSHOT_EVERY).max(1),
     };
     let booted = boot::boot(store, backend.as_mut(), &config, driver::wall_ms())?;
-    let boot::Booted { mut durable, commands, replayed, inventory_source } = booted;
+    let boot::Booted { mut durable, commands, pods_owed, replayed, inventory_source } = booted;
     let admin_token = if token_store.tokens()?.is_empty() {
         Some(auth::create(
             token_store.as_mut(),
@@ -346,7 +346,8 @@ pub fn start(parts: Parts) -> Result<Started> {
     }
     let watch_every = cluster_watch_ms.unwrap_or(CLUSTER_WATCH_MS).max(1);
     let down = durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
-    let executor = executor::Executor::new(backend, watch_every, down);
+    let mut executor = executor::Executor::new(backend, watch_every, down);
+    executor.owe_pods(pods_owed);
     let executor = driver::spawn_executor(executor, commands, sender.clone())?;
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({

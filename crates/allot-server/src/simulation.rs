@@ -358,10 +358,11 @@ impl World {
                 )));
             }
         }
-        let booted = boot::recover(opened, backend.as_mut(), &self.config, self.wall_ms)
+        let mut booted = boot::recover(opened, backend.as_mut(), &self.config, self.wall_ms)
             .map_err(|e| self.violation(format!("the daemon does not recover: {e:#}")))?;
         let down = booted.durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
-        let executor = Executor::new(backend, 5_000, down);
+        let mut executor = Executor::new(backend, 5_000, down);
+        executor.owe_pods(std::mem::take(&mut booted.pods_owed));
         // The executor thread starts a moment after the start: the world may change before it
         // runs what recovery decided (the next step's commands go after these).
         self.recovery_commands = booted.commands;

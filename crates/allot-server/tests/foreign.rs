@@ -284,6 +284,25 @@ async fn telemetry_follows_the_devices_the_backend_bound_not_the_launched_ones()
     assert_eq!(on, [6, 7], "{v}");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn telemetry_of_a_run_in_pods_follows_the_exporters_pod_labels() {
+    // A dcgm-exporter in Kubernetes mode on h100-0: the device plugin gave pod vision/train
+    // GPUs 6 and 7 (busy); the others are another pod's (idle).
+    let source = common::pod_exporter("h100-0", "vision", "train", &[6, 7]);
+    let d = TestDaemon::with_sources(common::POLICY, vec![source]);
+    let train = allot_backend::PodRef { namespace: "vision".into(), name: "train".into() };
+    d.control.set_member_pods(run(1, 1), vec![train]);
+    let id = submit(&d, &submit_body("vision", 2)).await;
+    assert_eq!(id, 1);
+    d.wait_state(id, "running").await;
+    let launched = d.control.run(run(id, 1)).expect("launched").launch;
+    assert_eq!(launched.members[0].node, "h100-0");
+    let indices: Vec<u32> = launched.members[0].devices.iter().map(|g| g.index).collect();
+    assert!(!indices.contains(&6) && !indices.contains(&7), "{indices:?}");
+    // By index, the launched GPUs read idle; by pod, the pod's two GPUs read busy.
+    common::wait_active_gpus(&d, "vision", "2.0").await;
+}
+
 /// Waits (up to 5 s) until `/api/v1/nodes` says `node` is unusable for `reason` (`None`: usable).
 async fn wait_node(d: &TestDaemon, node: &str, reason: Option<&str>) {
     let mut last = serde_json::Value::Null;

@@ -300,6 +300,40 @@ async fn a_daemon_that_logged_telemetry_restarts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A run's pods (Kubernetes) are not logged: after a restart the daemon asks the backend
+/// again for the runs it re-adopts, so their telemetry is still found by pod.
+#[tokio::test(flavor = "multi_thread")]
+async fn pods_of_a_readopted_run_are_asked_again_after_a_restart() {
+    let (dir, control, mut d, admin) = first_start("pods", None);
+    let id = submit_vision_2(&d, &admin).await;
+    d.wait_state(id, "running").await;
+    let run = allot_backend::RunId { workload: id, attempt: 1 };
+    let member = control.run(run).expect("its run").launch.members[0].clone();
+    let indices: Vec<u32> = member.devices.iter().map(|g| g.index).collect();
+    assert!(!indices.contains(&6) && !indices.contains(&7), "{indices:?}");
+    let node = member.node;
+    // The first daemon heard of no pods; the restarted one must ask.
+    let train = allot_backend::PodRef { namespace: "vision".into(), name: "train".into() };
+    control.set_member_pods(run, vec![train]);
+    d.stop();
+
+    let mut second = parts(&dir, control.backend());
+    second.telemetry_sources = vec![common::pod_exporter(&node, "vision", "train", &[6, 7])];
+    let started = start(second).expect("second start");
+    let d = TestDaemon::wrap(started, control.clone(), admin.clone(), dir.clone());
+    d.wait_state(id, "running").await;
+    common::wait_active_gpus(&d, "vision", "2.0").await;
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn submit_vision_2(d: &TestDaemon, admin: &str) -> u64 {
+    let body = common::submit_body("vision", 2);
+    let (status, v) = d.call("POST", "/api/v1/workloads", Some(admin), Some(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    v["id"].as_u64().expect("id")
+}
+
 /// Issue 18, defect 4: a policy applied through the API stays in effect after a restart with
 /// the same (unchanged) policy file; only a file edited since the last start is applied. The
 /// policy history survives too, from the log alone and from a snapshot.

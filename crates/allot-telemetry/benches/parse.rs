@@ -144,6 +144,7 @@ fn main() {
             workload: WorkloadId(u64::from(i / 2)),
             member: i % 2,
             shares: 1000,
+            pod: None,
         })
         .collect();
     let iterations = 20_000;

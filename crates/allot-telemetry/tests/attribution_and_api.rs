@@ -32,6 +32,7 @@ fn allocation(
         workload: WorkloadId(workload),
         member,
         shares,
+        pod: None,
     }
 }
 
@@ -99,9 +100,150 @@ fn the_newest_sample_wins_and_amd_partition_zero_is_the_whole_gpu() {
         workload: WorkloadId(7),
         member: 0,
         shares: 1000,
+        pod: None,
     }];
     let readings = attribute(&[new, old], &allocations);
     assert_eq!(readings[&WorkloadId(7)][0].engine_active, Some(10));
+}
+
+/// `line` (a sample line of an exporter page) with label `key` set to `value`, or dropped with
+/// `None`; added at the end if it was not there.
+fn set_label(line: &str, key: &str, value: Option<&str>) -> String {
+    let (labels, number) = line.rsplit_once(' ').expect("a sample line");
+    let (name, labels) = labels.split_once('{').expect("labels");
+    let labels = labels.strip_suffix('}').expect("closing brace");
+    let mut kept: Vec<String> = labels
+        .split(',')
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && l.split_once('=').is_none_or(|(k, _)| k != key))
+        .map(str::to_string)
+        .collect();
+    if let Some(value) = value {
+        kept.push(format!("{key}=\"{value}\""));
+    }
+    format!("{name}{{{}}} {number}", kept.join(","))
+}
+
+fn pod(namespace: &str, name: &str) -> allot_telemetry::attribution::PodRef {
+    allot_telemetry::attribution::PodRef { namespace: namespace.into(), name: name.into() }
+}
+
+fn pod_allocation(
+    node: &str,
+    guess: u32,
+    workload: u64,
+    member: u32,
+    who: (&str, &str),
+) -> Allocation {
+    Allocation {
+        pod: Some(pod(who.0, who.1)),
+        ..allocation(node, guess, None, workload, member, 1000)
+    }
+}
+
+#[test]
+fn a_pod_takes_the_samples_the_exporter_labels_with_it_not_allots_device_guess() {
+    // The fixture as captured: an L40S whose GPU 0 is pod redacted/tensorflow-0 ([E]), and two
+    // MIG instances of an H100 held by two kserve pods ([D]).
+    let samples = dcgm::parse(&fixture("dcgm-exporter-sample.txt")).expect("parses");
+    let allocations = [
+        // allot guessed GPU 3; the device plugin gave GPU 0.
+        pod_allocation("l40s.example.com", 3, 1, 0, ("redacted", "tensorflow-0")),
+        // The same name in another namespace is another pod.
+        pod_allocation("l40s.example.com", 0, 2, 0, ("team-b", "tensorflow-0")),
+        // The right pod, another node (a pod of the name that lived there before): not it.
+        pod_allocation("gsrh100-074", 0, 3, 0, ("redacted", "tensorflow-0")),
+        // A MIG instance: found by its pod, whichever instance it is.
+        pod_allocation(
+            "gsrh100-074",
+            5,
+            4,
+            0,
+            ("model-playground-stg", "tts-predictor-00011-deployment-5554f75554-8j8pl"),
+        ),
+    ];
+    let readings = attribute(&samples, &allocations);
+    let engine = |id: u64| readings[&WorkloadId(id)][0].engine_active;
+    assert_eq!(engine(1), Some(0), "GPU 0's GR_ENGINE_ACTIVE 0.000000");
+    assert_eq!(readings[&WorkloadId(2)][0].best_signal(), None, "missing, not another pod's");
+    assert_eq!(readings[&WorkloadId(3)][0].best_signal(), None);
+    assert_eq!(engine(4), Some(0));
+    // Without its pod the same L40S allocation reads GPU 3, which the page does not have.
+    let unlabelled = [Allocation { pod: None, ..allocations[0].clone() }];
+    assert_eq!(attribute(&samples, &unlabelled)[&WorkloadId(1)][0].best_signal(), None);
+}
+
+#[test]
+fn a_pod_with_several_gpus_takes_one_device_each_in_index_order() {
+    // The real L40S line ([E]) as a 4-GPU node: GPUs 1 and 3 are pod ml/nb's, GPU 0 another
+    // pod's, GPU 2 free (the exporter's empty pod labels).
+    let fixture = fixture("dcgm-exporter-sample.txt");
+    let line = fixture
+        .lines()
+        .find(|l| l.starts_with("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") && l.contains("l40s.example.com"))
+        .expect("the L40S line");
+    let gpu = |index: u32, owner: Option<(&str, &str)>, value: &str| {
+        let l = set_label(line, "gpu", Some(&index.to_string()));
+        let l = set_label(&l, "UUID", Some(&format!("GPU-{index}")));
+        let l = set_label(&l, "namespace", Some(owner.map_or("", |o| o.0)));
+        let l = set_label(&l, "pod", Some(owner.map_or("", |o| o.1)));
+        let (labels, _) = l.rsplit_once(' ').expect("a sample line");
+        format!("{labels} {value}")
+    };
+    let page = [
+        "# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge".to_string(),
+        gpu(3, Some(("ml", "nb")), "0.750000"),
+        gpu(0, Some(("ml", "other")), "0.900000"),
+        gpu(1, Some(("ml", "nb")), "0.000000"),
+        gpu(2, None, "0.500000"),
+    ]
+    .join("\n");
+    let samples = dcgm::parse(&page).expect("parses");
+    assert_eq!(samples.len(), 4);
+    let nb = ("ml", "nb");
+    // Three allocations for a pod the page shows on two GPUs: the third has no signal.
+    let allocations = [
+        pod_allocation("l40s.example.com", 0, 1, 0, nb),
+        pod_allocation("l40s.example.com", 1, 1, 0, nb),
+        pod_allocation("l40s.example.com", 2, 1, 0, nb),
+    ];
+    let readings = attribute(&samples, &allocations);
+    let engine: Vec<Option<u16>> =
+        readings[&WorkloadId(1)].iter().map(|r| r.engine_active).collect();
+    assert_eq!(engine, [Some(0), Some(750), None], "GPU 1, GPU 3, then nothing");
+
+    // Relabelled `pod_name`/`pod_namespace` read the same; a pod label without a namespace
+    // matches nothing.
+    let relabelled = page.replace("namespace=", "pod_namespace=").replace(",pod=", ",pod_name=");
+    assert!(!relabelled.contains(",pod=") && relabelled.contains(",pod_name=\"nb\""));
+    let samples = dcgm::parse(&relabelled).expect("parses");
+    let engine: Vec<Option<u16>> =
+        attribute(&samples, &allocations)[&WorkloadId(1)].iter().map(|r| r.engine_active).collect();
+    assert_eq!(engine, [Some(0), Some(750), None]);
+    let no_namespace: Vec<String> = page
+        .lines()
+        .map(|l| if l.starts_with('#') { l.to_string() } else { set_label(l, "namespace", None) })
+        .collect();
+    let samples = dcgm::parse(&no_namespace.join("\n")).expect("parses");
+    assert!(samples.iter().any(|s| s.jobs.pods.iter().any(|p| p.pod == "nb")));
+    let readings = attribute(&samples, &allocations);
+    assert!(readings[&WorkloadId(1)].iter().all(|r| r.best_signal().is_none()), "{readings:?}");
+}
+
+#[test]
+fn an_amd_exporter_pod_label_attributes_its_gpu() {
+    // The real MI325X line ([C], gfx activity 83 %), its empty pod labels set as the
+    // exporter sets them for a GPU a pod holds.
+    let fixture = fixture("amd-device-metrics-exporter-sample.txt");
+    let line = fixture.lines().find(|l| l.starts_with("amd_gpu_gfx_activity{")).expect("gfx line");
+    let held = set_label(&set_label(line, "pod", Some("train-0")), "namespace", Some("ml"));
+    let samples = amd::parse_exporter(&held).expect("parses");
+    let host = samples[0].identity.hostname.clone().expect("hostname");
+    let allocations = [pod_allocation(&host, 6, 1, 0, ("ml", "train-0"))];
+    assert_eq!(attribute(&samples, &allocations)[&WorkloadId(1)][0].engine_active, Some(830));
+    // As captured (no pod): nothing for the pod.
+    let samples = amd::parse_exporter(line).expect("parses");
+    assert_eq!(attribute(&samples, &allocations)[&WorkloadId(1)][0].best_signal(), None);
 }
 
 #[test]

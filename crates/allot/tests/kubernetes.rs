@@ -5,7 +5,8 @@
 //! `allot ls` lists it running; a pod group waits for its missing pod, then is placed whole on
 //! the nodes another scheduler's pod leaves free; a pod's intent annotations reach its
 //! workload, deleting the pod cancels it, and a pod refused for a typo in an annotation is
-//! placed once the annotation is corrected in place.
+//! placed once the annotation is corrected in place; a notebook pod that dcgm-exporter's pod
+//! labels show idle is reclaimed by the policy's idle rule, its busy neighbour is not.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -26,6 +27,8 @@ const H100: &str = "NVIDIA-H100-80GB-HBM3";
 /// The gang test's GPUs: each test's daemon sees every node of the cluster (tests run in
 /// parallel), so each test asks for a model only its own nodes have.
 const A100: &str = "NVIDIA-A100-SXM4-80GB";
+/// The idle test's GPUs.
+const L40S: &str = "NVIDIA-L40S";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -118,6 +121,17 @@ fn enabled() -> bool {
 /// them per node guaranteed), and `allot serve --backend kubernetes` as the least-privilege
 /// user: the scene, the daemon's address and its admin token.
 fn scene(test: &str, nodes: usize, model: &str) -> (Scene, String, String) {
+    scene_with(test, nodes, model, "none", "")
+}
+
+/// `scene` with `--telemetry telemetry` and `policy_tail` appended to the policy (idle rules).
+fn scene_with(
+    test: &str,
+    nodes: usize,
+    model: &str,
+    telemetry: &str,
+    policy_tail: &str,
+) -> (Scene, String, String) {
     let id = std::process::id();
     let mut scene = Scene {
         daemon: None,
@@ -166,7 +180,7 @@ projects:
   - name: {namespace}
     quotas:
       - {{model: {model}, guaranteed: {}}}
-",
+{policy_tail}",
             8 * nodes
         ),
     )
@@ -178,7 +192,7 @@ projects:
             "--backend",
             "kubernetes",
             "--telemetry",
-            "none",
+            telemetry,
             "--listen",
             "127.0.0.1:0",
         ])
@@ -413,4 +427,140 @@ spec:
     wait_for("the corrected pod bound", Duration::from_secs(60), || {
         (!node_of(&namespace, "typo").is_empty()).then_some(())
     });
+}
+
+/// A notebook pod asking allot for one L40S.
+fn notebook_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations: {{allot.dev/kind: notebook}}
+spec:
+  schedulerName: allot
+  nodeSelector: {{nvidia.com/gpu.product: {L40S}}}
+  containers:
+  - name: main
+    image: busybox
+    resources: {{limits: {{nvidia.com/gpu: \"1\"}}}}
+"
+    )
+}
+
+#[test]
+fn an_idle_notebook_pod_is_found_by_its_exporter_pod_labels_and_reclaimed() {
+    if !enabled() {
+        return;
+    }
+    // A dcgm-exporter page, filled in once the pods run.
+    let page = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let url = common::serve_page(page.clone());
+    let idle = "idle:
+  - name: notebooks
+    kinds: [notebook]
+    threshold: 10%
+    idle_timer: 10s
+    missing_telemetry: hold # no reading for the pod: nothing happens
+    min_runtime: 0s
+    policy: always
+    action: suspend
+    warn_before: 2s
+";
+    let telemetry = format!("dcgm-exporter={url}");
+    let (scene, addr, token) = scene_with("idle", 1, L40S, &telemetry, idle);
+    let (namespace, node) = (scene.namespace.clone(), scene.nodes[0].clone());
+    for name in ["nb", "busy"] {
+        kubectl(&["-n", &namespace, "apply", "-f", "-"], Some(&notebook_yaml(name)));
+    }
+    let running = |name: &str| {
+        let handle = format!("{namespace}/{name}@");
+        wait_for(&format!("{name} running in allot"), Duration::from_secs(60), || {
+            foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+        })
+    };
+    let (nb, busy) = (running("nb"), running("busy"));
+    let (nb_id, busy_id) = (nb["id"].as_u64().expect("id"), busy["id"].as_u64().expect("id"));
+
+    // dcgm-exporter in Kubernetes mode, from the real pod-labelled L40S line of the shared
+    // fixture: the device plugin gave nb GPU 5 (idle) and busy GPU 2 (busy). allot's own
+    // guesses, the lowest indices, show busy GPUs no pod holds: read by index, neither
+    // notebook would look idle.
+    let fixture =
+        std::fs::read_to_string(common::repo().join("../shared/fixtures/dcgm-exporter-sample.txt"))
+            .expect("the shared dcgm-exporter fixture");
+    let line = fixture
+        .lines()
+        .find(|l| {
+            l.starts_with("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") && l.contains("pod=\"tensorflow-0\"")
+        })
+        .expect("the fixture's pod-labelled L40S line");
+    let mut text = String::from("# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge\n");
+    for gpu in 0..8u32 {
+        let (pod, value) = match gpu {
+            5 => ("nb", "0.000000"),
+            2 => ("busy", "0.900000"),
+            0 | 1 => ("", "0.900000"),
+            _ => ("", "0.000000"),
+        };
+        let l = common::set_label(line, "gpu", &gpu.to_string());
+        let l = common::set_label(&l, "UUID", &format!("GPU-e2e-{gpu}"));
+        let l = common::set_label(&l, "device", &format!("nvidia{gpu}"));
+        let l = common::set_label(&l, "Hostname", &node);
+        let l = common::set_label(&l, "namespace", if pod.is_empty() { "" } else { &namespace });
+        let l = common::set_label(&l, "container", if pod.is_empty() { "" } else { "main" });
+        let l = common::set_label(&l, "pod", pod);
+        let (labels, _) = l.rsplit_once(' ').expect("a sample line");
+        text.push_str(&format!("{labels} {value}\n"));
+    }
+    *page.lock().expect("page") = text;
+
+    let started = Instant::now();
+    let reclaimed = wait_for("the idle notebook reclaimed", Duration::from_secs(90), || {
+        let all = listed(&addr, &token);
+        all.iter().find(|w| w["id"] == nb_id).filter(|w| w["state"] != "running").cloned()
+    });
+    eprintln!(
+        "idle notebook reclaimed {:.1} s after its pod's telemetry was served: {reclaimed}",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(reclaimed["reason_code"], "idle", "{reclaimed}");
+    let why = Command::new(BIN)
+        .args(["why", &nb_id.to_string(), "--url", &format!("http://{addr}"), "--token", &token])
+        .output()
+        .expect("allot why runs");
+    let why = String::from_utf8_lossy(&why.stdout).into_owned();
+    assert!(why.contains("idle"), "{why}");
+    // Evicted through the Eviction API: the pod is gone or going.
+    wait_for("the notebook's pod evicted", Duration::from_secs(60), || {
+        let left = kubectl(
+            &[
+                "-n",
+                &namespace,
+                "get",
+                "pods",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+            ],
+            None,
+        );
+        left.lines().all(|l| l.split_whitespace().collect::<Vec<_>>() != ["nb"]).then_some(())
+    });
+    // `allot ls` says why once the run ended: reclaimed for idleness (suspended work queues
+    // again, after the idle backoff).
+    let ended = wait_for("the reclaimed notebook's run ended", Duration::from_secs(60), || {
+        let all = listed(&addr, &token);
+        let w = all.iter().find(|w| w["id"] == nb_id)?;
+        (!matches!(w["state"].as_str(), Some("running" | "stopping"))).then(|| w.clone())
+    });
+    eprintln!("after the eviction: {ended}");
+    assert_eq!(ended["reason_code"], "idle_backoff", "{ended}");
+    assert!(ended["reason"].to_string().contains("reclaimed for idleness"), "{ended}");
+    // Its busy neighbour, on GPUs allot reads by its pod, keeps running.
+    let busy_now = listed(&addr, &token).into_iter().find(|w| w["id"] == busy_id);
+    assert_eq!(
+        busy_now.as_ref().map(|w| w["state"].clone()),
+        Some("running".into()),
+        "{busy_now:?}"
+    );
 }

@@ -1,13 +1,16 @@
 //! Telemetry attribution, pure: the machine keeps the newest sample per device and, every
 //! telemetry round, attributes them to the running workloads' devices by node and device
-//! index. What it attributes is logged (`Entry::Sampled`) before the engine sees it, so a
-//! replay judges idleness on the same readings.
+//! index, or, for a run the backend named pods for (Kubernetes), by node and the exporters'
+//! pod labels (`allot_telemetry::attribution` says why). What it attributes is logged
+//! (`Entry::Sampled`) before the engine sees it, so a replay judges idleness on the same
+//! readings.
 
 use std::collections::BTreeMap;
 
+use allot_core::WorkloadId;
 use allot_core::idle::DeviceReading;
 use allot_telemetry::Sample;
-use allot_telemetry::attribution::Allocation;
+use allot_telemetry::attribution::{self, Allocation, PodRef};
 use serde::{Deserialize, Serialize};
 
 /// A device's sample older than this is not attributed (its source stopped answering).
@@ -93,19 +96,34 @@ impl Latest {
             device_key(a.node.clone(), a.device_index, a.mig_instance, a.amd_partition)
         };
         let mut sharers: BTreeMap<DeviceKey, usize> = BTreeMap::new();
-        for a in allocations {
+        for a in allocations.iter().filter(|a| a.pod.is_none()) {
             *sharers.entry(device(a)).or_default() += 1;
         }
-        // One lookup per allocation in the newest-sample index (no scan of every sample).
+        // Per member with a pod: the devices its pod holds on its node, and how many its
+        // allocations took (each takes the next, by device index).
+        let mut pods: BTreeMap<(WorkloadId, u32), (Vec<DeviceKey>, usize)> = BTreeMap::new();
+        // One lookup per allocation in the newest-sample index (no scan of every sample; a
+        // pod's, a scan of its node's devices).
         let mut readings: BTreeMap<u64, Vec<DeviceReading>> = BTreeMap::new();
         for a in allocations {
-            let key = device(a);
-            let sample = self.samples.get(&key);
+            let key = match &a.pod {
+                None => Some(device(a)),
+                Some(pod) => {
+                    let (held, taken) = pods
+                        .entry((a.workload, a.member))
+                        .or_insert_with(|| (self.held_by(&a.node, pod), 0));
+                    *taken += 1;
+                    held.get(*taken - 1).cloned()
+                }
+            };
+            let sample = key.as_ref().and_then(|k| self.samples.get(k));
             let mut reading = sample.map_or(
                 DeviceReading { member: a.member, shares: a.shares, ..DeviceReading::default() },
                 |s| s.device_reading(a.member, a.shares),
             );
-            let shared = sharers.get(&key).is_some_and(|n| *n > 1);
+            // Pods sharing a device (time-slicing) each take the device's reading: exporters
+            // list no processes to split it by, and it bounds each pod's activity from above.
+            let shared = key.as_ref().and_then(|k| sharers.get(k)).is_some_and(|n| *n > 1);
             if let Some(s) = sample.filter(|s| shared && s.processes_listed) {
                 let own = s
                     .processes
@@ -124,6 +142,17 @@ impl Latest {
         readings.retain(|_, r| r.iter().any(|r| r.best_signal().is_some()));
         self.readings.clone_from(&readings);
         readings
+    }
+
+    /// The devices on `node` whose newest sample the exporter labels with `pod`, by index.
+    fn held_by(&self, node: &str, pod: &PodRef) -> Vec<DeviceKey> {
+        let from = (node.to_string(), 0, None, None);
+        self.samples
+            .range(from..)
+            .take_while(|(k, _)| k.0 == node)
+            .filter(|(_, s)| attribution::held_by(s, pod))
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 }
 
@@ -159,7 +188,6 @@ impl Latest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_core::WorkloadId;
     use allot_telemetry::ProcessUsage;
     use allot_telemetry::{DeviceIdentity, Vendor};
 
@@ -172,6 +200,7 @@ mod tests {
             workload: WorkloadId(workload),
             member: 0,
             shares,
+            pod: None,
         }
     }
 
@@ -220,5 +249,58 @@ mod tests {
         latest.take(vec![sample(Vec::new())]);
         let r = latest.attribute(1_000 + SAMPLE_FRESH_MS + 1, &[allocation(1, 1000)], |_| None);
         assert!(r.is_empty(), "{r:?}");
+    }
+
+    /// GPU `index` of n0, labelled with pod `ns/name` where given, engine-active `engine`.
+    fn pod_sample(index: u32, pod: Option<(&str, &str)>, engine: u16) -> Sample {
+        let mut identity = DeviceIdentity::new(Vendor::Nvidia);
+        identity.hostname = Some("n0".into());
+        identity.gpu_index = Some(index);
+        let mut s = Sample::new(identity);
+        s.at_ms = Some(1_000);
+        s.engine_active = Some(engine);
+        s.jobs.pods = pod
+            .into_iter()
+            .map(|(namespace, name)| allot_telemetry::PodLabels {
+                namespace: Some(namespace.into()),
+                pod: name.into(),
+                container: Some("main".into()),
+            })
+            .collect();
+        s.classify();
+        s
+    }
+
+    fn pod_allocation(workload: u64, guess: u32, name: &str) -> Allocation {
+        Allocation {
+            device_index: guess,
+            pod: Some(PodRef { namespace: "ml".into(), name: name.into() }),
+            ..allocation(workload, 1000)
+        }
+    }
+
+    #[test]
+    fn a_pod_is_read_on_the_devices_its_labels_name_not_on_allots_guess() {
+        let mut latest = Latest::default();
+        latest.take(vec![
+            pod_sample(0, Some(("ml", "busy")), 900),
+            pod_sample(1, None, 800),
+            pod_sample(2, Some(("ml", "nb")), 0),
+            pod_sample(3, Some(("ml", "nb")), 50),
+        ]);
+        // allot guessed GPUs 0 and 1 for nb, and 2 for busy: the pods hold others.
+        let allocations = [
+            pod_allocation(1, 0, "nb"),
+            pod_allocation(1, 1, "nb"),
+            pod_allocation(2, 2, "busy"),
+            // A pod the exporter does not label (yet): no reading, not GPU 1's.
+            pod_allocation(3, 1, "new"),
+        ];
+        let r = latest.attribute(2_000, &allocations, |_| None);
+        let engine =
+            |id: u64| -> Vec<Option<u16>> { r[&id].iter().map(|r| r.engine_active).collect() };
+        assert_eq!(engine(1), [Some(0), Some(50)]);
+        assert_eq!(engine(2), [Some(900)]);
+        assert!(!r.contains_key(&3), "telemetry missing: {r:?}");
     }
 }

@@ -1459,13 +1459,27 @@ impl Daemon {
             .collect()
     }
 
-    /// The devices running workloads hold, for attributing telemetry.
-    pub(crate) fn allocations(&self) -> Vec<allot_telemetry::attribution::Allocation> {
+    /// The devices running workloads hold, for attributing telemetry. A run with `pods` (the
+    /// backend said which pod each member is) is found by pod; a member past its pods has none
+    /// known and is left out (no reading, never a device guessed by index).
+    pub(crate) fn allocations(
+        &self,
+        pods: &BTreeMap<RunId, Vec<allot_backend::PodRef>>,
+    ) -> Vec<allot_telemetry::attribution::Allocation> {
         let mut out = Vec::new();
         for (id, r) in &self.workloads {
             let (WorkloadState::Running, Some(launch)) = (r.state, &r.launch) else { continue };
             let members = r.devices.as_ref().unwrap_or(&launch.members);
+            let run_pods = pods.get(&launch.run);
             for (member, m) in members.iter().enumerate() {
+                let pod = match run_pods.map(|p| p.get(member)) {
+                    None => None,
+                    Some(None) => continue,
+                    Some(Some(p)) => Some(allot_telemetry::attribution::PodRef {
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                    }),
+                };
                 for d in &m.devices {
                     out.push(allot_telemetry::attribution::Allocation {
                         node: m.node.clone(),
@@ -1475,6 +1489,7 @@ impl Daemon {
                         workload: WorkloadId(*id),
                         member: member as u32,
                         shares: u32::try_from(d.shares).unwrap_or(1000),
+                        pod: pod.clone(),
                     });
                 }
             }

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use allot_api::{PolicyView, Report, SubmitResponse, Why, WorkloadState};
-use allot_backend::{ClusterNews, MemberLaunch, Observation, RunId};
+use allot_backend::{ClusterNews, MemberLaunch, Observation, PodRef, RunId};
 use allot_core::{Timestamp, WorkloadId};
 use allot_telemetry::Sample;
 
@@ -91,6 +91,8 @@ pub(crate) enum Input {
     Kept(Vec<RunId>),
     /// The devices started runs actually hold.
     Placed(Vec<(RunId, Vec<MemberLaunch>)>),
+    /// The pod each member of started runs is (Kubernetes), by member.
+    Pods(Vec<(RunId, Vec<PodRef>)>),
     /// The backend stopped answering (`Some(error)`) or answers again.
     BackendHealth(Option<String>),
     /// Device samples from a collector or a node agent, with the process groups of the
@@ -149,6 +151,9 @@ pub(crate) struct Machine {
     pub telemetry: attribution::Latest,
     /// Process group of each process the collectors listed (pid → group).
     groups: BTreeMap<u32, u32>,
+    /// The pods of live runs, by member, as the backend said when they started (not logged:
+    /// asked again after a restart; what they attribute is logged as `Sampled`).
+    pods: BTreeMap<RunId, Vec<PodRef>>,
     /// Heartbeat file times already logged.
     heartbeats: BTreeMap<u64, u64>,
     /// The last activity each application probe reported (only news is logged).
@@ -183,6 +188,7 @@ impl Machine {
             cadence,
             telemetry: attribution::Latest::default(),
             groups: BTreeMap::new(),
+            pods: BTreeMap::new(),
             heartbeats: BTreeMap::new(),
             probed: BTreeMap::new(),
             awaiting_admission: BTreeMap::new(),
@@ -221,6 +227,11 @@ impl Machine {
                 names.join(", ")
             ));
         }
+    }
+
+    /// The pods of started runs, by member, as the backend says (see `Input::Pods`).
+    pub(crate) fn take_pods(&mut self, pods: Vec<(RunId, Vec<PodRef>)>) {
+        self.pods.extend(pods);
     }
 
     /// Applies entries made outside a step (at start: the inventory, recovery, a policy
@@ -356,6 +367,7 @@ impl Machine {
                     self.log(now, Entry::Kept { id: run.workload, attempt: run.attempt }, out);
                 }
             }
+            Input::Pods(pods) => self.take_pods(pods),
             Input::Placed(placed) => {
                 for (run, reported) in placed {
                     let Some(members) = self.daemon.bound_members(run, &reported) else {
@@ -696,6 +708,16 @@ impl Machine {
     /// This round's readings of the running workloads' devices, and the workloads without any.
     fn telemetry_round(&mut self, now: u64) -> Vec<Entry> {
         let ids = self.daemon.running_ids();
+        let workloads = &self.daemon.workloads;
+        self.pods.retain(|run, _| {
+            workloads.get(&run.workload).is_some_and(|r| {
+                r.launch.as_ref().is_some_and(|l| l.run == *run)
+                    && matches!(
+                        r.state,
+                        WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
+                    )
+            })
+        });
         if ids.is_empty() {
             self.telemetry.readings.clear();
             return Vec::new();
@@ -710,7 +732,8 @@ impl Machine {
             .collect();
         let groups = &self.groups;
         let owner_of = |pid: u32| members.get(groups.get(&pid)?).copied();
-        let sampled = self.telemetry.attribute(now, &self.daemon.allocations(), owner_of);
+        let allocations = self.daemon.allocations(&self.pods);
+        let sampled = self.telemetry.attribute(now, &allocations, owner_of);
         let missing: Vec<u64> = ids.into_iter().filter(|id| !sampled.contains_key(id)).collect();
         let mut out = Vec::new();
         if !sampled.is_empty() {

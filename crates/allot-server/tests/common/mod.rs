@@ -28,6 +28,14 @@ impl TestDaemon {
     }
 
     pub fn with_policy(policy_text: &str) -> TestDaemon {
+        TestDaemon::with_sources(policy_text, Vec::new())
+    }
+
+    /// With telemetry read from `sources` (as `--telemetry` gives them).
+    pub fn with_sources(
+        policy_text: &str,
+        sources: Vec<allot_telemetry::collect::Source>,
+    ) -> TestDaemon {
         let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("example cluster");
         let policy = allot_config::parse_policy("policy.yaml", policy_text).expect("test policy");
         let (backend, control) = FakeBackend::new(nodes.clone());
@@ -50,7 +58,7 @@ impl TestDaemon {
             telemetry_round_ms: Some(100),
             cluster_watch_ms: Some(50),
             snapshot_every: None,
-            telemetry_sources: Vec::new(),
+            telemetry_sources: sources,
             policy_webhook: None,
         })
         .expect("daemon starts");
@@ -135,6 +143,85 @@ impl Drop for TestDaemon {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// `line` of an exporter page with label `key` set to `value`.
+pub fn set_label(line: &str, key: &str, value: &str) -> String {
+    let needle = format!("{key}=\"");
+    let at = line.find(&needle).unwrap_or_else(|| panic!("no label {key} in {line}"));
+    let from = at + needle.len();
+    let to = from + line[from..].find('"').expect("a closing quote");
+    format!("{}{value}{}", &line[..from], &line[to..])
+}
+
+/// Serves `page` as a dcgm-exporter's `/metrics` on loopback; its URL.
+pub fn serve_page(page: String) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 2048];
+            let _ = std::io::Read::read(&mut stream, &mut request);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = std::io::Write::write_all(&mut stream, answer.as_bytes());
+        }
+    });
+    url
+}
+
+/// A dcgm-exporter source in Kubernetes mode for `node`'s 8 GPUs: the real pod-labelled L40S
+/// line of the shared fixture for each, GPUs `held` pod `namespace/pod`'s and busy (0.9), the
+/// others pod `namespace/other`'s and idle.
+pub fn pod_exporter(
+    node: &str,
+    namespace: &str,
+    pod: &str,
+    held: &[u32],
+) -> allot_telemetry::collect::Source {
+    let fixture = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures/dcgm-exporter-sample.txt"),
+    )
+    .expect("the shared dcgm-exporter fixture");
+    let line = fixture
+        .lines()
+        .find(|l| {
+            l.starts_with("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") && l.contains("pod=\"tensorflow-0\"")
+        })
+        .expect("the fixture's pod-labelled L40S line");
+    let mut page = String::from("# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge\n");
+    for gpu in 0..8u32 {
+        let mine = held.contains(&gpu);
+        let l = set_label(line, "gpu", &gpu.to_string());
+        let l = set_label(&l, "UUID", &format!("GPU-{gpu}"));
+        let l = set_label(&l, "Hostname", node);
+        let l = set_label(&l, "namespace", namespace);
+        let l = set_label(&l, "pod", if mine { pod } else { "other" });
+        let (labels, _) = l.rsplit_once(' ').expect("a sample line");
+        page.push_str(&format!("{labels} {}\n", if mine { "0.9" } else { "0.0" }));
+    }
+    let spec = format!("dcgm-exporter={}", serve_page(page));
+    allot_telemetry::collect::Source::from_spec(&spec, None).expect("a source")
+}
+
+/// Waits (up to 10 s) until `/metrics` says `project` has `gpus` active GPUs; the page.
+pub async fn wait_active_gpus(d: &TestDaemon, project: &str, gpus: &str) -> String {
+    let want = format!("allot_active_gpus{{project=\"{project}\"}} {gpus}");
+    let mut text = String::new();
+    for _ in 0..400 {
+        let (_, metrics) = d.call("GET", "/metrics", Some(&d.admin), None).await;
+        text = metrics.as_str().unwrap_or("").to_string();
+        if text.contains(&want) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(text.contains(&want), "{text}");
+    text
 }
 
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

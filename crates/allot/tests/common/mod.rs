@@ -108,3 +108,33 @@ pub fn dechunk(body: &str) -> String {
     }
     out
 }
+
+/// Serves `page` (as it is at each request) as an exporter's `/metrics` on loopback, for
+/// `--telemetry dcgm-exporter=URL`; the URL.
+pub fn serve_page(page: std::sync::Arc<std::sync::Mutex<String>>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 2048];
+            let _ = stream.read(&mut request);
+            let page = page.lock().map(|p| p.clone()).unwrap_or_default();
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    url
+}
+
+/// `line` (an exporter's sample line) with label `key` set to `value`.
+pub fn set_label(line: &str, key: &str, value: &str) -> String {
+    let needle = format!("{key}=\"");
+    let at = line.find(&needle).unwrap_or_else(|| panic!("no label {key} in {line}"));
+    let from = at + needle.len();
+    let to = from + line[from..].find('"').expect("a closing quote");
+    format!("{}{value}{}", &line[..from], &line[to..])
+}

@@ -506,3 +506,25 @@ async fn the_intent_foreign_work_declares_is_its_workload_and_is_checked_as_a_su
     let told = wait_explained(&d, &allot_backend::Waiting::Foreign("ns/vip".into())).await;
     assert_eq!(told, reason);
 }
+
+/// Foreign work pre-empted on a backend that cannot keep it (a Kubernetes pod, evicted) is
+/// gone from the cluster: its workload ends, and is never launched again by its old handle.
+#[tokio::test(flavor = "multi_thread")]
+async fn foreign_work_the_backend_cannot_keep_ends_when_pre_empted() {
+    let d = TestDaemon::new();
+    let a = submit(&d, &submit_body("vision", 8)).await;
+    d.wait_state(a, "running").await;
+    // A pod of vision's that borrows 4 of speech's H100s.
+    d.control.add_foreign(foreign("ns/train@u1", "vision", Vec::new(), 4));
+    let pod = 2;
+    d.wait_state(pod, "running").await;
+    // speech claims its guarantee: the pod is reclaimed, terminated (no requeue), and ends.
+    let s = submit(&d, &submit_body("speech", 4)).await;
+    d.wait_state(s, "running").await;
+    let v = d.wait_state(pod, "failed").await;
+    assert_eq!(v["reason_code"], "deleted", "{v}");
+    assert!(v["reason"].as_str().unwrap_or_default().contains("could not keep it"), "{v}");
+    assert_eq!(d.control.signals(run(pod, 1)), vec![allot_backend::StopSignal::Terminate]);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(d.control.run(run(pod, 2)).is_none(), "not launched again");
+}

@@ -546,16 +546,17 @@ fn an_idle_notebook_pod_is_found_by_its_exporter_pod_labels_and_reclaimed() {
         );
         left.lines().all(|l| l.split_whitespace().collect::<Vec<_>>() != ["nb"]).then_some(())
     });
-    // `allot ls` says why once the run ended: reclaimed for idleness (suspended work queues
-    // again, after the idle backoff).
+    // `allot ls` says why once the run ended: reclaimed for idleness, and gone (an evicted pod
+    // cannot run again: its controller, if any, makes a new pod, which is new work).
     let ended = wait_for("the reclaimed notebook's run ended", Duration::from_secs(60), || {
         let all = listed(&addr, &token);
         let w = all.iter().find(|w| w["id"] == nb_id)?;
         (!matches!(w["state"].as_str(), Some("running" | "stopping"))).then(|| w.clone())
     });
     eprintln!("after the eviction: {ended}");
-    assert_eq!(ended["reason_code"], "idle_backoff", "{ended}");
-    assert!(ended["reason"].to_string().contains("reclaimed for idleness"), "{ended}");
+    assert_eq!(ended["state"], "failed", "{ended}");
+    assert_eq!(ended["reason_code"], "deleted", "{ended}");
+    assert!(ended["reason"].to_string().contains("suspend: idle"), "{ended}");
     // Its busy neighbour, on GPUs allot reads by its pod, keeps running.
     let busy_now = listed(&addr, &token).into_iter().find(|w| w["id"] == busy_id);
     assert_eq!(

@@ -1127,6 +1127,9 @@ impl Daemon {
         record.pids.clear();
         let intent = record.intent;
         let was_stopping = record.state == WorkloadState::Stopping;
+        // Foreign work lives on the cluster: unless the backend kept it for the next run (a
+        // Slurm job requeued, a Job suspended), it is gone (a pod evicted) and cannot run again.
+        let lost_on_cluster = record.foreign.is_some() && record.kept != Some(attempt + 1);
         self.dirty = true;
         if !was_stopping && intent.is_none() {
             self.event(now, Event::WorkloadFinished { workload: WorkloadId(id) });
@@ -1159,6 +1162,21 @@ impl Daemon {
             }
             (Some(Intent::Suspend), false) => WorkloadState::Suspended,
             (Some(Intent::Cancel), false) => WorkloadState::Cancelled,
+            (None, true) if lost_on_cluster => {
+                self.event(now, Event::WorkloadCancelled { workload: WorkloadId(id) });
+                if let Some(r) = self.workloads.get_mut(&id) {
+                    let why = r.reason.as_ref().map_or(String::new(), |(_, text)| text.clone());
+                    r.reason = Some((
+                        "deleted".into(),
+                        format!(
+                            "deleted when stopped: {why}; the cluster could not keep it for a \
+                             later run (an evicted pod is gone: its controller, if any, makes \
+                             a new one, which is new work)"
+                        ),
+                    ));
+                }
+                WorkloadState::Failed
+            }
             (None, true) => WorkloadState::Pending,
             (None, false) => {
                 if let Some(r) = self.workloads.get_mut(&id) {

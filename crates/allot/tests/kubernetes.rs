@@ -6,7 +6,10 @@
 //! the nodes another scheduler's pod leaves free; a pod's intent annotations reach its
 //! workload, deleting the pod cancels it, and a pod refused for a typo in an annotation is
 //! placed once the annotation is corrected in place; a notebook pod that dcgm-exporter's pod
-//! labels show idle is reclaimed by the policy's idle rule, its busy neighbour is not.
+//! labels show idle is reclaimed by the policy's idle rule, its busy neighbour is not; a Job
+//! queued for allot borrows in a cohort, survives a `kill -9` and restart of allot, is
+//! suspended when the lender claims its guarantee (allot's reason an Event of the Job), and is
+//! resumed by its next run when the lender's pod goes.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -29,6 +32,8 @@ const H100: &str = "NVIDIA-H100-80GB-HBM3";
 const A100: &str = "NVIDIA-A100-SXM4-80GB";
 /// The idle test's GPUs.
 const L40S: &str = "NVIDIA-L40S";
+/// The cohort test's GPUs.
+const H200: &str = "NVIDIA-H200";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -73,8 +78,40 @@ fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
 struct Scene {
     daemon: Option<Child>,
     namespace: String,
+    /// The policy's other projects' namespaces.
+    others: Vec<String>,
     nodes: Vec<String>,
     data_dir: PathBuf,
+    /// `allot serve`'s `--telemetry`.
+    telemetry: String,
+}
+
+impl Scene {
+    /// Starts `allot serve --backend kubernetes` as the least-privilege user on the scene's
+    /// data directory and policy: its address, and the admin token on a first start.
+    fn serve(&mut self) -> (String, Option<String>) {
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--backend", "kubernetes", "--listen", "127.0.0.1:0"])
+            .args(["--telemetry", &self.telemetry])
+            .arg("--kubeconfig")
+            .arg(state_dir().join("allot.kubeconfig"))
+            .arg("--data-dir")
+            .arg(self.data_dir.join("data"))
+            .arg("--policy")
+            .arg(self.data_dir.join("policy.yaml"));
+        let (child, addr, token) = common::spawn_serve(command, "http");
+        self.daemon = Some(child);
+        (addr, token)
+    }
+
+    /// `kill -9` of the daemon.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Drop for Scene {
@@ -89,8 +126,11 @@ impl Drop for Scene {
                 .args(args)
                 .output();
         };
-        kube(&["-n", &self.namespace, "delete", "pods", "--all", "--grace-period=0", "--force"]);
-        kube(&["delete", "namespace", &self.namespace, "--wait=false"]);
+        for namespace in std::iter::once(&self.namespace).chain(&self.others) {
+            kube(&["-n", namespace, "delete", "jobs", "--all", "--wait=false"]);
+            kube(&["-n", namespace, "delete", "pods", "--all", "--grace-period=0", "--force"]);
+            kube(&["delete", "namespace", namespace, "--wait=false"]);
+        }
         for node in &self.nodes {
             kube(&["delete", "node", node, "--wait=false"]);
         }
@@ -132,20 +172,49 @@ fn scene_with(
     telemetry: &str,
     policy_tail: &str,
 ) -> (Scene, String, String) {
+    let policy = |namespace: &str| {
+        format!(
+            "projects:
+  - name: {namespace}
+    quotas:
+      - {{model: {model}, guaranteed: {}}}
+{policy_tail}",
+            8 * nodes
+        )
+    };
+    scene_of(test, nodes, model, telemetry, &[], &policy)
+}
+
+/// The scene's nodes, its namespace and the `others`, the policy (its priority classes, then
+/// `policy(namespace)`: the projects are namespaces; quotas by the GPU product label), and
+/// the daemon started.
+fn scene_of(
+    test: &str,
+    nodes: usize,
+    model: &str,
+    telemetry: &str,
+    others: &[String],
+    policy: &dyn Fn(&str) -> String,
+) -> (Scene, String, String) {
     let id = std::process::id();
     let mut scene = Scene {
         daemon: None,
         namespace: format!("e2e-{test}-{id}"),
+        others: others.to_vec(),
         nodes: (0..nodes).map(|i| format!("e2e-{test}-{id}-gpu-{i}")).collect(),
         data_dir: std::env::temp_dir().join(format!("allot-k8s-e2e-{test}-{id}")),
+        telemetry: telemetry.to_string(),
     };
-    let namespace = scene.namespace.clone();
-    let mut objects = format!(
-        "apiVersion: v1
+    let mut objects = String::new();
+    for namespace in std::iter::once(&scene.namespace).chain(&scene.others) {
+        objects.push_str(&format!(
+            "---
+apiVersion: v1
 kind: Namespace
 metadata: {{name: {namespace}}}
 "
-    );
+        ));
+    }
     for node in &scene.nodes {
         objects.push_str(&format!(
             "---
@@ -165,45 +234,20 @@ status:
     for node in &scene.nodes {
         kubectl(&["wait", "--for=condition=Ready", &format!("node/{node}"), "--timeout=60s"], None);
     }
-
-    // The policy's projects are namespaces; quotas by the GPU product label.
     let _ = std::fs::remove_dir_all(&scene.data_dir);
     std::fs::create_dir_all(&scene.data_dir).expect("data dir");
-    let policy = scene.data_dir.join("policy.yaml");
     std::fs::write(
-        &policy,
+        scene.data_dir.join("policy.yaml"),
         format!(
             "priority_classes:
   - {{name: normal, value: 0, preemptible: true}}
 default_priority_class: normal
-projects:
-  - name: {namespace}
-    quotas:
-      - {{model: {model}, guaranteed: {}}}
-{policy_tail}",
-            8 * nodes
+{}",
+            policy(&scene.namespace)
         ),
     )
     .expect("policy written");
-    let mut command = Command::new(BIN);
-    command
-        .args([
-            "serve",
-            "--backend",
-            "kubernetes",
-            "--telemetry",
-            telemetry,
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--kubeconfig")
-        .arg(state_dir().join("allot.kubeconfig"))
-        .arg("--data-dir")
-        .arg(scene.data_dir.join("data"))
-        .arg("--policy")
-        .arg(&policy);
-    let (child, addr, token) = common::spawn_serve(command, "http");
-    scene.daemon = Some(child);
+    let (addr, token) = scene.serve();
     let token = token.expect("admin token on a first start");
     (scene, addr, token)
 }
@@ -564,4 +608,191 @@ fn an_idle_notebook_pod_is_found_by_its_exporter_pod_labels_and_reclaimed() {
         Some("running".into()),
         "{busy_now:?}"
     );
+}
+
+/// A Job's pods that have not finished: (name, node), by name.
+fn job_pods(namespace: &str, job: &str) -> Vec<(String, String)> {
+    let text = kubectl(
+        &[
+            "-n",
+            namespace,
+            "get",
+            "pods",
+            "-l",
+            &format!("job-name={job}"),
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.metadata.deletionTimestamp} {.spec.nodeName}{\"\\n\"}{end}",
+        ],
+        None,
+    );
+    let mut pods: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            match words[..] {
+                [name, "Pending" | "Running", node] => Some((name.to_string(), node.to_string())),
+                [name, "Pending"] => Some((name.to_string(), String::new())),
+                _ => None,
+            }
+        })
+        .collect();
+    pods.sort();
+    pods
+}
+
+fn job_suspended(namespace: &str, job: &str) -> bool {
+    kubectl(&["-n", namespace, "get", "job", job, "-o", "jsonpath={.spec.suspend}"], None) == "true"
+}
+
+/// `allot why REF`: its text.
+fn why(addr: &str, token: &str, reference: &str) -> String {
+    let out = Command::new(BIN)
+        .args(["why", reference, "--url", &format!("http://{addr}"), "--token", token])
+        .output()
+        .expect("allot why runs");
+    assert!(
+        out.status.success(),
+        "allot why {reference}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_queued_job_borrowing_in_a_cohort_survives_a_restart_yields_to_the_lender_and_resumes() {
+    if !enabled() {
+        return;
+    }
+    let lender = format!("e2e-lender-{}", std::process::id());
+    let policy = |borrower: &str| {
+        format!(
+            "projects:
+  - name: {borrower}
+    cohort: e2e
+    quotas:
+      - {{model: {H200}, guaranteed: 8, borrow_limit: 8}}
+  - name: {lender}
+    cohort: e2e
+    quotas:
+      - {{model: {H200}, guaranteed: 8}}
+"
+        )
+    };
+    let (mut scene, addr, token) = scene_of("cohort", 2, H200, "none", &[lender.clone()], &policy);
+    let borrower = scene.namespace.clone();
+
+    // A Job of two 8-GPU pods, queued for allot: 16 GPUs, 8 of them borrowed from the lender.
+    kubectl(
+        &["-n", &borrower, "apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: finetune
+  labels: {{allot.dev/queue: default}}
+  annotations: {{allot.dev/kind: training}}
+spec:
+  suspend: true
+  parallelism: 2
+  completions: 2
+  backoffLimit: 0
+  template:
+    metadata:
+      annotations: {{pod-complete.stage.kwok.x-k8s.io/delay: 600s}}
+    spec:
+      schedulerName: allot
+      restartPolicy: Never
+      nodeSelector: {{nvidia.com/gpu.product: {H200}}}
+      containers:
+      - name: main
+        image: busybox
+        resources: {{limits: {{nvidia.com/gpu: \"8\"}}}}
+"
+        )),
+    );
+    let first = wait_for("the Job's two pods bound by allot", Duration::from_secs(60), || {
+        let pods = job_pods(&borrower, "finetune");
+        (pods.len() == 2 && pods.iter().all(|(_, node)| !node.is_empty())).then_some(pods)
+    });
+    let nodes: std::collections::BTreeSet<&str> = first.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 2, "one pod on each node: {first:?}");
+    let handle = format!("{borrower}/job:finetune@");
+    let job = wait_for("allot ls lists the Job running", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+    });
+    assert_eq!(job["kind"], "training", "{job}");
+    let reference = format!("{borrower}/job:finetune");
+    assert!(why(&addr, &token, &reference).starts_with(&format!("{} ", job["id"])));
+
+    // kill -9 and a restart mid-way: the Job is found running where it is, nothing rebound.
+    scene.kill();
+    let (addr, token_again) = scene.serve();
+    assert_eq!(token_again, None, "not a first start");
+    let again = wait_for("the Job running after the restart", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+    });
+    assert_eq!(again["id"], job["id"], "the same workload: {again}");
+    assert_eq!(job_pods(&borrower, "finetune"), first, "the same pods on the same nodes");
+
+    // The lender claims its guarantee: the Job is suspended (its pods deleted), kept, and told
+    // why; the notebook is bound once the GPUs are free.
+    kubectl(
+        &["-n", &lender, "apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: nb, annotations: {{allot.dev/kind: notebook}}}}
+spec:
+  schedulerName: allot
+  nodeSelector: {{nvidia.com/gpu.product: {H200}}}
+  containers:
+  - name: main
+    image: busybox
+    resources: {{limits: {{nvidia.com/gpu: \"8\"}}}}
+"
+        )),
+    );
+    wait_for("the Job suspended by allot", Duration::from_secs(60), || {
+        job_suspended(&borrower, "finetune").then_some(())
+    });
+    let notebook_node = wait_for("the notebook bound", Duration::from_secs(60), || {
+        let node = node_of(&lender, "nb");
+        (!node.is_empty()).then_some(node)
+    });
+    assert!(nodes.contains(notebook_node.as_str()));
+    let waiting = wait_for("the Job pending again", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "pending").cloned()
+    });
+    assert_eq!(waiting["id"], job["id"], "kept: the same workload, {waiting}");
+    let events = wait_for("allot's reason as an Event of the Job", Duration::from_secs(30), || {
+        let text = kubectl(
+            &[
+                "-n",
+                &borrower,
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.kind=Job,involvedObject.name=finetune,reason=AllotWaiting",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            None,
+        );
+        (!text.is_empty()).then_some(text)
+    });
+    assert!(events.contains("allot:"), "{events}");
+    eprintln!("the suspended Job's Event: {events}");
+
+    // The notebook goes: the Job is resumed by its next run, two new pods bound.
+    kubectl(&["-n", &lender, "delete", "pod", "nb", "--wait=false"], None);
+    let resumed = wait_for("the Job resumed and its pods bound", Duration::from_secs(90), || {
+        let pods = job_pods(&borrower, "finetune");
+        let bound = pods.len() == 2 && pods.iter().all(|(_, node)| !node.is_empty());
+        (bound && !job_suspended(&borrower, "finetune")).then_some(pods)
+    });
+    assert!(resumed.iter().all(|p| !first.contains(p)), "new pods: {resumed:?}");
+    let running = wait_for("allot ls lists it running again", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+    });
+    assert_eq!(running["attempt"], 2, "{running}");
 }

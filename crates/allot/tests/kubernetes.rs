@@ -678,7 +678,8 @@ fn a_queued_job_borrowing_in_a_cohort_survives_a_restart_yields_to_the_lender_an
 "
         )
     };
-    let (mut scene, addr, token) = scene_of("cohort", 2, H200, "none", &[lender.clone()], &policy);
+    let (mut scene, addr, token) =
+        scene_of("cohort", 2, H200, "none", std::slice::from_ref(&lender), &policy);
     let borrower = scene.namespace.clone();
 
     // A Job of two 8-GPU pods, queued for allot: 16 GPUs, 8 of them borrowed from the lender.

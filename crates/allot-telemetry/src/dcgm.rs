@@ -3,7 +3,8 @@
 //!
 //! Labels accepted: `Hostname` or `hostname` (renamed in dcgm-exporter PR #655), `UUID` or `uuid`
 //! (`--use-old-namespace`), `gpu`, `modelName`, `GPU_I_ID`/`GPU_I_PROFILE` (MIG), Kubernetes
-//! `namespace`/`pod`/`container` (or the relabelled `pod_namespace`/`pod_name`/`container_name`),
+//! `namespace`/`pod`/`container` (or the relabelled `pod_namespace`/`pod_name`/`container_name`,
+//! or Prometheus' `exported_namespace`/`exported_pod`/`exported_container`, which win),
 //! and `hpc_job` (HPC job mapping). Metric names are matched without regard to case, so the old
 //! lower-case `dcgm_fi_*` exports work too, as do the 1.x names `dcgm_gpu_utilization`,
 //! `dcgm_fb_used`, `dcgm_fb_free`. Any other `DCGM_FI_*`/`dcgm_*` series still makes the device
@@ -228,7 +229,7 @@ impl DcgmLabels {
                 "GPU_I_ID" => &mut l.mig_instance,
                 "GPU_I_PROFILE" => &mut l.mig_profile,
                 "modelName" => &mut l.model,
-                "pod" | "pod_name" | "hpc_job" | "job_id" => {
+                "pod" | "pod_name" | "exported_pod" | "hpc_job" | "job_id" => {
                     l.has_job_labels = true;
                     continue;
                 }
@@ -252,10 +253,23 @@ fn parse_u32(s: &Series<'_>, name: &str, value: Option<&str>) -> Result<Option<u
 }
 
 /// Adds the series' pod and HPC job labels to the sample (empty labels mean "no owner").
+/// Prometheus renames a scraped label that collides with a target label of the same name
+/// (`pod`, `namespace`, `container` of the exporter's own pod, from Kubernetes service
+/// discovery) to `exported_…`: where those are present they name the workload's pod, and the
+/// plain ones the exporter's.
 pub(crate) fn add_job_labels(sample: &mut Sample, s: &Series<'_>) {
-    if let Some(pod) = s.label_any(&["pod", "pod_name"]) {
-        let namespace = s.label_any(&["namespace", "pod_namespace"]);
-        let container = s.label_any(&["container", "container_name"]);
+    if let Some(pod) = s.label_any(&["exported_pod", "pod", "pod_name"]) {
+        let exported = s.label_any(&["exported_pod"]).is_some();
+        let namespace = if exported {
+            s.label_any(&["exported_namespace"])
+        } else {
+            s.label_any(&["namespace", "pod_namespace"])
+        };
+        let container = if exported {
+            s.label_any(&["exported_container"])
+        } else {
+            s.label_any(&["container", "container_name"])
+        };
         // Every family repeats the owner: compare before allocating.
         let known = sample.jobs.pods.iter().any(|p| {
             p.pod == pod

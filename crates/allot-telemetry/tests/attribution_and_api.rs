@@ -228,6 +228,24 @@ fn a_pod_with_several_gpus_takes_one_device_each_in_index_order() {
     assert!(samples.iter().any(|s| s.jobs.pods.iter().any(|p| p.pod == "nb")));
     let readings = attribute(&samples, &allocations);
     assert!(readings[&WorkloadId(1)].iter().all(|r| r.best_signal().is_none()), "{readings:?}");
+    // Scraped through Prometheus without honor_labels: the exporter's labels are renamed
+    // exported_*, and pod/namespace name the exporter's own pod.
+    let through_prometheus: Vec<String> = page
+        .lines()
+        .map(|l| {
+            if l.starts_with('#') {
+                return l.to_string();
+            }
+            let l =
+                l.replace("namespace=", "exported_namespace=").replace(",pod=", ",exported_pod=");
+            let l = set_label(&l, "namespace", Some("gpu-operator"));
+            set_label(&l, "pod", Some("nvidia-dcgm-exporter-x7k2p"))
+        })
+        .collect();
+    let samples = dcgm::parse(&through_prometheus.join("\n")).expect("parses");
+    let engine: Vec<Option<u16>> =
+        attribute(&samples, &allocations)[&WorkloadId(1)].iter().map(|r| r.engine_active).collect();
+    assert_eq!(engine, [Some(0), Some(750), None], "the workload's pod, not the exporter's");
 }
 
 #[test]

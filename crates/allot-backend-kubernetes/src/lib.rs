@@ -1135,7 +1135,9 @@ impl Backend for KubernetesBackend {
 
     fn isolation(&self) -> Option<String> {
         Some(
-            "each run is a pod: its containers get their GPUs from the node's device plugin".into(),
+            "runs as a pod (or a Job's pods): its containers get their GPUs from the node's \
+             device plugin, and the kubelet holds it to its requests"
+                .into(),
         )
     }
 

@@ -187,6 +187,7 @@ async fn foreign_work_the_backend_cannot_express_per_node_is_left_held_with_its_
     let v = d.wait_state(1, "rejected").await;
     assert_eq!(v["reason_code"], "invalid_import", "{v}");
     assert!(v["reason"].as_str().unwrap_or_default().contains(why), "{v}");
+    assert_eq!(v["name"], "sbatch-707", "refused work keeps its name: {v}");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(d.control.run(run(1, 1)).is_none(), "never launched");
     assert_eq!(d.control.foreign().len(), 1, "left held on the cluster");

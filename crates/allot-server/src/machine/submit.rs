@@ -336,7 +336,9 @@ pub(crate) fn gpus_text(request: &GpuRequest) -> String {
 
 /// The spec kept for a submission its policy no longer accepts (as `Daemon::apply` does).
 pub(crate) fn rejected_spec(id: u64, user: &str, request: &SubmitRequest) -> WorkloadSpec {
-    let mut spec = WorkloadSpec::new(id, "", &request.project, allot_core::GpuRequest::Whole(0));
+    // Its name as asked, where that is a name (`allot ls` shows which work was refused).
+    let name = request.name.as_deref().filter(|n| name_ok("name", n).is_ok()).unwrap_or("");
+    let mut spec = WorkloadSpec::new(id, name, &request.project, allot_core::GpuRequest::Whole(0));
     spec.user = user.to_string();
     spec
 }

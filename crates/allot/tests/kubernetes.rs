@@ -711,10 +711,12 @@ spec:
 "
         )),
     );
+    let created = Instant::now();
     let first = wait_for("the Job's two pods bound by allot", Duration::from_secs(60), || {
         let pods = job_pods(&borrower, "finetune");
         (pods.len() == 2 && pods.iter().all(|(_, node)| !node.is_empty())).then_some(pods)
     });
+    eprintln!("the Job's pods bound {:.1} s after it was created", created.elapsed().as_secs_f64());
     let nodes: std::collections::BTreeSet<&str> = first.iter().map(|(_, n)| n.as_str()).collect();
     assert_eq!(nodes.len(), 2, "one pod on each node: {first:?}");
     let handle = format!("{borrower}/job:finetune@");
@@ -753,6 +755,7 @@ spec:
 "
         )),
     );
+    let claimed = Instant::now();
     wait_for("the Job suspended by allot", Duration::from_secs(60), || {
         job_suspended(&borrower, "finetune").then_some(())
     });
@@ -761,6 +764,10 @@ spec:
         (!node.is_empty()).then_some(node)
     });
     assert!(nodes.contains(notebook_node.as_str()));
+    eprintln!(
+        "the lender's notebook bound {:.1} s after it was created (the Job suspended first)",
+        claimed.elapsed().as_secs_f64()
+    );
     let waiting = wait_for("the Job pending again", Duration::from_secs(30), || {
         foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "pending").cloned()
     });
@@ -786,12 +793,14 @@ spec:
 
     // The notebook goes: the Job is resumed by its next run, two new pods bound.
     kubectl(&["-n", &lender, "delete", "pod", "nb", "--wait=false"], None);
+    let gone = Instant::now();
     let resumed = wait_for("the Job resumed and its pods bound", Duration::from_secs(90), || {
         let pods = job_pods(&borrower, "finetune");
         let bound = pods.len() == 2 && pods.iter().all(|(_, node)| !node.is_empty());
         (bound && !job_suspended(&borrower, "finetune")).then_some(pods)
     });
     assert!(resumed.iter().all(|p| !first.contains(p)), "new pods: {resumed:?}");
+    eprintln!("the Job resumed {:.1} s after the notebook went", gone.elapsed().as_secs_f64());
     let running = wait_for("allot ls lists it running again", Duration::from_secs(30), || {
         foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
     });

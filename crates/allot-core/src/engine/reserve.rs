@@ -26,7 +26,9 @@
 //!   reservation (up to what it needs per node) are taken from capacity, as the room of a
 //!   waiting pre-emptor is (`preempt.rs`). They are given back for the reserved workload
 //!   itself, and for work whose max runtime ends by the expected start (`opens`), while it
-//!   is scheduled, then taken again if still free (`close`). Work without a max runtime, and
+//!   is scheduled, then taken again if still free (`close`), through `Capacity::hold`, which
+//!   gives a node whose devices are taken and given back unchanged its old version, so that
+//!   its cached placement scores survive the toggling. Work without a max runtime, and
 //!   any work while the start is unknown, never backfills.
 //! - **Why**: a workload that would fit were the held devices free is deferred with
 //!   `DeferReason::HeldForReservation` and pre-empts nobody for room it only lacks because of
@@ -137,7 +139,7 @@ impl Engine {
     pub(super) fn release_reservations(&mut self) {
         for (_, parts) in std::mem::take(&mut self.reserve_held) {
             for part in parts {
-                self.capacity.give(&part, 0, 0);
+                self.capacity.hold(&part, false);
             }
         }
     }
@@ -173,7 +175,7 @@ impl Engine {
     pub(super) fn open(&mut self, reservations: &[WorkloadId]) {
         for r in reservations {
             for part in self.reserve_held.remove(r).unwrap_or_default() {
-                self.capacity.give(&part, 0, 0);
+                self.capacity.hold(&part, false);
             }
         }
     }
@@ -212,7 +214,7 @@ impl Engine {
             }
         }
         for part in &parts {
-            self.capacity.take(part, 0, 0);
+            self.capacity.hold(part, true);
         }
         if !parts.is_empty() {
             self.reserve_held.insert(id, parts);

@@ -5,11 +5,11 @@
 //!
 //! A node's score for a member depends only on the node's free state and the member's shape,
 //! so scores are cached per shape and node and recomputed only for nodes whose version moved
-//! since (every take, give and availability change moves it; a reservation's hold that returns
-//! a node to a state it had gives back the version it had, `NodeVersions`). A placement then costs one pass
-//! over the nodes of the model with a comparison each, plus a rescore of the few nodes that
-//! changed. Equal scores go to the tighter node (fewer free shares of the model after), then
-//! to the lower node id.
+//! since (every take, give and availability change moves it; a reservation's hold that
+//! returns a node to a state it had gives back the version it had, `NodeVersions`). A
+//! placement then costs one pass over the nodes of the model with a comparison each, plus a
+//! rescore of the few nodes that changed. Equal scores go to the tighter node (fewer free
+//! shares of the model after), then to the lower node id.
 //!
 //! Whether a request fits at all does not depend on the policy (members of one shape fit
 //! node by node whatever the order), so feasibility checks keep the indexed best fit and only

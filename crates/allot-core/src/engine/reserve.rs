@@ -86,7 +86,8 @@ impl Engine {
             return;
         }
         let ends = self.device_ends(now);
-        let mut taken: BTreeSet<(NodeId, u16)> = BTreeSet::new();
+        // Devices an earlier reservation of the cycle counted, as `ends` indexes them.
+        let mut taken = vec![false; ends.at.len()];
         let mut per_model: BTreeMap<ModelId, u32> = BTreeMap::new();
         for (id, since) in candidates {
             // Every model has its reservations: the rest of the candidates get none.
@@ -125,7 +126,15 @@ impl Engine {
             }
             if let Some((r, devices)) = best {
                 *per_model.entry(r.model).or_default() += 1;
-                taken.extend(devices);
+                for (node, d) in devices {
+                    if let Some(t) = ends
+                        .offset
+                        .get(node.0 as usize)
+                        .and_then(|&o| taken.get_mut(o + d as usize))
+                    {
+                        *t = true;
+                    }
+                }
                 self.reserved.insert(id, r);
             }
         }
@@ -314,16 +323,19 @@ impl Engine {
         members: u32,
         same_node: bool,
         ends: &DeviceEndsAll,
-        taken: &BTreeSet<(NodeId, u16)>,
+        taken: &[bool],
     ) -> Option<Earliest> {
         let per_node_needed = if same_node { k.saturating_mul(members) } else { k };
-        if per_node_needed == 0 {
+        // No node could ever hold a slot (a request too big for the model's nodes is read
+        // every cycle: it must cost nothing).
+        let most = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        if per_node_needed == 0 || per_node_needed > most {
             return None;
         }
         let need = per_node_needed as usize;
         // Per usable node: its devices of the model with when each is free, soonest first
         // (a range of `devices`).
-        let mut devices: Vec<(u16, Option<Timestamp>)> = Vec::new();
+        let mut devices: Vec<(u16, Option<Timestamp>)> = Vec::with_capacity(ends.at.len());
         let mut nodes: Vec<(NodeId, usize, usize)> = Vec::new();
         for (i, n) in self.capacity.nodes.iter().enumerate() {
             if n.unavailable {
@@ -333,16 +345,14 @@ impl Engine {
             let from = devices.len();
             for (d, dev) in n.devices.iter().enumerate() {
                 let d = d as u16;
-                if dev.model != m
-                    || dev.occupied
-                    || (!taken.is_empty() && taken.contains(&(node, d)))
-                {
+                let at_index = ends.offset[i] + d as usize;
+                if dev.model != m || dev.occupied || taken[at_index] {
                     continue;
                 }
                 let at = if dev.free == FULL && !dev.mig_in_use() {
                     Some(now)
                 } else {
-                    ends.at[ends.offset[i] + d as usize]
+                    ends.at[at_index]
                 };
                 devices.push((d, at));
             }

@@ -198,7 +198,7 @@ impl Capacity {
             model_nodes: vec![Vec::new(); model_count],
             gradient: gradient::Gradient::default(),
         };
-        cap.node_version = gradient::NodeVersions(vec![1; cap.nodes.len()]);
+        cap.node_version = gradient::NodeVersions::new(cap.nodes.len());
         cap.index_mig_devices();
         for (n, node) in cap.nodes.iter().enumerate() {
             let node_id = NodeId(n as u32);
@@ -460,21 +460,25 @@ impl Capacity {
     /// unavailable node, withheld: work adopted where it runs, or an allocation booked again).
     pub fn take(&mut self, placement: &Placement, cpu: u64, mem: u64) {
         for member in &placement.members {
-            self.touch(member.node);
-            let node = &mut self.nodes[member.node.0 as usize];
-            if node.unavailable {
-                node.withheld_cpu = node.withheld_cpu.saturating_sub(cpu);
-                node.withheld_mem = node.withheld_mem.saturating_sub(mem);
+            self.take_member(member, cpu, mem);
+        }
+    }
+
+    fn take_member(&mut self, member: &MemberPlacement, cpu: u64, mem: u64) {
+        self.touch(member.node);
+        let node = &mut self.nodes[member.node.0 as usize];
+        if node.unavailable {
+            node.withheld_cpu = node.withheld_cpu.saturating_sub(cpu);
+            node.withheld_mem = node.withheld_mem.saturating_sub(mem);
+        } else {
+            node.free_cpu = node.free_cpu.saturating_sub(cpu);
+            node.free_mem = node.free_mem.saturating_sub(mem);
+        }
+        for ds in &member.devices {
+            if let Some(slot) = ds.mig {
+                self.take_mig(member.node, ds, slot);
             } else {
-                node.free_cpu = node.free_cpu.saturating_sub(cpu);
-                node.free_mem = node.free_mem.saturating_sub(mem);
-            }
-            for ds in &member.devices {
-                if let Some(slot) = ds.mig {
-                    self.take_mig(member.node, ds, slot);
-                } else {
-                    self.take_shares(member.node, ds.device, ds.shares);
-                }
+                self.take_shares(member.node, ds.device, ds.shares);
             }
         }
     }
@@ -483,21 +487,25 @@ impl Capacity {
     /// not freed.
     pub fn give(&mut self, placement: &Placement, cpu: u64, mem: u64) {
         for member in &placement.members {
-            self.touch(member.node);
-            let node = &mut self.nodes[member.node.0 as usize];
-            if node.unavailable {
-                node.withheld_cpu = (node.withheld_cpu + cpu).min(node.cpu_total);
-                node.withheld_mem = (node.withheld_mem + mem).min(node.mem_total);
+            self.give_member(member, cpu, mem);
+        }
+    }
+
+    fn give_member(&mut self, member: &MemberPlacement, cpu: u64, mem: u64) {
+        self.touch(member.node);
+        let node = &mut self.nodes[member.node.0 as usize];
+        if node.unavailable {
+            node.withheld_cpu = (node.withheld_cpu + cpu).min(node.cpu_total);
+            node.withheld_mem = (node.withheld_mem + mem).min(node.mem_total);
+        } else {
+            node.free_cpu = (node.free_cpu + cpu).min(node.cpu_total);
+            node.free_mem = (node.free_mem + mem).min(node.mem_total);
+        }
+        for ds in &member.devices {
+            if let Some(slot) = ds.mig {
+                self.give_mig(member.node, ds, slot);
             } else {
-                node.free_cpu = (node.free_cpu + cpu).min(node.cpu_total);
-                node.free_mem = (node.free_mem + mem).min(node.mem_total);
-            }
-            for ds in &member.devices {
-                if let Some(slot) = ds.mig {
-                    self.give_mig(member.node, ds, slot);
-                } else {
-                    self.give_shares(member.node, ds.device, ds.shares);
-                }
+                self.give_shares(member.node, ds.device, ds.shares);
             }
         }
     }

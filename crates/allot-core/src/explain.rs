@@ -188,7 +188,7 @@ impl Engine {
                     }
                 }
                 // Fits only after the cycle's order changed nothing for it: report no block.
-                ModelCheck::Fits(..) => {}
+                ModelCheck::Fits(..) | ModelCheck::Claimed(_) => {}
             }
         }
 

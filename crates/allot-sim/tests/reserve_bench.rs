@@ -218,6 +218,14 @@ fn philly_big_job_waits() {
          pre-emptions | lost GPU-h | wall s |"
     );
     println!("|---|---|---|---|---|---|---|");
+    // `ALLOT_PHILLY_ARMS`: which arms run, as `off,on` × `no,yes` pairs (`off-no,on-no`);
+    // all four when absent (one arm at 6× takes minutes).
+    let arms = std::env::var("ALLOT_PHILLY_ARMS").ok();
+    let wanted = |reserve: bool, limits: bool| {
+        let name =
+            format!("{}-{}", if reserve { "on" } else { "off" }, if limits { "yes" } else { "no" });
+        arms.as_deref().is_none_or(|a| a.split(',').any(|x| x.trim() == name))
+    };
     for reserve in [false, true] {
         let mut policy = base.clone();
         if reserve {
@@ -226,6 +234,9 @@ fn philly_big_job_waits() {
         }
         let (policy, _) = add_unlisted_projects(&policy, &jobs);
         for time_limits in [false, true] {
+            if !wanted(reserve, time_limits) {
+                continue;
+            }
             let config = ReplayConfig {
                 default_checkpoint_interval_s: Some(1800.0),
                 time_limits,

@@ -5,10 +5,11 @@
 //!
 //! A node's score for a member depends only on the node's free state and the member's shape,
 //! so scores are cached per shape and node and recomputed only for nodes whose version moved
-//! since (every take, give and availability change bumps it). A placement then costs one pass
-//! over the nodes of the model with a comparison each, plus a rescore of the few nodes that
-//! changed. Equal scores go to the tighter node (fewer free shares of the model after), then
-//! to the lower node id.
+//! since (every take, give and availability change moves it; a reservation's hold that
+//! returns a node to a state it had gives back the version it had, `NodeVersions`). A
+//! placement then costs one pass over the nodes of the model with a comparison each, plus a
+//! rescore of the few nodes that changed. Equal scores go to the tighter node (fewer free
+//! shares of the model after), then to the lower node id.
 //!
 //! Whether a request fits at all does not depend on the policy (members of one shape fit
 //! node by node whatever the order), so feasibility checks keep the indexed best fit and only
@@ -58,10 +59,61 @@ impl std::fmt::Debug for Gradient {
     }
 }
 
-/// Per node, a number bumped by every change of what is free there: the cache's key, no part
-/// of the state (so not in `Debug`, which tests compare engines by).
+/// Per node, a number that names what is free there: the cache's key, no part of the state
+/// (so not in `Debug`, which tests compare engines by). Every change issues a new number,
+/// except a hold that `hold_memo` has seen before: GPUs held for a reservation are taken and
+/// given back every cycle and around every workload that may use them, and a node that goes
+/// back to what it was gets back the number it had, so its cached scores still hold.
 #[derive(Clone, Default)]
-pub(crate) struct NodeVersions(pub Vec<u32>);
+pub(crate) struct NodeVersions {
+    /// Per node: its number now.
+    pub now: Vec<u32>,
+    /// Per node: the last number issued (`now` may be an older one, given back by the memo).
+    issued: Vec<u32>,
+    /// Per node: recent holds, (number before, taken (else given), devices) → number after.
+    memo: Vec<Vec<HoldStep>>,
+}
+
+/// One remembered hold: (version before, taken, device mask, version after).
+type HoldStep = (u32, bool, u64, u32);
+
+/// Holds remembered per node: a reservation's take and give, for the node's last states.
+const HOLD_MEMO_MAX: usize = 8;
+
+impl NodeVersions {
+    pub(super) fn new(nodes: usize) -> NodeVersions {
+        NodeVersions { now: vec![1; nodes], issued: vec![1; nodes], memo: vec![Vec::new(); nodes] }
+    }
+
+    /// Issues node `n` a new number: what is free there changed.
+    fn bump(&mut self, n: usize) {
+        if let (Some(v), Some(i)) = (self.now.get_mut(n), self.issued.get_mut(n)) {
+            *i = i.wrapping_add(1).max(1);
+            *v = *i;
+        }
+    }
+
+    /// Node `n` was at `before` when whole devices `mask` were held (`take`) or given back, and
+    /// the change issued it a new number: if the same step from the same number was seen, the
+    /// node is as it was then, and gets that number back. Else the step is remembered, with
+    /// its inverse when `invertible` (the give exactly undoes the take, or the take the give).
+    fn hold_step(&mut self, n: usize, before: u32, take: bool, mask: u64, invertible: bool) {
+        let (Some(now), Some(memo)) = (self.now.get_mut(n), self.memo.get_mut(n)) else { return };
+        if let Some(&(.., after)) =
+            memo.iter().find(|&&(b, t, m, _)| b == before && t == take && m == mask)
+        {
+            *now = after;
+            return;
+        }
+        if memo.len() + 2 > HOLD_MEMO_MAX {
+            memo.drain(..2);
+        }
+        memo.push((before, take, mask, *now));
+        if invertible {
+            memo.push((*now, !take, mask, before));
+        }
+    }
+}
 
 impl std::fmt::Debug for NodeVersions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,8 +158,38 @@ impl Capacity {
 
     /// Marks a node changed: its cached scores are stale.
     pub(super) fn touch(&mut self, node: NodeId) {
-        if let Some(v) = self.node_version.0.get_mut(node.0 as usize) {
-            *v = v.wrapping_add(1).max(1);
+        self.node_version.bump(node.0 as usize);
+    }
+
+    /// Holds (`take`) or gives back whole free devices for a reservation, as `take` and
+    /// `give` with no CPU or memory, keeping the nodes' cached scores where a node returns to
+    /// a state it had (`NodeVersions::hold_step`).
+    pub fn hold(&mut self, part: &Placement, take: bool) {
+        for member in &part.members {
+            let n = member.node.0 as usize;
+            let Some(node) = self.nodes.get(n) else { continue };
+            // The devices as a mask, when each is a whole device (the memo's key).
+            let mask = member.devices.iter().try_fold(0u64, |mask, d| {
+                let bit = 1u64.checked_shl(u32::from(d.device))?;
+                (d.mig.is_none() && d.shares == FULL && mask & bit == 0).then_some(mask | bit)
+            });
+            // Exactly undone by the opposite step: every device wholly free (to take) or
+            // wholly taken (to give) on a usable node.
+            let invertible = !node.unavailable
+                && member.devices.iter().all(|d| {
+                    node.devices
+                        .get(d.device as usize)
+                        .is_some_and(|dev| !dev.occupied && dev.free == if take { FULL } else { 0 })
+                });
+            let before = self.node_version.now.get(n).copied().unwrap_or(0);
+            if take {
+                self.take_member(member, 0, 0);
+            } else {
+                self.give_member(member, 0, 0);
+            }
+            if let Some(mask) = mask {
+                self.node_version.hold_step(n, before, take, mask, invertible);
+            }
         }
     }
 
@@ -142,7 +224,7 @@ impl Capacity {
         let mut best: Option<((i64, i64), NodeId, u16)> = None;
         let mut visit = |position: usize, n: NodeId| {
             let i = n.0 as usize;
-            let (Some(entry), Some(&version)) = (cache.get_mut(position), node_version.0.get(i))
+            let (Some(entry), Some(&version)) = (cache.get_mut(position), node_version.now.get(i))
             else {
                 return;
             };

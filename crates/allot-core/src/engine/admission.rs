@@ -447,13 +447,9 @@ impl Engine {
         type Candidate = ((bool, (i64, i64)), QuotaKey, Placement);
         let mut best_fit: Option<Candidate> = None;
         for &m in &models {
-            match self.check_model(&request, m, !known_failure) {
-                ModelCheck::Fits(key, _)
-                    if self.borrow_held_for(&request, key, &memory.claims).is_some() =>
-                {
-                    if let Some(reason) = self.borrow_held_for(&request, key, &memory.claims)
-                        && best.as_ref().is_none_or(|b| rank(&reason) > rank(b))
-                    {
+            match self.check_model_claimed(&request, m, !known_failure, &memory.claims) {
+                ModelCheck::Claimed(reason) => {
+                    if best.as_ref().is_none_or(|b| rank(&reason) > rank(b)) {
                         best = Some(reason);
                     }
                 }
@@ -567,6 +563,20 @@ impl Engine {
     /// Without `search`, a request that passes quota is reported as not placeable without a
     /// search (the cycle already knows its shape fails).
     pub(crate) fn check_model(&mut self, r: &Request, m: ModelId, search: bool) -> ModelCheck {
+        self.check_model_claimed(r, m, search, &BTreeMap::new())
+    }
+
+    /// `check_model`, where a request that would borrow on a line a claimant of another
+    /// project waits on (`borrow_held_for`, `claims`) is `Claimed` if it fits at all: known
+    /// by the indexed feasibility check, without the placement search (while a claim stands
+    /// every pending borrower meets it, every cycle).
+    fn check_model_claimed(
+        &mut self,
+        r: &Request,
+        m: ModelId,
+        search: bool,
+        claims: &BTreeMap<(usize, QuotaKey), WorkloadId>,
+    ) -> ModelCheck {
         let project = r.project;
         let Some(key) = self.quota.resolve(project, QuotaKey::Model(m)) else {
             return ModelCheck::blocked(DeferReason::NoQuotaForModel { project });
@@ -620,7 +630,12 @@ impl Engine {
                 preempt_key: (!only_held).then_some(key),
             };
         }
-        if search
+        let claimed = if search { self.borrow_held_for(r, key, claims) } else { None };
+        if let Some(reason) = claimed {
+            if self.capacity.can_place(Some(m), r.shape, r.members, r.layout()) {
+                return ModelCheck::Claimed(reason);
+            }
+        } else if search
             && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.layout())
         {
             return ModelCheck::Fits(key, placement);
@@ -764,6 +779,8 @@ impl Request {
 
 pub(crate) enum ModelCheck {
     Fits(QuotaKey, Placement),
+    /// It fits, but it would borrow on a line a claimant waits on: the deferral it gets.
+    Claimed(DeferReason),
     /// With `preempt_key`, removing victims charged to that line could help.
     Blocked {
         reason: DeferReason,

@@ -26,7 +26,9 @@
 //!   reservation (up to what it needs per node) are taken from capacity, as the room of a
 //!   waiting pre-emptor is (`preempt.rs`). They are given back for the reserved workload
 //!   itself, and for work whose max runtime ends by the expected start (`opens`), while it
-//!   is scheduled, then taken again if still free (`close`). Work without a max runtime, and
+//!   is scheduled, then taken again if still free (`close`), through `Capacity::hold`, which
+//!   gives a node whose devices are taken and given back unchanged its old version, so that
+//!   its cached placement scores survive the toggling. Work without a max runtime, and
 //!   any work while the start is unknown, never backfills.
 //! - **Why**: a workload that would fit were the held devices free is deferred with
 //!   `DeferReason::HeldForReservation` and pre-empts nobody for room it only lacks because of
@@ -64,8 +66,11 @@ pub struct Reservation {
     pub since: Timestamp,
 }
 
-/// When each device of a node becomes free: `Some(t)` known, `None` unknown.
-type DeviceEnds = Vec<(u16, Option<Timestamp>)>;
+/// When each device becomes free, `Some(t)` where known: indexed by `offset[node] + device`.
+struct DeviceEndsAll {
+    offset: Vec<usize>,
+    at: Vec<Option<Timestamp>>,
+}
 /// Where a request would start earliest: (start, nodes with the GPUs needed on each, the
 /// devices counted).
 type Earliest = (Option<Timestamp>, Vec<(NodeId, u32)>, Vec<(NodeId, u16)>);
@@ -81,9 +86,18 @@ impl Engine {
             return;
         }
         let ends = self.device_ends(now);
-        let mut taken: BTreeSet<(NodeId, u16)> = BTreeSet::new();
+        // Devices an earlier reservation of the cycle counted, as `ends` indexes them.
+        let mut taken = vec![false; ends.at.len()];
         let mut per_model: BTreeMap<ModelId, u32> = BTreeMap::new();
         for (id, since) in candidates {
+            // Every model has its reservations: the rest of the candidates get none.
+            if self
+                .all_models
+                .iter()
+                .all(|m| per_model.get(m).is_some_and(|n| *n >= policy.per_model_max))
+            {
+                break;
+            }
             let Some(w) = self.workloads.get(&id) else { continue };
             let GpuRequest::Whole(k) = w.spec.gpus_per_member else { continue };
             let (members, same_node) = (w.spec.members, w.spec.same_node);
@@ -112,7 +126,15 @@ impl Engine {
             }
             if let Some((r, devices)) = best {
                 *per_model.entry(r.model).or_default() += 1;
-                taken.extend(devices);
+                for (node, d) in devices {
+                    if let Some(t) = ends
+                        .offset
+                        .get(node.0 as usize)
+                        .and_then(|&o| taken.get_mut(o + d as usize))
+                    {
+                        *t = true;
+                    }
+                }
                 self.reserved.insert(id, r);
             }
         }
@@ -126,7 +148,7 @@ impl Engine {
     pub(super) fn release_reservations(&mut self) {
         for (_, parts) in std::mem::take(&mut self.reserve_held) {
             for part in parts {
-                self.capacity.give(&part, 0, 0);
+                self.capacity.hold(&part, false);
             }
         }
     }
@@ -162,7 +184,7 @@ impl Engine {
     pub(super) fn open(&mut self, reservations: &[WorkloadId]) {
         for r in reservations {
             for part in self.reserve_held.remove(r).unwrap_or_default() {
-                self.capacity.give(&part, 0, 0);
+                self.capacity.hold(&part, false);
             }
         }
     }
@@ -201,7 +223,7 @@ impl Engine {
             }
         }
         for part in &parts {
-            self.capacity.take(part, 0, 0);
+            self.capacity.hold(part, true);
         }
         if !parts.is_empty() {
             self.reserve_held.insert(id, parts);
@@ -241,10 +263,18 @@ impl Engine {
             .is_some_and(|v| total <= v.available)
     }
 
-    /// When each in-use device becomes free, per (node, device), from the known ends of the
-    /// work holding it; a device some holder of which has no known end is absent.
-    fn device_ends(&self, now: Timestamp) -> BTreeMap<(NodeId, u16), Timestamp> {
-        let mut known: BTreeMap<(NodeId, u16), (Timestamp, u32)> = BTreeMap::new();
+    /// When each in-use device becomes free, from the known ends of the work holding it;
+    /// `None` for a device some holder of which has no known end (and for free devices).
+    fn device_ends(&self, now: Timestamp) -> DeviceEndsAll {
+        let mut offset = Vec::with_capacity(self.capacity.nodes.len() + 1);
+        let mut count = 0usize;
+        for n in &self.capacity.nodes {
+            offset.push(count);
+            count += n.devices.len();
+        }
+        offset.push(count);
+        // (latest end, shares of the holders counted) per device.
+        let mut known: Vec<Option<(Timestamp, u32)>> = vec![None; count];
         for &(end, id) in &self.deadlines {
             let Some(w) = self.workloads.get(&id) else { continue };
             let end = match w.stage {
@@ -254,28 +284,36 @@ impl Engine {
             };
             let Some(a) = &w.allocation else { continue };
             for member in &a.placement.members {
+                let Some(&base) = offset.get(member.node.0 as usize) else { continue };
                 for d in &member.devices {
-                    let e = known.entry((member.node, d.device)).or_insert((end, 0));
-                    e.0 = e.0.max(end);
-                    e.1 = e.1.saturating_add(d.shares);
+                    let Some(e) = known.get_mut(base + d.device as usize) else { continue };
+                    let (at, shares) = e.get_or_insert((end, 0));
+                    *at = (*at).max(end);
+                    *shares = shares.saturating_add(d.shares);
                 }
             }
         }
-        known
-            .into_iter()
-            .filter(|((node, device), (_, shares))| {
-                self.capacity
-                    .nodes
-                    .get(node.0 as usize)
-                    .and_then(|n| n.devices.get(*device as usize))
-                    .is_some_and(|d| d.free.saturating_add(*shares) >= FULL)
-            })
-            .map(|(k, (end, _))| (k, end))
-            .collect()
+        let mut at = vec![None; count];
+        for (n, node) in self.capacity.nodes.iter().enumerate() {
+            for (d, dev) in node.devices.iter().enumerate() {
+                let i = offset[n] + d;
+                if let Some((end, shares)) = known[i]
+                    && dev.free.saturating_add(shares) >= FULL
+                {
+                    at[i] = Some(end);
+                }
+            }
+        }
+        DeviceEndsAll { offset, at }
     }
 
     /// Where and when a request of `members` × `k` whole GPUs of model `m` starts earliest
     /// (module docs): (start, nodes with the GPUs needed on each, the devices counted).
+    ///
+    /// Run for every candidate every cycle, so it allocates per call, not per node: the
+    /// devices of all nodes go in one buffer, and the start is the `wanted`-th soonest slot
+    /// (a node's n-th slot frees with its (n × per-node need)-th soonest device), found by
+    /// selection rather than by sorting every device's end.
     #[allow(clippy::too_many_arguments)]
     fn earliest(
         &self,
@@ -284,127 +322,118 @@ impl Engine {
         k: u32,
         members: u32,
         same_node: bool,
-        ends: &BTreeMap<(NodeId, u16), Timestamp>,
-        taken: &BTreeSet<(NodeId, u16)>,
+        ends: &DeviceEndsAll,
+        taken: &[bool],
     ) -> Option<Earliest> {
-        // Per usable node: its devices of the model with when each is free, soonest first.
-        let mut nodes: Vec<(NodeId, DeviceEnds)> = Vec::new();
+        let per_node_needed = if same_node { k.saturating_mul(members) } else { k };
+        // No node could ever hold a slot (a request too big for the model's nodes is read
+        // every cycle: it must cost nothing).
+        let most = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        if per_node_needed == 0 || per_node_needed > most {
+            return None;
+        }
+        let need = per_node_needed as usize;
+        // Per usable node: its devices of the model with when each is free, soonest first
+        // (a range of `devices`).
+        let mut devices: Vec<(u16, Option<Timestamp>)> = Vec::with_capacity(ends.at.len());
+        let mut nodes: Vec<(NodeId, usize, usize)> = Vec::new();
         for (i, n) in self.capacity.nodes.iter().enumerate() {
             if n.unavailable {
                 continue;
             }
             let node = NodeId(i as u32);
-            let mut devices: DeviceEnds = n
-                .devices
-                .iter()
-                .enumerate()
-                .filter(|(d, dev)| {
-                    dev.model == m && !dev.occupied && !taken.contains(&(node, *d as u16))
-                })
-                .map(|(d, dev)| {
-                    let d = d as u16;
-                    let at = if dev.free == FULL && !dev.mig_in_use() {
-                        Some(now)
-                    } else {
-                        ends.get(&(node, d)).copied()
-                    };
-                    (d, at)
-                })
-                .collect();
-            if devices.is_empty() {
+            let from = devices.len();
+            for (d, dev) in n.devices.iter().enumerate() {
+                let d = d as u16;
+                let at_index = ends.offset[i] + d as usize;
+                if dev.model != m || dev.occupied || taken[at_index] {
+                    continue;
+                }
+                let at = if dev.free == FULL && !dev.mig_in_use() {
+                    Some(now)
+                } else {
+                    ends.at[at_index]
+                };
+                devices.push((d, at));
+            }
+            if devices.len() == from {
                 continue;
             }
-            devices.sort_by_key(|&(d, at)| (at.is_none(), at, d));
-            nodes.push((node, devices));
+            devices[from..].sort_unstable_by_key(|&(d, at)| (at.is_none(), at, d));
+            nodes.push((node, from, devices.len()));
         }
-        let per_node_needed = if same_node { k.saturating_mul(members) } else { k };
-        if per_node_needed == 0 {
-            return None;
-        }
-        // Slots (members) a node holds by `t` (`None`: counting every device).
-        let slots = |devices: &DeviceEnds, t: Option<Timestamp>| -> u32 {
-            let free = devices
-                .iter()
-                .filter(|(_, at)| t.is_none_or(|t| at.is_some_and(|a| a <= t)))
-                .count() as u32;
+        // Slots (members) a node's devices hold by `t` (`None`: counting every device).
+        let slots = |devs: &[(u16, Option<Timestamp>)], t: Option<Timestamp>| -> u32 {
+            let free =
+                devs.iter().filter(|(_, at)| t.is_none_or(|t| at.is_some_and(|a| a <= t))).count()
+                    as u32;
             if same_node { u32::from(free >= per_node_needed) } else { free / k }
         };
         let wanted = if same_node { 1 } else { members };
-        let everything: u32 = nodes.iter().map(|(_, d)| slots(d, None)).sum();
+        let everything: u32 = nodes.iter().map(|&(_, a, b)| slots(&devices[a..b], None)).sum();
         if everything < wanted {
             return None;
         }
-        // The first instant at which the nodes hold enough slots: one sweep over the known
-        // ends, each node's slots updated as its devices free (soonest first, so the n-th
-        // device of a node frees its n-th).
-        let mut events: Vec<(Timestamp, usize, u32)> = nodes
-            .iter()
-            .enumerate()
-            .flat_map(|(i, (_, d))| {
-                d.iter()
-                    .enumerate()
-                    .filter_map(move |(n, (_, at))| at.map(|t| (t, i, n as u32 + 1)))
-            })
-            .collect();
-        events.sort_unstable();
-        let slots_of =
-            |free: u32| if same_node { u32::from(free >= per_node_needed) } else { free / k };
-        let mut held = vec![0u32; nodes.len()];
-        let (mut total, mut start, mut at) = (0u32, None, 0);
-        while let Some(&(t, ..)) = events.get(at) {
-            while let Some(&(_, i, free)) = events.get(at).filter(|e| e.0 == t) {
-                let s = slots_of(free);
-                total = total.saturating_sub(held[i]).saturating_add(s);
-                held[i] = s;
-                at += 1;
-            }
-            if total >= wanted {
-                start = Some(t);
-                break;
+        // The first instant at which the nodes hold `wanted` slots: the `wanted`-th soonest
+        // known slot time over all nodes.
+        let mut slot_times: Vec<Timestamp> = Vec::new();
+        for &(_, a, b) in &nodes {
+            let devs = &devices[a..b];
+            if same_node {
+                slot_times.extend(devs.get(need - 1).and_then(|&(_, at)| at));
+            } else {
+                slot_times
+                    .extend(devs.iter().skip(need - 1).step_by(need).map_while(|&(_, at)| at));
             }
         }
-        // When each node first holds a slot, and its slots at the start.
-        let mut ranked: Vec<(Option<Timestamp>, u32, NodeId, usize)> = nodes
+        let start = (slot_times.len() >= wanted as usize)
+            .then(|| *slot_times.select_nth_unstable(wanted as usize - 1).1);
+        // When each node first holds a slot, and its slots: at the start, or (unknown start)
+        // counting every device, ranked by the room whose end is known.
+        let mut ranked: Vec<(Option<Timestamp>, u32, NodeId, usize, u32)> = nodes
             .iter()
             .enumerate()
-            .map(|(i, (node, devices))| {
-                let ready = devices
-                    .get(per_node_needed as usize - 1)
-                    .and_then(|&(_, at)| at)
-                    .filter(|_| devices.len() >= per_node_needed as usize);
-                let room = match start {
-                    Some(t) => slots(devices, Some(t)),
+            .filter_map(|(i, &(node, a, b))| {
+                let devs = &devices[a..b];
+                let ready = devs.get(need - 1).and_then(|&(_, at)| at);
+                let (room, usable) = match start {
+                    Some(t) => {
+                        let room = slots(devs, Some(t));
+                        (room, room)
+                    }
                     // Unknown start: the room whose end is known counts first.
                     None => {
-                        let known = devices.iter().filter(|(_, at)| at.is_some()).count() as u32;
-                        if same_node { u32::from(known >= per_node_needed) } else { known / k }
+                        let known = devs.iter().filter(|(_, at)| at.is_some()).count() as u32;
+                        let room =
+                            if same_node { u32::from(known >= per_node_needed) } else { known / k };
+                        (room, slots(devs, None))
                     }
                 };
-                (ready, room, *node, i)
+                (usable > 0).then_some((ready, room, node, i, usable))
             })
             .collect();
-        ranked.sort_by_key(|&(ready, room, node, _)| {
+        // Only the first `wanted` nodes of the ranking can be chosen (each gives a slot or more).
+        let key = |&(ready, room, node, ..): &(Option<Timestamp>, u32, NodeId, usize, u32)| {
             (ready.is_none(), ready, std::cmp::Reverse(room), node)
-        });
+        };
+        if ranked.len() > wanted as usize {
+            ranked.select_nth_unstable_by_key(wanted as usize - 1, key);
+            ranked.truncate(wanted as usize);
+        }
+        ranked.sort_unstable_by_key(key);
         let mut chosen = Vec::new();
         let mut counted = Vec::new();
         let mut left = wanted;
-        for (_, room, node, i) in ranked {
+        for (_, _, node, i, usable) in ranked {
             if left == 0 {
                 break;
             }
-            let room = match start {
-                Some(_) => room,
-                None => slots(&nodes[i].1, None),
-            };
-            let slots_here = room.min(left);
-            if slots_here == 0 {
-                continue;
-            }
+            let slots_here = usable.min(left);
             left -= slots_here;
             let gpus = if same_node { per_node_needed } else { slots_here * k };
+            let (_, a, b) = nodes[i];
+            counted.extend(devices[a..b].iter().take(gpus as usize).map(|&(d, _)| (node, d)));
             chosen.push((node, gpus));
-            counted.extend(nodes[i].1.iter().take(gpus as usize).map(|&(d, _)| (node, d)));
         }
         (left == 0).then(|| {
             chosen.sort();

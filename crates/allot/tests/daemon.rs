@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::http;
+use common::{http, set_label};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -291,19 +291,6 @@ fn the_exported_history_replays_with_sim_replay() {
     daemon.terminate();
     kill_all("31.5");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `key="…"` in a sample's label list set to `value`.
-fn set_label(labels: &str, key: &str, value: &str) -> String {
-    for start in ["{", ","] {
-        let needle = format!("{start}{key}=\"");
-        if let Some(i) = labels.find(&needle) {
-            let from = i + needle.len();
-            let to = from + labels[from..].find('"').expect("a closing quote");
-            return format!("{}{value}{}", &labels[..from], &labels[to..]);
-        }
-    }
-    panic!("no label {key} in {labels}");
 }
 
 /// A dcgm-exporter served on loopback: the real exporter's lines (from the shared fixture, an

@@ -130,11 +130,15 @@ pub fn serve_page(page: std::sync::Arc<std::sync::Mutex<String>>) -> String {
     url
 }
 
-/// `line` (an exporter's sample line) with label `key` set to `value`.
+/// `line` (an exporter's sample line, or its label list) with label `key` set to `value`.
 pub fn set_label(line: &str, key: &str, value: &str) -> String {
-    let needle = format!("{key}=\"");
-    let at = line.find(&needle).unwrap_or_else(|| panic!("no label {key} in {line}"));
-    let from = at + needle.len();
-    let to = from + line[from..].find('"').expect("a closing quote");
-    format!("{}{value}{}", &line[..from], &line[to..])
+    for start in ["{", ","] {
+        let needle = format!("{start}{key}=\"");
+        if let Some(i) = line.find(&needle) {
+            let from = i + needle.len();
+            let to = from + line[from..].find('"').expect("a closing quote");
+            return format!("{}{value}{}", &line[..from], &line[to..]);
+        }
+    }
+    panic!("no label {key} in {line}");
 }

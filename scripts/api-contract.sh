@@ -61,10 +61,14 @@ TOKEN=$(grep -m1 '^allot_' "$WORK/serve.out" || true)
 [ -n "$TOKEN" ] || { echo "the daemon printed no admin token:" >&2; cat "$WORK/serve.err" >&2; exit 1; }
 
 mkdir -p "$REPORT"
+# One worker: CPython 3.11's AST builder keeps its recursion depth per interpreter, not per
+# thread, so hypothesis parsing lambda sources in two threads at once can fail the run with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905) — a fault
+# of the tool, not of allot, that failed CI once.
 set +e
 "$VENV/bin/schemathesis" --config-file scripts/schemathesis.toml run \
   "http://127.0.0.1:$PORT/api/v1/openapi.json" -H "Authorization: Bearer $TOKEN" \
-  --checks all --max-time "$SECONDS_BUDGET" --workers 2 --seed "$SEED" \
+  --checks all --max-time "$SECONDS_BUDGET" --workers 1 --seed "$SEED" \
   --report junit --report-dir "$REPORT" 2>&1 | tee "$REPORT/run.txt"
 STATUS=${PIPESTATUS[0]}
 set -e

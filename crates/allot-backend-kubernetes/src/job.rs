@@ -115,7 +115,12 @@ pub fn width(job: &Job) -> u32 {
 /// (a daemon that lost its log, or a Job created without `suspend` and placed by hand) are
 /// running work, taken as they run. A Job whose template allot cannot place is refused, the
 /// reason naming the field and the fix.
-pub fn job_work(job: &Job, pods: &[&Pod], guess: &mut IndexGuess) -> Option<ForeignWork> {
+pub fn job_work(
+    job: &Job,
+    pods: &[&Pod],
+    fleet: &map::Fleet,
+    guess: &mut IndexGuess,
+) -> Option<ForeignWork> {
     if finished(job).is_some() {
         return None;
     }
@@ -127,6 +132,7 @@ pub fn job_work(job: &Job, pods: &[&Pod], guess: &mut IndexGuess) -> Option<Fore
     let ask = map::gpu_ask(&template);
     let GpuAsk { gpus, vendor } = ask.clone().unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
     let intent = map::pod_intent(&template);
+    let models = ask.clone().and_then(|a| map::acceptable_models(&template, &a, fleet));
     let mut running: Vec<MemberLaunch> = Vec::new();
     let mut started_ms: Option<u64> = None;
     for pod in pods.iter().filter(|p| !map::is_terminal(p)) {
@@ -154,10 +160,11 @@ pub fn job_work(job: &Job, pods: &[&Pod], guess: &mut IndexGuess) -> Option<Fore
             map::SCHEDULER_NAME
         ))
     } else {
-        match (&ask, &intent) {
-            (Err(why), _) | (Ok(_), Err(why)) => Some(format!(
+        match (&ask, &intent, &models) {
+            (Err(why), _, _) | (Ok(_), Err(why), _) | (Ok(_), Ok(_), Err(why)) => Some(format!(
                 "{}; the Job stays suspended (correct it, or delete it and create it again)",
                 why.replace("spec.containers", "spec.template.spec.containers")
+                    .replace("spec.nodeSelector", "spec.template.spec.nodeSelector")
             )),
             _ => None,
         }
@@ -169,7 +176,8 @@ pub fn job_work(job: &Job, pods: &[&Pod], guess: &mut IndexGuess) -> Option<Fore
         user: map::pod_user(&template),
         nodes,
         gpus_per_node: gpus,
-        model: map::asked_model(&template),
+        // Running work is taken where it runs: no model to choose.
+        models: if running.is_empty() { models.unwrap_or_default() } else { Vec::new() },
         started_ms: started_ms.filter(|_| !running.is_empty()),
         running,
         refusal,
@@ -386,17 +394,22 @@ mod tests {
     fn a_suspended_job_is_pending_work_as_wide_as_its_parallelism() {
         let j = job(json!({}));
         assert!(queues_for_allot(&j));
-        let work = job_work(&j, &[], &mut IndexGuess::default()).expect("work");
+        let work =
+            job_work(&j, &[], &map::tests_fleet(), &mut IndexGuess::default()).expect("work");
         assert_eq!(work.handle, "team-a/job:train@u-1");
         assert_eq!((work.nodes, work.gpus_per_node), (2, 4));
-        assert_eq!(work.model.as_deref(), Some("NVIDIA-H100-80GB-HBM3"));
+        assert_eq!(work.models, ["NVIDIA-H100-80GB-HBM3"]);
         assert_eq!(work.refusal, None);
         assert!(work.running.is_empty());
         assert_eq!(work.intent.kind.as_deref(), Some("training"), "the Job's annotation");
         let narrow = job(json!({ "spec": { "parallelism": 8, "completions": 1 } }));
-        assert_eq!(job_work(&narrow, &[], &mut IndexGuess::default()).map(|w| w.nodes), Some(1));
+        assert_eq!(
+            job_work(&narrow, &[], &map::tests_fleet(), &mut IndexGuess::default())
+                .map(|w| w.nodes),
+            Some(1)
+        );
         let none = job(json!({ "spec": { "parallelism": 0 } }));
-        assert!(job_work(&none, &[], &mut IndexGuess::default()).is_none());
+        assert!(job_work(&none, &[], &map::tests_fleet(), &mut IndexGuess::default()).is_none());
         let kueue = job(json!({ "metadata": { "labels": null } }));
         assert!(!queues_for_allot(&kueue));
     }
@@ -404,24 +417,35 @@ mod tests {
     #[test]
     fn a_job_whose_pods_would_go_to_another_scheduler_is_refused_naming_the_field() {
         let j = job(json!({ "spec": { "template": { "spec": { "schedulerName": null } } } }));
-        let work = job_work(&j, &[], &mut IndexGuess::default()).expect("work");
+        let work =
+            job_work(&j, &[], &map::tests_fleet(), &mut IndexGuess::default()).expect("work");
         let why = work.refusal.expect("refused");
         assert!(why.contains("spec.template.spec.schedulerName"), "{why}");
         assert!(why.contains("schedulerName: allot"), "{why}");
         let bad = job(json!({ "metadata": { "annotations": { "allot.dev/max-runtime": "5" } } }));
-        let why = job_work(&bad, &[], &mut IndexGuess::default()).and_then(|w| w.refusal);
+        let why = job_work(&bad, &[], &map::tests_fleet(), &mut IndexGuess::default())
+            .and_then(|w| w.refusal);
         assert!(why.is_some_and(|w| w.contains("allot.dev/max-runtime")));
+        let other_model = json!({ "spec": { "template": { "spec": {
+            "nodeSelector": { "nvidia.com/gpu.product": "NVIDIA-B200" } } } } });
+        let j = job(other_model);
+        let why = job_work(&j, &[], &map::tests_fleet(), &mut IndexGuess::default())
+            .and_then(|w| w.refusal)
+            .expect("refused");
+        assert!(why.contains("spec.template.spec.nodeSelector[nvidia.com/gpu.product]"), "{why}");
+        assert!(why.contains("stays suspended"), "{why}");
     }
 
     #[test]
     fn a_finished_job_is_no_work_and_a_running_one_is_taken_as_it_runs() {
         let done = job(json!({ "status": { "conditions": [
             { "type": "Complete", "status": "True" } ] } }));
-        assert!(job_work(&done, &[], &mut IndexGuess::default()).is_none());
+        assert!(job_work(&done, &[], &map::tests_fleet(), &mut IndexGuess::default()).is_none());
         let running = job(json!({ "spec": { "suspend": false } }));
         let a = pod("train-a", Some("n1"), "Running");
         let b = pod("train-b", Some("n2"), "Running");
-        let work = job_work(&running, &[&a, &b], &mut IndexGuess::default()).expect("work");
+        let work = job_work(&running, &[&a, &b], &map::tests_fleet(), &mut IndexGuess::default())
+            .expect("work");
         assert_eq!(work.running.len(), 2);
         assert_eq!(work.running[0].devices.len(), 4);
     }

@@ -1354,6 +1354,7 @@ impl Backend for KubernetesBackend {
         }
         let inventory: Vec<NodeSpec> =
             view.nodes.items.values().filter_map(|n| map::node_spec(n)).collect();
+        let fleet = map::Fleet::of(view.nodes.items.values().map(|n| &**n));
         let gpu_nodes: BTreeSet<&str> = inventory.iter().map(|n| n.name.as_str()).collect();
         let statuses = view
             .nodes
@@ -1396,10 +1397,10 @@ impl Backend for KubernetesBackend {
             }
             let on_gpu_node = map::bound_node(pod).is_some_and(|n| gpu_nodes.contains(n));
             if on_gpu_node && map::gpu_ask(pod).is_ok_and(|a| a.gpus > 0) {
-                beside.push(map::foreign_work(pod, &mut guess));
+                beside.push(map::foreign_work(pod, &fleet, &mut guess));
             }
         }
-        let (mut foreign, notes) = map::allot_work(&ours, &mut guess);
+        let (mut foreign, notes) = map::allot_work(&ours, &fleet, &mut guess);
         let mut refused_jobs = Vec::new();
         for j in &jobs {
             let key = job::job_key(j);
@@ -1411,7 +1412,7 @@ impl Backend for KubernetesBackend {
             }
             let uid = j.metadata.uid.as_deref().unwrap_or_default();
             let owned = job_pods.get(uid).map(Vec::as_slice).unwrap_or_default();
-            let Some(mut work) = job::job_work(j, owned, &mut guess) else { continue };
+            let Some(mut work) = job::job_work(j, owned, &fleet, &mut guess) else { continue };
             if let Some(why) = &work.refusal {
                 refused_jobs.push((j.clone(), why.clone()));
             }

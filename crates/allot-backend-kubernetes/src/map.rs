@@ -108,30 +108,101 @@ pub fn quantity_scaled(quantity: &Quantity, scale: f64) -> Option<u64> {
     value.is_finite().then_some(value.floor() as u64)
 }
 
+/// The node's GPUs of each resource it has: (resource, vendor, model, count).
+fn gpu_kinds(node: &Node) -> Vec<(&'static str, Vendor, String, usize)> {
+    let labels = node.metadata.labels.as_ref();
+    let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+    let mut kinds = Vec::new();
+    for (resource, vendor, product_label) in GPU_RESOURCES {
+        let Some(count) = capacity.and_then(|c| c.get(resource)).and_then(whole) else { continue };
+        // A bound on a capacity no node has, so a corrupt object cannot exhaust memory.
+        let count = usize::try_from(count).unwrap_or(0).min(1024);
+        if count == 0 {
+            continue;
+        }
+        let model =
+            labels.and_then(|l| l.get(product_label)).cloned().unwrap_or_else(|| match vendor {
+                Vendor::Nvidia => "nvidia-gpu".to_string(),
+                Vendor::Amd => "amd-gpu".to_string(),
+            });
+        kinds.push((resource, vendor, model, count));
+    }
+    kinds
+}
+
 /// The node's GPUs as devices: one per unit of each GPU resource in its capacity.
 fn devices_of(node: &Node) -> Vec<DeviceSpec> {
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let capacity = node.status.as_ref().and_then(|s| s.capacity.clone()).unwrap_or_default();
+    let memory_label = node.metadata.labels.as_ref().and_then(|l| l.get(NVIDIA_MEMORY_LABEL));
     let mut devices = Vec::new();
-    for (resource, vendor, product_label) in GPU_RESOURCES {
-        let Some(count) = capacity.get(resource).and_then(whole) else { continue };
-        let model = labels.get(product_label).cloned().unwrap_or_else(|| match vendor {
-            Vendor::Nvidia => "nvidia-gpu".to_string(),
-            Vendor::Amd => "amd-gpu".to_string(),
-        });
+    for (_, vendor, model, count) in gpu_kinds(node) {
         let memory_mib = match vendor {
-            Vendor::Nvidia => labels.get(NVIDIA_MEMORY_LABEL).and_then(|m| m.trim().parse().ok()),
+            Vendor::Nvidia => memory_label.and_then(|m| m.trim().parse().ok()),
             Vendor::Amd => None,
         }
         .unwrap_or(0);
-        // A bound on a capacity no node has, so a corrupt object cannot exhaust memory.
-        let count = usize::try_from(count).unwrap_or(0).min(1024);
         devices.extend(std::iter::repeat_n(
             DeviceSpec { model, memory_mib, island: 0, mig: false },
             count,
         ));
     }
     devices
+}
+
+/// The GPU models of a cluster's nodes, by GPU resource: what a pending pod may be placed on
+/// (see [`acceptable_models`]).
+#[derive(Clone, Debug, Default)]
+pub struct Fleet {
+    models: BTreeMap<&'static str, BTreeSet<String>>,
+}
+
+impl Fleet {
+    pub fn of<'n>(nodes: impl IntoIterator<Item = &'n Node>) -> Fleet {
+        let mut fleet = Fleet::default();
+        for node in nodes {
+            for (resource, _, model, _) in gpu_kinds(node) {
+                fleet.models.entry(resource).or_default().insert(model);
+            }
+        }
+        fleet
+    }
+}
+
+/// The GPU models a pending pod asking for `ask` may be placed on (empty: any), or why it
+/// cannot be placed at all, naming the field and the fix. The model its node selector names,
+/// if a node has it; else, in a cluster of one GPU vendor, any model (so a node of a new
+/// model is usable as soon as it joins), and in a cluster of both, its vendor's models: the
+/// device plugin of the other vendor would never give it a GPU.
+pub fn acceptable_models(pod: &Pod, ask: &GpuAsk, fleet: &Fleet) -> Result<Vec<String>, String> {
+    if ask.gpus == 0 {
+        return Ok(Vec::new());
+    }
+    let resource = match ask.vendor {
+        Vendor::Nvidia => NVIDIA_GPU,
+        Vendor::Amd => AMD_GPU,
+    };
+    let here = fleet.models.get(resource);
+    let selected = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()).and_then(|s| {
+        [NVIDIA_PRODUCT_LABEL, AMD_PRODUCT_LABEL]
+            .into_iter()
+            .find_map(|label| Some((label, s.get(label)?.clone())))
+    });
+    match (selected, here) {
+        (Some((_, model)), Some(models)) if models.contains(&model) => Ok(vec![model]),
+        (Some((label, model)), Some(models)) => Err(format!(
+            "spec.nodeSelector[{label}] is {model:?}: no node of this cluster has {resource} of              that model (its models: {}); select one of them, or remove the selector",
+            models.iter().cloned().collect::<Vec<_>>().join(", ")
+        )),
+        (_, None) => Err(format!(
+            "spec.containers asks for {resource}: no node of this cluster has that resource              (its GPU resources: {}); ask for one it has, or add a node with {resource}",
+            if fleet.models.is_empty() {
+                "none".to_string()
+            } else {
+                fleet.models.keys().copied().collect::<Vec<_>>().join(", ")
+            }
+        )),
+        (None, Some(_)) if fleet.models.len() == 1 => Ok(Vec::new()),
+        (None, Some(models)) => Ok(models.iter().cloned().collect()),
+    }
 }
 
 /// `node` as the engine's spec, `None` when it has no whole GPUs (allot governs GPU nodes only).
@@ -404,8 +475,8 @@ impl IndexGuess {
 /// A pod as foreign work: pending when unbound (what it asks for), else running on its node
 /// with `indices` guessed by `guess`. A pod whose GPU request or intent allot cannot take is
 /// refused; one already bound is taken as it runs (with the policy's defaults for an intent
-/// it cannot read).
-pub fn foreign_work(pod: &Pod, guess: &mut IndexGuess) -> ForeignWork {
+/// it cannot read). `fleet`: the cluster's GPU models, for the models a pending pod may take.
+pub fn foreign_work(pod: &Pod, fleet: &Fleet, guess: &mut IndexGuess) -> ForeignWork {
     let ask = gpu_ask(pod);
     let (gpus, vendor) = ask.as_ref().map_or((0, Vendor::Nvidia), |a| (a.gpus, a.vendor));
     let running = match bound_node(pod) {
@@ -413,13 +484,16 @@ pub fn foreign_work(pod: &Pod, guess: &mut IndexGuess) -> ForeignWork {
         None => Vec::new(),
     };
     let intent = pod_intent(pod);
-    let refusal = match (ask.as_ref(), intent.as_ref()) {
+    let models = ask.clone().and_then(|a| acceptable_models(pod, &a, fleet));
+    let refusal = match (ask.as_ref(), intent.as_ref(), models.as_ref()) {
         _ if !running.is_empty() => None,
-        (Err(why), _) | (Ok(_), Err(why)) => Some(format!(
+        (Err(why), _, _) | (Ok(_), Err(why), _) | (Ok(_), Ok(_), Err(why)) => Some(format!(
             "{why}; the pod stays unbound (correct it, or delete it and create it again)"
         )),
         _ => None,
     };
+    // Running work is taken where it runs: no model to choose.
+    let models = if running.is_empty() { models.unwrap_or_default() } else { Vec::new() };
     ForeignWork {
         handle: pod_handle(pod),
         name: pod.metadata.name.clone().unwrap_or_default(),
@@ -429,7 +503,7 @@ pub fn foreign_work(pod: &Pod, guess: &mut IndexGuess) -> ForeignWork {
         running,
         nodes: 1,
         gpus_per_node: gpus,
-        model: asked_model(pod),
+        models,
         refusal,
         intent: intent.unwrap_or_default(),
     }
@@ -580,7 +654,11 @@ pub struct Note {
 /// is work by itself; a group is one work of one member per pod, offered once all its pods
 /// exist. Returns the work and the notes to show on pods that are refused or wait for their
 /// group.
-pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, Vec<Note>) {
+pub fn allot_work(
+    pods: &[&Pod],
+    fleet: &Fleet,
+    guess: &mut IndexGuess,
+) -> (Vec<ForeignWork>, Vec<Note>) {
     let mut works = Vec::new();
     let mut notes = Vec::new();
     let mut groups: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
@@ -590,7 +668,7 @@ pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, V
                 groups.entry((pod_namespace(pod).to_string(), group)).or_default().push(pod);
             }
             None => {
-                let work = foreign_work(pod, guess);
+                let work = foreign_work(pod, fleet, guess);
                 if let Some(why) = &work.refusal {
                     notes.push(Note {
                         pod: pod_key(pod),
@@ -604,7 +682,7 @@ pub fn allot_work(pods: &[&Pod], guess: &mut IndexGuess) -> (Vec<ForeignWork>, V
     }
     for ((namespace, group), mut members) in groups {
         members.sort_by_key(|p| p.metadata.name.clone());
-        let (work, note) = group_work(&namespace, &group, &members, guess);
+        let (work, note) = group_work(&namespace, &group, &members, fleet, guess);
         if let Some((reason, message)) = note {
             notes.extend(members.iter().map(|p| Note {
                 pod: pod_key(p),
@@ -635,12 +713,13 @@ fn group_work(
     namespace: &str,
     group: &str,
     members: &[&Pod],
+    fleet: &Fleet,
     guess: &mut IndexGuess,
 ) -> (Option<ForeignWork>, Option<(&'static str, String)>) {
     let id = group_id(members);
     let handle = group_handle(namespace, group, Some(&id));
     let bound = members.iter().filter(|p| bound_node(p).is_some()).count();
-    let checked = check_group(group, members);
+    let checked = check_group(group, members, fleet);
     if bound > 0 && bound == members.len() {
         // Bound with no run of allot's holding it (a daemon that bound it and lost its log):
         // running work, taken as it runs.
@@ -710,7 +789,7 @@ fn group_work(
     let mut work = group_base(&handle, group, namespace, members);
     work.nodes = checked.size;
     work.gpus_per_node = checked.gpus;
-    work.model = checked.model;
+    work.models = checked.models;
     work.intent = checked.intent;
     (Some(work), None)
 }
@@ -738,13 +817,13 @@ fn fnv64(text: &str) -> u64 {
 struct GroupAsk {
     size: u32,
     gpus: u32,
-    model: Option<String>,
+    models: Vec<String>,
     intent: ForeignIntent,
 }
 
 /// Checks that a group's pods agree on size, GPUs, model and intent, and that each can be
 /// placed; the error names the pods, the field and the fix.
-fn check_group(group: &str, members: &[&Pod]) -> Result<GroupAsk, String> {
+fn check_group(group: &str, members: &[&Pod], fleet: &Fleet) -> Result<GroupAsk, String> {
     let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
     let mut sizes = BTreeMap::new();
     let mut asks = BTreeMap::new();
@@ -800,10 +879,16 @@ fn check_group(group: &str, members: &[&Pod]) -> Result<GroupAsk, String> {
         ));
     }
     let ask = asks.values().next().cloned().unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
+    // The pods agree on the ask and the model: the first one's models are the group's.
+    let models = match members.first() {
+        Some(pod) => acceptable_models(pod, &ask, fleet)
+            .map_err(|e| format!("pod {} of group {group}: {e}", name(pod)))?,
+        None => Vec::new(),
+    };
     Ok(GroupAsk {
         size: sizes.values().next().copied().unwrap_or(1),
         gpus: ask.gpus,
-        model: models.values().next().cloned().flatten(),
+        models,
         intent: first,
     })
 }
@@ -817,7 +902,7 @@ fn group_base(handle: &str, group: &str, namespace: &str, members: &[&Pod]) -> F
         running: Vec::new(),
         nodes: u32::try_from(members.len()).unwrap_or(u32::MAX).max(1),
         gpus_per_node: 0,
-        model: None,
+        models: Vec::new(),
         started_ms: None,
         refusal: None,
         intent: ForeignIntent::default(),
@@ -851,6 +936,13 @@ pub fn exit_status(pod: &Pod) -> (Option<i32>, String) {
 
 fn phase_of(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> &str {
     status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+/// One NVIDIA model, `NVIDIA-H100-80GB-HBM3`: the fleet of the unit tests' pods.
+#[cfg(test)]
+pub(crate) fn tests_fleet() -> Fleet {
+    let models = BTreeSet::from(["NVIDIA-H100-80GB-HBM3".to_string()]);
+    Fleet { models: BTreeMap::from([(NVIDIA_GPU, models)]) }
 }
 
 #[cfg(test)]

@@ -592,7 +592,7 @@ impl SlurmBackend {
                 gpus_per_node: asked
                     .as_ref()
                     .map_or(0, |g| u32::try_from(g.count).unwrap_or(u32::MAX)),
-                model: asked.and_then(|g| g.gres_type),
+                models: asked.and_then(|g| g.gres_type).into_iter().collect(),
                 started_ms: started,
                 // Running work is taken as it runs, whatever it asked.
                 refusal: if j.is_pending() { refusal } else { None },

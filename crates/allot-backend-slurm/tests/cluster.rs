@@ -413,7 +413,10 @@ fn plain_sbatch_job_is_foreign_and_held() {
         (work.name.as_str(), work.project.as_str(), work.user.as_str()),
         (name.as_str(), "nlp", "root")
     );
-    assert_eq!((work.nodes, work.gpus_per_node, work.model.as_deref()), (1, 2, Some("h100")));
+    assert_eq!(
+        (work.nodes, work.gpus_per_node, work.models.first().map(String::as_str)),
+        (1, 2, Some("h100"))
+    );
     assert!(work.running.is_empty() && work.started_ms.is_none(), "{work:?}");
     let reason = squeue_of(&job, "%r");
     assert!(reason.starts_with("JobHeld"), "held by the gate: {reason}");
@@ -1014,7 +1017,10 @@ fn held_jobs_asking_gpus_per_job_are_adopted_per_node_or_refused_with_the_fix() 
         "sleep 60",
     ]);
     let work = foreign_of(&mut backend, &even).expect("foreign work");
-    assert_eq!((work.nodes, work.gpus_per_node, work.model.as_deref()), (2, 2, Some("h100")));
+    assert_eq!(
+        (work.nodes, work.gpus_per_node, work.models.first().map(String::as_str)),
+        (2, 2, Some("h100"))
+    );
     assert_eq!(work.refusal, None);
     let refused = foreign_of(&mut backend, &odd).expect("foreign work");
     let why = refused.refusal.unwrap_or_default();
@@ -1071,7 +1077,7 @@ fn held_jobs_of_every_gpu_request_form_are_adopted_and_run() {
             "{form:?}"
         );
         let typed = form.iter().any(|a| a.contains("h100"));
-        assert_eq!(work.model.as_deref(), typed.then_some("h100"), "{form:?}");
+        assert_eq!(work.models.first().map(String::as_str), typed.then_some("h100"), "{form:?}");
         let run = RunId { workload: 40 + i as u64, attempt: 1 };
         let node = format!("node{}", i % 4 + 1);
         backend.launch(&adopt_launch(&h, run, &job, vec![member(&node, 2)])).expect("adopt");

@@ -180,8 +180,9 @@ pub struct ForeignWork {
     /// What it asks for, for pending work: `nodes` members of `gpus_per_node` whole GPUs.
     pub nodes: u32,
     pub gpus_per_node: u32,
-    /// The GPU model (Slurm GRES type) it asks for, if it names one.
-    pub model: Option<String>,
+    /// The GPU models it may run on, in order of preference (a Slurm GRES type; a pod's
+    /// selected product, or its vendor's models in a cluster of two vendors). Empty: any.
+    pub models: Vec<String>,
     /// When it started running (ms since the Unix epoch), if it runs.
     pub started_ms: Option<u64>,
     /// Why allot cannot govern it as it asks (pending work whose GPU request does not split

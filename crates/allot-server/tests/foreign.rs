@@ -36,7 +36,7 @@ fn foreign(
         user: "bob".to_string(),
         nodes: running.len().max(1) as u32,
         gpus_per_node,
-        model: Some("H100".to_string()),
+        models: vec!["H100".to_string()],
         started_ms: (!running.is_empty()).then_some(1_000),
         running,
         refusal: None,

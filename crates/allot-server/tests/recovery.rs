@@ -212,7 +212,7 @@ async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
         user: "carla".into(),
         nodes: 1,
         gpus_per_node: 8,
-        model: Some("H100".into()),
+        models: vec!["H100".into()],
         started_ms: None,
         running,
         refusal: None,
@@ -223,7 +223,7 @@ async fn imported_work_survives_a_restart_once_and_stays_taken_over() {
     control.add_foreign(ForeignWork {
         running: vec![MemberLaunch { node: "a100-0".into(), devices: vec![gpu(1)] }],
         gpus_per_node: 1,
-        model: Some("A100".into()),
+        models: vec!["A100".into()],
         ..work("7", Vec::new())
     });
     control.add_foreign(work("8", Vec::new()));

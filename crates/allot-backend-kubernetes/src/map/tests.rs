@@ -144,13 +144,13 @@ fn allot_pod(gpus: &str) -> Pod {
 
 #[test]
 fn a_pending_allot_pod_is_foreign_work_of_its_namespace() {
-    let work = foreign_work(&allot_pod("2"), &mut IndexGuess::default());
+    let work = foreign_work(&allot_pod("2"), &tests_fleet(), &mut IndexGuess::default());
     assert_eq!(work.handle, "vision/train@u-1");
     assert_eq!(work.project, "vision");
     assert_eq!(work.user, "alice");
     assert_eq!(work.nodes, 1);
     assert_eq!(work.gpus_per_node, 3, "summed over containers");
-    assert_eq!(work.model.as_deref(), Some("NVIDIA-H100-80GB-HBM3"));
+    assert_eq!(work.models, ["NVIDIA-H100-80GB-HBM3"]);
     assert!(work.running.is_empty());
     assert_eq!(work.refusal, None);
     assert!(asks_allot(&allot_pod("2")));
@@ -165,7 +165,7 @@ fn the_user_falls_back_to_the_service_account() {
 
 #[test]
 fn a_fractional_gpu_request_is_refused_naming_the_field() {
-    let work = foreign_work(&allot_pod("500m"), &mut IndexGuess::default());
+    let work = foreign_work(&allot_pod("500m"), &tests_fleet(), &mut IndexGuess::default());
     let refusal = work.refusal.expect("refused");
     assert!(
         refusal.contains("spec.containers[0].resources.limits[nvidia.com/gpu] is \"500m\""),
@@ -198,6 +198,73 @@ fn mig_and_mixed_vendor_requests_are_refused() {
     assert!(gpu_ask(&mixed).expect_err("mixed refused").contains("both"));
 }
 
+/// A cluster of both vendors: the H100 node and an AMD node labelled as AMD's GPU operator
+/// labels it.
+fn two_vendor_fleet() -> Fleet {
+    let mi300x = node(json!({
+        "metadata": { "name": "gpu-m", "labels": { "amd.com/gpu.product": "MI300X" } },
+        "status": { "capacity": { "amd.com/gpu": "8" } }
+    }));
+    let h100 = h100_node();
+    Fleet::of([&h100, &mi300x])
+}
+
+fn pending_pod(limits: serde_json::Value, selector: serde_json::Value) -> Pod {
+    pod(json!({
+        "metadata": { "name": "p", "namespace": "ns", "uid": "u-p" },
+        "spec": { "schedulerName": "allot", "nodeSelector": selector, "containers": [
+            { "name": "c", "resources": { "limits": limits } }
+        ]}
+    }))
+}
+
+#[test]
+fn a_pod_runs_only_on_models_of_its_gpu_vendor() {
+    let check = |limits, selector, fleet: &Fleet, models: &[&str]| {
+        let work = foreign_work(&pending_pod(limits, selector), fleet, &mut IndexGuess::default());
+        assert_eq!(work.refusal, None);
+        assert_eq!(work.models, models, "{work:?}");
+    };
+    let both = two_vendor_fleet();
+    // Two vendors: each pod its own vendor's models, whatever it selects of them.
+    check(json!({ "amd.com/gpu": "1" }), json!({}), &both, &["MI300X"]);
+    check(json!({ "nvidia.com/gpu": "2" }), json!({}), &both, &["NVIDIA-H100-80GB-HBM3"]);
+    let selected = json!({ "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3" });
+    check(json!({ "nvidia.com/gpu": "1" }), selected, &both, &["NVIDIA-H100-80GB-HBM3"]);
+    // One vendor: any model, so that a node of a new model is used as soon as it joins.
+    check(json!({ "nvidia.com/gpu": "1" }), json!({}), &tests_fleet(), &[]);
+    // No GPU asked: nothing to choose.
+    check(json!({ "cpu": "1" }), json!({}), &both, &[]);
+}
+
+#[test]
+fn a_pod_no_node_can_take_is_refused_naming_the_field() {
+    let refusal = |limits, selector, fleet: &Fleet| {
+        let work = foreign_work(&pending_pod(limits, selector), fleet, &mut IndexGuess::default());
+        work.refusal.expect("refused")
+    };
+    let why = refusal(json!({ "amd.com/gpu": "1" }), json!({}), &tests_fleet());
+    assert!(why.contains("asks for amd.com/gpu: no node of this cluster has"), "{why}");
+    assert!(why.contains("its GPU resources: nvidia.com/gpu"), "{why}");
+    let selected = json!({ "nvidia.com/gpu.product": "NVIDIA-B200" });
+    let why = refusal(json!({ "nvidia.com/gpu": "1" }), selected, &two_vendor_fleet());
+    assert!(
+        why.contains("spec.nodeSelector[nvidia.com/gpu.product] is \"NVIDIA-B200\"")
+            && why.contains("its models: NVIDIA-H100-80GB-HBM3")
+            && why.contains("stays unbound"),
+        "{why}"
+    );
+    // An AMD product selected for an NVIDIA request: no NVIDIA GPU of that model.
+    let selected = json!({ "amd.com/gpu.product": "MI300X" });
+    let why = refusal(json!({ "nvidia.com/gpu": "1" }), selected, &two_vendor_fleet());
+    assert!(why.contains("spec.nodeSelector[amd.com/gpu.product] is \"MI300X\""), "{why}");
+    // Bound already: taken as it runs, wherever that is.
+    let mut bound = pending_pod(json!({ "amd.com/gpu": "1" }), json!({}));
+    bound.spec.get_or_insert_default().node_name = Some("gpu-a".into());
+    let work = foreign_work(&bound, &tests_fleet(), &mut IndexGuess::default());
+    assert_eq!((work.refusal, work.models.len()), (None, 0));
+}
+
 #[test]
 fn a_request_without_a_limit_counts() {
     let p = pod(json!({
@@ -216,7 +283,7 @@ fn bound_pods_get_the_lowest_indices_not_taken() {
     guess.take("gpu-a", 2);
     let mut bound = allot_pod("2");
     bound.spec.get_or_insert_default().node_name = Some("gpu-a".into());
-    let work = foreign_work(&bound, &mut guess);
+    let work = foreign_work(&bound, &tests_fleet(), &mut guess);
     let indices: Vec<u32> = work.running[0].devices.iter().map(|d| d.index).collect();
     assert_eq!(indices, vec![1, 3, 4], "3 GPUs around allot's 0 and 2");
     assert_eq!(work.running[0].node, "gpu-a");
@@ -299,7 +366,7 @@ fn member(name: &str, group: &str, size: Option<&str>, gpus: &str) -> serde_json
 fn work_of(values: Vec<serde_json::Value>) -> (Vec<ForeignWork>, Vec<Note>) {
     let pods: Vec<Pod> = values.into_iter().map(pod).collect();
     let refs: Vec<&Pod> = pods.iter().collect();
-    allot_work(&refs, &mut IndexGuess::default())
+    allot_work(&refs, &tests_fleet(), &mut IndexGuess::default())
 }
 
 #[test]
@@ -486,7 +553,7 @@ fn a_malformed_intent_annotation_is_refused_naming_it_and_the_fix() {
         let pod = annotated(json!({ key: value }));
         let why = pod_intent(&pod).expect_err(value);
         assert!(why.contains(want), "{key}={value}: {why}");
-        let work = foreign_work(&pod, &mut IndexGuess::default());
+        let work = foreign_work(&pod, &tests_fleet(), &mut IndexGuess::default());
         let refusal = work.refusal.expect("refused");
         assert!(refusal.starts_with(&why), "{refusal}");
         assert!(
@@ -499,7 +566,7 @@ fn a_malformed_intent_annotation_is_refused_naming_it_and_the_fix() {
     if let Some(spec) = bound.spec.as_mut() {
         spec.node_name = Some("n1".into());
     }
-    let work = foreign_work(&bound, &mut IndexGuess::default());
+    let work = foreign_work(&bound, &tests_fleet(), &mut IndexGuess::default());
     assert_eq!((work.refusal, work.intent), (None, ForeignIntent::default()));
 }
 

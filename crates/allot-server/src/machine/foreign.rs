@@ -61,7 +61,7 @@ impl Daemon {
             out.push(Entry::Imported {
                 id: next_id,
                 user: if work.user.is_empty() { "unknown".into() } else { work.user.clone() },
-                request: foreign_request(work, &self.known.models),
+                request: foreign_request(work),
                 handle: work.handle.clone(),
                 running: work.running.clone(),
                 started_ms: work.started_ms,
@@ -367,10 +367,11 @@ impl Daemon {
 }
 
 /// The submission foreign work amounts to: its nodes as members of `gpus_per_node` whole
-/// GPUs each, its GRES type as the model when allot knows it, the intent it declares (kind,
+/// GPUs each, the models it may run on (one allot does not know is refused with its name,
+/// not dropped: placed on any model, the work would not start there), the intent it declares (kind,
 /// priority class, runtimes …; checked as a submission's), its name as the command (it is
 /// never run: the backend takes the work over).
-fn foreign_request(work: &ForeignWork, models: &[String]) -> SubmitRequest {
+fn foreign_request(work: &ForeignWork) -> SubmitRequest {
     let (members, gpus) = if work.running.is_empty() {
         (work.nodes.max(1), work.gpus_per_node)
     } else {
@@ -393,7 +394,7 @@ fn foreign_request(work: &ForeignWork, models: &[String]) -> SubmitRequest {
         project: work.project.clone(),
         gpus: Some(f64::from(gpus)),
         members: Some(members),
-        gpu_models: work.model.iter().filter(|m| models.contains(m)).cloned().collect(),
+        gpu_models: work.models.clone(),
         command: vec!["foreign".into(), work.handle.clone()],
         ..SubmitRequest::default()
     }

@@ -9,7 +9,9 @@
 //! labels show idle is reclaimed by the policy's idle rule, its busy neighbour is not; a Job
 //! queued for allot borrows in a cohort, survives a `kill -9` and restart of allot, is
 //! suspended when the lender claims its guarantee (allot's reason an Event of the Job), and is
-//! resumed by its next run when the lender's pod goes.
+//! resumed by its next run when the lender's pod goes; in a cluster of NVIDIA and AMD nodes a
+//! pod that names no model gets GPUs of the vendor it asks for, and one that selects a model no
+//! node has is refused with the field.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -34,6 +36,10 @@ const A100: &str = "NVIDIA-A100-SXM4-80GB";
 const L40S: &str = "NVIDIA-L40S";
 /// The cohort test's GPUs.
 const H200: &str = "NVIDIA-H200";
+/// The vendor test's GPUs: an NVIDIA model and an AMD one (a model named `AMD…` is given as
+/// `amd.com/gpu` with AMD's product label, see `scene_of`).
+const L4: &str = "NVIDIA-L4";
+const MI300X: &str = "AMD-Instinct-MI300X";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -182,16 +188,16 @@ fn scene_with(
             8 * nodes
         )
     };
-    scene_of(test, nodes, model, telemetry, &[], &policy)
+    scene_of(test, nodes, &[model], telemetry, &[], &policy)
 }
 
-/// The scene's nodes, its namespace and the `others`, the policy (its priority classes, then
-/// `policy(namespace)`: the projects are namespaces; quotas by the GPU product label), and
-/// the daemon started.
+/// The scene's nodes (node i of 8 GPUs of `models[i % models.len()]`), its namespace and the
+/// `others`, the policy (its priority classes, then `policy(namespace)`: the projects are
+/// namespaces; quotas by the GPU product label), and the daemon started.
 fn scene_of(
     test: &str,
     nodes: usize,
-    model: &str,
+    models: &[&str],
     telemetry: &str,
     others: &[String],
     policy: &dyn Fn(&str) -> String,
@@ -215,7 +221,9 @@ metadata: {{name: {namespace}}}
 "
         ));
     }
-    for node in &scene.nodes {
+    for (i, node) in scene.nodes.iter().enumerate() {
+        let model = models[i % models.len()];
+        let vendor = if model.starts_with("AMD") { "amd.com" } else { "nvidia.com" };
         objects.push_str(&format!(
             "---
 apiVersion: v1
@@ -223,10 +231,10 @@ kind: Node
 metadata:
   name: {node}
   annotations: {{kwok.x-k8s.io/node: fake}}
-  labels: {{type: kwok, kubernetes.io/hostname: {node}, nvidia.com/gpu.product: {model}}}
+  labels: {{type: kwok, kubernetes.io/hostname: {node}, {vendor}/gpu.product: {model}}}
 status:
-  capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
-  allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}}
+  capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", {vendor}/gpu: \"8\"}}
+  allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", {vendor}/gpu: \"8\"}}
 "
         ));
     }
@@ -679,7 +687,7 @@ fn a_queued_job_borrowing_in_a_cohort_survives_a_restart_yields_to_the_lender_an
         )
     };
     let (mut scene, addr, token) =
-        scene_of("cohort", 2, H200, "none", std::slice::from_ref(&lender), &policy);
+        scene_of("cohort", 2, &[H200], "none", std::slice::from_ref(&lender), &policy);
     let borrower = scene.namespace.clone();
 
     // A Job of two 8-GPU pods, queued for allot: 16 GPUs, 8 of them borrowed from the lender.
@@ -805,4 +813,76 @@ spec:
         foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
     });
     assert_eq!(running["attempt"], 2, "{running}");
+}
+
+/// `kubectl apply` of a pod asking allot for `gpus` of `resource`, with `spec` lines added.
+fn apply_gpu_pod(namespace: &str, name: &str, resource: &str, gpus: u32, spec: &str) {
+    let yaml = format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  schedulerName: allot
+{spec}  containers:
+  - name: main
+    image: busybox
+    resources: {{limits: {{{resource}: \"{gpus}\"}}}}
+"
+    );
+    kubectl(&["-n", namespace, "apply", "-f", "-"], Some(&yaml));
+}
+
+fn scheduled_message(namespace: &str, pod: &str) -> String {
+    let path = "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}";
+    kubectl(&["-n", namespace, "get", "pod", pod, "-o", path], None)
+}
+
+#[test]
+fn in_a_cluster_of_two_gpu_vendors_each_pod_gets_its_vendors_gpus() {
+    if !enabled() {
+        return;
+    }
+    let policy = |namespace: &str| {
+        format!(
+            "projects:
+  - name: {namespace}
+    quotas:
+      - {{model: {L4}, guaranteed: 8}}
+      - {{model: {MI300X}, guaranteed: 8}}
+"
+        )
+    };
+    let (scene, _addr, _token) = scene_of("vendors", 2, &[L4, MI300X], "none", &[], &policy);
+    let namespace = scene.namespace.clone();
+    let (nvidia_node, amd_node) = (scene.nodes[0].clone(), scene.nodes[1].clone());
+    let bound = |pod: &str| {
+        wait_for(&format!("pod {pod} bound"), Duration::from_secs(60), || {
+            Some(node_of(&namespace, pod)).filter(|n| !n.is_empty())
+        })
+    };
+
+    // Half of the L4 node taken: packing alone would put the next 4-GPU pod there.
+    let l4 = format!("  nodeSelector: {{nvidia.com/gpu.product: {L4}}}\n");
+    apply_gpu_pod(&namespace, "cuda", "nvidia.com/gpu", 4, &l4);
+    assert_eq!(bound("cuda"), nvidia_node);
+    // A pod that names no model but asks for AMD GPUs goes to the AMD node.
+    apply_gpu_pod(&namespace, "rocm", "amd.com/gpu", 4, "");
+    assert_eq!(bound("rocm"), amd_node, "amd.com/gpu on the AMD node");
+    // And an NVIDIA pod that names no model goes to the NVIDIA node, though the AMD one has
+    // as much room.
+    apply_gpu_pod(&namespace, "cuda-any", "nvidia.com/gpu", 4, "");
+    assert_eq!(bound("cuda-any"), nvidia_node);
+
+    // A model no node has: refused, the pod told which field and what the cluster has.
+    let mi250 = "  nodeSelector: {amd.com/gpu.product: AMD-Instinct-MI250X}\n";
+    apply_gpu_pod(&namespace, "old", "amd.com/gpu", 1, mi250);
+    let why = wait_for("the refused pod's reason", Duration::from_secs(30), || {
+        Some(scheduled_message(&namespace, "old")).filter(|m| !m.is_empty())
+    });
+    assert!(
+        why.contains("spec.nodeSelector[amd.com/gpu.product] is \"AMD-Instinct-MI250X\"")
+            && why.contains(MI300X),
+        "{why}"
+    );
+    assert_eq!(node_of(&namespace, "old"), "", "never bound");
 }

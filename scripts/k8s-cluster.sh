@@ -329,7 +329,9 @@ up() {
     --allocate-node-cidrs=false --v=1
   # kwok manages only the nodes annotated kwok.x-k8s.io/node=fake (and their pods), and no
   # kubelet server (no --server-address / --node-port).
-  spawn kwok "$KWOK_BIN/kwok" -c "$KWOK_STAGES" --kubeconfig="$pki/kwok.kubeconfig" \
+  # scripts/k8s/program-stages.yaml: the "programs" of allot's own pods (see there).
+  spawn kwok "$KWOK_BIN/kwok" -c "$KWOK_STAGES" -c "$MODDIR/program-stages.yaml" \
+    --kubeconfig="$pki/kwok.kubeconfig" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-lease-duration-seconds=40
   [ "$K8S_WITH_SCHEDULER" = 1 ] && start_scheduler

@@ -170,6 +170,26 @@ impl Cache {
         }
     }
 
+    /// Waits (up to `wait`) until the view holds every one of `pods` (`namespace/name` and
+    /// uid), so that a pod just made is not taken for one gone because its watch event has
+    /// not arrived yet. Whether they all showed: a pod deleted before the view saw it never
+    /// does.
+    #[allow(clippy::disallowed_methods)] // waiting for a watch event is real time
+    pub(crate) fn wait_for_pods(&self, pods: &[(String, Option<String>)], wait: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            let view = self.lock();
+            let all = pods.iter().all(|(key, uid)| {
+                view.pods.items.get(key).is_some_and(|p| uid.is_none() || p.metadata.uid == *uid)
+            });
+            drop(view);
+            if all || start.elapsed() >= wait {
+                return all;
+            }
+            std::thread::sleep(SYNC_POLL);
+        }
+    }
+
     /// LIST calls made so far, every kind together.
     pub(crate) fn lists(&self) -> u64 {
         let view = self.lock();

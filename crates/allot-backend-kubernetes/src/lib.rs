@@ -12,8 +12,8 @@
 //! parallelism: admitting it resumes it, its pods are bound where allot placed it as the job
 //! controller makes them, and a pre-emption suspends it again, keeping it for the next run
 //! (see [`job`]). Pods of other schedulers that hold GPUs on a GPU node are occupied capacity
-//! ([`ClusterNews::beside`]). Work submitted through `allot submit` has no pod and is refused:
-//! the backend does not create pods yet.
+//! ([`ClusterNews::beside`]). Work submitted through `allot submit` runs as pods allot makes,
+//! bound to the nodes it chose, in the image the daemon was given (see [`own`]).
 //!
 //! A pod its user deletes while it runs ends the run as cancelled
 //! ([`Observation::Cancelled`]); a pod allot evicted is an exit without code. A pod with
@@ -47,6 +47,7 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 mod cache;
 pub mod job;
 pub mod map;
+pub mod own;
 mod run;
 
 use map::{Handle, IndexGuess, parse_handle};
@@ -63,11 +64,14 @@ pub struct KubernetesConfig {
     pub kubeconfig: Option<PathBuf>,
     /// The longest one API call may take before the cluster counts as unreachable.
     pub call_timeout: Duration,
+    /// The container image of the pods allot makes for work submitted through allot (see
+    /// [`own`]); `None`: such work fails to launch, saying so.
+    pub image: Option<String>,
 }
 
 impl Default for KubernetesConfig {
     fn default() -> Self {
-        KubernetesConfig { kubeconfig: None, call_timeout: Duration::from_secs(10) }
+        KubernetesConfig { kubeconfig: None, call_timeout: Duration::from_secs(10), image: None }
     }
 }
 
@@ -76,6 +80,8 @@ pub struct KubernetesBackend {
     runtime: tokio::runtime::Runtime,
     client: kube::Client,
     call_timeout: Duration,
+    /// The image of allot's own pods (`KubernetesConfig::image`).
+    image: Option<String>,
     /// The watched view of nodes and pods.
     cache: cache::Cache,
     runs: BTreeMap<RunId, Tracked>,
@@ -296,6 +302,7 @@ impl KubernetesBackend {
             runtime,
             client,
             call_timeout: config.call_timeout,
+            image: config.image,
             cache,
             runs: BTreeMap::new(),
             pending: Vec::new(),
@@ -703,6 +710,115 @@ impl KubernetesBackend {
                 job: None,
             },
         );
+    }
+
+    /// Work submitted through allot: creates its pods, one per member, bound to the members'
+    /// nodes (see [`own`]), and watches them as the run. A pod of the run that exists already
+    /// (an earlier launch of the run that got no answer, or a daemon restarted mid-launch) is
+    /// taken as it is. `Ok(Err)`: the launch failed, with the reason, and the pods it made
+    /// are deleted.
+    fn launch_own(&mut self, launch: &Launch) -> Result<Result<(), String>, BackendError> {
+        let Some(image) = self.image.clone() else {
+            return Ok(Err("allot was started without --kubernetes-image: it has no image to \
+                           run submitted work in. Start it with --kubernetes-image IMAGE, or \
+                           create a pod that asks for schedulerName: allot with kubectl"
+                .to_string()));
+        };
+        let namespace = match own::namespace_of(launch) {
+            Ok(namespace) => namespace.to_string(),
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut made: Vec<Pod> = Vec::new();
+        for member in 0..launch.members.len() {
+            let pod = own::pod_for(launch, member, &namespace, &image);
+            let name = own::pod_name(launch.run, member);
+            let what = format!("create pod {namespace}/{name}");
+            let created = match self
+                .call(&what, self.pods(&namespace).create(&PostParams::default(), &pod))
+            {
+                Ok(result) => result,
+                Err(unreachable) => {
+                    // The retry takes the pods made so far (409 below).
+                    return Err(unreachable);
+                }
+            };
+            let why = match created {
+                Ok(pod) => {
+                    made.push(pod);
+                    continue;
+                }
+                Err(e) if status_code(&e) == Some(409) => match self.get_pod(&namespace, &name)? {
+                    Some(pod) if own::run_of(&pod) == Some(launch.run) => {
+                        made.push(pod);
+                        continue;
+                    }
+                    _ => format!("{what}: a pod of that name exists that is not this run's"),
+                },
+                Err(e) => api_error(&what, e).to_string(),
+            };
+            for pod in &made {
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                let _ = self.delete_pod(&namespace, name, Some(0));
+            }
+            return Ok(Err(why));
+        }
+        let group = (made.len() > 1).then(|| own::pod_name(launch.run, 0));
+        self.wait_for_view(&made);
+        self.track(launch, &namespace, group, &made);
+        Ok(Ok(()))
+    }
+
+    /// A run of allot's own pods after a restart, from its pods (by label): none is a launch
+    /// that never made one (the work is pending again); pods missing from a launch cut short
+    /// are made; an ended run reports only its end (the daemon may never have seen it start).
+    fn recover_own(&mut self, launch: &Launch) -> Result<Vec<Observation>, BackendError> {
+        let run = launch.run;
+        let namespace = match own::namespace_of(launch) {
+            Ok(namespace) => namespace.to_string(),
+            Err(why) => return Ok(vec![Observation::LaunchFailed { run, error: why }]),
+        };
+        let what = format!("list pods of run {run} in {namespace}");
+        let params =
+            ListParams::default().labels(&format!("{}={}", own::RUN_LABEL, own::run_label(run)));
+        let listed = self.call(&what, self.pods(&namespace).list(&params))?;
+        let pods = match listed {
+            Ok(list) => list.items,
+            Err(e) if is_not_found(&e) => Vec::new(),
+            Err(e) => return Err(api_error(&what, e)),
+        };
+        if pods.is_empty() {
+            return Ok(vec![Observation::LaunchFailed {
+                run,
+                error: format!("no pod of run {run} in {namespace}: it was never made"),
+            }]);
+        }
+        if pods.len() < launch.members.len() && !pods.iter().any(map::is_terminal) {
+            // Made in full now; `poll` says when they run.
+            return Ok(match self.launch_own(launch)? {
+                Ok(()) => Vec::new(),
+                Err(why) => vec![Observation::LaunchFailed { run, error: why }],
+            });
+        }
+        let group = (launch.members.len() > 1).then(|| own::pod_name(run, 0));
+        self.wait_for_view(&pods);
+        self.track(launch, &namespace, group, &pods);
+        let by_key: BTreeMap<String, Pod> =
+            pods.into_iter().map(|p| (map::pod_key(&p), p)).collect();
+        let Some(t) = self.runs.get_mut(&run) else { return Ok(Vec::new()) };
+        let mut seen = t.observe(run, &by_key);
+        if t.ended {
+            seen.retain(|o| !matches!(o, Observation::Started { .. }));
+        }
+        Ok(seen)
+    }
+
+    /// Pods made or listed just now are watched from the view, which may not show them yet:
+    /// a pod missing there is taken to be gone. Waits (up to the call timeout) until it does
+    /// show them; one deleted meanwhile never shows, and is then gone indeed.
+    fn wait_for_view(&self, pods: &[Pod]) {
+        let keys: Vec<(String, Option<String>)> =
+            pods.iter().map(|p| (map::pod_key(p), p.metadata.uid.clone())).collect();
+        self.cache.wait_for_pods(&keys, self.call_timeout);
     }
 
     /// Asks a pod to go through the Eviction API (which keeps PodDisruptionBudgets).
@@ -1160,12 +1276,9 @@ impl Backend for KubernetesBackend {
                 Ok(())
             }
             None => {
-                self.fail_launch(
-                    launch.run,
-                    "the kubernetes backend runs pods that ask for schedulerName: allot; create \
-                     the pod with kubectl (allot submit does not create pods yet)"
-                        .to_string(),
-                );
+                if let Err(why) = self.launch_own(launch)? {
+                    self.fail_launch(launch.run, why);
+                }
                 Ok(())
             }
         }
@@ -1268,11 +1381,14 @@ impl Backend for KubernetesBackend {
         let mut out = Vec::new();
         for launch in runs {
             let run = launch.run;
-            let Some(handle) = launch.adopt.as_deref().and_then(parse_handle) else {
+            let Some(adopt) = launch.adopt.as_deref() else {
+                out.extend(self.recover_own(launch)?);
+                continue;
+            };
+            let Some(handle) = parse_handle(adopt) else {
                 out.push(Observation::LaunchFailed {
                     run,
-                    error: "no pod: the kubernetes backend only runs pods and Jobs it took over"
-                        .into(),
+                    error: format!("{adopt:?} is not a handle of pods or a Job"),
                 });
                 continue;
             };
@@ -1385,6 +1501,15 @@ impl Backend for KubernetesBackend {
         for pod in pods.iter().map(|p| &**p).filter(|p| !map::is_terminal(p)) {
             if let Some(owner) = job::owner_job_uid(pod).filter(|o| queued.contains(o)) {
                 job_pods.entry(owner.to_string()).or_default().push(pod);
+                continue;
+            }
+            if own::run_of(pod).is_some() {
+                // allot's own pods are its runs'. One that no run holds (a run allot lost track
+                // of) holds its GPUs all the same.
+                let bound = map::bound_node(pod).is_some_and(|n| gpu_nodes.contains(n));
+                if bound && !live.contains(&map::pod_key(pod)) {
+                    beside.push(map::foreign_work(pod, &fleet, &mut guess));
+                }
                 continue;
             }
             if map::asks_allot(pod) {

@@ -6,13 +6,15 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use allot_backend::contract::{self, Harness};
 use allot_backend::{
     Backend, BackendError, ClusterNews, DeviceAssignment, ForeignWork, Launch, MemberLaunch,
     MemberResources, Observation, RunId, StopSignal, Vendor, Waiting,
 };
-use allot_backend_kubernetes::{KubernetesBackend, KubernetesConfig};
+use allot_backend_kubernetes::{KubernetesBackend, KubernetesConfig, own};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -508,7 +510,7 @@ fn a_gpu_request_allot_cannot_place_is_refused_naming_the_field() {
 }
 
 #[test]
-fn work_without_a_pod_and_gangs_fail_to_launch_with_the_reason() {
+fn submitted_work_without_an_image_and_gangs_of_one_pod_fail_to_launch_with_the_reason() {
     if !enabled() {
         return;
     }
@@ -530,7 +532,7 @@ fn work_without_a_pod_and_gangs_fail_to_launch_with_the_reason() {
         })
         .collect();
     assert_eq!(errors.len(), 2, "{failed:?}");
-    assert!(errors[0].contains("create the pod with kubectl"), "{}", errors[0]);
+    assert!(errors[0].contains("--kubernetes-image IMAGE"), "{}", errors[0]);
     assert!(errors[1].contains("a gang is a pod group"), "{}", errors[1]);
 }
 
@@ -548,6 +550,7 @@ fn an_api_server_that_does_not_answer_is_unreachable() {
     let mut backend = KubernetesBackend::connect(KubernetesConfig {
         kubeconfig: Some(path),
         call_timeout: Duration::from_secs(2),
+        image: None,
     })
     .expect("credentials read without contacting the server");
     let error = backend.inventory().expect_err("nobody answers");
@@ -808,6 +811,7 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["list", "pods", "--all-namespaces"],
         &["watch", "pods", "--all-namespaces"],
         &["delete", "pods", "-n", "research"],
+        &["create", "pods", "-n", "research"],
         &["create", "pods", "--subresource=binding", "-n", "research"],
         &["create", "pods", "--subresource=eviction", "-n", "research"],
         &["patch", "pods", "--subresource=status", "-n", "research"],
@@ -821,7 +825,6 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
     let denied: &[&[&str]] = &[
         &["delete", "nodes"],
         &["patch", "nodes"],
-        &["create", "pods", "-n", "research"],
         &["update", "pods", "-n", "research"],
         &["patch", "pods", "-n", "research"],
         &["create", "pods", "--subresource=exec", "-n", "research"],
@@ -1261,4 +1264,255 @@ fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
     // Cancelled through allot while no run holds it: the Job is deleted.
     assert!(restarted.cancel_foreign(&work.handle).expect("cancel"));
     wait_for("the Job gone", Duration::from_secs(30), || fx.job("long").is_none().then_some(()));
+}
+
+// The backend contract suite on the pods allot makes for work submitted through it (`own`),
+// one namespace and kwok node per rule. The "programs" are kwok stages keyed on the pod's
+// command (scripts/k8s/program-stages.yaml): `allot-test-exit CODE`, `allot-test-sleep S`.
+
+static HARNESSES: AtomicU32 = AtomicU32::new(0);
+
+struct KubeHarness {
+    fx: Fixture,
+    node: String,
+    dir: tempfile::TempDir,
+}
+
+impl KubeHarness {
+    fn new() -> KubeHarness {
+        let n = HARNESSES.fetch_add(1, Ordering::SeqCst);
+        let mut fx = Fixture::new(&format!("contract{n}"));
+        let node = fx.gpu_node("gpu", 8);
+        // Pods need the namespace's default ServiceAccount, which the controller manager makes.
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(fx.client.clone(), &fx.namespace);
+        wait_for("the namespace's default ServiceAccount", Duration::from_secs(30), || {
+            fx.runtime.block_on(accounts.get_opt("default")).ok().flatten()
+        });
+        KubeHarness { fx, node, dir: tempfile::tempdir().expect("a temp dir") }
+    }
+}
+
+impl Harness for KubeHarness {
+    type B = KubernetesBackend;
+
+    fn backend(&mut self) -> KubernetesBackend {
+        KubernetesBackend::connect(KubernetesConfig {
+            kubeconfig: Some(state_dir().join("allot.kubeconfig")),
+            image: Some("busybox".to_string()),
+            ..KubernetesConfig::default()
+        })
+        .expect("the allot kubeconfig of the test cluster")
+    }
+    fn node(&self) -> String {
+        self.node.clone()
+    }
+    fn launch_env(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([("ALLOT_PROJECT".to_string(), self.fx.namespace.clone())])
+    }
+    fn program_sleep(&self, seconds: u32) -> Vec<String> {
+        vec!["allot-test-sleep".to_string(), seconds.to_string()]
+    }
+    fn program_exit(&self, code: i32) -> Vec<String> {
+        vec!["allot-test-exit".to_string(), code.to_string()]
+    }
+    fn settle(&mut self) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    fn pass_time(&mut self, seconds: u32) {
+        std::thread::sleep(Duration::from_secs(u64::from(seconds)));
+    }
+    fn tmp_dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+}
+
+macro_rules! contract_tests {
+    ($($rule:ident),* $(,)?) => {
+        mod contract_rules {
+            $(
+                #[test]
+                fn $rule() {
+                    if super::enabled() {
+                        allot_backend::contract::$rule(&mut super::KubeHarness::new());
+                    }
+                }
+            )*
+        }
+    };
+}
+
+// Not here, because Kubernetes has no such thing: `missing_program_fails_launch` (the
+// kubelet finds the program missing, and no kubelet runs here), `checkpoint_reaches_program`
+// (Kubernetes delivers no signal to a running pod: its checkpoint is its preStop hook within
+// the grace of the eviction), `kill_ends_run_that_ignores_terminate` (there is no process to
+// ignore it: an evicted pod goes when its grace ends). `recover_after_restart` is replaced by
+// `recover_after_restart_with_the_pods_exit_codes` below.
+contract_tests!(
+    launch_reports_started_once,
+    launch_twice_is_idempotent,
+    exit_code_is_reported,
+    terminate_ends_sleeping_run,
+    signal_after_exit_is_ok,
+    signal_unknown_run_is_an_error,
+    poll_reports_each_observation_once,
+    recover_reports_learned_exit_code,
+    launch_after_restart_adopts,
+);
+
+#[test]
+fn every_contract_rule_is_run_or_said_why_not() {
+    // 9 above, 3 that Kubernetes has no way to keep, and `recover_after_restart`'s variant.
+    assert_eq!(contract::rules::<KubeHarness>().len(), 13, "a rule was added: run it here");
+}
+
+fn run_id(workload: u64) -> RunId {
+    RunId { workload, attempt: 1 }
+}
+
+fn own_launch(h: &KubeHarness, run: RunId, command: Vec<String>) -> Launch {
+    Launch {
+        run,
+        command,
+        env: h.launch_env(),
+        members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
+        log_dir: h.tmp_dir(),
+        adopt: None,
+        resources: MemberResources::default(),
+    }
+}
+
+/// Polls until `done` holds for what was observed; panics after 20 s.
+fn poll_seen_until(
+    backend: &mut KubernetesBackend,
+    seen: &mut Vec<Observation>,
+    what: &str,
+    done: impl Fn(&[Observation]) -> bool,
+) {
+    wait_for(what, Duration::from_secs(20), || {
+        seen.extend(backend.poll().expect("poll"));
+        done(seen).then_some(())
+    });
+}
+
+fn started(seen: &[Observation], run: RunId) -> bool {
+    seen.iter().any(|o| matches!(o, Observation::Started { run: r, .. } if *r == run))
+}
+
+/// The contract's `recover_after_restart`, except that a run that ended while the daemon was
+/// down is reported with the exit code its pod keeps, not `None` and "unknown" as a backend
+/// that cannot learn it must.
+#[test]
+fn recover_after_restart_with_the_pods_exit_codes() {
+    if !enabled() {
+        return;
+    }
+    let mut h = KubeHarness::new();
+    let (running, ending, never, unnamed) =
+        (run_id(1100), run_id(1101), run_id(1102), run_id(1103));
+    let running_launch = own_launch(&h, running, h.program_sleep(60));
+    let ending_launch = own_launch(&h, ending, h.program_sleep(3));
+    let never_launch = own_launch(&h, never, h.program_sleep(60));
+    {
+        let mut backend = h.backend();
+        for l in [&running_launch, &ending_launch, &own_launch(&h, unnamed, h.program_sleep(3))] {
+            backend.launch(l).expect("launch");
+        }
+        let mut seen = Vec::new();
+        poll_seen_until(&mut backend, &mut seen, "three runs Started", |s| {
+            started(s, running) && started(s, ending) && started(s, unnamed)
+        });
+        assert!(seen.iter().all(|o| matches!(o, Observation::Started { .. })), "{seen:#?}");
+    }
+    h.pass_time(5);
+    let mut backend = h.backend();
+    let mut seen =
+        backend.recover(&[running_launch, ending_launch, never_launch]).expect("recover");
+    assert!(
+        matches!(seen.as_slice(), [
+            Observation::Started { run: a, pids },
+            Observation::Exited { run: b, code: Some(0), detail },
+            Observation::LaunchFailed { run: c, error },
+        ] if *a == running && pids.is_empty() && *b == ending && detail.contains("Succeeded")
+            && *c == never && error.contains("never made")),
+        "{seen:#?}"
+    );
+    for _ in 0..10 {
+        h.settle();
+        seen.extend(backend.poll().expect("poll"));
+    }
+    assert_eq!(seen.len(), 3, "nothing new before a signal: {seen:#?}");
+    backend.signal(running, StopSignal::Terminate).expect("terminate");
+    poll_seen_until(&mut backend, &mut seen, "the recovered run to end", |s| s.len() == 4);
+    assert!(
+        matches!(&seen[3], Observation::Exited { run, code: None, .. } if *run == running),
+        "{seen:#?}"
+    );
+}
+
+/// allot's own pods, as `allot submit` makes them: bound where allot placed them, asking for
+/// the member's GPUs, never offered back as foreign work, and, to a daemon that lost track of
+/// them, occupied capacity; a pod its user deletes cancels the run; where a pod's name is taken
+/// by another pod, the launch fails saying why.
+#[test]
+fn submitted_work_runs_as_pods_allot_makes_on_the_nodes_it_chose() {
+    if !enabled() {
+        return;
+    }
+    let mut h = KubeHarness::new();
+    let second = h.fx.gpu_node("gpu-b", 8);
+    let gpu = |index| DeviceAssignment { index, uuid: None, vendor: Vendor::Nvidia, shares: 1000 };
+    let mut gang = own_launch(&h, run_id(1), h.program_sleep(60));
+    gang.members = vec![
+        MemberLaunch { node: h.node(), devices: vec![gpu(0), gpu(1)] },
+        MemberLaunch { node: second.clone(), devices: vec![gpu(4), gpu(5)] },
+    ];
+    gang.resources = MemberResources { cpu_millis: 2000, memory_mib: 1024 };
+    let mut backend = h.backend();
+    backend.launch(&gang).expect("launch");
+    let mut seen = Vec::new();
+    poll_seen_until(&mut backend, &mut seen, "the gang Started", |s| started(s, gang.run));
+    for (member, node) in [(0, h.node()), (1, second.clone())] {
+        let pod = h.fx.pod(&own::pod_name(gang.run, member)).expect("the member's pod");
+        assert_eq!(pod.spec.as_ref().and_then(|s| s.node_name.clone()), Some(node));
+        let limits = pod.spec.as_ref().and_then(|s| s.containers[0].resources.clone());
+        let gpus = limits.and_then(|r| r.limits).and_then(|l| l.get("nvidia.com/gpu").cloned());
+        assert_eq!(gpus.map(|q| q.0), Some("2".to_string()));
+    }
+    let on_cluster = news(&mut backend);
+    assert!(foreign_in(&on_cluster, &h.fx.namespace).is_empty(), "{on_cluster:#?}");
+    assert!(on_cluster.beside.iter().all(|w| w.project != h.fx.namespace), "{on_cluster:#?}");
+    // A daemon that has not recovered the run yet counts its pods as occupied GPUs.
+    let mut fresh = h.backend();
+    let held: Vec<ForeignWork> =
+        news(&mut fresh).beside.into_iter().filter(|w| w.project == h.fx.namespace).collect();
+    assert_eq!(held.len(), 2, "{held:#?}");
+    assert_eq!(held.iter().map(|w| w.running[0].devices.len()).sum::<usize>(), 4);
+    drop(fresh);
+    // Stopped by allot: both pods evicted, an exit without code.
+    backend.signal(gang.run, StopSignal::Terminate).expect("terminate");
+    poll_seen_until(&mut backend, &mut seen, "the gang's end", |s| s.len() == 2);
+    assert!(matches!(&seen[1], Observation::Exited { code: None, .. }), "{seen:#?}");
+    // A pod its user deletes: the run is cancelled.
+    let single = own_launch(&h, run_id(4), h.program_sleep(60));
+    backend.launch(&single).expect("launch");
+    poll_seen_until(&mut backend, &mut seen, "the single run Started", |s| started(s, single.run));
+    h.fx.delete_pod(&own::pod_name(single.run, 0));
+    poll_seen_until(&mut backend, &mut seen, "the single run's end", |s| s.len() == 4);
+    assert!(matches!(&seen[3], Observation::Cancelled { .. }), "{seen:#?}");
+
+    // A pod's name taken by a pod that is not the run's: the launch fails, naming it.
+    let run = run_id(2);
+    let mut squatter = own::pod_for(&own_launch(&h, run_id(3), vec![]), 0, &h.fx.namespace, "x");
+    squatter.metadata.name = Some(own::pod_name(run, 0));
+    h.fx.runtime
+        .block_on(h.fx.pods().create(&PostParams::default(), &squatter))
+        .expect("the squatter");
+    backend.launch(&own_launch(&h, run, h.program_sleep(5))).expect("launch");
+    let failed = backend.poll().expect("poll");
+    assert!(
+        matches!(failed.as_slice(), [Observation::LaunchFailed { error, .. }]
+            if error.contains("not this run's")),
+        "{failed:#?}"
+    );
 }

@@ -32,6 +32,12 @@ pub trait Harness {
     /// The node name members are launched on.
     fn node(&self) -> String;
 
+    /// The environment every launch of the suite carries, as the daemon's would (it sets
+    /// `ALLOT_PROJECT` on every launch: a backend that places work by project reads it).
+    fn launch_env(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
     // The programs default to POSIX `sh` scripts, for backends that run real processes; a
     // simulated host overrides them.
 
@@ -198,7 +204,7 @@ fn launch_of<H: Harness>(h: &H, run: RunId, command: Vec<String>) -> Launch {
     Launch {
         run,
         command,
-        env: BTreeMap::new(),
+        env: h.launch_env(),
         members: vec![MemberLaunch { node: h.node(), devices: Vec::new() }],
         log_dir: h.tmp_dir().join(format!("logs-{run}")),
         adopt: None,

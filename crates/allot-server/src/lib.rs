@@ -71,6 +71,8 @@ pub enum BackendChoice {
     Kubernetes {
         /// The kubeconfig (`None`: `$KUBECONFIG`, else `~/.kube/config`, else in-cluster).
         kubeconfig: Option<PathBuf>,
+        /// The image of the pods of work submitted through allot.
+        image: Option<String>,
     },
 }
 
@@ -512,9 +514,10 @@ pub fn run(config: ServeConfig) -> Result<()> {
             slurm.run_as_submitter = *run_as_submitter;
             Box::new(allot_backend_slurm::SlurmBackend::new(slurm))
         }
-        BackendChoice::Kubernetes { kubeconfig } => {
+        BackendChoice::Kubernetes { kubeconfig, image } => {
             let config = allot_backend_kubernetes::KubernetesConfig {
                 kubeconfig: kubeconfig.clone(),
+                image: image.clone(),
                 ..Default::default()
             };
             Box::new(

@@ -83,6 +83,11 @@ pub(crate) struct ServeArgs {
     /// else the pod's in-cluster service account).
     #[arg(long, value_name = "FILE")]
     pub(crate) kubeconfig: Option<PathBuf>,
+    /// With --backend kubernetes: the container image that work submitted through allot
+    /// (`allot submit`) runs in, as one pod per member made by allot. Without it, such work
+    /// fails to launch, saying so; pods that ask for `schedulerName: allot` need no image here.
+    #[arg(long, value_name = "IMAGE")]
+    pub(crate) kubernetes_image: Option<String>,
     /// Where workloads' own files go (logs, heartbeat and checkpoint files), outside the
     /// private data directory. Default: DATA_DIR/workloads when every workload runs as allot's
     /// own account, else DATA_DIR-workloads beside it (every directory above must let the
@@ -140,9 +145,10 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
                 slurm_conf: args.slurm_conf,
                 run_as_submitter: args.slurm_run_as_submitter,
             },
-            BackendArg::Kubernetes => {
-                allot_server::BackendChoice::Kubernetes { kubeconfig: args.kubeconfig }
-            }
+            BackendArg::Kubernetes => allot_server::BackendChoice::Kubernetes {
+                kubeconfig: args.kubeconfig,
+                image: args.kubernetes_image,
+            },
         },
     })?;
     Ok(String::new())

@@ -11,7 +11,8 @@
 //! suspended when the lender claims its guarantee (allot's reason an Event of the Job), and is
 //! resumed by its next run when the lender's pod goes; in a cluster of NVIDIA and AMD nodes a
 //! pod that names no model gets GPUs of the vendor it asks for, and one that selects a model no
-//! node has is refused with the field.
+//! node has is refused with the field; work submitted with `allot submit` runs as pods allot
+//! makes on the nodes it chose, survives a `kill -9` of allot, and ends with its pods' exit.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
 //! daemon uses the least-privilege `allot` user.
@@ -40,6 +41,8 @@ const H200: &str = "NVIDIA-H200";
 /// `amd.com/gpu` with AMD's product label, see `scene_of`).
 const L4: &str = "NVIDIA-L4";
 const MI300X: &str = "AMD-Instinct-MI300X";
+/// The submit test's GPUs.
+const B200: &str = "NVIDIA-B200";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -100,6 +103,7 @@ impl Scene {
         command
             .args(["serve", "--backend", "kubernetes", "--listen", "127.0.0.1:0"])
             .args(["--telemetry", &self.telemetry])
+            .args(["--kubernetes-image", "busybox"])
             .arg("--kubeconfig")
             .arg(state_dir().join("allot.kubeconfig"))
             .arg("--data-dir")
@@ -885,4 +889,82 @@ fn in_a_cluster_of_two_gpu_vendors_each_pod_gets_its_vendors_gpus() {
         "{why}"
     );
     assert_eq!(node_of(&namespace, "old"), "", "never bound");
+}
+
+/// `allot CMD…` against the scene's daemon: its stdout; panics on failure.
+fn cli(addr: &str, token: &str, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("ALLOT_URL", format!("http://{addr}"))
+        .env("ALLOT_TOKEN", token)
+        .output()
+        .expect("allot runs");
+    assert!(out.status.success(), "allot {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn workload(addr: &str, token: &str, id: u64) -> Option<Value> {
+    listed(addr, token).into_iter().find(|w| w["id"] == id)
+}
+
+/// `kubectl get pod` of the scene's namespace: (node, uid, GPU limit) of `pod`.
+fn pod_facts(namespace: &str, pod: &str) -> (String, String, String) {
+    let path = "jsonpath={.spec.nodeName} {.metadata.uid} \
+                {.spec.containers[0].resources.limits.nvidia\\.com/gpu}";
+    let text = kubectl(&["-n", namespace, "get", "pod", pod, "-o", path], None);
+    let mut words = text.split_whitespace().map(str::to_string);
+    let mut next = || words.next().unwrap_or_default();
+    (next(), next(), next())
+}
+
+#[test]
+fn work_submitted_through_allot_runs_as_pods_it_makes_and_survives_a_restart() {
+    if !enabled() {
+        return;
+    }
+    let (mut scene, addr, token) = scene("submit", 2, B200);
+    let namespace = scene.namespace.clone();
+    // 2 members of 8 GPUs: one pod on each node, made bound by allot.
+    let submit = [
+        &["submit", "--project", &namespace, "--gpus", "8", "--members", "2"][..],
+        &["--", "allot-test-sleep", "600"],
+    ]
+    .concat();
+    let id: u64 = cli(&addr, &token, &submit).trim().parse().expect("the workload id");
+    wait_for("the submitted work running", Duration::from_secs(60), || {
+        workload(&addr, &token, id).filter(|w| w["state"] == "running")
+    });
+    let pods = [format!("allot-{id}-1-0"), format!("allot-{id}-1-1")];
+    let before: Vec<(String, String, String)> =
+        pods.iter().map(|p| pod_facts(&namespace, p)).collect();
+    let nodes: std::collections::BTreeSet<&str> = before.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(nodes, scene.nodes.iter().map(String::as_str).collect(), "{before:?}");
+    assert!(before.iter().all(|f| f.2 == "8"), "8 GPUs each: {before:?}");
+
+    // kill -9 and a restart: the same run, the same pods, nothing made twice.
+    scene.kill();
+    let (addr, again) = scene.serve();
+    assert_eq!(again, None, "not a first start");
+    let after = wait_for("the work running after the restart", Duration::from_secs(30), || {
+        workload(&addr, &token, id).filter(|w| w["state"] == "running")
+    });
+    assert_eq!(after["attempt"], 1, "{after}");
+    let now: Vec<(String, String, String)> =
+        pods.iter().map(|p| pod_facts(&namespace, p)).collect();
+    assert_eq!(now, before, "the same pods on the same nodes");
+
+    // Cancelled through allot: its pods are evicted, the work ends cancelled.
+    cli(&addr, &token, &["cancel", &id.to_string()]);
+    let ended = wait_for("the work cancelled", Duration::from_secs(60), || {
+        workload(&addr, &token, id).filter(|w| w["state"] == "cancelled")
+    });
+    assert_eq!(ended["state"], "cancelled");
+
+    // A program that fails: the work ends failed with the container's exit code.
+    let failing = ["submit", "--project", &namespace, "--gpus", "1", "--", "allot-test-exit", "3"];
+    let id: u64 = cli(&addr, &token, &failing).trim().parse().expect("the workload id");
+    let failed = wait_for("the failing work's end", Duration::from_secs(60), || {
+        workload(&addr, &token, id).filter(|w| w["state"] == "failed")
+    });
+    assert_eq!(failed["exit_code"], 3, "{failed}");
 }

@@ -1319,27 +1319,9 @@ impl Harness for KubeHarness {
     fn settle(&mut self) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    fn pass_time(&mut self, seconds: u32) {
-        std::thread::sleep(Duration::from_secs(u64::from(seconds)));
-    }
     fn tmp_dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
     }
-}
-
-macro_rules! contract_tests {
-    ($($rule:ident),* $(,)?) => {
-        mod contract_rules {
-            $(
-                #[test]
-                fn $rule() {
-                    if super::enabled() {
-                        allot_backend::contract::$rule(&mut super::KubeHarness::new());
-                    }
-                }
-            )*
-        }
-    };
 }
 
 // Not here, because Kubernetes has no such thing: `missing_program_fails_launch` (the
@@ -1348,7 +1330,7 @@ macro_rules! contract_tests {
 // the grace of the eviction), `kill_ends_run_that_ignores_terminate` (there is no process to
 // ignore it: an evicted pod goes when its grace ends). `recover_after_restart` is replaced by
 // `recover_after_restart_with_the_pods_exit_codes` below.
-contract_tests!(
+allot_backend::contract_tests!(KubeHarness::new(), |_: &str| enabled();
     launch_reports_started_once,
     launch_twice_is_idempotent,
     exit_code_is_reported,

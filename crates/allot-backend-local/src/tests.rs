@@ -47,28 +47,12 @@ impl Harness for LocalHarness {
     fn settle(&mut self) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    fn pass_time(&mut self, seconds: u32) {
-        std::thread::sleep(Duration::from_secs(u64::from(seconds)));
-    }
     fn tmp_dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
     }
 }
 
-macro_rules! contract_tests {
-    ($($rule:ident),* $(,)?) => {
-        mod contract_rules {
-            $(
-                #[test]
-                fn $rule() {
-                    allot_backend::contract::$rule(&mut super::LocalHarness::new());
-                }
-            )*
-        }
-    };
-}
-
-contract_tests!(
+allot_backend::contract_tests!(LocalHarness::new(), |_: &str| true;
     launch_reports_started_once,
     launch_twice_is_idempotent,
     exit_code_is_reported,

@@ -83,30 +83,12 @@ impl Harness for SlurmHarness {
     fn settle(&mut self) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    fn pass_time(&mut self, seconds: u32) {
-        std::thread::sleep(Duration::from_secs(u64::from(seconds)));
-    }
     fn tmp_dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()
     }
 }
 
-macro_rules! contract_tests {
-    ($($rule:ident),* $(,)?) => {
-        mod contract_rules {
-            $(
-                #[test]
-                fn $rule() {
-                    if super::enabled(stringify!($rule)) {
-                        allot_backend::contract::$rule(&mut super::SlurmHarness::new());
-                    }
-                }
-            )*
-        }
-    };
-}
-
-contract_tests!(
+allot_backend::contract_tests!(SlurmHarness::new(), enabled;
     launch_reports_started_once,
     launch_twice_is_idempotent,
     exit_code_is_reported,

@@ -74,11 +74,35 @@ pub trait Harness {
     /// Let a little time pass (a few milliseconds, or one step of a simulated host).
     fn settle(&mut self);
 
-    /// Let `seconds` pass while no backend is running (the daemon is down).
-    fn pass_time(&mut self, seconds: u32);
+    /// Let `seconds` pass while no backend is running (the daemon is down): real time, unless
+    /// the harness simulates its host.
+    fn pass_time(&mut self, seconds: u32) {
+        std::thread::sleep(Duration::from_secs(u64::from(seconds)));
+    }
 
     /// A directory for logs and marker files, alive as long as the harness.
     fn tmp_dir(&self) -> PathBuf;
+}
+
+/// One `#[test]` per named rule, in a module `contract_rules`, each on a fresh harness:
+/// `contract_tests!(HARNESS_EXPR, ENABLED; rule, …)`, where `ENABLED` is called with the rule's
+/// name and says whether to run it (a cluster that is not up skips the rule, saying so).
+#[macro_export]
+macro_rules! contract_tests {
+    ($harness:expr, $enabled:expr; $($rule:ident),* $(,)?) => {
+        mod contract_rules {
+            $(
+                #[test]
+                fn $rule() {
+                    #[allow(unused_imports)]
+                    use super::*;
+                    if ($enabled)(stringify!($rule)) {
+                        $crate::contract::$rule(&mut $harness);
+                    }
+                }
+            )*
+        }
+    };
 }
 
 /// `sh -c SCRIPT ARGS…`: the paths become `$0`, `$1`, ….

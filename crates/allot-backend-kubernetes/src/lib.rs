@@ -1072,11 +1072,19 @@ impl KubernetesBackend {
         }
         let width = job::width(&job) as usize;
         if launch.members.len() != width {
-            return Ok(Err(format!(
-                "job {key}: {} members asked, but it runs {width} pods at once \
-                 (spec.parallelism, at most spec.completions)",
-                launch.members.len()
-            )));
+            // Its width changed while it waited (a kept Job edited): allot admitted the size it
+            // was. The Job stays suspended, and its user is told why where they look.
+            let why = format!(
+                "job {key}: allot admitted {} pods, but it now runs {width} at once \
+                 (spec.parallelism, at most spec.completions, changed while it waited): \
+                 allot ends this workload; delete the Job and create it again to queue it anew",
+                launch.members.len(),
+            );
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            let object = ("batch/v1", "Job", namespace, name, job.metadata.uid.clone());
+            // Best effort: the failed launch says the same.
+            let _ = self.record_event(object, map::REFUSED_REASON, format!("allot: {why}"), &now);
+            return Ok(Err(why));
         }
         // An earlier run of the work that still holds the Job (its pods still stopping) ends
         // now: this run takes it over.

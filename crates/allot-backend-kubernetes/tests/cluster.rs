@@ -1210,7 +1210,7 @@ fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
     let a = fx.gpu_node("gpu-0", 8);
     let b = fx.gpu_node("gpu-1", 8);
     let mut backend = backend();
-    fx.create_job(queued_job("long", 1, 1, "2", "600s"));
+    fx.create_job(queued_job("long", 1, 2, "2", "600s"));
     let work = wait_for("the Job as work", Duration::from_secs(30), || {
         foreign_in(&news(&mut backend), &fx.namespace).into_iter().next()
     });
@@ -1242,9 +1242,39 @@ fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
         "{events:?}"
     );
 
-    // Run 2 resumes it elsewhere.
+    // Its user widens it while it waits: the admitted size no longer fits; the launch fails
+    // and the Job is told why (an Event), staying suspended.
+    let jobs: Api<Job> = Api::namespaced(fx.client.clone(), &fx.namespace);
+    let widen = |width: u32| {
+        let patch = Patch::Merge(json!({ "spec": { "parallelism": width } }));
+        fx.runtime
+            .block_on(jobs.patch("long", &PatchParams::default(), &patch))
+            .expect("parallelism patched");
+    };
+    let in_view = |backend: &mut KubernetesBackend, width: u32| {
+        wait_for("the Job's width in the view", Duration::from_secs(10), || {
+            foreign_in(&news(backend), &fx.namespace).into_iter().find(|w| w.nodes == width)
+        });
+    };
+    widen(2);
+    in_view(&mut backend, 2);
     let mut second = launch_members(1, &work.handle, &[&b], 2);
     second.run = next;
+    backend.launch(&second).expect("launch");
+    let failed = backend.poll().expect("poll");
+    assert!(matches!(failed.as_slice(), [Observation::LaunchFailed { .. }]), "{failed:?}");
+    assert!(suspended(&fx.job("long").expect("job")));
+    let events = fx.events("Job", "long");
+    assert!(
+        events.iter().any(|(t, r, m)| t == "Warning"
+            && r == "AllotRefused"
+            && m.contains("allot admitted 1 pods, but it now runs 2")),
+        "{events:?}"
+    );
+    widen(1);
+    in_view(&mut backend, 1);
+
+    // Run 2 resumes it elsewhere.
     backend.launch(&second).expect("launch again");
     let mut seen = Vec::new();
     poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));

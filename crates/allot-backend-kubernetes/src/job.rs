@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_backend::{ForeignWork, MemberLaunch, Observation, RunId, Vendor};
+use allot_backend::{ForeignWork, MemberLaunch, Observation, RunId};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
@@ -130,14 +130,14 @@ pub fn job_work(
     }
     let template = template_pod(job);
     let ask = map::gpu_ask(&template);
-    let GpuAsk { gpus, vendor } = ask.clone().unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
+    let asked = ask.clone().unwrap_or_else(|_| GpuAsk::none());
     let intent = map::pod_intent(&template);
     let models = ask.clone().and_then(|a| map::acceptable_models(&template, &a, fleet));
     let mut running: Vec<MemberLaunch> = Vec::new();
     let mut started_ms: Option<u64> = None;
     for pod in pods.iter().filter(|p| !map::is_terminal(p)) {
         if let Some(node) = map::bound_node(pod) {
-            running.push(map::running_member(node, gpus, vendor, guess));
+            running.push(map::running_member(node, &asked, guess));
             started_ms = match (started_ms, map::started_ms(pod)) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -175,7 +175,7 @@ pub fn job_work(
         project: job_namespace(job).to_string(),
         user: map::pod_user(&template),
         nodes,
-        gpus_per_node: gpus,
+        gpus_per_node: asked.gpus,
         // Running work is taken where it runs: no model to choose.
         models: if running.is_empty() { models.unwrap_or_default() } else { Vec::new() },
         started_ms: started_ms.filter(|_| !running.is_empty()),

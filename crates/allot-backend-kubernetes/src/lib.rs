@@ -728,9 +728,22 @@ impl KubernetesBackend {
             Ok(namespace) => namespace.to_string(),
             Err(why) => return Ok(Err(why)),
         };
+        // Which resource each member's devices are (whole GPUs, or MIG slices of a profile),
+        // as the node's devices are numbered.
+        let resources: Vec<Option<String>> = {
+            let view = self.view()?;
+            launch
+                .members
+                .iter()
+                .map(|m| {
+                    let node = view.nodes.items.get(&m.node)?;
+                    map::device_resource(node, m.devices.first()?.index)
+                })
+                .collect()
+        };
         let mut made: Vec<Pod> = Vec::new();
-        for member in 0..launch.members.len() {
-            let pod = own::pod_for(launch, member, &namespace, &image);
+        for (member, resource) in resources.iter().enumerate() {
+            let pod = own::pod_for(launch, member, &namespace, &image, resource.as_deref());
             let name = own::pod_name(launch.run, member);
             let what = format!("create pod {namespace}/{name}");
             let created = match self
@@ -1479,6 +1492,7 @@ impl Backend for KubernetesBackend {
         let inventory: Vec<NodeSpec> =
             view.nodes.items.values().filter_map(|n| map::node_spec(n)).collect();
         let fleet = map::Fleet::of(view.nodes.items.values().map(|n| &**n));
+        let mut guess = IndexGuess::of_nodes(view.nodes.items.values().map(|n| &**n));
         let gpu_nodes: BTreeSet<&str> = inventory.iter().map(|n| n.name.as_str()).collect();
         let statuses = view
             .nodes
@@ -1496,7 +1510,6 @@ impl Backend for KubernetesBackend {
         let mut job_pods: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
         pods.sort_by_cached_key(|p| map::pod_handle(p));
         let live = self.live_pods();
-        let mut guess = IndexGuess::default();
         for t in self.runs.values().filter(|t| !t.ended) {
             for member in &t.members {
                 for device in &member.devices {

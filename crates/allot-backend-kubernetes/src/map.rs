@@ -1,9 +1,11 @@
 //! Kubernetes objects as allot's model: pure functions over the API's types, no I/O.
 //!
 //! Label and resource names read here:
-//! - GPUs: the extended resources `nvidia.com/gpu` and `amd.com/gpu` (device plugins). MIG
-//!   resources (`nvidia.com/mig-1g.10gb`, …) are not supported yet: such devices are not in the
-//!   inventory, and a pod that asks for one is refused.
+//! - GPUs: the extended resources `nvidia.com/gpu` and `amd.com/gpu` (device plugins), and the
+//!   MIG resources of the NVIDIA GPU operator's mixed strategy (`nvidia.com/mig-1g.10gb`, …):
+//!   each unit one device, a MIG slice one of its own model `PRODUCT MIG PROFILE` (fixed by the
+//!   operator, never split by allot). A pod asks for units of one of them; it is placed only on
+//!   devices of that resource (and, in a cluster of several, on nothing else).
 //! - GPU model: the node label `nvidia.com/gpu.product` / `amd.com/gpu.product` (GPU feature
 //!   discovery), else `nvidia-gpu` / `amd-gpu`; GPU memory: `nvidia.com/gpu.memory` (MiB).
 //! - pool: `topology.kubernetes.io/zone`; rack: `allot.dev/rack` (Kubernetes has no standard
@@ -49,6 +51,9 @@ pub const RACK_LABEL: &str = "allot.dev/rack";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
 pub const AMD_GPU: &str = "amd.com/gpu";
+/// The prefix of the MIG resources of the NVIDIA GPU operator's mixed strategy
+/// (`nvidia.com/mig-1g.10gb`).
+const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 const NVIDIA_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 const AMD_PRODUCT_LABEL: &str = "amd.com/gpu.product";
 const NVIDIA_MEMORY_LABEL: &str = "nvidia.com/gpu.memory";
@@ -108,59 +113,116 @@ pub fn quantity_scaled(quantity: &Quantity, scale: f64) -> Option<u64> {
     value.is_finite().then_some(value.floor() as u64)
 }
 
-/// The node's GPUs of each resource it has: (resource, vendor, model, count).
-fn gpu_kinds(node: &Node) -> Vec<(&'static str, Vendor, String, usize)> {
+/// One kind of GPU device a node has: `count` units of `resource`, each a device of `model`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GpuKind {
+    resource: String,
+    vendor: Vendor,
+    model: String,
+    /// MiB of GPU memory per device, 0 when unknown.
+    memory_mib: u64,
+    count: usize,
+}
+
+/// The MIG profile a resource is (`nvidia.com/mig-1g.10gb` → `1g.10gb`), if it is one.
+fn mig_profile(resource: &str) -> Option<&str> {
+    resource.strip_prefix(MIG_RESOURCE_PREFIX).filter(|p| !p.is_empty())
+}
+
+/// The model name of a MIG slice of `product`: `NVIDIA-A100-SXM4-80GB MIG 1g.10gb`.
+pub fn mig_model(product: &str, profile: &str) -> String {
+    format!("{product} MIG {profile}")
+}
+
+/// The memory of a MIG profile (`1g.10gb` → 10 GiB), in MiB.
+fn mig_memory_mib(profile: &str) -> u64 {
+    let gb = profile.split('.').nth(1).and_then(|m| m.strip_suffix("gb"));
+    gb.and_then(|g| g.parse::<u64>().ok()).map_or(0, |g| g.saturating_mul(1024))
+}
+
+/// The node's GPUs by kind, in the order its devices are numbered: whole GPUs of each vendor,
+/// then each MIG profile it offers (the GPU operator's mixed strategy), by name.
+fn gpu_kinds(node: &Node) -> Vec<GpuKind> {
     let labels = node.metadata.labels.as_ref();
     let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
+    // A bound on a capacity no node has, so a corrupt object cannot exhaust memory.
+    let units = |resource: &str| {
+        let count = capacity.and_then(|c| c.get(resource)).and_then(whole)?;
+        Some(usize::try_from(count).unwrap_or(0).min(1024)).filter(|&c| c > 0)
+    };
+    let nvidia_product = labels.and_then(|l| l.get(NVIDIA_PRODUCT_LABEL)).cloned();
     let mut kinds = Vec::new();
     for (resource, vendor, product_label) in GPU_RESOURCES {
-        let Some(count) = capacity.and_then(|c| c.get(resource)).and_then(whole) else { continue };
-        // A bound on a capacity no node has, so a corrupt object cannot exhaust memory.
-        let count = usize::try_from(count).unwrap_or(0).min(1024);
-        if count == 0 {
-            continue;
-        }
+        let Some(count) = units(resource) else { continue };
         let model =
             labels.and_then(|l| l.get(product_label)).cloned().unwrap_or_else(|| match vendor {
                 Vendor::Nvidia => "nvidia-gpu".to_string(),
                 Vendor::Amd => "amd-gpu".to_string(),
             });
-        kinds.push((resource, vendor, model, count));
+        let memory_mib = match vendor {
+            Vendor::Nvidia => labels
+                .and_then(|l| l.get(NVIDIA_MEMORY_LABEL))
+                .and_then(|m| m.trim().parse().ok())
+                .unwrap_or(0),
+            Vendor::Amd => 0,
+        };
+        kinds.push(GpuKind { resource: resource.to_string(), vendor, model, memory_mib, count });
+    }
+    for resource in capacity.into_iter().flat_map(|c| c.keys()) {
+        let (Some(profile), Some(count)) = (mig_profile(resource), units(resource)) else {
+            continue;
+        };
+        let product = nvidia_product.as_deref().unwrap_or("nvidia-gpu");
+        kinds.push(GpuKind {
+            resource: resource.clone(),
+            vendor: Vendor::Nvidia,
+            model: mig_model(product, profile),
+            memory_mib: mig_memory_mib(profile),
+            count,
+        });
     }
     kinds
 }
 
-/// The node's GPUs as devices: one per unit of each GPU resource in its capacity.
+/// The node's GPUs as devices: one per unit of each GPU resource in its capacity (a MIG slice
+/// is a device of its own model, as Kubernetes counts it).
 fn devices_of(node: &Node) -> Vec<DeviceSpec> {
-    let memory_label = node.metadata.labels.as_ref().and_then(|l| l.get(NVIDIA_MEMORY_LABEL));
     let mut devices = Vec::new();
-    for (_, vendor, model, count) in gpu_kinds(node) {
-        let memory_mib = match vendor {
-            Vendor::Nvidia => memory_label.and_then(|m| m.trim().parse().ok()),
-            Vendor::Amd => None,
-        }
-        .unwrap_or(0);
+    for kind in gpu_kinds(node) {
         devices.extend(std::iter::repeat_n(
-            DeviceSpec { model, memory_mib, island: 0, mig: false },
-            count,
+            DeviceSpec { model: kind.model, memory_mib: kind.memory_mib, island: 0, mig: false },
+            kind.count,
         ));
     }
     devices
+}
+
+/// The resource whose unit device `index` of `node` is (`nvidia.com/gpu`,
+/// `nvidia.com/mig-1g.10gb`, …), as [`node_spec`] numbers the devices.
+pub fn device_resource(node: &Node, index: u32) -> Option<String> {
+    let mut first = 0usize;
+    for kind in gpu_kinds(node) {
+        if (index as usize) < first + kind.count {
+            return Some(kind.resource);
+        }
+        first += kind.count;
+    }
+    None
 }
 
 /// The GPU models of a cluster's nodes, by GPU resource: what a pending pod may be placed on
 /// (see [`acceptable_models`]).
 #[derive(Clone, Debug, Default)]
 pub struct Fleet {
-    models: BTreeMap<&'static str, BTreeSet<String>>,
+    models: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Fleet {
     pub fn of<'n>(nodes: impl IntoIterator<Item = &'n Node>) -> Fleet {
         let mut fleet = Fleet::default();
         for node in nodes {
-            for (resource, _, model, _) in gpu_kinds(node) {
-                fleet.models.entry(resource).or_default().insert(model);
+            for kind in gpu_kinds(node) {
+                fleet.models.entry(kind.resource).or_default().insert(kind.model);
             }
         }
         fleet
@@ -168,23 +230,26 @@ impl Fleet {
 }
 
 /// The GPU models a pending pod asking for `ask` may be placed on (empty: any), or why it
-/// cannot be placed at all, naming the field and the fix. The model its node selector names,
-/// if a node has it; else, in a cluster of one GPU vendor, any model (so a node of a new
-/// model is usable as soon as it joins), and in a cluster of both, its vendor's models: the
-/// device plugin of the other vendor would never give it a GPU.
+/// cannot be placed at all, naming the field and the fix. The model its node selector names
+/// (for a MIG resource, that product's slices of the profile), if a node has it; else, in a
+/// cluster of one kind of GPU resource, any model (so a node of a new model is usable as soon
+/// as it joins), and in a cluster of several (both vendors, MIG slices beside whole GPUs),
+/// the models of the resource it asks for: the device plugin would give it nothing else.
 pub fn acceptable_models(pod: &Pod, ask: &GpuAsk, fleet: &Fleet) -> Result<Vec<String>, String> {
     if ask.gpus == 0 {
         return Ok(Vec::new());
     }
-    let resource = match ask.vendor {
-        Vendor::Nvidia => NVIDIA_GPU,
-        Vendor::Amd => AMD_GPU,
-    };
+    let resource = ask.resource.as_str();
     let here = fleet.models.get(resource);
     let selected = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()).and_then(|s| {
-        [NVIDIA_PRODUCT_LABEL, AMD_PRODUCT_LABEL]
-            .into_iter()
-            .find_map(|label| Some((label, s.get(label)?.clone())))
+        [NVIDIA_PRODUCT_LABEL, AMD_PRODUCT_LABEL].into_iter().find_map(|label| {
+            let product = s.get(label)?;
+            let model = match mig_profile(resource) {
+                Some(profile) if label == NVIDIA_PRODUCT_LABEL => mig_model(product, profile),
+                _ => product.clone(),
+            };
+            Some((label, model))
+        })
     });
     match (selected, here) {
         (Some((_, model)), Some(models)) if models.contains(&model) => Ok(vec![model]),
@@ -197,7 +262,7 @@ pub fn acceptable_models(pod: &Pod, ask: &GpuAsk, fleet: &Fleet) -> Result<Vec<S
             if fleet.models.is_empty() {
                 "none".to_string()
             } else {
-                fleet.models.keys().copied().collect::<Vec<_>>().join(", ")
+                fleet.models.keys().cloned().collect::<Vec<_>>().join(", ")
             }
         )),
         (None, Some(_)) if fleet.models.len() == 1 => Ok(Vec::new()),
@@ -373,18 +438,28 @@ pub fn is_gated(pod: &Pod) -> bool {
     pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty())
 }
 
-/// What a pod asks for: whole GPUs of one vendor, summed over its containers' limits.
+/// What a pod asks for: units of one GPU resource (whole GPUs of one vendor, or MIG slices of
+/// one profile), summed over its containers' limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuAsk {
     pub gpus: u32,
     pub vendor: Vendor,
+    /// The resource asked for (`nvidia.com/gpu` when none is).
+    pub resource: String,
+}
+
+impl GpuAsk {
+    /// No GPU.
+    pub fn none() -> GpuAsk {
+        GpuAsk { gpus: 0, vendor: Vendor::Nvidia, resource: NVIDIA_GPU.to_string() }
+    }
 }
 
 /// The pod's GPU request, or why allot cannot place it (naming the field and the fix). Init
 /// containers are not counted (they run before the containers, on the same devices).
 pub fn gpu_ask(pod: &Pod) -> Result<GpuAsk, String> {
     let mut total: u64 = 0;
-    let mut vendors = BTreeSet::new();
+    let mut kinds: BTreeMap<String, Vendor> = BTreeMap::new();
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
     for (i, container) in containers.iter().enumerate() {
         let resources = container.resources.as_ref();
@@ -400,14 +475,10 @@ pub fn gpu_ask(pod: &Pod) -> Result<GpuAsk, String> {
         );
         for (resource, quantity, kind) in asked {
             let field = format!("spec.containers[{i}].resources.{kind}[{resource}]");
-            if resource.starts_with("nvidia.com/mig-") {
-                return Err(format!(
-                    "{field}: MIG devices are not supported by allot's Kubernetes backend yet; \
-                     ask for whole GPUs ({NVIDIA_GPU})"
-                ));
-            }
-            let Some(&(_, vendor, _)) = GPU_RESOURCES.iter().find(|(r, _, _)| r == resource) else {
-                continue;
+            let vendor = match GPU_RESOURCES.iter().find(|(r, _, _)| r == resource) {
+                Some(&(_, vendor, _)) => vendor,
+                None if mig_profile(resource).is_some() => Vendor::Nvidia,
+                None => continue,
             };
             let Some(count) = whole(quantity) else {
                 return Err(format!(
@@ -415,21 +486,27 @@ pub fn gpu_ask(pod: &Pod) -> Result<GpuAsk, String> {
                     quantity.0
                 ));
             };
-            vendors.insert(vendor == Vendor::Amd);
+            if count > 0 {
+                kinds.insert(resource.clone(), vendor);
+            }
             total = total.saturating_add(count);
         }
     }
-    if vendors.len() > 1 {
+    if kinds.len() > 1 {
+        let names: Vec<&str> = kinds.keys().map(String::as_str).collect();
         return Err(format!(
-            "spec.containers asks for both {NVIDIA_GPU} and {AMD_GPU}: one pod runs on one \
-             node's GPUs of one vendor; ask for one of them"
+            "spec.containers asks for both {}: one pod runs on one kind of GPU (whole GPUs of \
+             one vendor, or MIG slices of one profile); ask for one of them",
+            names.join(" and ")
         ));
     }
-    let vendor = if vendors.contains(&true) { Vendor::Amd } else { Vendor::Nvidia };
     let gpus = u32::try_from(total).map_err(|_| {
         format!("spec.containers asks for {total} GPUs: more than any node has; ask for fewer")
     })?;
-    Ok(GpuAsk { gpus, vendor })
+    Ok(match kinds.into_iter().next() {
+        Some((resource, vendor)) => GpuAsk { gpus, vendor, resource },
+        None => GpuAsk { gpus, ..GpuAsk::none() },
+    })
 }
 
 /// The GPU model a pod asks for through its node selector, if it names one.
@@ -451,11 +528,15 @@ pub fn pod_user(pod: &Pod) -> String {
 
 /// Device indices for pods whose devices Kubernetes does not name: the device plugin picks them
 /// on the node and the API does not expose them. Each gets the lowest indices not yet taken on
-/// its node (allot's own runs take theirs first), so the ledger's count per node is right even
-/// though the indices are a guess.
+/// its node among the devices of the resource it asks for (allot's own runs take theirs
+/// first), so the ledger's count per node and kind is right even though the indices are a
+/// guess.
 #[derive(Debug, Default)]
 pub struct IndexGuess {
     taken: BTreeMap<String, BTreeSet<u32>>,
+    /// The devices of each (node, resource), as `node_spec` numbers them: first..end. Unknown
+    /// (a node not given): any index.
+    ranges: BTreeMap<(String, String), (u32, u32)>,
 }
 
 impl IndexGuess {
@@ -463,10 +544,31 @@ impl IndexGuess {
         self.taken.entry(node.to_string()).or_default().insert(index);
     }
 
-    /// `count` free indices on `node`, lowest first, now taken.
-    pub fn lowest_free(&mut self, node: &str, count: u32) -> Vec<u32> {
+    /// A guess that knows which devices of `nodes` are of which resource.
+    pub fn of_nodes<'n>(nodes: impl IntoIterator<Item = &'n Node>) -> IndexGuess {
+        let mut guess = IndexGuess::default();
+        for node in nodes {
+            let Some(name) = node.metadata.name.as_deref() else { continue };
+            let mut first = 0u32;
+            for kind in gpu_kinds(node) {
+                let end = first.saturating_add(u32::try_from(kind.count).unwrap_or(u32::MAX));
+                guess.ranges.insert((name.to_string(), kind.resource), (first, end));
+                first = end;
+            }
+        }
+        guess
+    }
+
+    /// `count` free indices of `resource` on `node`, lowest first, now taken (past the node's
+    /// devices of the resource when they are all taken: the count stays right).
+    pub fn lowest_free(&mut self, node: &str, resource: &str, count: u32) -> Vec<u32> {
+        let first = self
+            .ranges
+            .get(&(node.to_string(), resource.to_string()))
+            .map_or(0, |&(first, _)| first);
         let taken = self.taken.entry(node.to_string()).or_default();
-        let picked: Vec<u32> = (0..).filter(|i| !taken.contains(i)).take(count as usize).collect();
+        let picked: Vec<u32> =
+            (first..).filter(|i| !taken.contains(i)).take(count as usize).collect();
         taken.extend(&picked);
         picked
     }
@@ -478,9 +580,10 @@ impl IndexGuess {
 /// it cannot read). `fleet`: the cluster's GPU models, for the models a pending pod may take.
 pub fn foreign_work(pod: &Pod, fleet: &Fleet, guess: &mut IndexGuess) -> ForeignWork {
     let ask = gpu_ask(pod);
-    let (gpus, vendor) = ask.as_ref().map_or((0, Vendor::Nvidia), |a| (a.gpus, a.vendor));
+    let asked = ask.clone().unwrap_or_else(|_| GpuAsk::none());
+    let gpus = asked.gpus;
     let running = match bound_node(pod) {
-        Some(node) => vec![running_member(node, gpus, vendor, guess)],
+        Some(node) => vec![running_member(node, &asked, guess)],
         None => Vec::new(),
     };
     let intent = pod_intent(pod);
@@ -509,16 +612,12 @@ pub fn foreign_work(pod: &Pod, fleet: &Fleet, guess: &mut IndexGuess) -> Foreign
     }
 }
 
-pub(crate) fn running_member(
-    node: &str,
-    gpus: u32,
-    vendor: Vendor,
-    guess: &mut IndexGuess,
-) -> MemberLaunch {
+pub(crate) fn running_member(node: &str, ask: &GpuAsk, guess: &mut IndexGuess) -> MemberLaunch {
+    let vendor = ask.vendor;
     MemberLaunch {
         node: node.to_string(),
         devices: guess
-            .lowest_free(node, gpus)
+            .lowest_free(node, &ask.resource, ask.gpus)
             .into_iter()
             .map(|index| DeviceAssignment { index, uuid: None, vendor, shares: 1000 })
             .collect(),
@@ -725,9 +824,9 @@ fn group_work(
         // running work, taken as it runs.
         let mut work = group_base(&handle, group, namespace, members);
         for pod in members {
-            let ask = gpu_ask(pod).unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
+            let ask = gpu_ask(pod).unwrap_or_else(|_| GpuAsk::none());
             let node = bound_node(pod).unwrap_or_default();
-            work.running.push(running_member(node, ask.gpus, ask.vendor, guess));
+            work.running.push(running_member(node, &ask, guess));
         }
         work.nodes = u32::try_from(members.len()).unwrap_or(u32::MAX);
         work.gpus_per_node = work.running.iter().map(|m| m.devices.len() as u32).max().unwrap_or(0);
@@ -853,7 +952,7 @@ fn check_group(group: &str, members: &[&Pod], fleet: &Fleet) -> Result<GroupAsk,
         ));
     }
     let gpus_of: Vec<String> = asks.iter().map(|(p, a)| format!("{p}: {}", a.gpus)).collect();
-    if distinct(asks.values().map(|a| format!("{}{:?}", a.gpus, a.vendor)).collect()) {
+    if distinct(asks.values().map(|a| format!("{} {}", a.gpus, a.resource)).collect()) {
         return Err(disagree(
             "the GPUs each asks for (spec.containers[*].resources.limits)",
             "allot places a group as members of the same size; give every pod the same GPU \
@@ -878,7 +977,7 @@ fn check_group(group: &str, members: &[&Pod], fleet: &Fleet) -> Result<GroupAsk,
             intents.first().map(|(p, _)| p.as_str()).unwrap_or_default()
         ));
     }
-    let ask = asks.values().next().cloned().unwrap_or(GpuAsk { gpus: 0, vendor: Vendor::Nvidia });
+    let ask = asks.values().next().cloned().unwrap_or_else(GpuAsk::none);
     // The pods agree on the ask and the model: the first one's models are the group's.
     let models = match members.first() {
         Some(pod) => acceptable_models(pod, &ask, fleet)
@@ -942,7 +1041,7 @@ fn phase_of(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> &str {
 #[cfg(test)]
 pub(crate) fn tests_fleet() -> Fleet {
     let models = BTreeSet::from(["NVIDIA-H100-80GB-HBM3".to_string()]);
-    Fleet { models: BTreeMap::from([(NVIDIA_GPU, models)]) }
+    Fleet { models: BTreeMap::from([(NVIDIA_GPU.to_string(), models)]) }
 }
 
 #[cfg(test)]

@@ -47,16 +47,23 @@ pub fn namespace_of(launch: &Launch) -> Result<&str, String> {
     })
 }
 
-/// Member `member` of `launch` as the pod to create in `namespace`, running `image`.
-pub fn pod_for(launch: &Launch, member: usize, namespace: &str, image: &str) -> Pod {
+/// Member `member` of `launch` as the pod to create in `namespace`, running `image`, asking for
+/// its devices as `resource` (`None`: its vendor's whole GPUs).
+pub fn pod_for(
+    launch: &Launch,
+    member: usize,
+    namespace: &str,
+    image: &str,
+    resource: Option<&str>,
+) -> Pod {
     let m = &launch.members[member];
     let mut limits = BTreeMap::new();
     if !m.devices.is_empty() {
-        let resource = match m.devices[0].vendor {
+        let whole = match m.devices[0].vendor {
             Vendor::Nvidia => map::NVIDIA_GPU,
             Vendor::Amd => map::AMD_GPU,
         };
-        limits.insert(resource, m.devices.len().to_string());
+        limits.insert(resource.unwrap_or(whole), m.devices.len().to_string());
     }
     let mut requests = BTreeMap::new();
     if launch.resources.cpu_millis > 0 {
@@ -125,7 +132,7 @@ mod tests {
     fn a_member_is_a_pod_bound_to_its_node_asking_for_its_gpus() {
         let l = launch();
         assert_eq!(namespace_of(&l), Ok("vision"));
-        let pod = pod_for(&l, 0, "vision", "registry.example/trainer:1");
+        let pod = pod_for(&l, 0, "vision", "registry.example/trainer:1", None);
         assert_eq!(pod.metadata.name.as_deref(), Some("allot-12-3-0"));
         assert_eq!(pod.metadata.namespace.as_deref(), Some("vision"));
         assert_eq!(run_of(&pod), Some(l.run));
@@ -146,13 +153,13 @@ mod tests {
         assert_eq!(requests.get("cpu").map(|q| q.0.as_str()), Some("1500m"));
         assert_eq!(requests.get("memory").map(|q| q.0.as_str()), Some("4096Mi"));
         // A member without GPUs asks for none.
-        let cpu_only = pod_for(&l, 1, "vision", "x");
+        let cpu_only = pod_for(&l, 1, "vision", "x", None);
         assert_eq!(map::gpu_ask(&cpu_only).map(|a| a.gpus), Ok(0));
     }
 
     #[test]
     fn only_allots_labels_name_a_run() {
-        let mut pod = pod_for(&launch(), 0, "vision", "x");
+        let mut pod = pod_for(&launch(), 0, "vision", "x", None);
         for bad in ["12", "12.x", "", ".3"] {
             pod.metadata.labels.get_or_insert_default().insert(RUN_LABEL.into(), bad.into());
             assert_eq!(run_of(&pod), None, "{bad:?}");

@@ -39,6 +39,16 @@ fn enabled() -> bool {
     on
 }
 
+/// A backend that runs work submitted through allot, in the image `busybox`.
+fn own_backend() -> KubernetesBackend {
+    KubernetesBackend::connect(KubernetesConfig {
+        kubeconfig: Some(state_dir().join("allot.kubeconfig")),
+        image: Some("busybox".to_string()),
+        ..KubernetesConfig::default()
+    })
+    .expect("the allot kubeconfig of the test cluster")
+}
+
 fn backend() -> KubernetesBackend {
     KubernetesBackend::connect(KubernetesConfig {
         kubeconfig: Some(state_dir().join("allot.kubeconfig")),
@@ -92,21 +102,26 @@ impl Fixture {
 
     /// A kwok GPU node with `gpus` H100s, named `<namespace>-<suffix>`.
     fn gpu_node(&mut self, suffix: &str, gpus: u32) -> String {
+        self.node_with(suffix, H100, json!({ "nvidia.com/gpu": gpus.to_string() }))
+    }
+
+    /// A kwok node of GPU product `product` with the GPU resources `gpus` (a JSON object of
+    /// quantities), named `<namespace>-<suffix>`.
+    fn node_with(&mut self, suffix: &str, product: &str, gpus: serde_json::Value) -> String {
         let name = format!("{}-{suffix}", self.namespace);
+        let mut capacity = json!({ "cpu": "64", "memory": "512Gi", "pods": "110" });
+        if let (Some(c), Some(g)) = (capacity.as_object_mut(), gpus.as_object()) {
+            c.extend(g.clone());
+        }
         let node: Node = serde_json::from_value(json!({
             "metadata": {
                 "name": name,
                 "annotations": { "kwok.x-k8s.io/node": "fake" },
                 "labels": { "type": "kwok", "kubernetes.io/hostname": name,
-                            "nvidia.com/gpu.product": H100,
+                            "nvidia.com/gpu.product": product,
                             "topology.kubernetes.io/zone": "zone-a" }
             },
-            "status": {
-                "capacity": { "cpu": "64", "memory": "512Gi", "pods": "110",
-                              "nvidia.com/gpu": gpus.to_string() },
-                "allocatable": { "cpu": "64", "memory": "512Gi", "pods": "110",
-                                 "nvidia.com/gpu": gpus.to_string() }
-            }
+            "status": { "capacity": capacity, "allocatable": capacity }
         }))
         .expect("a Node");
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -492,21 +507,61 @@ fn waiting_reasons_show_on_the_pod_and_cancel_deletes_it() {
 }
 
 #[test]
-fn a_gpu_request_allot_cannot_place_is_refused_naming_the_field() {
+fn mig_slices_are_inventory_a_slice_pod_asks_for_them_and_two_kinds_are_refused() {
     if !enabled() {
         return;
     }
-    let fx = Fixture::new("refusal");
-    let mut pod = allot_pod("mig", "1");
-    pod["spec"]["containers"][0]["resources"]["limits"] = json!({ "nvidia.com/mig-1g.10gb": "1" });
-    fx.create_pod(pod);
+    let mut fx = Fixture::new("mig");
+    let a100 = "NVIDIA-A100-SXM4-80GB";
+    let gpus = json!({ "nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "7" });
+    let node = fx.node_with("gpu-m", a100, gpus);
     let mut backend = backend();
-    let work = foreign_in(&news(&mut backend), &fx.namespace);
-    let refusal = work.first().and_then(|w| w.refusal.clone()).expect("refused");
-    assert!(
-        refusal.contains("spec.containers[0].resources.limits[nvidia.com/mig-1g.10gb]"),
-        "{refusal}"
-    );
+    let inventory = backend.inventory().expect("inventory");
+    let spec = inventory.iter().find(|n| n.name == node).expect("the MIG node");
+    let slice = format!("{a100} MIG 1g.10gb");
+    assert_eq!(spec.devices.iter().filter(|d| d.model == slice).count(), 7, "{spec:?}");
+    assert_eq!(spec.devices[0].model, a100);
+
+    let mut pod = allot_pod("slices", "1");
+    pod["spec"]["nodeSelector"] = json!({ "nvidia.com/gpu.product": a100 });
+    pod["spec"]["containers"][0]["resources"]["limits"] = json!({ "nvidia.com/mig-1g.10gb": "2" });
+    fx.create_pod(pod.clone());
+    pod["metadata"]["name"] = json!("both");
+    pod["spec"]["containers"][0]["resources"]["limits"] =
+        json!({ "nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1" });
+    fx.create_pod(pod);
+    let work = wait_for("both pods as work", Duration::from_secs(30), || {
+        Some(foreign_in(&news(&mut backend), &fx.namespace)).filter(|w| w.len() == 2)
+    });
+    let by_name = |name: &str| work.iter().find(|w| w.name == name).expect("the pod's work");
+    let slices = by_name("slices");
+    assert_eq!((slices.gpus_per_node, slices.refusal.as_deref()), (2, None));
+    assert_eq!(slices.models, [slice]);
+    let refusal = by_name("both").refusal.clone().expect("refused");
+    assert!(refusal.contains("both nvidia.com/gpu and nvidia.com/mig-1g.10gb"), "{refusal}");
+
+    // Admitted onto two slices: the pod is bound. A run of allot's own placed on slices asks
+    // for the slices' resource.
+    let slice_devices = |indices: &[u32]| -> Vec<DeviceAssignment> {
+        let gpu =
+            |&index| DeviceAssignment { index, uuid: None, vendor: Vendor::Nvidia, shares: 1000 };
+        indices.iter().map(gpu).collect()
+    };
+    let mut launch = launch_members(1, &slices.handle, &[&node], 0);
+    launch.members[0].devices = slice_devices(&[3, 4]);
+    backend.launch(&launch).expect("launch");
+    assert_eq!(fx.bound_node("slices"), node);
+    let mut submitted = launch_members(2, "", &[&node], 0);
+    submitted.adopt = None;
+    submitted.command = vec!["sleep".into(), "60".into()];
+    submitted.env.insert("ALLOT_PROJECT".into(), fx.namespace.clone());
+    submitted.members[0].devices = slice_devices(&[5]);
+    let mut own = own_backend();
+    own.launch(&submitted).expect("launch");
+    let pod = fx.pod(&own::pod_name(submitted.run, 0)).expect("allot's pod");
+    let limits = pod.spec.and_then(|s| s.containers[0].resources.clone()?.limits);
+    let asked = limits.and_then(|l| l.get("nvidia.com/mig-1g.10gb").cloned());
+    assert_eq!(asked.map(|q| q.0), Some("1".to_string()));
 }
 
 #[test]
@@ -1327,12 +1382,7 @@ impl Harness for KubeHarness {
     type B = KubernetesBackend;
 
     fn backend(&mut self) -> KubernetesBackend {
-        KubernetesBackend::connect(KubernetesConfig {
-            kubeconfig: Some(state_dir().join("allot.kubeconfig")),
-            image: Some("busybox".to_string()),
-            ..KubernetesConfig::default()
-        })
-        .expect("the allot kubeconfig of the test cluster")
+        own_backend()
     }
     fn node(&self) -> String {
         self.node.clone()
@@ -1515,7 +1565,8 @@ fn submitted_work_runs_as_pods_allot_makes_on_the_nodes_it_chose() {
 
     // A pod's name taken by a pod that is not the run's: the launch fails, naming it.
     let run = run_id(2);
-    let mut squatter = own::pod_for(&own_launch(&h, run_id(3), vec![]), 0, &h.fx.namespace, "x");
+    let mut squatter =
+        own::pod_for(&own_launch(&h, run_id(3), vec![]), 0, &h.fx.namespace, "x", None);
     squatter.metadata.name = Some(own::pod_name(run, 0));
     h.fx.runtime
         .block_on(h.fx.pods().create(&PostParams::default(), &squatter))

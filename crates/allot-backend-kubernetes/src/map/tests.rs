@@ -58,18 +58,19 @@ fn a_gpu_node_becomes_a_node_spec() {
 }
 
 #[test]
-fn nodes_without_whole_gpus_are_not_governed() {
+fn nodes_without_gpus_are_not_governed() {
     let cpu_only = node(json!({
         "metadata": { "name": "cpu-1" },
-        "status": { "capacity": { "cpu": "8", "memory": "32Gi" } }
+        "status": { "capacity": { "cpu": "8", "memory": "32Gi", "nvidia.com/mig-": "7" } }
     }));
-    assert_eq!(node_spec(&cpu_only), None);
-    // MIG resources alone: not supported yet.
+    assert_eq!(node_spec(&cpu_only), None, "a resource named like no MIG profile is not one");
+    // MIG slices alone: a GPU node (of slices).
     let mig = node(json!({
         "metadata": { "name": "mig-1" },
         "status": { "capacity": { "nvidia.com/mig-1g.10gb": "7" } }
     }));
-    assert_eq!(node_spec(&mig), None);
+    let models = node_spec(&mig).map(|s| s.devices.iter().map(|d| d.model.clone()).collect());
+    assert_eq!(models, Some(vec!["nvidia-gpu MIG 1g.10gb".to_string(); 7]));
 }
 
 #[test]
@@ -174,19 +175,72 @@ fn a_fractional_gpu_request_is_refused_naming_the_field() {
     assert!(refusal.contains("whole number"), "{refusal}");
 }
 
+/// An A100 node of the GPU operator's mixed MIG strategy: 2 whole GPUs, and 2 GPUs split into
+/// 7 × 1g.10gb and 2 × 3g.40gb slices in all.
+fn mig_node() -> Node {
+    node(json!({
+        "metadata": { "name": "gpu-m", "labels": {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920" } },
+        "status": { "capacity": {
+            "nvidia.com/gpu": "2", "nvidia.com/mig-1g.10gb": "7", "nvidia.com/mig-3g.40gb": "2"
+        } }
+    }))
+}
+
 #[test]
-fn mig_and_mixed_vendor_requests_are_refused() {
-    let mig = pod(json!({
+fn mig_slices_are_devices_of_their_own_model_as_kubernetes_counts_them() {
+    let spec = node_spec(&mig_node()).expect("a GPU node");
+    let models: Vec<(&str, u64)> =
+        spec.devices.iter().map(|d| (d.model.as_str(), d.memory_mib)).collect();
+    let a100 = ("NVIDIA-A100-SXM4-80GB", 81_920);
+    let small = ("NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 10_240);
+    let big = ("NVIDIA-A100-SXM4-80GB MIG 3g.40gb", 40_960);
+    assert_eq!(models, [[a100; 2].as_slice(), &[small; 7], &[big; 2]].concat());
+    assert!(spec.devices.iter().all(|d| !d.mig), "fixed slices, not split by allot");
+    let resource = |i| device_resource(&mig_node(), i);
+    assert_eq!(resource(1).as_deref(), Some("nvidia.com/gpu"));
+    assert_eq!(resource(2).as_deref(), Some("nvidia.com/mig-1g.10gb"));
+    assert_eq!(resource(10).as_deref(), Some("nvidia.com/mig-3g.40gb"));
+    assert_eq!(resource(11), None);
+}
+
+#[test]
+fn a_pod_asking_for_mig_slices_takes_slices_of_that_profile_only() {
+    let fleet = Fleet::of([&mig_node()]);
+    let work = |limits, selector| {
+        foreign_work(&pending_pod(limits, selector), &fleet, &mut IndexGuess::default())
+    };
+    let slices = work(json!({ "nvidia.com/mig-1g.10gb": "2" }), json!({}));
+    assert_eq!((slices.gpus_per_node, slices.refusal.as_deref()), (2, None));
+    assert_eq!(slices.models, ["NVIDIA-A100-SXM4-80GB MIG 1g.10gb"]);
+    let selected = json!({ "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB" });
+    let slices = work(json!({ "nvidia.com/mig-3g.40gb": "1" }), selected);
+    assert_eq!(slices.models, ["NVIDIA-A100-SXM4-80GB MIG 3g.40gb"]);
+    // Whole GPUs never land on slices, though the cluster has one vendor.
+    let whole = work(json!({ "nvidia.com/gpu": "1" }), json!({}));
+    assert_eq!(whole.models, ["NVIDIA-A100-SXM4-80GB"]);
+    // A profile no node offers is refused, naming it.
+    let why = work(json!({ "nvidia.com/mig-2g.20gb": "1" }), json!({})).refusal.expect("refused");
+    assert!(why.contains("asks for nvidia.com/mig-2g.20gb: no node"), "{why}");
+    // A bound slice pod is counted on the node's slices of its profile.
+    let mut bound = pending_pod(json!({ "nvidia.com/mig-3g.40gb": "1" }), json!({}));
+    bound.spec.get_or_insert_default().node_name = Some("gpu-m".into());
+    let mut guess = IndexGuess::of_nodes([&mig_node()]);
+    let running = foreign_work(&bound, &fleet, &mut guess).running;
+    assert_eq!(running[0].devices.iter().map(|d| d.index).collect::<Vec<_>>(), [9]);
+}
+
+#[test]
+fn mixed_gpu_kinds_in_one_pod_are_refused() {
+    let mixed_mig = pod(json!({
         "metadata": { "name": "m", "namespace": "ns" },
         "spec": { "schedulerName": "allot", "containers": [
-            { "name": "c", "resources": { "limits": { "nvidia.com/mig-1g.10gb": "1" } } }
+            { "name": "c", "resources": { "limits": {
+                "nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1" } } }
         ]}
     }));
-    let why = gpu_ask(&mig).expect_err("MIG refused");
-    assert!(
-        why.contains("limits[nvidia.com/mig-1g.10gb]") && why.contains("not supported"),
-        "{why}"
-    );
+    let why = gpu_ask(&mixed_mig).expect_err("two kinds refused");
+    assert!(why.contains("both nvidia.com/gpu and nvidia.com/mig-1g.10gb"), "{why}");
 
     let mixed = pod(json!({
         "metadata": { "name": "m", "namespace": "ns" },
@@ -273,7 +327,7 @@ fn a_request_without_a_limit_counts() {
             { "name": "a", "resources": { "requests": { "amd.com/gpu": "2" } } }
         ]}
     }));
-    assert_eq!(gpu_ask(&p), Ok(GpuAsk { gpus: 2, vendor: Vendor::Amd }));
+    assert_eq!(gpu_ask(&p), Ok(GpuAsk { gpus: 2, vendor: Vendor::Amd, resource: AMD_GPU.into() }));
 }
 
 #[test]

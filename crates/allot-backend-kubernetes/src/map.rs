@@ -3,7 +3,7 @@
 //! Label and resource names read here:
 //! - GPUs: the extended resources `nvidia.com/gpu` and `amd.com/gpu` (device plugins), and the
 //!   MIG resources of the NVIDIA GPU operator's mixed strategy (`nvidia.com/mig-1g.10gb`, …):
-//!   each unit one device, a MIG slice one of its own model `PRODUCT MIG PROFILE` (fixed by the
+//!   each unit one device, a MIG slice one of its own model `PRODUCT-MIG-PROFILE` (fixed by the
 //!   operator, never split by allot). A pod asks for units of one of them; it is placed only on
 //!   devices of that resource (and, in a cluster of several, on nothing else).
 //! - GPU model: the node label `nvidia.com/gpu.product` / `amd.com/gpu.product` (GPU feature
@@ -129,9 +129,11 @@ fn mig_profile(resource: &str) -> Option<&str> {
     resource.strip_prefix(MIG_RESOURCE_PREFIX).filter(|p| !p.is_empty())
 }
 
-/// The model name of a MIG slice of `product`: `NVIDIA-A100-SXM4-80GB MIG 1g.10gb`.
+/// The model name of a MIG slice of `product`: `NVIDIA-A100-SXM4-80GB-MIG-1g.10gb`, the name
+/// GPU feature discovery gives such GPUs under the single strategy, so a quota is written the
+/// same for both strategies.
 pub fn mig_model(product: &str, profile: &str) -> String {
-    format!("{product} MIG {profile}")
+    format!("{product}-MIG-{profile}")
 }
 
 /// The memory of a MIG profile (`1g.10gb` → 10 GiB), in MiB.

@@ -518,7 +518,7 @@ fn mig_slices_are_inventory_a_slice_pod_asks_for_them_and_two_kinds_are_refused(
     let mut backend = backend();
     let inventory = backend.inventory().expect("inventory");
     let spec = inventory.iter().find(|n| n.name == node).expect("the MIG node");
-    let slice = format!("{a100} MIG 1g.10gb");
+    let slice = format!("{a100}-MIG-1g.10gb");
     assert_eq!(spec.devices.iter().filter(|d| d.model == slice).count(), 7, "{spec:?}");
     assert_eq!(spec.devices[0].model, a100);
 

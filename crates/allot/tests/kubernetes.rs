@@ -11,7 +11,8 @@
 //! suspended when the lender claims its guarantee (allot's reason an Event of the Job), and is
 //! resumed by its next run when the lender's pod goes; in a cluster of NVIDIA and AMD nodes a
 //! pod that names no model gets GPUs of the vendor it asks for, and one that selects a model no
-//! node has is refused with the field; work submitted with `allot submit` runs as pods allot
+//! node has is refused with the field; MIG slices are placed as devices of their own model,
+//! for pods and for work submitted with `allot submit`; work submitted with `allot submit` runs as pods allot
 //! makes on the nodes it chose, survives a `kill -9` of allot, and ends with its pods' exit.
 //!
 //! Runs only with `ALLOT_K8S=1`. Fixtures are made with kubectl and the admin kubeconfig; the
@@ -43,6 +44,9 @@ const L4: &str = "NVIDIA-L4";
 const MI300X: &str = "AMD-Instinct-MI300X";
 /// The submit test's GPUs.
 const B200: &str = "NVIDIA-B200";
+/// The MIG test's GPUs: an A30 node split into 4 × 1g.6gb slices (a model named `P-MIG-PROFILE`
+/// is given as `nvidia.com/mig-PROFILE` of product P, see `scene_of`).
+const A30_SLICE: &str = "NVIDIA-A30-MIG-1g.6gb";
 
 fn state_dir() -> PathBuf {
     PathBuf::from(std::env::var("ALLOT_K8S_DIR").unwrap_or_else(|_| "/tmp/allot-k8s".into()))
@@ -228,6 +232,10 @@ metadata: {{name: {namespace}}}
     for (i, node) in scene.nodes.iter().enumerate() {
         let model = models[i % models.len()];
         let vendor = if model.starts_with("AMD") { "amd.com" } else { "nvidia.com" };
+        let (product, gpus) = match model.split_once("-MIG-") {
+            Some((product, profile)) => (product, format!("nvidia.com/mig-{profile}: \"4\"")),
+            None => (model, format!("{vendor}/gpu: \"8\"")),
+        };
         objects.push_str(&format!(
             "---
 apiVersion: v1
@@ -235,10 +243,10 @@ kind: Node
 metadata:
   name: {node}
   annotations: {{kwok.x-k8s.io/node: fake}}
-  labels: {{type: kwok, kubernetes.io/hostname: {node}, {vendor}/gpu.product: {model}}}
+  labels: {{type: kwok, kubernetes.io/hostname: {node}, {vendor}/gpu.product: {product}}}
 status:
-  capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", {vendor}/gpu: \"8\"}}
-  allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", {vendor}/gpu: \"8\"}}
+  capacity: {{cpu: \"64\", memory: 512Gi, pods: \"110\", {gpus}}}
+  allocatable: {{cpu: \"64\", memory: 512Gi, pods: \"110\", {gpus}}}
 "
         ));
     }
@@ -967,4 +975,47 @@ fn work_submitted_through_allot_runs_as_pods_it_makes_and_survives_a_restart() {
         workload(&addr, &token, id).filter(|w| w["state"] == "failed")
     });
     assert_eq!(failed["exit_code"], 3, "{failed}");
+}
+
+#[test]
+fn mig_slices_are_placed_for_pods_and_submitted_work_and_counted_against_their_quota() {
+    if !enabled() {
+        return;
+    }
+    let policy = |namespace: &str| {
+        format!(
+            "projects:
+  - name: {namespace}
+    quotas:
+      - {{model: {A30_SLICE}, guaranteed: 4}}
+"
+        )
+    };
+    let (scene, addr, token) = scene_of("mig", 1, &[A30_SLICE], "none", &[], &policy);
+    let (namespace, node) = (scene.namespace.clone(), scene.nodes[0].clone());
+    // A pod asking for 2 slices: bound to the slices' node.
+    apply_gpu_pod(&namespace, "small", "nvidia.com/mig-1g.6gb", 2, "");
+    let bound = wait_for("the slice pod bound", Duration::from_secs(60), || {
+        Some(node_of(&namespace, "small")).filter(|n| !n.is_empty())
+    });
+    assert_eq!(bound, node);
+    // Submitted work on the slice model: allot's pod asks for the slice resource.
+    let submit = ["submit", "--project", &namespace, "--gpus", "1", "--gpu-model", A30_SLICE, "--"];
+    let id: u64 = cli(&addr, &token, &[&submit[..], &["allot-test-sleep", "600"]].concat())
+        .trim()
+        .parse()
+        .expect("the workload id");
+    wait_for("the submitted work running", Duration::from_secs(60), || {
+        workload(&addr, &token, id).filter(|w| w["state"] == "running")
+    });
+    let path = "jsonpath={.spec.containers[0].resources.limits.nvidia\\.com/mig-1g\\.6gb}";
+    let pod = format!("allot-{id}-1-0");
+    assert_eq!(kubectl(&["-n", &namespace, "get", "pod", &pod, "-o", path], None), "1");
+    // 3 of the 4 slices taken: a pod asking for 2 more waits, and says why.
+    apply_gpu_pod(&namespace, "more", "nvidia.com/mig-1g.6gb", 2, "");
+    let why = wait_for("the waiting pod's reason", Duration::from_secs(30), || {
+        Some(scheduled_message(&namespace, "more")).filter(|m| !m.is_empty())
+    });
+    assert!(why.contains(A30_SLICE), "{why}");
+    assert_eq!(node_of(&namespace, "more"), "", "not bound");
 }

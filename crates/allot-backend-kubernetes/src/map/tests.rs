@@ -70,7 +70,7 @@ fn nodes_without_gpus_are_not_governed() {
         "status": { "capacity": { "nvidia.com/mig-1g.10gb": "7" } }
     }));
     let models = node_spec(&mig).map(|s| s.devices.iter().map(|d| d.model.clone()).collect());
-    assert_eq!(models, Some(vec!["nvidia-gpu MIG 1g.10gb".to_string(); 7]));
+    assert_eq!(models, Some(vec!["nvidia-gpu-MIG-1g.10gb".to_string(); 7]));
 }
 
 #[test]
@@ -193,8 +193,8 @@ fn mig_slices_are_devices_of_their_own_model_as_kubernetes_counts_them() {
     let models: Vec<(&str, u64)> =
         spec.devices.iter().map(|d| (d.model.as_str(), d.memory_mib)).collect();
     let a100 = ("NVIDIA-A100-SXM4-80GB", 81_920);
-    let small = ("NVIDIA-A100-SXM4-80GB MIG 1g.10gb", 10_240);
-    let big = ("NVIDIA-A100-SXM4-80GB MIG 3g.40gb", 40_960);
+    let small = ("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", 10_240);
+    let big = ("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb", 40_960);
     assert_eq!(models, [[a100; 2].as_slice(), &[small; 7], &[big; 2]].concat());
     assert!(spec.devices.iter().all(|d| !d.mig), "fixed slices, not split by allot");
     let resource = |i| device_resource(&mig_node(), i);
@@ -212,10 +212,10 @@ fn a_pod_asking_for_mig_slices_takes_slices_of_that_profile_only() {
     };
     let slices = work(json!({ "nvidia.com/mig-1g.10gb": "2" }), json!({}));
     assert_eq!((slices.gpus_per_node, slices.refusal.as_deref()), (2, None));
-    assert_eq!(slices.models, ["NVIDIA-A100-SXM4-80GB MIG 1g.10gb"]);
+    assert_eq!(slices.models, ["NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"]);
     let selected = json!({ "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB" });
     let slices = work(json!({ "nvidia.com/mig-3g.40gb": "1" }), selected);
-    assert_eq!(slices.models, ["NVIDIA-A100-SXM4-80GB MIG 3g.40gb"]);
+    assert_eq!(slices.models, ["NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"]);
     // Whole GPUs never land on slices, though the cluster has one vendor.
     let whole = work(json!({ "nvidia.com/gpu": "1" }), json!({}));
     assert_eq!(whole.models, ["NVIDIA-A100-SXM4-80GB"]);

@@ -938,10 +938,15 @@ fn work_submitted_through_allot_runs_as_pods_it_makes_and_survives_a_restart() {
         &["--", "allot-test-sleep", "600"],
     ]
     .concat();
+    let submitted = Instant::now();
     let id: u64 = cli(&addr, &token, &submit).trim().parse().expect("the workload id");
     wait_for("the submitted work running", Duration::from_secs(60), || {
         workload(&addr, &token, id).filter(|w| w["state"] == "running")
     });
+    eprintln!(
+        "allot submit of 2 x 8 GPUs to running (both pods made and Running under kwok): {:.1} s",
+        submitted.elapsed().as_secs_f64()
+    );
     let pods = [format!("allot-{id}-1-0"), format!("allot-{id}-1-1")];
     let before: Vec<(String, String, String)> =
         pods.iter().map(|p| pod_facts(&namespace, p)).collect();

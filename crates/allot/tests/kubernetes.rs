@@ -844,6 +844,15 @@ spec:
     kubectl(&["-n", namespace, "apply", "-f", "-"], Some(&yaml));
 }
 
+/// A policy of the scene's namespace alone, guaranteed `quotas` (model, GPUs).
+fn quotas_of(quotas: &[(&str, u32)]) -> impl Fn(&str) -> String {
+    let lines: String = quotas
+        .iter()
+        .map(|(model, gpus)| format!("      - {{model: {model}, guaranteed: {gpus}}}\n"))
+        .collect();
+    move |namespace| format!("projects:\n  - name: {namespace}\n    quotas:\n{lines}")
+}
+
 fn scheduled_message(namespace: &str, pod: &str) -> String {
     let path = "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}";
     kubectl(&["-n", namespace, "get", "pod", pod, "-o", path], None)
@@ -854,16 +863,7 @@ fn in_a_cluster_of_two_gpu_vendors_each_pod_gets_its_vendors_gpus() {
     if !enabled() {
         return;
     }
-    let policy = |namespace: &str| {
-        format!(
-            "projects:
-  - name: {namespace}
-    quotas:
-      - {{model: {L4}, guaranteed: 8}}
-      - {{model: {MI300X}, guaranteed: 8}}
-"
-        )
-    };
+    let policy = quotas_of(&[(L4, 8), (MI300X, 8)]);
     let (scene, _addr, _token) = scene_of("vendors", 2, &[L4, MI300X], "none", &[], &policy);
     let namespace = scene.namespace.clone();
     let (nvidia_node, amd_node) = (scene.nodes[0].clone(), scene.nodes[1].clone());
@@ -987,15 +987,7 @@ fn mig_slices_are_placed_for_pods_and_submitted_work_and_counted_against_their_q
     if !enabled() {
         return;
     }
-    let policy = |namespace: &str| {
-        format!(
-            "projects:
-  - name: {namespace}
-    quotas:
-      - {{model: {A30_SLICE}, guaranteed: 4}}
-"
-        )
-    };
+    let policy = quotas_of(&[(A30_SLICE, 4)]);
     let (scene, addr, token) = scene_of("mig", 1, &[A30_SLICE], "none", &[], &policy);
     let (namespace, node) = (scene.namespace.clone(), scene.nodes[0].clone());
     // A pod asking for 2 slices: bound to the slices' node.

@@ -1008,11 +1008,18 @@ fn mig_slices_are_placed_for_pods_and_submitted_work_and_counted_against_their_q
     let path = "jsonpath={.spec.containers[0].resources.limits.nvidia\\.com/mig-1g\\.6gb}";
     let pod = format!("allot-{id}-1-0");
     assert_eq!(kubectl(&["-n", &namespace, "get", "pod", &pod, "-o", path], None), "1");
-    // 3 of the 4 slices taken: a pod asking for 2 more waits, and says why.
+    // 3 of the 4 slices taken: a pod asking for 2 more waits, and says why in an Event. (Its
+    // PodScheduled condition may be overwritten by the daemons of the tests running beside
+    // this one, which do not know the namespace; the Events keep every daemon's word.)
     apply_gpu_pod(&namespace, "more", "nvidia.com/mig-1g.6gb", 2, "");
-    let why = wait_for("the waiting pod's reason", Duration::from_secs(30), || {
-        Some(scheduled_message(&namespace, "more")).filter(|m| !m.is_empty())
+    let selector = "involvedObject.name=more";
+    wait_for("the waiting pod's reason", Duration::from_secs(30), || {
+        let path = "jsonpath={.items[*].message}";
+        let events = kubectl(
+            &["-n", &namespace, "get", "events", "--field-selector", selector, "-o", path],
+            None,
+        );
+        events.contains(A30_SLICE).then_some(())
     });
-    assert!(why.contains(A30_SLICE), "{why}");
     assert_eq!(node_of(&namespace, "more"), "", "not bound");
 }

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback for allot's Kubernetes backend tests: kine (etcd
-# API over SQLite) + kube-apiserver + kube-controller-manager + kwok, and kube-scheduler when
-# asked. There are no kubelets: kwok plays them for Nodes annotated kwok.x-k8s.io/node=fake
-# (Ready status, leases) and for the pods bound to those nodes (Running, then Succeeded for pods
-# of Jobs). The binaries are built from Go modules (scripts/k8s/go.mod pins Kubernetes).
+# API over SQLite) + kube-apiserver + kube-controller-manager + kwok + the JobSet controller, and
+# kube-scheduler when asked. There are no kubelets: kwok plays them for Nodes annotated
+# kwok.x-k8s.io/node=fake (Ready status, leases) and for the pods bound to those nodes (Running,
+# then Succeeded for pods of Jobs). The binaries are built from Go modules (scripts/k8s/go.mod
+# pins Kubernetes, scripts/k8s/jobset/go.mod JobSet).
 #
 #   scripts/k8s-cluster.sh build   # build the binaries into the cache (skipped when present)
 #   scripts/k8s-cluster.sh up      # build, write certs/tokens/kubeconfigs, start, wait until ready
-#   scripts/k8s-cluster.sh check   # smoke test: 2 fake GPU nodes, a bound pod, a Job; cleans up
+#   scripts/k8s-cluster.sh check   # smoke test: 2 fake GPU nodes, a bound pod, a Job, a JobSet; cleans up
 #   scripts/k8s-cluster.sh down    # stop every daemon it started, by pidfile
 #   scripts/k8s-cluster.sh status  # which daemons run, and the API server's readiness
 #   scripts/k8s-cluster.sh env     # print the KUBECONFIG export for a shell
@@ -27,6 +28,11 @@
 # pod-complete.stage.kwok.x-k8s.io/delay (e.g. "30s"); a deleted pod goes 1 s later, or after
 # pod-delete.stage.kwok.x-k8s.io/delay. (`kubectl delete --wait` of many pods is slow, ~5 pods/s:
 # delete with --wait=false and poll.)
+# JobSet (jobset.x-k8s.io/v1alpha2): `up` installs the CRD and runs the controller on the host, its
+# admission webhooks (scripts/k8s/jobset/webhooks.yaml) registered by URL,
+# https://127.0.0.1:$JOBSET_WEBHOOK_PORT, with a serving cert from the cluster CA in
+# $STATE/pki/jobset-webhook; its health probe on 127.0.0.1:$JOBSET_HEALTH_PORT, no metrics. The
+# webhooks fail closed: with the controller down, no JobSet, nor pod of one, can be created.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,13 +42,18 @@ MODDIR=$REPO/scripts/k8s
 K8S_VERSION=v1.37.2
 KINE_VERSION=v0.17.5
 KWOK_VERSION=v0.8.0
+# Must match the require line in scripts/k8s/jobset/go.mod.
+JOBSET_VERSION=v0.8.0
 CACHE=${ALLOT_K8S_CACHE:-/var/cache/allot-k8s}
 K8S_BIN=$CACHE/bin/kubernetes-$K8S_VERSION
 KINE_BIN=$CACHE/bin/kine-$KINE_VERSION
 KWOK_BIN=$CACHE/bin/kwok-$KWOK_VERSION
+JOBSET_BIN=$CACHE/bin/jobset-$JOBSET_VERSION
 STATE=${ALLOT_K8S_DIR:-/tmp/allot-k8s}
 KINE_PORT=${KINE_PORT:-12379}
 API_PORT=${API_PORT:-16443}
+JOBSET_WEBHOOK_PORT=${JOBSET_WEBHOOK_PORT:-19443}
+JOBSET_HEALTH_PORT=${JOBSET_HEALTH_PORT:-18081}
 # Set to 1 for `up` to start kube-scheduler too; without it pods are bound by whoever schedules
 # (allot) through the binding subresource, or by nodeName.
 K8S_WITH_SCHEDULER=${K8S_WITH_SCHEDULER:-0}
@@ -54,7 +65,7 @@ GO_BUILD_P=${GO_BUILD_P:-}
 KUBECTL=$K8S_BIN/kubectl
 SERVER=https://127.0.0.1:$API_PORT
 K8S_CMDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
-DAEMONS="kwok kube-scheduler kube-controller-manager kube-apiserver kine"
+DAEMONS="jobset kwok kube-scheduler kube-controller-manager kube-apiserver kine"
 
 log() { echo "k8s-cluster: $*"; }
 die() { echo "k8s-cluster: $*" >&2; exit 1; }
@@ -154,18 +165,41 @@ build_kwok() {
   log "kwok $KWOK_VERSION and its stages ready in $(elapsed "$t0") s"
 }
 
+# The JobSet controller, from the wrapper module scripts/k8s/jobset (go install of the module
+# fails: see there), and its CRD, copied from the same module version so that the two match.
+JOBSET_CRD=$JOBSET_BIN/jobset.x-k8s.io_jobsets.yaml
+build_jobset() {
+  [ -x "$JOBSET_BIN/jobset" ] && [ -s "$JOBSET_CRD" ] && return 0
+  local t0 dir; t0=$(date +%s.%N)
+  [ "$(cd "$MODDIR/jobset" && go list -m -f '{{.Version}}' sigs.k8s.io/jobset)" = "$JOBSET_VERSION" ] ||
+    die "scripts/k8s/jobset/go.mod does not require sigs.k8s.io/jobset $JOBSET_VERSION"
+  mkdir -p "$JOBSET_BIN"
+  if [ ! -x "$JOBSET_BIN/jobset" ]; then
+    log "building jobset $JOBSET_VERSION"
+    (cd "$MODDIR/jobset" && go build -trimpath \
+      -ldflags "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$JOBSET_VERSION" \
+      -o "$JOBSET_BIN/jobset.part" sigs.k8s.io/jobset)
+    mv "$JOBSET_BIN/jobset.part" "$JOBSET_BIN/jobset"
+  fi
+  dir=$(cd "$MODDIR/jobset" && go mod download sigs.k8s.io/jobset && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)
+  cp "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" "$JOBSET_CRD.part"
+  mv "$JOBSET_CRD.part" "$JOBSET_CRD"
+  log "jobset $JOBSET_VERSION and its CRD ready in $(elapsed "$t0") s"
+}
+
 build_all() {
   need_go
   mkdir -p "$CACHE/bin" 2>/dev/null || die "cannot create $CACHE/bin; set ALLOT_K8S_CACHE to a writable folder"
   build_kine
   build_kwok
+  build_jobset
   build_kubernetes
 }
 
 build() {
   build_all
   local f
-  for f in "$KINE_BIN"/* "$KWOK_BIN"/* "$K8S_BIN"/*; do
+  for f in "$KINE_BIN"/* "$KWOK_BIN"/* "$JOBSET_BIN"/* "$K8S_BIN"/*; do
     printf '%6s  %s\n' "$(du -h "$f" | cut -f1)" "$f"
   done
 }
@@ -237,12 +271,21 @@ write_credentials() {
       -extfile apiserver.ext -out apiserver.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    # The JobSet webhooks' serving cert: the API server calls them at 127.0.0.1 and trusts the
+    # caBundle of their configurations, this CA. The controller reads tls.crt/tls.key from here.
+    install -d -m 0700 jobset-webhook
+    openssl req -newkey rsa:2048 -nodes -keyout jobset-webhook/tls.key -out jobset-webhook.csr \
+      -subj /CN=jobset-webhook 2>/dev/null
+    printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature,keyEncipherment' \
+      'extendedKeyUsage=serverAuth' 'subjectAltName=IP:127.0.0.1,DNS:localhost' > jobset-webhook.ext
+    openssl x509 -req -in jobset-webhook.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile jobset-webhook.ext -out jobset-webhook/tls.crt 2>/dev/null
   )
   # token,user,uid,"group1,group2". The control-plane clients are system:masters: a test cluster,
   # and it spares the per-controller service-account credentials.
-  local admin allot kcm sched kwok
+  local admin allot kcm sched kwok jobset
   admin=$(openssl rand -hex 24); allot=$(openssl rand -hex 24); kcm=$(openssl rand -hex 24)
-  sched=$(openssl rand -hex 24); kwok=$(openssl rand -hex 24)
+  sched=$(openssl rand -hex 24); kwok=$(openssl rand -hex 24); jobset=$(openssl rand -hex 24)
   install -m 0600 /dev/null "$pki/tokens.csv"
   cat > "$pki/tokens.csv" <<EOF
 $admin,admin,uid-admin,"system:masters"
@@ -250,6 +293,7 @@ $allot,allot,uid-allot,"allot"
 $kcm,system:kube-controller-manager,uid-kcm,"system:masters"
 $sched,system:kube-scheduler,uid-scheduler,
 $kwok,kwok,uid-kwok,"system:masters"
+$jobset,jobset-controller,uid-jobset,"system:masters"
 EOF
   install -m 0600 /dev/null "$STATE/admin.token"; echo "$admin" > "$STATE/admin.token"
   install -m 0600 /dev/null "$STATE/allot.token"; echo "$allot" > "$STATE/allot.token"
@@ -258,6 +302,7 @@ EOF
   kubeconfig "$pki/kcm.kubeconfig" system:kube-controller-manager "$kcm"
   kubeconfig "$pki/scheduler.kubeconfig" system:kube-scheduler "$sched"
   kubeconfig "$pki/kwok.kubeconfig" kwok "$kwok"
+  kubeconfig "$pki/jobset.kubeconfig" jobset-controller "$jobset"
 }
 
 wait_tcp() { # port seconds
@@ -280,8 +325,77 @@ start_scheduler() {
   log "kube-scheduler started"
 }
 
+jobset_ready() { curl -fsS --max-time 2 "http://127.0.0.1:$JOBSET_HEALTH_PORT/readyz" >/dev/null 2>&1; }
+
+# Whether the API server's discovery (the aggregated one, which clients read) lists JobSets.
+# (Not curl | grep -q: grep's early exit fails curl, and with it the pipeline, under pipefail.)
+jobset_discovered() {
+  local d
+  d=$(curl -fsS --max-time 2 --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $(cat "$STATE/admin.token")" \
+    -H 'Accept: application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList' "$SERVER/apis" 2>/dev/null) ||
+    return 1
+  grep -Eq '"name": ?"jobset.x-k8s.io"' <<< "$d"
+}
+
+start_jobset() {
+  # Certs from $STATE/pki (no cert rotation: that would want a Service and a Secret); every
+  # listener on loopback; metrics off ("0"); one controller, so no leader election.
+  cat > "$STATE/jobset-config.yaml" <<EOF
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+internalCertManagement: {enable: false}
+webhook: {host: 127.0.0.1, port: $JOBSET_WEBHOOK_PORT, certDir: $STATE/pki/jobset-webhook}
+metrics: {bindAddress: "0"}
+health: {healthProbeBindAddress: "127.0.0.1:$JOBSET_HEALTH_PORT"}
+leaderElection: {leaderElect: false}
+EOF
+  spawn jobset "$JOBSET_BIN/jobset" --config="$STATE/jobset-config.yaml" \
+    --kubeconfig="$STATE/pki/jobset.kubeconfig" \
+    --zap-devel=false --zap-encoder=console --zap-time-encoding=iso8601 --zap-stacktrace-level=panic
+}
+
+# A JobSet created with a server-side dry run: prints what the mutating webhook defaulted
+# (successPolicy.operator "All"), or nothing while the webhooks are not called.
+jobset_dry_run() {
+  "$KUBECTL" --kubeconfig="$STATE/kubeconfig" create --dry-run=server \
+    -o jsonpath='{.spec.successPolicy.operator}' -f - 2>/dev/null <<EOF
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: webhook-probe, namespace: default}
+spec:
+  replicatedJobs:
+  - name: w
+    template:
+      spec:
+        template:
+          spec:
+            containers: [{name: main, image: busybox}]
+EOF
+}
+
+# The webhooks are registered only once the controller serves them: they fail closed, so JobSets
+# (and their pods) created before would be refused. A dry run then shows they are called.
+jobset_webhooks() {
+  local ca op=""
+  for _ in $(seq 1 240); do
+    jobset_ready && break
+    running jobset || die "the JobSet controller exited; see $STATE/log/jobset.log"
+    sleep 0.25
+  done
+  jobset_ready || die "the JobSet controller not ready after 60 s; see $STATE/log/jobset.log"
+  ca=$(base64 -w0 < "$STATE/pki/ca.crt")
+  sed -e "s|@URL@|https://127.0.0.1:$JOBSET_WEBHOOK_PORT|" -e "s|@CA_BUNDLE@|$ca|" \
+    "$MODDIR/jobset/webhooks.yaml" | "$KUBECTL" --kubeconfig="$STATE/kubeconfig" apply -f - >/dev/null
+  for _ in $(seq 1 40); do
+    op=$(jobset_dry_run || true)
+    [ "$op" = All ] && break
+    sleep 0.25
+  done
+  [ "$op" = All ] || die "the JobSet webhooks do not answer; see $STATE/log/jobset.log and kube-apiserver.log"
+}
+
 up() {
-  local t0 tb; t0=$(date +%s.%N)
+  local t0 tb warm; t0=$(date +%s.%N)
   build_all
   tb=$(date +%s.%N)
   command -v openssl >/dev/null || die "openssl is needed for the certificates"
@@ -290,8 +404,10 @@ up() {
   down >/dev/null
   # Another cluster on these ports would answer our readiness checks.
   local port
-  for port in "$KINE_PORT" "$API_PORT"; do
-    if (: < "/dev/tcp/127.0.0.1/$port") 2>/dev/null; then die "127.0.0.1:$port is in use (set KINE_PORT / API_PORT)"; fi
+  for port in "$KINE_PORT" "$API_PORT" "$JOBSET_WEBHOOK_PORT" "$JOBSET_HEALTH_PORT"; do
+    if (: < "/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      die "127.0.0.1:$port is in use (set KINE_PORT / API_PORT / JOBSET_WEBHOOK_PORT / JOBSET_HEALTH_PORT)"
+    fi
   done
   write_credentials
   rm -rf "$STATE/kine"; install -d -m 0700 "$STATE/kine"
@@ -322,6 +438,17 @@ up() {
   log "kube-apiserver ready after $(elapsed "$tb") s"
   "$KUBECTL" --kubeconfig="$STATE/kubeconfig" apply -f "$REPO/deploy/kubernetes/clusterrole.yaml" \
     -f "$MODDIR/allot-rbac.yaml" >/dev/null
+  # Server-side: a client-side apply would copy the ~750 KB CRD into an annotation, which is
+  # limited to 256 KB.
+  "$KUBECTL" --kubeconfig="$STATE/kubeconfig" apply --server-side -f "$JOBSET_CRD" >/dev/null
+  # The controller manager's garbage collector (and quota) read discovery when they start, and
+  # again only every 30 s: started before JobSets are served, a deleted JobSet's Jobs and pods
+  # would wait up to 30 s for it.
+  for _ in $(seq 1 120); do jobset_discovered && break; sleep 0.25; done
+  jobset_discovered || die "the JobSet CRD is not served after 30 s; see $STATE/log/kube-apiserver.log"
+  # The API server builds a CRD's write path on its first write, ~2 s for JobSet's big schema: a
+  # dry run now overlaps that with the controllers' start instead of the first test's JobSet.
+  jobset_dry_run >/dev/null & warm=$!
   # Without cloud or kubelets: no node CIDRs, and the legacy token controller signs with sa.key.
   spawn kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig="$pki/kcm.kubeconfig" --leader-elect=false --secure-port=0 \
@@ -335,6 +462,7 @@ up() {
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-lease-duration-seconds=40
   [ "$K8S_WITH_SCHEDULER" = 1 ] && start_scheduler
+  start_jobset
   # Pods need the namespace's "default" ServiceAccount (admission), which the controller
   # manager creates: once it exists, the controller manager works.
   for _ in $(seq 1 240); do
@@ -345,6 +473,8 @@ up() {
   "$KUBECTL" --kubeconfig="$STATE/kubeconfig" get serviceaccount default >/dev/null ||
     die "no default ServiceAccount after 60 s; see $STATE/log/kube-controller-manager.log"
   running kwok || die "kwok exited; see $STATE/log/kwok.log"
+  wait "$warm" || true
+  jobset_webhooks
   log "up in $(elapsed "$t0") s (control plane $(elapsed "$tb") s); export KUBECONFIG=$STATE/kubeconfig"
 }
 
@@ -357,7 +487,15 @@ status() {
   return $rc
 }
 
-# The smoke test. Nodes named smoke-gpu-N, pod smoke-bound, Job smoke-job; all deleted at the end.
+# Bind a pod as allot would, with allot's token, through the binding subresource.
+bind_pod() { # pod node
+  curl -fsS --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $(cat "$STATE/allot.token")" \
+    -H 'Content-Type: application/json' -X POST "$SERVER/api/v1/namespaces/default/pods/$1/binding" \
+    -d "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$1\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$2\"}}" >/dev/null
+}
+
+# The smoke test. Nodes named smoke-gpu-N, pod smoke-bound, Job smoke-job, JobSet smoke-jobset;
+# all deleted at the end.
 check() {
   local k=("$KUBECTL" --kubeconfig="$STATE/kubeconfig") t0 n pod
   t0=$(date +%s.%N)
@@ -416,18 +554,75 @@ EOF
   done
   [ -n "$pod" ] || die "check: the Job made no pod (kube-controller-manager?)"
   if ! running kube-scheduler; then
-    # No scheduler: bind it as allot would, with allot's token, through the binding subresource.
-    curl -fsS --cacert "$STATE/pki/ca.crt" -H "Authorization: Bearer $(cat "$STATE/allot.token")" \
-      -H 'Content-Type: application/json' -X POST "$SERVER/api/v1/namespaces/default/pods/$pod/binding" \
-      -d "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$pod\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"smoke-gpu-1\"}}" >/dev/null
+    bind_pod "$pod" smoke-gpu-1
     log "check: bound $pod to smoke-gpu-1 with the allot token"
   fi
   "${k[@]}" wait --for=condition=Complete job/smoke-job --timeout=90s >/dev/null
   log "check: job smoke-job Complete after $(elapsed "$t0") s (pod on $("${k[@]}" get pod "$pod" -o jsonpath='{.spec.nodeName}'))"
   "${k[@]}" delete job smoke-job --cascade=foreground --wait=true --timeout=60s >/dev/null
   "${k[@]}" delete pod smoke-bound --wait=true --timeout=60s >/dev/null
+  check_jobset
   "${k[@]}" delete node smoke-gpu-0 smoke-gpu-1 --wait=true --timeout=60s >/dev/null
   log "check: passed in $(elapsed "$t0") s"
+}
+
+# A JobSet as allot gets them: created suspended, for allot's scheduler, then resumed, its pods
+# bound by us (no scheduler binds pods of schedulerName allot), completed by kwok.
+check_jobset() {
+  local k=("$KUBECTL" --kubeconfig="$STATE/kubeconfig") t0 t1 sel=jobset.sigs.k8s.io/jobset-name=smoke-jobset
+  local jobs pods pod n
+  t0=$(date +%s.%N); t1=$t0
+  "${k[@]}" apply -f - >/dev/null <<EOF
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: smoke-jobset, namespace: default}
+spec:
+  suspend: true
+  replicatedJobs:
+  - name: workers
+    replicas: 2
+    template:
+      spec:
+        # JobSet makes its Jobs Indexed, which wants completions whenever parallelism is set.
+        parallelism: 1
+        completions: 1
+        template:
+          metadata:
+            annotations: {pod-complete.stage.kwok.x-k8s.io/delay: 3s}
+          spec:
+            schedulerName: allot
+            restartPolicy: Never
+            containers:
+            - name: main
+              image: busybox
+              resources: {limits: {nvidia.com/gpu: "8"}}
+EOF
+  for _ in $(seq 1 120); do
+    jobs=$("${k[@]}" get jobs -l "$sel" -o jsonpath='{range .items[*]}{.metadata.name}={.spec.suspend} {end}')
+    [ "$(echo "$jobs" | wc -w)" = 2 ] && break; sleep 0.25
+  done
+  [ "$(echo "$jobs" | wc -w)" = 2 ] || die "check: JobSet smoke-jobset made no 2 Jobs ($jobs); see $STATE/log/jobset.log"
+  case $jobs in *=false*) die "check: JobSet smoke-jobset is suspended but its Jobs are not: $jobs" ;; esac
+  log "check: suspended JobSet smoke-jobset made 2 suspended Jobs in $(elapsed "$t1") s: $(echo $jobs)"
+  # The job controller makes the pods of a Job that is not suspended at once: 1 s is plenty.
+  sleep 1
+  pods=$("${k[@]}" get pods -l "$sel" -o name)
+  [ -z "$pods" ] || die "check: suspended JobSet smoke-jobset has pods: $pods"
+  t1=$(date +%s.%N)
+  "${k[@]}" patch jobset smoke-jobset --type=merge -p '{"spec":{"suspend":false}}' >/dev/null
+  for _ in $(seq 1 120); do
+    pods=$("${k[@]}" get pods -l "$sel" -o jsonpath='{range .items[*]}{.metadata.name} {end}')
+    [ "$(echo "$pods" | wc -w)" = 2 ] && break; sleep 0.25
+  done
+  [ "$(echo "$pods" | wc -w)" = 2 ] || die "check: resumed JobSet smoke-jobset has no 2 pods ($pods)"
+  log "check: resumed; its 2 pods made in $(elapsed "$t1") s"
+  t1=$(date +%s.%N); n=0
+  for pod in $pods; do bind_pod "$pod" "smoke-gpu-$n"; n=$((n + 1)); done
+  "${k[@]}" wait --for=condition=Completed=True jobset/smoke-jobset --timeout=90s >/dev/null
+  log "check: pods bound to smoke-gpu-0/1; JobSet Completed after $(elapsed "$t1") s"
+  t1=$(date +%s.%N)
+  "${k[@]}" delete jobset smoke-jobset --cascade=foreground --wait=true --timeout=60s >/dev/null
+  log "check: JobSet deleted in $(elapsed "$t1") s (JobSet steps $(elapsed "$t0") s)"
 }
 
 case "${1:-}" in

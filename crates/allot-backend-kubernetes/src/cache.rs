@@ -1,4 +1,5 @@
-//! The cluster as the backend last saw it: Nodes, Pods and Jobs (all namespaces) in memory, kept
+//! The cluster as the backend last saw it: Nodes, Pods, Jobs and JobSets (all namespaces) in
+//! memory, kept
 //! up to date by a list and then a watch of each, on the backend's runtime, in the
 //! background. Reads (`watch_cluster`, `poll`, `inventory`, a launch's pods) take the view
 //! and make no API call.
@@ -11,6 +12,10 @@
 //! lists again. While a list fails the view is *down*: reads say `Unreachable` (transient)
 //! rather than answer from a view that may be old. Before its first list the view is not
 //! synced: a read waits for it up to the call timeout, then says `Unreachable` too.
+//!
+//! JobSets are a custom resource that a cluster may not have: while the API server does not
+//! serve them (404: the CRD is not installed) the view has none and is usable, and the list is
+//! tried again every `ABSENT_RELIST`, so a CRD installed later is seen without a restart.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -25,6 +30,7 @@ use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Resource;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 
+use crate::jobset::JobSet;
 use crate::map;
 
 /// The longest a watch request asks the server to keep it open (the server ends it then;
@@ -36,6 +42,8 @@ const RELIST_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Objects asked for in one LIST call (a list of many is several calls, each within the call
 /// timeout).
 const LIST_PAGE: u32 = 500;
+/// How often a kind the API server does not serve (a CRD not installed) is listed again.
+const ABSENT_RELIST: Duration = Duration::from_secs(15);
 /// How often a read waiting for the first list looks again.
 const SYNC_POLL: Duration = Duration::from_millis(20);
 
@@ -73,13 +81,14 @@ impl<K> Store<K> {
     }
 }
 
-/// The view: nodes by name, pods and Jobs by `namespace/name`, and a count that changes
-/// whenever anything in it does.
+/// The view: nodes by name, pods, Jobs and JobSets by `namespace/name`, and a count that
+/// changes whenever anything in it does.
 #[derive(Debug, Default)]
 pub(crate) struct View {
     pub(crate) nodes: Store<Node>,
     pub(crate) pods: Store<Pod>,
     pub(crate) jobs: Store<Job>,
+    pub(crate) jobsets: Store<JobSet>,
     /// Bumped on every change (an event applied, a list that replaced a kind).
     pub(crate) generation: u64,
 }
@@ -89,11 +98,12 @@ impl View {
     pub(crate) fn usable(&self) -> Result<(), BackendError> {
         self.nodes.usable("nodes")?;
         self.pods.usable("pods")?;
-        self.jobs.usable("Jobs")
+        self.jobs.usable("Jobs")?;
+        self.jobsets.usable("JobSets")
     }
 
     fn listed(&self) -> bool {
-        self.nodes.synced && self.pods.synced && self.jobs.synced
+        self.nodes.synced && self.pods.synced && self.jobs.synced && self.jobsets.synced
     }
 }
 
@@ -120,6 +130,7 @@ impl Cache {
             call_timeout,
             |n| n.metadata.name.clone().unwrap_or_default(),
             |v| &mut v.nodes,
+            false,
         ));
         let pods = runtime.spawn(keep::<Pod>(
             "pods",
@@ -128,16 +139,27 @@ impl Cache {
             call_timeout,
             map::pod_key,
             |v| &mut v.pods,
+            false,
         ));
         let jobs = runtime.spawn(keep::<Job>(
             "Jobs",
             Api::all(client.clone()),
             view.clone(),
             call_timeout,
-            crate::job::job_key,
+            |j| map::object_key(&j.metadata),
             |v| &mut v.jobs,
+            false,
         ));
-        Cache { view, tasks: vec![nodes, pods, jobs] }
+        let jobsets = runtime.spawn(keep::<JobSet>(
+            "JobSets",
+            Api::all(client.clone()),
+            view.clone(),
+            call_timeout,
+            |j| map::object_key(&j.metadata),
+            |v| &mut v.jobsets,
+            true,
+        ));
+        Cache { view, tasks: vec![nodes, pods, jobs, jobsets] }
     }
 
     /// Stops the loops and forgets the view (reads wait for a new start's first list).
@@ -193,7 +215,7 @@ impl Cache {
     /// LIST calls made so far, every kind together.
     pub(crate) fn lists(&self) -> u64 {
         let view = self.lock();
-        view.nodes.lists + view.pods.lists + view.jobs.lists
+        view.nodes.lists + view.pods.lists + view.jobs.lists + view.jobsets.lists
     }
 }
 
@@ -215,6 +237,7 @@ enum Next {
 }
 
 /// Keeps one kind's store: list, watch, apply, and list again when the watch fails.
+/// `optional`: a kind the API server may not serve (see the module's documentation).
 async fn keep<K>(
     what: &'static str,
     api: Api<K>,
@@ -222,6 +245,7 @@ async fn keep<K>(
     call_timeout: Duration,
     key: fn(&K) -> String,
     store: fn(&mut View) -> &mut Store<K>,
+    optional: bool,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -232,7 +256,23 @@ async fn keep<K>(
     loop {
         let (items, mut version) = match list_all(what, &api, call_timeout, key).await {
             Ok(listed) => listed,
+            Err(Unlisted::NotServed) if optional => {
+                {
+                    let mut v = lock();
+                    let s = store(&mut v);
+                    let changed = !s.items.is_empty() || !s.synced || s.down.is_some();
+                    s.items.clear();
+                    s.synced = true;
+                    s.down = None;
+                    if changed {
+                        v.generation += 1;
+                    }
+                }
+                tokio::time::sleep(ABSENT_RELIST).await;
+                continue;
+            }
             Err(error) => {
+                let error = error.to_string();
                 store(&mut lock()).down = Some(error);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(RELIST_BACKOFF_MAX);
@@ -269,6 +309,22 @@ async fn keep<K>(
     }
 }
 
+/// Why a list failed.
+enum Unlisted {
+    /// The API server does not serve the kind (404).
+    NotServed,
+    Failed(String),
+}
+
+impl std::fmt::Display for Unlisted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unlisted::NotServed => f.write_str("the API server does not serve this kind"),
+            Unlisted::Failed(error) => f.write_str(error),
+        }
+    }
+}
+
 /// Every object of the kind, by key, in pages of `LIST_PAGE` (each page one call within the
 /// call timeout, all from one snapshot), and the snapshot's resourceVersion to watch from.
 async fn list_all<K>(
@@ -276,7 +332,7 @@ async fn list_all<K>(
     api: &Api<K>,
     call_timeout: Duration,
     key: fn(&K) -> String,
-) -> Result<(BTreeMap<String, Arc<K>>, String), String>
+) -> Result<(BTreeMap<String, Arc<K>>, String), Unlisted>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -289,8 +345,17 @@ where
         }
         let page = match tokio::time::timeout(call_timeout, api.list(&params)).await {
             Ok(Ok(page)) => page,
-            Ok(Err(e)) => return Err(crate::api_error(&format!("list {what}"), e).to_string()),
-            Err(_) => return Err(format!("list {what}: no answer within {call_timeout:?}")),
+            Ok(Err(e)) if crate::is_not_found(&e) => return Err(Unlisted::NotServed),
+            Ok(Err(e)) => {
+                return Err(Unlisted::Failed(
+                    crate::api_error(&format!("list {what}"), e).to_string(),
+                ));
+            }
+            Err(_) => {
+                return Err(Unlisted::Failed(format!(
+                    "list {what}: no answer within {call_timeout:?}"
+                )));
+            }
         };
         items.extend(page.items.into_iter().map(|o| (key(&o), Arc::new(slim(o)))));
         token = page.metadata.continue_.filter(|t| !t.is_empty());

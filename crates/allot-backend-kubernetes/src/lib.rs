@@ -7,11 +7,11 @@
 //! subresource and watches it from then on. A pod group (a gang: pods sharing the label
 //! `allot.dev/pod-group`, as many as its annotation `allot.dev/pod-group-size` says) is one
 //! piece of work of one member per pod, offered once all its pods exist and bound all or none
-//! (see [`map`] for the labels, annotations and handles read). A Job labelled
-//! `allot.dev/queue` and created suspended is one piece of work too, as wide as its
-//! parallelism: admitting it resumes it, its pods are bound where allot placed it as the job
+//! (see [`map`] for the labels, annotations and handles read). A Job or JobSet labelled
+//! `allot.dev/queue` and created suspended is one piece of work too, as wide as the pods it
+//! runs at once: admitting it resumes it, its pods are bound where allot placed it as the job
 //! controller makes them, and a pre-emption suspends it again, keeping it for the next run
-//! (see [`job`]). Pods of other schedulers that hold GPUs on a GPU node are occupied capacity
+//! (see [`job`]; JobSets are read where the cluster serves them, see [`jobset`]). Pods of other schedulers that hold GPUs on a GPU node are occupied capacity
 //! ([`ClusterNews::beside`]). Work submitted through `allot submit` runs as pods allot makes,
 //! bound to the nodes it chose, in the image the daemon was given (see [`own`]).
 //!
@@ -42,14 +42,20 @@ use allot_backend::{
 use allot_core::NodeSpec;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams,
+    PostParams,
+};
 
 mod cache;
 pub mod job;
+pub mod jobset;
 pub mod map;
 pub mod own;
 mod run;
 
+use job::{Queued, QueuedKind};
+use jobset::JobSet;
 use map::{Handle, IndexGuess, parse_handle};
 use run::{PodRun, Tracked};
 
@@ -100,10 +106,19 @@ pub struct KubernetesBackend {
     notes_shown: BTreeMap<String, String>,
     /// The refusal last recorded on each Job allot refuses, by handle.
     job_notes_shown: BTreeMap<String, String>,
-    /// Jobs suspended to be resumed by a later run (`requeue`), by that run: (namespace,
-    /// name, uid), so that allot's reason for the wait reaches the Job. (After a restart the
-    /// daemon still resumes them; only the words are lost.)
-    kept: BTreeMap<RunId, (String, String, Option<String>)>,
+    /// Jobs and JobSets suspended to be resumed by a later run (`requeue`), by that run, so
+    /// that allot's reason for the wait reaches them. (After a restart the daemon still resumes
+    /// them; only the words are lost.)
+    kept: BTreeMap<RunId, Kept>,
+}
+
+/// A Job or JobSet suspended to be resumed by a later run.
+#[derive(Clone, Debug)]
+struct Kept {
+    kind: QueuedKind,
+    namespace: String,
+    name: String,
+    uid: Option<String>,
 }
 
 impl std::fmt::Debug for KubernetesBackend {
@@ -211,9 +226,13 @@ async fn bind_checked(
     }
 }
 
-/// The words for a Job's handle where pods were expected.
-fn not_pods(namespace: &str, name: &str) -> String {
-    format!("job {namespace}/{name} is a Job: its pods are the job controller's")
+/// The words for a Job's or JobSet's handle where pods were expected.
+fn not_pods(kind: QueuedKind, namespace: &str, name: &str) -> String {
+    format!(
+        "{} {namespace}/{name} is a {}: its pods are the job controller's",
+        kind.word(),
+        kind.kind()
+    )
 }
 
 /// Binds of single pods sent at once, at most (a group's are sent one by one, all or none).
@@ -478,7 +497,7 @@ impl KubernetesBackend {
                 let pods = self.cached_group_pods(namespace, group)?;
                 Ok(group_as_admitted(namespace, group, uid, pods))
             }
-            Handle::Job { namespace, name, .. } => Ok(Err(not_pods(namespace, name))),
+            Handle::Job { kind, namespace, name, .. } => Ok(Err(not_pods(kind, namespace, name))),
         }
     }
 
@@ -528,7 +547,7 @@ impl KubernetesBackend {
                 }
                 Ok(group_as_admitted(namespace, group, uid, pods))
             }
-            Handle::Job { namespace, name, .. } => Ok(Err(not_pods(namespace, name))),
+            Handle::Job { kind, namespace, name, .. } => Ok(Err(not_pods(kind, namespace, name))),
         }
     }
 
@@ -628,12 +647,12 @@ impl KubernetesBackend {
     fn take(&mut self, launch: &Launch, handle: &str) -> Result<Result<(), String>, BackendError> {
         let Some(parsed) = parse_handle(handle) else {
             return Ok(Err(format!(
-                "{handle:?} is not a handle of pods or a Job (namespace/name, \
-                 namespace/group:name or namespace/job:name)"
+                "{handle:?} is not a handle of pods, a Job or a JobSet (namespace/name, \
+                 namespace/group:name, namespace/job:name or namespace/jobset:name)"
             )));
         };
-        if let Handle::Job { namespace, name, uid } = parsed {
-            return self.take_job(launch, namespace, name, uid);
+        if let Handle::Job { kind, namespace, name, uid } = parsed {
+            return self.take_job(launch, kind, namespace, name, uid);
         }
         if matches!(parsed, Handle::Pod { .. }) && launch.members.len() != 1 {
             return Ok(Err(format!(
@@ -878,8 +897,9 @@ impl KubernetesBackend {
             Handle::Group { namespace, group, .. } => {
                 t.namespace == namespace && t.group.as_deref() == Some(group)
             }
-            Handle::Job { namespace, name, .. } => {
-                t.namespace == namespace && t.job.as_ref().is_some_and(|j| j.name == name)
+            Handle::Job { kind, namespace, name, .. } => {
+                t.namespace == namespace
+                    && t.job.as_ref().is_some_and(|j| j.kind == kind && j.name == name)
             }
         })
     }
@@ -1015,16 +1035,30 @@ impl KubernetesBackend {
     }
 }
 
-/// Jobs queued for allot (see the [`job`] module).
+/// Jobs and JobSets queued for allot (see the [`job`] module).
 impl KubernetesBackend {
-    fn jobs(&self, namespace: &str) -> Api<Job> {
-        Api::namespaced(self.client.clone(), namespace)
+    /// The API of `kind` in `namespace`, untyped: a suspend, resume or delete reads nothing
+    /// back.
+    fn queued_api(&self, kind: QueuedKind, namespace: &str) -> Api<DynamicObject> {
+        let (group, version) = match kind.api_version().split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", kind.api_version()),
+        };
+        let resource = ApiResource {
+            group: group.to_string(),
+            version: version.to_string(),
+            api_version: kind.api_version().to_string(),
+            kind: kind.kind().to_string(),
+            plural: format!("{}s", kind.kind().to_lowercase()),
+        };
+        Api::namespaced_with(self.client.clone(), namespace, &resource)
     }
 
-    /// Suspends or resumes a Job (a resume records where allot placed it). `Ok(false)`: the
-    /// Job is gone.
+    /// Suspends or resumes a Job or JobSet (a resume records where allot placed it).
+    /// `Ok(false)`: it is gone.
     fn set_suspended(
         &self,
+        kind: QueuedKind,
         namespace: &str,
         name: &str,
         suspend: bool,
@@ -1036,118 +1070,140 @@ impl KubernetesBackend {
                 serde_json::json!({ "annotations": { job::PLACEMENT_ANNOTATION: nodes } });
         }
         let verb = if suspend { "suspend" } else { "resume" };
-        let what = format!("{verb} job {namespace}/{name}");
+        let what = format!("{verb} {} {namespace}/{name}", kind.word());
         let params = PatchParams::default();
-        match self.call(&what, self.jobs(namespace).patch(name, &params, &Patch::Merge(&patch)))? {
+        let api = self.queued_api(kind, namespace);
+        match self.call(&what, api.patch(name, &params, &Patch::Merge(&patch)))? {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(api_error(&what, e)),
         }
     }
 
-    /// The Job `namespace/name` in the view, else as the API server has it (the view may be
-    /// behind it: a Job created just now).
-    fn job_now(&self, namespace: &str, name: &str) -> Result<Option<Arc<Job>>, BackendError> {
-        if let Some(job) = self.view()?.jobs.items.get(&format!("{namespace}/{name}")).cloned() {
-            return Ok(Some(job));
+    /// The Job or JobSet `namespace/name` in the view, else as the API server has it (the
+    /// view may be behind it: one created just now).
+    fn job_now(
+        &self,
+        kind: QueuedKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Queued>, BackendError> {
+        let key = format!("{namespace}/{name}");
+        let view = self.view()?;
+        if let Some(found) = Queued::find(kind, &key, &view.jobs.items, &view.jobsets.items) {
+            return Ok(Some(found));
         }
-        let what = format!("get job {namespace}/{name}");
-        match self.call(&what, self.jobs(namespace).get_opt(name))? {
-            Ok(job) => Ok(job.map(Arc::new)),
-            Err(e) => Err(api_error(&what, e)),
-        }
+        drop(view);
+        let what = format!("get {} {key}", kind.word());
+        let got = match kind {
+            QueuedKind::Job => {
+                let api: Api<Job> = Api::namespaced(self.client.clone(), namespace);
+                self.call(&what, api.get_opt(name))?.map(|j| j.map(|j| Queued::Job(Arc::new(j))))
+            }
+            QueuedKind::JobSet => {
+                let api: Api<JobSet> = Api::namespaced(self.client.clone(), namespace);
+                let got = self.call(&what, api.get_opt(name))?;
+                got.map(|j| j.map(|j| Queued::JobSet(Arc::new(j))))
+            }
+        };
+        got.map_err(|e| api_error(&what, e))
     }
 
-    /// Takes a Job queued for allot as `launch.run`: resumes it, with the launch's nodes as
-    /// its placement; `poll` binds its pods to them as the job controller makes them.
+    /// Takes a Job or JobSet queued for allot as `launch.run`: resumes it, with the launch's
+    /// nodes as its placement; `poll` binds its pods to them as the job controller makes them.
     fn take_job(
         &mut self,
         launch: &Launch,
+        kind: QueuedKind,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
     ) -> Result<Result<(), String>, BackendError> {
-        let key = format!("{namespace}/{name}");
-        let job = match self.job_now(namespace, name)? {
-            Some(job) if uid.is_none() || job.metadata.uid.as_deref() == uid => job,
+        let what = format!("{} {namespace}/{name}", kind.word());
+        let job = match self.job_now(kind, namespace, name)? {
+            Some(job) if uid.is_none() || job.uid() == uid => job,
             Some(_) => {
                 return Ok(Err(format!(
-                    "job {key} was deleted and created again before allot admitted it (the new \
-                     Job is new work)"
+                    "{what} was deleted and created again before allot admitted it (the new \
+                     one is new work)"
                 )));
             }
             None => {
-                return Ok(Err(format!("job {key} is gone (deleted before allot admitted it)")));
+                return Ok(Err(format!("{what} is gone (deleted before allot admitted it)")));
             }
         };
-        if job::finished(&job).is_some() {
-            return Ok(Err(format!("job {key} finished before allot admitted it")));
+        if job.finished().is_some() {
+            return Ok(Err(format!("{what} finished before allot admitted it")));
         }
-        let width = job::width(&job) as usize;
+        let width = job.width() as usize;
         if launch.members.len() != width {
             // Its width changed while it waited (a kept Job edited): allot admitted the size it
-            // was. The Job stays suspended, and its user is told why where they look.
+            // was. It stays suspended, and its user is told why where they look.
             let why = format!(
-                "job {key}: allot admitted {} pods, but it now runs {width} at once \
-                 (spec.parallelism, at most spec.completions, changed while it waited): \
-                 allot ends this workload; delete the Job and create it again to queue it anew",
+                "{what}: allot admitted {} pods, but it now runs {width} at once ({} changed \
+                 while it waited): allot ends this workload; delete the {} and create it again \
+                 to queue it anew",
                 launch.members.len(),
+                kind.width_fields(),
+                kind.kind(),
             );
             let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            let object = ("batch/v1", "Job", namespace, name, job.metadata.uid.clone());
+            let object =
+                (kind.api_version(), kind.kind(), namespace, name, job.uid().map(str::to_string));
             // Best effort: the failed launch says the same.
             let _ = self.record_event(object, map::REFUSED_REASON, format!("allot: {why}"), &now);
             return Ok(Err(why));
         }
-        // An earlier run of the work that still holds the Job (its pods still stopping) ends
-        // now: this run takes it over.
+        // An earlier run of the work that still holds it (its pods still stopping) ends now:
+        // this run takes it over.
+        let key = job.key();
         for (run, t) in self.runs.iter_mut().filter(|(_, t)| !t.ended) {
-            if t.job.as_ref().is_some_and(|j| j.key == key) {
+            if t.job.as_ref().is_some_and(|j| j.kind == kind && j.key == key) {
                 t.ended = true;
                 self.pending.push(Observation::Exited {
                     run: *run,
                     code: None,
-                    detail: format!("job {key} resumed as run {}", launch.run),
+                    detail: format!("{what} resumed as run {}", launch.run),
                 });
             }
         }
-        self.kept.retain(|_, (ns, n, _)| (ns.as_str(), n.as_str()) != (namespace, name));
+        self.kept.retain(|_, k| {
+            (k.kind, k.namespace.as_str(), k.name.as_str()) != (kind, namespace, name)
+        });
         let placement = job::placement_text(&launch.members);
-        if !self.set_suspended(namespace, name, false, Some(&placement))? {
-            return Ok(Err(format!("job {key} is gone (deleted before allot admitted it)")));
+        if !self.set_suspended(kind, namespace, name, false, Some(&placement))? {
+            return Ok(Err(format!("{what} is gone (deleted before allot admitted it)")));
         }
-        self.track_job(launch, namespace, name, job.metadata.uid.clone(), false);
+        self.track_job(launch, &job, false);
         Ok(Ok(()))
     }
 
-    fn track_job(
-        &mut self,
-        launch: &Launch,
-        namespace: &str,
-        name: &str,
-        uid: Option<String>,
-        seen_resumed: bool,
-    ) {
+    fn track_job(&mut self, launch: &Launch, job: &Queued, seen_resumed: bool) {
         self.last_observed = None;
-        let key = format!("{namespace}/{name}");
+        let run = job::JobRun {
+            kind: job.kind(),
+            name: job.name().to_string(),
+            key: job.key(),
+            uid: job.uid().map(str::to_string),
+            seen_resumed,
+        };
         self.runs.insert(
             launch.run,
             Tracked {
-                namespace: namespace.to_string(),
+                namespace: job.namespace().to_string(),
                 group: None,
                 pods: Vec::new(),
                 members: launch.members.clone(),
                 started: false,
                 ended: false,
                 stopped_by_allot: false,
-                job: Some(job::JobRun { name: name.to_string(), key, uid, seen_resumed }),
+                job: Some(run),
             },
         );
     }
 
-    /// Stops a Job's run: suspends the Job (the job controller deletes its pods, each with
-    /// its grace period: the checkpoint path); a kill once that was asked deletes the pods
-    /// left at once.
+    /// Stops a Job's or JobSet's run: suspends it (its pods are deleted, each with its grace
+    /// period: the checkpoint path); a kill once that was asked deletes the pods left at once.
     fn stop_job(&mut self, run: RunId, signal: StopSignal) -> Result<(), BackendError> {
         let Some(t) = self.runs.get(&run) else {
             return Err(BackendError::UnknownRun { run });
@@ -1156,26 +1212,30 @@ impl KubernetesBackend {
         if t.ended || signal == StopSignal::Checkpoint {
             return Ok(());
         }
-        let (namespace, name, uid) = (t.namespace.clone(), j.name.clone(), j.uid.clone());
+        let (kind, namespace, name, uid) =
+            (j.kind, t.namespace.clone(), j.name.clone(), j.uid.clone());
         let kill = signal == StopSignal::Kill && t.stopped_by_allot;
         self.local_changes += 1;
-        self.set_suspended(&namespace, &name, true, None)?;
+        self.set_suspended(kind, &namespace, &name, true, None)?;
         if let Some(t) = self.runs.get_mut(&run) {
             t.stopped_by_allot = true;
         }
         if kill {
             let prefix = format!("{namespace}/");
-            let left: Vec<String> = self
-                .view()?
+            let view = self.view()?;
+            let left: Vec<String> = view
                 .pods
                 .items
                 .range(prefix.clone()..)
                 .take_while(|(k, _)| k.starts_with(&prefix))
                 .map(|(_, p)| p)
-                .filter(|p| uid.is_some() && job::owner_job_uid(p) == uid.as_deref())
+                .filter(|p| {
+                    uid.is_some() && job::queued_owner_uid(p, &view.jobs.items) == uid.as_deref()
+                })
                 .filter(|p| !map::is_terminal(p))
                 .filter_map(|p| p.metadata.name.clone())
                 .collect();
+            drop(view);
             for pod in left {
                 self.delete_pod(&namespace, &pod, Some(0))?;
             }
@@ -1183,38 +1243,42 @@ impl KubernetesBackend {
         Ok(())
     }
 
-    /// A recovered Job's run: a Job gone ended unknown; a suspended one was never resumed for
-    /// this run (pending again); else it is watched again and judged from the view.
+    /// A recovered Job's or JobSet's run: one gone ended unknown; a suspended one was never
+    /// resumed for this run (pending again); else it is watched again and judged from the view.
     fn recover_job(
         &mut self,
         launch: &Launch,
+        kind: QueuedKind,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
     ) -> Result<Vec<Observation>, BackendError> {
         let run = launch.run;
         let key = format!("{namespace}/{name}");
-        let job = self.view()?.jobs.items.get(&key).cloned();
-        let Some(job) = job.filter(|j| uid.is_none() || j.metadata.uid.as_deref() == uid) else {
+        let what = format!("{} {key}", kind.word());
+        let view = self.view()?;
+        let job = Queued::find(kind, &key, &view.jobs.items, &view.jobsets.items);
+        drop(view);
+        let Some(job) = job.filter(|j| uid.is_none() || j.uid() == uid) else {
             return Ok(vec![Observation::Exited {
                 run,
                 code: None,
                 detail: format!(
-                    "exit status unknown: job {key} is gone (it ended while allot was not \
-                     watching)"
+                    "exit status unknown: {what} is gone (it ended while allot was not watching)"
                 ),
             }]);
         };
-        if job::is_suspended(&job) && job::finished(&job).is_none() {
+        if job.is_suspended() && job.finished().is_none() {
             return Ok(vec![Observation::LaunchFailed {
                 run,
-                error: format!("job {key} was never resumed"),
+                error: format!("{what} was never resumed"),
             }]);
         }
-        self.track_job(launch, namespace, name, job.metadata.uid.clone(), true);
+        self.track_job(launch, &job, true);
         let view = self.cache.read(self.call_timeout)?;
         let Some(t) = self.runs.get_mut(&run) else { return Ok(Vec::new()) };
-        let (seen, binds) = t.observe_job(run, &view.jobs.items, &view.pods.items);
+        let (seen, binds) =
+            t.observe_job(run, &view.jobs.items, &view.jobsets.items, &view.pods.items);
         drop(view);
         self.bind_job_pods(binds);
         Ok(seen)
@@ -1230,20 +1294,21 @@ impl KubernetesBackend {
         }
     }
 
-    /// Records the refusal of each Job allot refuses as a Warning Event of the Job (what
-    /// `kubectl describe job` lists), once per Job and reason.
-    fn show_job_refusals(&mut self, refused: &[(Arc<Job>, String)]) -> Result<(), BackendError> {
+    /// Records the refusal of each Job or JobSet allot refuses as a Warning Event of it (what
+    /// `kubectl describe job` lists), once per object and reason.
+    fn show_job_refusals(&mut self, refused: &[(Queued, String)]) -> Result<(), BackendError> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let handles: BTreeSet<String> = refused.iter().map(|(j, _)| job::job_handle(j)).collect();
+        let handles: BTreeSet<String> = refused.iter().map(|(j, _)| j.handle()).collect();
         self.job_notes_shown.retain(|handle, _| handles.contains(handle));
         let mut first_error = None;
         for (j, why) in refused {
-            let handle = job::job_handle(j);
+            let handle = j.handle();
             if self.job_notes_shown.get(&handle) == Some(why) {
                 continue;
             }
-            let name = j.metadata.name.as_deref().unwrap_or_default();
-            let object = ("batch/v1", "Job", job::job_namespace(j), name, j.metadata.uid.clone());
+            let kind = j.kind();
+            let uid = j.uid().map(str::to_string);
+            let object = (kind.api_version(), kind.kind(), j.namespace(), j.name(), uid);
             match self.record_event(object, map::REFUSED_REASON, format!("allot: {why}"), &now) {
                 Ok(()) => {
                     self.job_notes_shown.insert(handle, why.clone());
@@ -1374,8 +1439,12 @@ impl Backend for KubernetesBackend {
                 let mut job_binds = Vec::new();
                 for (run, t) in watched {
                     if t.job.is_some() {
-                        let (observed, to_bind) =
-                            t.observe_job(*run, &view.jobs.items, &view.pods.items);
+                        let (observed, to_bind) = t.observe_job(
+                            *run,
+                            &view.jobs.items,
+                            &view.jobsets.items,
+                            &view.pods.items,
+                        );
                         seen.extend(observed);
                         job_binds.extend(to_bind);
                     } else {
@@ -1409,12 +1478,12 @@ impl Backend for KubernetesBackend {
             let Some(handle) = parse_handle(adopt) else {
                 out.push(Observation::LaunchFailed {
                     run,
-                    error: format!("{adopt:?} is not a handle of pods or a Job"),
+                    error: format!("{adopt:?} is not a handle of pods, a Job or a JobSet"),
                 });
                 continue;
             };
-            if let Handle::Job { namespace, name, uid } = handle {
-                out.extend(self.recover_job(launch, namespace, name, uid)?);
+            if let Handle::Job { kind, namespace, name, uid } = handle {
+                out.extend(self.recover_job(launch, kind, namespace, name, uid)?);
                 continue;
             }
             let pods = match self.pods_of(handle, true)? {
@@ -1443,7 +1512,9 @@ impl Backend for KubernetesBackend {
                     (Some(group.to_string()), format!("pod group {namespace}/{group}"))
                 }
                 Handle::Pod { namespace, name, .. } => (None, format!("pod {namespace}/{name}")),
-                Handle::Job { namespace, name, .. } => (None, format!("job {namespace}/{name}")),
+                Handle::Job { kind, namespace, name, .. } => {
+                    (None, format!("{} {namespace}/{name}", kind.word()))
+                }
             };
             // A group bound in part (the daemon stopped mid-launch): bound in full as launched.
             let unbound = pods.iter().any(|p| map::bound_node(p).is_none());
@@ -1465,12 +1536,13 @@ impl Backend for KubernetesBackend {
     /// A Job's run is stopped by suspending its Job, which keeps it for `next`: `launch` of
     /// `next` resumes it (Kueue's way). Pods cannot be kept: `Ok(false)`.
     fn requeue(&mut self, run: RunId, next: RunId) -> Result<bool, BackendError> {
-        let Some(j) = self.runs.get(&run).and_then(|t| Some((t.namespace.clone(), t.job.clone()?)))
+        let Some((namespace, j)) =
+            self.runs.get(&run).and_then(|t| Some((t.namespace.clone(), t.job.clone()?)))
         else {
             return Ok(false);
         };
         self.stop_job(run, StopSignal::Terminate)?;
-        self.kept.insert(next, (j.0, j.1.name, j.1.uid));
+        self.kept.insert(next, Kept { kind: j.kind, namespace, name: j.name, uid: j.uid });
         Ok(true)
     }
 
@@ -1502,11 +1574,16 @@ impl Backend for KubernetesBackend {
             .map(|n| map::node_status(n))
             .collect();
         let mut pods: Vec<Arc<Pod>> = view.pods.items.values().cloned().collect();
-        let jobs: Vec<Arc<Job>> =
-            view.jobs.items.values().filter(|j| job::queues_for_allot(j)).cloned().collect();
+        let all_jobs = view.jobs.items.clone();
+        let jobs: Vec<Queued> = (view.jobs.items.values().cloned().map(Queued::Job))
+            .chain(view.jobsets.items.values().cloned().map(Queued::JobSet))
+            .filter(Queued::queues_for_allot)
+            .collect();
         drop(view);
-        let queued: BTreeSet<&str> =
-            jobs.iter().filter_map(|j| j.metadata.uid.as_deref()).collect();
+        let queued: BTreeSet<&str> = jobs.iter().filter_map(Queued::uid).collect();
+        // A JobSet's pods whose Job the view does not show yet are the JobSet's all the same.
+        let queued_jobsets: BTreeSet<String> =
+            jobs.iter().filter(|j| j.kind() == QueuedKind::JobSet).map(Queued::key).collect();
         let mut job_pods: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
         pods.sort_by_cached_key(|p| map::pod_handle(p));
         let live = self.live_pods();
@@ -1520,8 +1597,13 @@ impl Backend for KubernetesBackend {
         let mut ours: Vec<&Pod> = Vec::new();
         let mut beside = Vec::new();
         for pod in pods.iter().map(|p| &**p).filter(|p| !map::is_terminal(p)) {
-            if let Some(owner) = job::owner_job_uid(pod).filter(|o| queued.contains(o)) {
+            if let Some(owner) =
+                job::queued_owner_uid(pod, &all_jobs).filter(|o| queued.contains(o))
+            {
                 job_pods.entry(owner.to_string()).or_default().push(pod);
+                continue;
+            }
+            if job::labelled_jobset(pod).is_some_and(|k| queued_jobsets.contains(&k)) {
                 continue;
             }
             if own::run_of(pod).is_some() {
@@ -1549,14 +1631,17 @@ impl Backend for KubernetesBackend {
         let (mut foreign, notes) = map::allot_work(&ours, &fleet, &mut guess);
         let mut refused_jobs = Vec::new();
         for j in &jobs {
-            let key = job::job_key(j);
+            let (kind, key, uid) = (j.kind(), j.key(), j.uid());
             let held = self.runs.values().any(|t| {
-                !t.ended && t.job.as_ref().is_some_and(|r| r.key == key && r.uid == j.metadata.uid)
+                !t.ended
+                    && t.job
+                        .as_ref()
+                        .is_some_and(|r| r.kind == kind && r.key == key && r.uid.as_deref() == uid)
             });
             if held {
                 continue;
             }
-            let uid = j.metadata.uid.as_deref().unwrap_or_default();
+            let uid = uid.unwrap_or_default();
             let owned = job_pods.get(uid).map(Vec::as_slice).unwrap_or_default();
             let Some(mut work) = job::job_work(j, owned, &fleet, &mut guess) else { continue };
             if let Some(why) = &work.refusal {
@@ -1582,7 +1667,9 @@ impl Backend for KubernetesBackend {
     ) -> Result<Vec<(RunId, Vec<allot_backend::PodRef>)>, BackendError> {
         let view = self.view()?;
         let tracked = runs.iter().filter_map(|run| Some((*run, self.runs.get(run)?)));
-        Ok(tracked.map(|(run, t)| (run, t.member_pods(&view.pods.items))).collect())
+        Ok(tracked
+            .map(|(run, t)| (run, t.member_pods(&view.pods.items, &view.jobs.items)))
+            .collect())
     }
 
     /// Deletes a pending pod of allot's that no run holds, or every unbound pod of such a
@@ -1593,14 +1680,15 @@ impl Backend for KubernetesBackend {
         if self.is_live(parsed) {
             return Ok(false);
         }
-        if let Handle::Job { namespace, name, uid } = parsed {
-            let Some(j) = self.job_now(namespace, name)? else { return Ok(false) };
-            if uid.is_some() && j.metadata.uid.as_deref() != uid {
+        if let Handle::Job { kind, namespace, name, uid } = parsed {
+            let Some(j) = self.job_now(kind, namespace, name)? else { return Ok(false) };
+            if uid.is_some() && j.uid() != uid {
                 return Ok(false);
             }
-            let what = format!("delete job {namespace}/{name}");
+            let what = format!("delete {} {namespace}/{name}", kind.word());
             let params = DeleteParams::background();
-            return match self.call(&what, self.jobs(namespace).delete(name, &params))? {
+            let api = self.queued_api(kind, namespace);
+            return match self.call(&what, api.delete(name, &params))? {
                 Ok(_) => Ok(true),
                 Err(e) if is_not_found(&e) => Ok(false),
                 Err(e) => Err(api_error(&what, e)),
@@ -1630,9 +1718,9 @@ impl Backend for KubernetesBackend {
             let handle = match waiting {
                 Waiting::Foreign(handle) => handle.clone(),
                 Waiting::Kept(run) => match self.kept.get(run) {
-                    Some((namespace, name, uid)) => {
-                        let uid = uid.as_deref().map(|u| format!("@{u}")).unwrap_or_default();
-                        format!("{namespace}/job:{name}{uid}")
+                    Some(k) => {
+                        let uid = k.uid.as_deref().map(|u| format!("@{u}")).unwrap_or_default();
+                        format!("{}/{}:{}{uid}", k.namespace, k.kind.word(), k.name)
                     }
                     None => continue,
                 },
@@ -1641,10 +1729,10 @@ impl Backend for KubernetesBackend {
             let Some(parsed) = parse_handle(handle) else { continue };
             let names: Vec<String> = match parsed {
                 Handle::Pod { name, .. } => vec![name.to_string()],
-                Handle::Job { namespace, name, .. } => {
+                Handle::Job { kind, namespace, name, .. } => {
                     // A suspended Job has no pod to carry a condition: an Event of the Job.
                     let uid = parsed.uid().map(str::to_string);
-                    let object = ("batch/v1", "Job", namespace, name, uid);
+                    let object = (kind.api_version(), kind.kind(), namespace, name, uid);
                     let message = format!("allot: {text}");
                     if let Err(e) = self.record_event(object, map::WAITING_REASON, message, &now) {
                         first_error.get_or_insert(e);

@@ -331,6 +331,12 @@ pub fn pod_key(pod: &Pod) -> String {
     format!("{}/{}", pod_namespace(pod), pod.metadata.name.as_deref().unwrap_or_default())
 }
 
+/// A namespaced object's `namespace/name`.
+pub fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    let namespace = meta.namespace.as_deref().unwrap_or("default");
+    format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default())
+}
+
 pub fn pod_namespace(pod: &Pod) -> &str {
     pod.metadata.namespace.as_deref().unwrap_or("default")
 }
@@ -366,8 +372,10 @@ pub enum Handle<'a> {
         group: &'a str,
         uid: Option<&'a str>,
     },
-    /// A Job queued for allot (see the `job` module): `namespace/job:name@uid`.
+    /// A Job or JobSet queued for allot (see the `job` module): `namespace/job:name@uid`,
+    /// `namespace/jobset:name@uid`.
     Job {
+        kind: crate::job::QueuedKind,
         namespace: &'a str,
         name: &'a str,
         uid: Option<&'a str>,
@@ -406,7 +414,12 @@ pub fn parse_handle(handle: &str) -> Option<Handle<'_>> {
     }
     match name.split_once(':') {
         Some(("group", group)) if plain(group) => Some(Handle::Group { namespace, group, uid }),
-        Some(("job", name)) if plain(name) => Some(Handle::Job { namespace, name, uid }),
+        Some(("job", name)) if plain(name) => {
+            Some(Handle::Job { kind: crate::job::QueuedKind::Job, namespace, name, uid })
+        }
+        Some(("jobset", name)) if plain(name) => {
+            Some(Handle::Job { kind: crate::job::QueuedKind::JobSet, namespace, name, uid })
+        }
         Some(_) => None,
         None if plain(name) => Some(Handle::Pod { namespace, name, uid }),
         None => None,

@@ -8,7 +8,8 @@ use allot_backend::{MemberLaunch, Observation, PodRef, RunId};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::job::JobRun;
+use crate::job::{JobRun, Queued};
+use crate::jobset::JobSet;
 use crate::map;
 
 /// One pod of a run.
@@ -56,7 +57,7 @@ impl Tracked {
 
     pub(crate) fn what(&self) -> String {
         if let Some(job) = &self.job {
-            return format!("job {}", job.key);
+            return format!("{} {}", job.kind.word(), job.key);
         }
         match &self.group {
             Some(group) => format!("pod group {}/{group}", self.namespace),
@@ -166,20 +167,22 @@ impl Tracked {
         &mut self,
         run: RunId,
         jobs: &BTreeMap<String, Arc<Job>>,
+        jobsets: &BTreeMap<String, Arc<JobSet>>,
         pods: &BTreeMap<String, Arc<Pod>>,
     ) -> (Vec<Observation>, Vec<(Arc<Pod>, String)>) {
         let Some(job_run) = self.job.as_mut() else { return (Vec::new(), Vec::new()) };
-        let job = jobs.get(&job_run.key).map(|j| &**j);
+        let job = Queued::find(job_run.kind, &job_run.key, jobs, jobsets);
         let prefix = format!("{}/", self.namespace);
-        let uid = job.and_then(|j| j.metadata.uid.as_deref());
+        let uid = job.as_ref().and_then(Queued::uid);
         let owned: Vec<&Arc<Pod>> = pods
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
             .map(|(_, p)| p)
-            .filter(|p| uid.is_some() && crate::job::owner_job_uid(p) == uid)
+            .filter(|p| uid.is_some() && crate::job::queued_owner_uid(p, jobs) == uid)
             .collect();
         let borrowed: Vec<&Pod> = owned.iter().map(|p| &***p).collect();
-        let (ran, end) = crate::job::observe(run, job_run, job, &borrowed, self.stopped_by_allot);
+        let (ran, end) =
+            crate::job::observe(run, job_run, job.as_ref(), &borrowed, self.stopped_by_allot);
         let mut out = Vec::new();
         if ran && !self.started {
             self.started = true;
@@ -190,7 +193,7 @@ impl Tracked {
             out.push(end);
             return (out, Vec::new());
         }
-        let binds = if self.stopped_by_allot || job.is_some_and(crate::job::is_suspended) {
+        let binds = if self.stopped_by_allot || job.as_ref().is_some_and(Queued::is_suspended) {
             Vec::new()
         } else {
             let by_name: BTreeMap<&str, &Arc<Pod>> = owned
@@ -215,9 +218,10 @@ impl Tracked {
     pub(crate) fn member_pods<P: std::borrow::Borrow<Pod>>(
         &self,
         pods: &BTreeMap<String, P>,
+        jobs: &BTreeMap<String, Arc<Job>>,
     ) -> Vec<PodRef> {
         if let Some(job) = &self.job {
-            return self.job_member_pods(job, pods);
+            return self.job_member_pods(job, pods, jobs);
         }
         let node_of = |p: &PodRun| {
             pods.get(&self.key(p)).and_then(|pod| map::bound_node(pod.borrow()).map(str::to_string))
@@ -252,13 +256,16 @@ impl Tracked {
         &self,
         job: &JobRun,
         pods: &BTreeMap<String, P>,
+        jobs: &BTreeMap<String, Arc<Job>>,
     ) -> Vec<PodRef> {
         let prefix = format!("{}/", self.namespace);
         let mut live: Vec<&Pod> = pods
             .range(prefix.clone()..)
             .take_while(|(k, _)| k.starts_with(&prefix))
             .map(|(_, p)| p.borrow())
-            .filter(|p| job.uid.is_some() && crate::job::owner_job_uid(p) == job.uid.as_deref())
+            .filter(|p| {
+                job.uid.is_some() && crate::job::queued_owner_uid(p, jobs) == job.uid.as_deref()
+            })
             .filter(|p| !map::is_terminal(p) && map::bound_node(p).is_some())
             .collect();
         self.members
@@ -423,17 +430,21 @@ mod tests {
         // p-0 runs on n-b, p-2 on n-a; p-1 is not in the view yet: it is what is left.
         let view: BTreeMap<String, Pod> =
             [bound("p-0", Some("n-b")), bound("p-2", Some("n-a"))].into_iter().collect();
-        assert_eq!(names(t.member_pods(&view)), ["p-2", "p-0", "p-1"]);
+        assert_eq!(names(t.member_pods(&view, &BTreeMap::new())), ["p-2", "p-0", "p-1"]);
         // Nothing known of the nodes: the order the run took them.
-        assert_eq!(names(t.member_pods(&BTreeMap::<String, Pod>::new())), ["p-0", "p-1", "p-2"]);
+        assert_eq!(
+            names(t.member_pods(&BTreeMap::<String, Pod>::new(), &BTreeMap::new())),
+            ["p-0", "p-1", "p-2"]
+        );
         // A member more than there are pods has none (and none after it is guessed).
         t.members.push(member("n-d"));
-        assert_eq!(names(t.member_pods(&view)).len(), 3);
+        assert_eq!(names(t.member_pods(&view, &BTreeMap::new())).len(), 3);
 
         // A Job's members are its running pods on their nodes (its own pods only).
         let mut job = run_of(None, &[]);
         job.members = vec![member("n-a"), member("n-b")];
         job.job = Some(JobRun {
+            kind: crate::job::QueuedKind::Job,
             name: "train".into(),
             key: "ns/train".into(),
             uid: Some("u-1".into()),
@@ -458,6 +469,6 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        assert_eq!(names(job.member_pods(&view)), ["train-2", "train-1"]);
+        assert_eq!(names(job.member_pods(&view, &BTreeMap::new())), ["train-2", "train-1"]);
     }
 }

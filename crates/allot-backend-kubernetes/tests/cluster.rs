@@ -876,6 +876,11 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["get", "jobs.batch", "-n", "research"],
         &["patch", "jobs.batch", "-n", "research"],
         &["delete", "jobs.batch", "-n", "research"],
+        &["list", "jobsets.jobset.x-k8s.io", "--all-namespaces"],
+        &["watch", "jobsets.jobset.x-k8s.io", "--all-namespaces"],
+        &["get", "jobsets.jobset.x-k8s.io", "-n", "research"],
+        &["patch", "jobsets.jobset.x-k8s.io", "-n", "research"],
+        &["delete", "jobsets.jobset.x-k8s.io", "-n", "research"],
     ];
     let denied: &[&[&str]] = &[
         &["delete", "nodes"],
@@ -890,6 +895,7 @@ fn the_deployment_manifests_are_accepted_and_grant_allot_exactly_what_it_calls()
         &["create", "deployments", "-n", "research"],
         &["create", "jobs.batch", "-n", "research"],
         &["update", "jobs.batch", "-n", "research"],
+        &["create", "jobsets.jobset.x-k8s.io", "-n", "research"],
         &["create", "clusterrolebindings"],
     ];
     // The deployment's ServiceAccount and the test user hold the same ClusterRole.
@@ -982,7 +988,7 @@ fn the_view_sees_pods_come_and_go_through_its_watch_without_listing_again() {
         news(&mut backend).nodes.into_iter().find(|s| s.node == node && s.usable)
     });
     let lists = backend.lists();
-    assert_eq!(lists, 3, "one LIST each of nodes, pods and Jobs");
+    assert_eq!(lists, 4, "one LIST each of nodes, pods, Jobs and JobSets");
     // Nothing changed since the last read: no news, not an empty cluster.
     let quiet = news(&mut backend);
     assert!(quiet.inventory.is_none() && quiet.nodes.is_empty(), "{quiet:?}");
@@ -1134,7 +1140,7 @@ fn a_view_of_more_pods_than_one_list_page_holds_lists_them_all() {
     let mut backend = backend();
     let work = foreign_in(&news(&mut backend), &fx.namespace);
     assert_eq!(work.len(), count, "every pod, from every page");
-    assert_eq!(backend.lists(), 3, "one (paged) LIST of nodes, one of pods, one of Jobs");
+    assert_eq!(backend.lists(), 4, "one (paged) LIST of nodes, pods, Jobs and JobSets each");
 }
 
 /// A Job queued for allot: labelled, suspended, its pods asking for allot; `width` pods at
@@ -1170,7 +1176,12 @@ impl Fixture {
 
     /// The Job's pods that have not finished: (name, node), by name.
     fn job_pods(&self, job: &str) -> Vec<(String, Option<String>)> {
-        let params = kube::api::ListParams::default().labels(&format!("job-name={job}"));
+        self.live_pods(&format!("job-name={job}"))
+    }
+
+    /// The pods of label selector `selector` that have not finished: (name, node), by name.
+    fn live_pods(&self, selector: &str) -> Vec<(String, Option<String>)> {
+        let params = kube::api::ListParams::default().labels(selector);
         let list = self.runtime.block_on(self.pods().list(&params)).expect("pods listed");
         let mut out: Vec<(String, Option<String>)> = list
             .items
@@ -1349,6 +1360,162 @@ fn a_queued_job_preempted_is_suspended_kept_and_resumed_by_the_next_run() {
     // Cancelled through allot while no run holds it: the Job is deleted.
     assert!(restarted.cancel_foreign(&work.handle).expect("cancel"));
     wait_for("the Job gone", Duration::from_secs(30), || fx.job("long").is_none().then_some(()));
+}
+
+/// A JobSet queued for allot: labelled, suspended, one replicated Job `workers` of `replicas`
+/// Jobs of one pod each asking for `gpus` GPUs and allot, each done `delay` after it runs.
+fn queued_jobset(name: &str, replicas: u32, gpus: &str, delay: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": { "name": name, "labels": { "allot.dev/queue": "default" },
+                      "annotations": { "allot.dev/kind": "training" } },
+        "spec": { "suspend": true, "replicatedJobs": [{ "name": "workers", "replicas": replicas,
+            "template": { "spec": { "parallelism": 1, "completions": 1, "backoffLimit": 0,
+                "template": {
+                    "metadata": { "annotations": {
+                        "pod-complete.stage.kwok.x-k8s.io/delay": delay } },
+                    "spec": { "schedulerName": "allot", "restartPolicy": "Never",
+                              "containers": [{ "name": "main", "image": "busybox",
+                                  "resources": { "limits": { "nvidia.com/gpu": gpus } } }] }
+                } } } }] }
+    })
+}
+
+impl Fixture {
+    fn jobsets(&self) -> Api<kube::api::DynamicObject> {
+        let resource =
+            kube::api::ApiResource::erase::<allot_backend_kubernetes::jobset::JobSet>(&());
+        Api::namespaced_with(self.client.clone(), &self.namespace, &resource)
+    }
+
+    fn create_jobset(&self, jobset: serde_json::Value) {
+        let object: kube::api::DynamicObject = serde_json::from_value(jobset).expect("a JobSet");
+        self.runtime
+            .block_on(self.jobsets().create(&PostParams::default(), &object))
+            .expect("jobset created (is the JobSet controller up? scripts/k8s-cluster.sh up)");
+    }
+
+    /// `spec.suspend` of the JobSet, `None` once it is gone.
+    fn jobset_suspended(&self, name: &str) -> Option<bool> {
+        let got = self.runtime.block_on(self.jobsets().get_opt(name)).expect("jobset read")?;
+        Some(got.data["spec"]["suspend"].as_bool() == Some(true))
+    }
+
+    /// The JobSet's pods that have not finished: (name, node), by name.
+    fn jobset_pods(&self, jobset: &str) -> Vec<(String, Option<String>)> {
+        self.live_pods(&format!("jobset.sigs.k8s.io/jobset-name={jobset}"))
+    }
+}
+
+#[test]
+fn a_queued_jobset_is_one_gang_placed_whole_completed_preempted_kept_and_resumed() {
+    if !enabled() {
+        return;
+    }
+    let mut fx = Fixture::new("jobset");
+    let a = fx.gpu_node("gpu-0", 8);
+    let b = fx.gpu_node("gpu-1", 8);
+    let mut backend = backend();
+    fx.create_jobset(queued_jobset("quick", 2, "4", "2s"));
+    fx.create_jobset(queued_jobset("long", 2, "4", "600s"));
+    let mut unlike = queued_jobset("unlike", 1, "4", "2s");
+    let mut driver = unlike["spec"]["replicatedJobs"][0].clone();
+    driver["name"] = json!("driver");
+    driver["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({});
+    unlike["spec"]["replicatedJobs"].as_array_mut().expect("jobs").push(driver);
+    fx.create_jobset(unlike);
+    let works = wait_for("the three JobSets as work", Duration::from_secs(30), || {
+        let works = foreign_in(&news(&mut backend), &fx.namespace);
+        (works.len() == 3).then_some(works)
+    });
+    let by_name = |name: &str| works.iter().find(|w| w.name == name).expect(name).clone();
+    let (quick, long) = (by_name("quick"), by_name("long"));
+    assert!(quick.handle.starts_with(&format!("{}/jobset:quick@", fx.namespace)));
+    assert_eq!((quick.nodes, quick.gpus_per_node, quick.refusal.as_deref()), (2, 4, None));
+    assert_eq!(quick.intent.kind.as_deref(), Some("training"));
+    let why = by_name("unlike").refusal.expect("refused");
+    assert!(why.contains("same GPU request"), "{why}");
+    wait_for("the refusal as an Event of the JobSet", Duration::from_secs(10), || {
+        fx.events("JobSet", "unlike")
+            .into_iter()
+            .find(|(t, r, m)| t == "Warning" && r == "AllotRefused" && m.contains("driver"))
+    });
+    // Suspended: its Jobs are suspended too, and no pod is made.
+    assert!(fx.jobset_pods("quick").is_empty());
+
+    // Admitted onto both nodes: resumed, its two pods bound one on each, and it completes.
+    let first = launch_members(1, &quick.handle, &[&a, &b], 4);
+    backend.launch(&first).expect("launch");
+    assert_eq!(fx.jobset_suspended("quick"), Some(false));
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    let placed: Vec<Option<String>> = wait_for("both pods bound", Duration::from_secs(10), || {
+        let pods = fx.jobset_pods("quick");
+        (pods.len() == 2 && pods.iter().all(|(_, n)| n.is_some()))
+            .then(|| pods.into_iter().map(|(_, n)| n).collect::<Vec<_>>())
+    });
+    let mut placed: Vec<String> = placed.into_iter().flatten().collect();
+    placed.sort();
+    assert_eq!(placed, [a.clone(), b.clone()]);
+    poll_until(&mut backend, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    assert!(
+        matches!(seen.last(), Some(Observation::Exited { code: Some(0), detail, .. })
+            if detail.contains("Complete")),
+        "{seen:?}"
+    );
+
+    // The long one, pre-empted with requeue: suspended, its pods deleted, kept for run 2.
+    let run = launch_members(2, &long.handle, &[&a, &b], 4);
+    backend.launch(&run).expect("launch");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    let next = RunId { workload: 2, attempt: 2 };
+    assert!(backend.requeue(run.run, next).expect("requeue"), "a JobSet can be kept");
+    poll_until(&mut backend, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    assert!(
+        matches!(seen.last(), Some(Observation::Exited { code: None, detail, .. })
+            if detail.contains("jobset") && detail.contains("suspended by allot")),
+        "{seen:?}"
+    );
+    assert_eq!(fx.jobset_suspended("long"), Some(true));
+    wait_for("its pods gone", Duration::from_secs(30), || {
+        fx.jobset_pods("long").is_empty().then_some(())
+    });
+    let why = "waits for 8 GPUs: project over its quota".to_string();
+    backend.explain_waiting(&[(Waiting::Kept(next), why.clone())]).expect("explained");
+    let events = fx.events("JobSet", "long");
+    assert!(
+        events.iter().any(|(t, r, m)| t == "Normal" && r == "AllotWaiting" && m.contains(&why)),
+        "{events:?}"
+    );
+    // Run 2 resumes it, both pods on node b this time.
+    let mut second = launch_members(2, &long.handle, &[&b, &b], 4);
+    second.run = next;
+    backend.launch(&second).expect("launch again");
+    let mut seen = Vec::new();
+    poll_until(&mut backend, &mut seen, "Started", |o| matches!(o, Observation::Started { .. }));
+    wait_for("both pods on b", Duration::from_secs(10), || {
+        let pods = fx.jobset_pods("long");
+        (pods.len() == 2 && pods.iter().all(|(_, n)| n.as_deref() == Some(b.as_str())))
+            .then_some(())
+    });
+
+    // A restarted daemon finds run 2 through the JobSet; a stop suspends it again; cancelled
+    // through allot while no run holds it, it is deleted.
+    let mut restarted = self::backend();
+    let recovered = restarted.recover(std::slice::from_ref(&second)).expect("recover");
+    assert!(
+        matches!(recovered.first(), Some(Observation::Started { run, .. }) if *run == next),
+        "{recovered:?}"
+    );
+    restarted.signal(next, StopSignal::Terminate).expect("stop");
+    let mut seen = Vec::new();
+    poll_until(&mut restarted, &mut seen, "Exited", |o| matches!(o, Observation::Exited { .. }));
+    assert_eq!(fx.jobset_suspended("long"), Some(true));
+    assert!(restarted.cancel_foreign(&long.handle).expect("cancel"));
+    wait_for("the JobSet gone", Duration::from_secs(30), || {
+        fx.jobset_suspended("long").is_none().then_some(())
+    });
 }
 
 // The backend contract suite on the pods allot makes for work submitted through it (`own`),

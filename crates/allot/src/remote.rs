@@ -24,15 +24,16 @@ pub(crate) struct OutputArgs {
 pub(crate) struct IdArgs {
     /// The workload's id (from `allot submit` or `allot ls`); a Slurm job id as
     /// `slurm:JOBID` (a job allot imported, or one of its own, named `<prefix>-W.A`); or a
-    /// Kubernetes pod, pod group or Job allot imported as `NAMESPACE/POD`,
-    /// `NAMESPACE/group:NAME` or `NAMESPACE/job:NAME`.
+    /// Kubernetes pod, pod group, Job or JobSet allot imported as `NAMESPACE/POD`,
+    /// `NAMESPACE/group:NAME`, `NAMESPACE/job:NAME` or `NAMESPACE/jobset:NAME`.
     pub(crate) id: WorkloadRef,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
 
 /// A workload named by allot's id, by the Slurm job that runs it (`slurm:JOBID`), or by the
-/// Kubernetes object it is (`namespace/pod`, `namespace/group:NAME`, `namespace/job:NAME`).
+/// Kubernetes object it is (`namespace/pod`, `namespace/group:NAME`, `namespace/job:NAME`,
+/// `namespace/jobset:NAME`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum WorkloadRef {
     Id(u64),
@@ -48,7 +49,10 @@ impl std::str::FromStr for WorkloadRef {
         let kubernetes = |t: &str| {
             let (namespace, name) = t.split_once('/')?;
             let plain = |x: &str| !x.is_empty() && !x.contains(['/', '@', '~', ' ']);
-            let name = name.strip_prefix("job:").or(name.strip_prefix("group:")).unwrap_or(name);
+            let name = ["job:", "jobset:", "group:"]
+                .iter()
+                .find_map(|prefix| name.strip_prefix(prefix))
+                .unwrap_or(name);
             (plain(namespace) && plain(name)).then(|| WorkloadRef::Kubernetes(t.to_string()))
         };
         match s.strip_prefix("slurm:") {
@@ -58,7 +62,8 @@ impl std::str::FromStr for WorkloadRef {
             None => number(s).map(WorkloadRef::Id).or_else(|| kubernetes(s)).ok_or_else(|| {
                 format!(
                     "{s:?}: give a workload id (a number), a Slurm job id as slurm:1234, or a \
-                     Kubernetes pod or Job as namespace/pod or namespace/job:name"
+                     Kubernetes pod, Job or JobSet as namespace/pod, namespace/job:name or \
+                     namespace/jobset:name"
                 )
             }),
         }
@@ -136,9 +141,9 @@ fn resolve_kubernetes(client: &Client, name: &str) -> Result<u64> {
         Failure::new(
             crate::EXIT_NOT_FOUND,
             format!(
-                "{name}: no workload allot imported is that pod or Job (allot imports pods \
-                 that ask for schedulerName: allot in a namespace the policy names, and Jobs \
-                 labelled allot.dev/queue); find the workload with `allot ls`\n"
+                "{name}: no workload allot imported is that pod, Job or JobSet (allot imports \
+                 pods that ask for schedulerName: allot in a namespace the policy names, and \
+                 Jobs and JobSets labelled allot.dev/queue); find the workload with `allot ls`\n"
             ),
         )
         .into()

@@ -141,7 +141,7 @@ impl Drop for Scene {
                 .output();
         };
         for namespace in std::iter::once(&self.namespace).chain(&self.others) {
-            kube(&["-n", namespace, "delete", "jobs", "--all", "--wait=false"]);
+            kube(&["-n", namespace, "delete", "jobsets,jobs", "--all", "--wait=false"]);
             kube(&["-n", namespace, "delete", "pods", "--all", "--grace-period=0", "--force"]);
             kube(&["delete", "namespace", namespace, "--wait=false"]);
         }
@@ -632,6 +632,11 @@ fn an_idle_notebook_pod_is_found_by_its_exporter_pod_labels_and_reclaimed() {
 
 /// A Job's pods that have not finished: (name, node), by name.
 fn job_pods(namespace: &str, job: &str) -> Vec<(String, String)> {
+    live_pods(namespace, &format!("job-name={job}"))
+}
+
+/// The pods of label selector `selector` that have not finished: (name, node), by name.
+fn live_pods(namespace: &str, selector: &str) -> Vec<(String, String)> {
     let text = kubectl(
         &[
             "-n",
@@ -639,7 +644,7 @@ fn job_pods(namespace: &str, job: &str) -> Vec<(String, String)> {
             "get",
             "pods",
             "-l",
-            &format!("job-name={job}"),
+            selector,
             "-o",
             "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.metadata.deletionTimestamp} {.spec.nodeName}{\"\\n\"}{end}",
         ],
@@ -825,6 +830,90 @@ spec:
         foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
     });
     assert_eq!(running["attempt"], 2, "{running}");
+}
+
+/// The pods of a JobSet (by the label its controller sets) that have not finished:
+/// (name, node), by name.
+fn jobset_pods(namespace: &str, jobset: &str) -> Vec<(String, String)> {
+    live_pods(namespace, &format!("jobset.sigs.k8s.io/jobset-name={jobset}"))
+}
+
+#[test]
+fn a_queued_jobset_is_placed_as_one_gang_survives_a_restart_and_completes() {
+    if !enabled() {
+        return;
+    }
+    let (mut scene, addr, token) = scene("jobset", 2, H100);
+    let namespace = scene.namespace.clone();
+    // A JobSet of a leader and a worker Job, one 8-GPU pod each: one gang of two members.
+    let job = |name: &str| {
+        format!(
+            "  - name: {name}
+    template:
+      spec:
+        backoffLimit: 0
+        template:
+          metadata:
+            annotations: {{pod-complete.stage.kwok.x-k8s.io/delay: 20s}}
+          spec:
+            schedulerName: allot
+            restartPolicy: Never
+            containers:
+            - name: main
+              image: busybox
+              resources: {{limits: {{nvidia.com/gpu: \"8\"}}}}
+"
+        )
+    };
+    kubectl(
+        &["-n", &namespace, "apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata:
+  name: pretrain
+  labels: {{allot.dev/queue: default}}
+  annotations: {{allot.dev/kind: training}}
+spec:
+  suspend: true
+  replicatedJobs:
+{}{}",
+            job("leader"),
+            job("workers")
+        )),
+    );
+    let created = Instant::now();
+    let first = wait_for("the JobSet's two pods bound by allot", Duration::from_secs(60), || {
+        let pods = jobset_pods(&namespace, "pretrain");
+        (pods.len() == 2 && pods.iter().all(|(_, node)| !node.is_empty())).then_some(pods)
+    });
+    eprintln!(
+        "the JobSet's pods bound {:.1} s after it was created",
+        created.elapsed().as_secs_f64()
+    );
+    let nodes: std::collections::BTreeSet<&str> = first.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 2, "one pod on each node: {first:?}");
+    let handle = format!("{namespace}/jobset:pretrain@");
+    let listed_once =
+        wait_for("allot ls lists the JobSet running", Duration::from_secs(30), || {
+            foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+        });
+    assert_eq!(listed_once["kind"], "training", "{listed_once}");
+    let reference = format!("{namespace}/jobset:pretrain");
+    assert!(why(&addr, &token, &reference).starts_with(&format!("{} ", listed_once["id"])));
+
+    // kill -9 and a restart mid-way: found running where it is, nothing rebound.
+    scene.kill();
+    let (addr, _) = scene.serve();
+    let again = wait_for("the JobSet running after the restart", Duration::from_secs(30), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "running").cloned()
+    });
+    assert_eq!(again["id"], listed_once["id"], "the same workload: {again}");
+    assert_eq!(jobset_pods(&namespace, "pretrain"), first, "the same pods on the same nodes");
+    let done = wait_for("the JobSet succeeded", Duration::from_secs(60), || {
+        foreign(&listed(&addr, &token), &handle).filter(|w| w["state"] == "succeeded").cloned()
+    });
+    assert_eq!(done["id"], listed_once["id"]);
 }
 
 /// `kubectl apply` of a pod asking allot for `gpus` of `resource`, with `spec` lines added.

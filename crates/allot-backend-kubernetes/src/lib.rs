@@ -1337,8 +1337,8 @@ impl Backend for KubernetesBackend {
 
     fn isolation(&self) -> Option<String> {
         Some(
-            "runs as a pod (or a Job's pods): its containers get their GPUs from the node's \
-             device plugin, and the kubelet holds it to its requests"
+            "runs as a pod (or a Job's or JobSet's pods): its containers get their GPUs from the \
+             node's device plugin, and the kubelet holds it to its requests"
                 .into(),
         )
     }

@@ -11,7 +11,8 @@
 //! `allot.dev/queue` and created suspended is one piece of work too, as wide as the pods it
 //! runs at once: admitting it resumes it, its pods are bound where allot placed it as the job
 //! controller makes them, and a pre-emption suspends it again, keeping it for the next run
-//! (see [`job`]; JobSets are read where the cluster serves them, see [`jobset`]). Pods of other schedulers that hold GPUs on a GPU node are occupied capacity
+//! (see [`job`]; JobSets are read where the cluster serves them, see [`jobset`]). Pods of
+//! other schedulers that hold GPUs on a GPU node are occupied capacity
 //! ([`ClusterNews::beside`]). Work submitted through `allot submit` runs as pods allot makes,
 //! bound to the nodes it chose, in the image the daemon was given (see [`own`]).
 //!

@@ -305,7 +305,7 @@ fn why_names_the_two_forms_of_a_workload_reference_when_given_neither() {
     for (arg, says) in [
         ("slurm:abc", "a Slurm job id is a number, as in slurm:1234"),
         ("12x", "give a workload id (a number), a Slurm job id as slurm:1234, or a Kubernetes"),
-        ("ns/a/b", "namespace/pod or namespace/job:name"),
+        ("ns/a/b", "namespace/pod, namespace/job:name or namespace/jobset:name"),
     ] {
         let out = allot(&["why", arg]);
         assert_eq!(out.status.code(), Some(2), "{arg}");

@@ -4,9 +4,14 @@
 //! some 2-member gangs), 20 projects in 4 cohorts, 3 priority classes. Prints placements per
 //! second for the first (filling) cycle, the time of a full `decide` over a saturated queue,
 //! a churn cycle after 5 % of running work finishes, and the process's peak memory. It then
-//! repeats the fill at 100,000 workloads for the memory goal. Figures, not assertions: the
-//! machine is shared. Options: `-- --nodes N --workloads N --seed N --quick --defrag`
-//! (`--defrag`: the policy has defragmentation on, default restart cost).
+//! repeats the fill at 100,000 workloads for the memory goal. Then a daemon's life on the
+//! saturated queue: `--ticks N` cycles (`decide_changes`, as the daemon calls it), before each
+//! 10 running workloads finish, 10 new ones arrive and one high-priority 1-GPU probe is
+//! submitted in a project within its guarantee (it finishes once admitted); decisions take
+//! effect at once (admitted work starts, victims stop). It prints the cycles' p50 / p99 / max
+//! and how many probes were admitted (or had their victims chosen) in the very next cycle. Figures, not assertions: the machine is shared. Options: `-- --nodes N
+//! --workloads N --seed N --ticks N --quick --defrag` (`--defrag`: the policy has
+//! defragmentation on, default restart cost).
 
 #![allow(clippy::print_stdout, clippy::disallowed_methods, clippy::unwrap_used)]
 
@@ -91,6 +96,7 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
                 preempt_within_project: Default::default(),
                 borrow_within_cohort: None,
             })
+            .chain(std::iter::once(probe_project()))
             .collect(),
         fair_share_half_life_ms: 7 * 24 * 3_600_000,
         preemption_mode: PreemptionMode::Suspend,
@@ -102,6 +108,33 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
         cohorts: Vec::new(),
         fair_sharing: None,
         reservations: None,
+    }
+}
+
+/// The project of the daemon-life probes: 8 GPUs of each model guaranteed in the first
+/// cohort, none borrowed, so that a probe is within its guarantee and may reclaim what the
+/// cohort's borrowers hold.
+const PROBE_PROJECT: &str = "probe";
+
+fn probe_project() -> ProjectSpec {
+    ProjectSpec {
+        name: PROBE_PROJECT.into(),
+        cohort: Some("cohort-0".into()),
+        department: None,
+        quotas: MODELS
+            .iter()
+            .map(|m| QuotaSpec {
+                model: QuotaModel::Model((*m).into()),
+                guaranteed: Shares(8_000),
+                borrow_limit: Some(Shares(0)),
+                lend_limit: None,
+            })
+            .collect(),
+        weight_milli: 1000,
+        queueing: Queueing::BestEffortFifo,
+        preemption_mode: None,
+        preempt_within_project: Default::default(),
+        borrow_within_cohort: None,
     }
 }
 
@@ -136,7 +169,7 @@ fn count(decisions: &[Decision], action: &str) -> usize {
     decisions.iter().filter(|d| d.action() == action).count()
 }
 
-fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool) {
+fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool, ticks: usize) {
     println!(
         "== {nodes} nodes × 8 GPUs, {workloads} pending workloads, seed {seed}{}",
         if defrag { ", defragmentation on" } else { "" }
@@ -226,10 +259,97 @@ fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool) {
             e.map_or(0, |e| e.counterfactuals.len())
         );
     }
+    let running: Vec<_> = first
+        .iter()
+        .chain(&churn)
+        .filter_map(
+            |d| if let Decision::Admit { workload, .. } = d { Some(*workload) } else { None },
+        )
+        .collect();
+    daemon_life(&mut engine, &mut rng, running, workloads as u64, ticks);
     engine.audit().unwrap();
     if let Some(mib) = peak_rss_mib() {
         println!("peak RSS so far: {mib} MiB");
     }
+}
+
+/// `ticks` daemon cycles on the engine's queue (see the module's documentation).
+fn daemon_life(
+    engine: &mut Engine,
+    rng: &mut Rng,
+    mut running: Vec<allot_core::WorkloadId>,
+    last_id: u64,
+    ticks: usize,
+) {
+    if ticks == 0 {
+        return;
+    }
+    let mut next_id = last_id + 1_000_000;
+    let mut cycle_ms = Vec::with_capacity(ticks);
+    let (mut probe_admitted, mut probe_victims) = (0, 0);
+    let mut reported = Vec::with_capacity(ticks);
+    for tick in 0..ticks {
+        let now = 4_000_000 + tick as u64 * 1_000;
+        for _ in 0..10.min(running.len()) {
+            let w = running.swap_remove(rng.below(running.len() as u64) as usize);
+            engine.apply(Timestamp(now), Event::WorkloadFinished { workload: w });
+        }
+        for _ in 0..10 {
+            next_id += 1;
+            engine.apply(Timestamp(now), Event::WorkloadSubmitted(workload(rng, next_id)));
+        }
+        next_id += 1;
+        let probe_id = next_id;
+        let mut probe = WorkloadSpec::new(probe_id, "probe", PROBE_PROJECT, GpuRequest::Whole(1));
+        probe.priority_class = Some("high".into());
+        engine.apply(Timestamp(now), Event::WorkloadSubmitted(probe));
+        let mut victims_for_probe = false;
+        let t = Instant::now();
+        let decisions = engine.decide_changes(Timestamp(now + 1));
+        cycle_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        reported.push(count(&decisions, "defer"));
+        for d in &decisions {
+            match d {
+                Decision::Admit { workload, .. } => {
+                    let started = Event::AllocationStarted { workload: *workload };
+                    engine.apply(Timestamp(now + 2), started);
+                    if workload.0 == probe_id {
+                        // It ends at once: the probe project stays within its guarantee.
+                        probe_admitted += 1;
+                        let finished = Event::WorkloadFinished { workload: *workload };
+                        engine.apply(Timestamp(now + 3), finished);
+                    } else {
+                        running.push(*workload);
+                    }
+                }
+                Decision::Preempt { victim, .. } | Decision::Stop { workload: victim, .. } => {
+                    if matches!(d, Decision::Preempt { for_workload, .. } if for_workload.0 == probe_id)
+                    {
+                        victims_for_probe = true;
+                    }
+                    running.retain(|w| w != victim);
+                    engine.apply(Timestamp(now + 2), Event::WorkloadStopped { workload: *victim });
+                }
+                _ => {}
+            }
+        }
+        probe_victims += usize::from(victims_for_probe);
+    }
+    reported.sort_unstable();
+    let mut sorted = cycle_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "daemon life, {ticks} cycles (10 finish, 10 + 1 probe arrive before each): p50 {:.1} ms, \
+         p99 {:.1} ms, max {:.1} ms; probes admitted in the next cycle {probe_admitted}, \
+         victims chosen for one {probe_victims}, of {ticks}; deferrals reported a cycle: p50 {}, \
+         max {}",
+        at(0.5),
+        at(0.99),
+        sorted[sorted.len() - 1],
+        reported[reported.len() / 2],
+        reported[reported.len() - 1],
+    );
 }
 
 fn main() {
@@ -246,8 +366,9 @@ fn main() {
     let workloads = opt("--workloads", if quick { 5_000 } else { 50_000 });
     let seed = opt("--seed", 42) as u64;
     let defrag = args.iter().any(|a| a == "--defrag");
-    run(nodes, workloads, seed, defrag);
+    let ticks = opt("--ticks", if quick { 20 } else { 200 });
+    run(nodes, workloads, seed, defrag, ticks);
     if !quick && !args.iter().any(|a| a == "--workloads") {
-        run(nodes, 100_000, seed, defrag);
+        run(nodes, 100_000, seed, defrag, ticks);
     }
 }

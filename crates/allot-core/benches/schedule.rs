@@ -237,6 +237,14 @@ fn run(nodes: usize, workloads: usize, seed: u64, defrag: bool, ticks: usize) {
         t.elapsed().as_secs_f64() * 1e3,
         count(&quiet, "defer")
     );
+    // What a caller of `decide` that shows every reason does with them: the words of each.
+    let t = Instant::now();
+    let words: usize = quiet.iter().map(|d| engine.render_reason(d).len()).sum();
+    println!(
+        "the words of every decision of that cycle: {:.1} ms ({} decisions, {words} bytes)",
+        t.elapsed().as_secs_f64() * 1e3,
+        quiet.len()
+    );
     // A policy in shadow: each daemon cycle also takes the live work over into the candidate
     // (here the same policy) and decides there.
     let t = Instant::now();

@@ -1219,7 +1219,9 @@ impl Daemon {
             Some(shadow) => shadow.decide(&self.engine, &self.nodes, now),
             None => None,
         };
-        let decisions = self.engine.decide(Timestamp(now));
+        // Only deferrals whose reason changed: each record keeps the reason it was last told,
+        // and a deep queue's words (most repeat every cycle) cost more than the cycle itself.
+        let decisions = self.engine.decide_changes(Timestamp(now));
         if let (Some(shadow), Some(candidate)) = (&mut self.shadow, candidate) {
             shadow.compare(now, &decisions, &candidate);
         }

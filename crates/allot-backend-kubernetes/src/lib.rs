@@ -1575,7 +1575,12 @@ impl Backend for KubernetesBackend {
             .map(|n| map::node_status(n))
             .collect();
         let mut pods: Vec<Arc<Pod>> = view.pods.items.values().cloned().collect();
-        let all_jobs = view.jobs.items.clone();
+        // The Jobs of JobSets, for `queued_owner_uid` (a pod of any other Job is its Job's):
+        // only these are copied out of the view.
+        let jobset_jobs: BTreeMap<String, Arc<Job>> = (view.jobs.items.iter())
+            .filter(|(_, j)| job::jobset_owner(j).is_some())
+            .map(|(k, j)| (k.clone(), j.clone()))
+            .collect();
         let jobs: Vec<Queued> = (view.jobs.items.values().cloned().map(Queued::Job))
             .chain(view.jobsets.items.values().cloned().map(Queued::JobSet))
             .filter(Queued::queues_for_allot)
@@ -1599,7 +1604,7 @@ impl Backend for KubernetesBackend {
         let mut beside = Vec::new();
         for pod in pods.iter().map(|p| &**p).filter(|p| !map::is_terminal(p)) {
             if let Some(owner) =
-                job::queued_owner_uid(pod, &all_jobs).filter(|o| queued.contains(o))
+                job::queued_owner_uid(pod, &jobset_jobs).filter(|o| queued.contains(o))
             {
                 job_pods.entry(owner.to_string()).or_default().push(pod);
                 continue;

@@ -10,12 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use allot_backend::FakeBackend;
-use allot_server::{Parts, start};
-use allot_store::MemoryStore;
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use tower::ServiceExt;
+use axum::http::StatusCode;
+
+mod common;
+use common::TestDaemon;
 
 const PROJECTS: usize = 10;
 const PROBES: usize = 100;
@@ -74,47 +72,18 @@ async fn probes_through_a_deep_queue() {
         return;
     };
     let depth: usize = depth;
-    let nodes = allot_config::parse_cluster("bench-cluster.yaml", &cluster()).expect("cluster");
-    let policy_text = policy();
-    let policy = allot_config::parse_policy("bench-policy.yaml", &policy_text).expect("policy");
-    let (backend, _control) = FakeBackend::new(nodes.clone());
-    let dir = std::env::temp_dir().join(format!("allot-depth-bench-{}", std::process::id()));
-    let started = start(Parts {
-        store: Box::new(MemoryStore::default()),
-        token_store: Box::new(MemoryStore::default()),
-        backend: Box::new(backend),
-        declared: nodes,
-        inventory_source: "bench-cluster.yaml".into(),
-        policy,
-        policy_source: "bench-policy.yaml".into(),
-        policy_text,
-        workload_dir: dir.clone(),
-        decide_interval_ms: 50,
-        telemetry_round_ms: Some(5_000),
-        cluster_watch_ms: None,
-        snapshot_every: None,
-        telemetry_sources: Vec::new(),
-        policy_webhook: None,
-    })
-    .expect("daemon starts");
-    let token = started.admin_token.clone().expect("admin token").token;
-    let router = started.router.clone();
+    let daemon = std::sync::Arc::new(TestDaemon::paced(&cluster(), &policy()));
     let call = |path: String, body: Option<String>| {
-        let router = router.clone();
-        let token = token.clone();
+        let daemon = daemon.clone();
         async move {
-            let mut request = Request::builder()
-                .method(if body.is_some() { "POST" } else { "GET" })
-                .uri(path)
-                .header("authorization", format!("Bearer {token}"));
-            if body.is_some() {
-                request = request.header("content-type", "application/json");
-            }
-            let request = request.body(body.map_or_else(Body::empty, Body::from)).expect("request");
-            let response = router.oneshot(request).await.expect("answer");
-            let status = response.status();
-            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
-            (status, String::from_utf8_lossy(&bytes).into_owned())
+            let method = if body.is_some() { "POST" } else { "GET" };
+            let admin = Some(daemon.admin.as_str());
+            let (status, value) = daemon.call(method, &path, admin, body.as_deref()).await;
+            let text = match value {
+                serde_json::Value::String(text) => text,
+                other => other.to_string(),
+            };
+            (status, text)
         }
     };
     // The queue: 1-GPU work beyond the 500 devices, in waves of 500 concurrent requests.
@@ -130,8 +99,8 @@ async fn probes_through_a_deep_queue() {
             tasks.push(tokio::spawn(call("/api/v1/workloads".into(), Some(body))));
         }
         for t in tasks {
-            let (status, _) = t.await.expect("task");
-            assert_eq!(status, StatusCode::CREATED);
+            let (status, text) = t.await.expect("task");
+            assert_eq!(status, StatusCode::CREATED, "{text}");
         }
     }
     let fill_s = fill.elapsed().as_secs_f64();
@@ -180,6 +149,4 @@ async fn probes_through_a_deep_queue() {
             if cycles > 0.0 { (sum1 - sum0) / cycles * 1e3 } else { 0.0 },
         );
     }
-    let _ = started.stop();
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -36,7 +36,23 @@ impl TestDaemon {
         policy_text: &str,
         sources: Vec<allot_telemetry::collect::Source>,
     ) -> TestDaemon {
-        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("example cluster");
+        TestDaemon::start_with(CLUSTER, policy_text, sources, (0, Some(100), Some(50)))
+    }
+
+    /// On `cluster_text` and `policy_text`, paced as `allot serve` is (a 50 ms decide
+    /// interval, telemetry rounds of 5 s, no cluster watch): for benchmarks.
+    pub fn paced(cluster_text: &str, policy_text: &str) -> TestDaemon {
+        TestDaemon::start_with(cluster_text, policy_text, Vec::new(), (50, Some(5_000), None))
+    }
+
+    /// `(decide interval, telemetry round, cluster watch)` in ms.
+    fn start_with(
+        cluster_text: &str,
+        policy_text: &str,
+        sources: Vec<allot_telemetry::collect::Source>,
+        (decide_interval_ms, telemetry_round_ms, cluster_watch_ms): (u64, Option<u64>, Option<u64>),
+    ) -> TestDaemon {
+        let nodes = allot_config::parse_cluster("cluster.yaml", cluster_text).expect("cluster");
         let policy = allot_config::parse_policy("policy.yaml", policy_text).expect("test policy");
         let (backend, control) = FakeBackend::new(nodes.clone());
         let dir = std::env::temp_dir().join(format!(
@@ -54,9 +70,9 @@ impl TestDaemon {
             policy_source: "policy.yaml".into(),
             policy_text: policy_text.into(),
             workload_dir: dir.clone(),
-            decide_interval_ms: 0,
-            telemetry_round_ms: Some(100),
-            cluster_watch_ms: Some(50),
+            decide_interval_ms,
+            telemetry_round_ms,
+            cluster_watch_ms,
             snapshot_every: None,
             telemetry_sources: sources,
             policy_webhook: None,

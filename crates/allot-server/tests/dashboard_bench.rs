@@ -12,14 +12,11 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use tower::ServiceExt;
 
+mod common;
+
 const WORKLOADS: usize = 10_000;
 const PROJECTS: usize = 10;
 const RUNS: usize = 7;
-
-fn cluster() -> String {
-    // 62 nodes of 8 H100 and one of 4: 500 devices.
-    "nodes:\n  - name: gpu\n    count: 62\n    cpu: 192\n    memory: 2048Gi\n    gpus:\n      - {model: H100, count: 8, memory: 80Gi}\n  - name: small\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 4, memory: 80Gi}\n".to_string()
-}
 
 fn policy() -> String {
     let mut text = String::from(
@@ -42,7 +39,8 @@ async fn pages_with_ten_thousand_workloads_on_500_devices() {
         }
         return;
     }
-    let nodes = allot_config::parse_cluster("bench-cluster.yaml", &cluster()).expect("cluster");
+    let nodes = allot_config::parse_cluster("bench-cluster.yaml", common::CLUSTER_500_DEVICES)
+        .expect("cluster");
     assert_eq!(nodes.iter().map(|n| n.devices.len()).sum::<usize>(), 500);
     let policy_text = policy();
     let policy = allot_config::parse_policy("bench-policy.yaml", &policy_text).expect("policy");

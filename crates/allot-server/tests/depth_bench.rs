@@ -18,11 +18,6 @@ use common::TestDaemon;
 const PROJECTS: usize = 10;
 const PROBES: usize = 100;
 
-fn cluster() -> String {
-    // 62 nodes of 8 H100 and one of 4: 500 devices.
-    "nodes:\n  - name: gpu\n    count: 62\n    cpu: 192\n    memory: 2048Gi\n    gpus:\n      - {model: H100, count: 8, memory: 80Gi}\n  - name: small\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 4, memory: 80Gi}\n".to_string()
-}
-
 fn policy() -> String {
     let mut text = String::from(
         "priority_classes:\n  - {name: medium, value: 0, preemptible: true}\ndefault_priority_class: medium\nprojects:\n",
@@ -72,7 +67,7 @@ async fn probes_through_a_deep_queue() {
         return;
     };
     let depth: usize = depth;
-    let daemon = std::sync::Arc::new(TestDaemon::paced(&cluster(), &policy()));
+    let daemon = std::sync::Arc::new(TestDaemon::paced(common::CLUSTER_500_DEVICES, &policy()));
     let call = |path: String, body: Option<String>| {
         let daemon = daemon.clone();
         async move {

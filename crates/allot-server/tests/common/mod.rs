@@ -14,6 +14,8 @@ use tower::ServiceExt;
 
 pub const CLUSTER: &str = include_str!("../../../../examples/cluster.yaml");
 pub const POLICY: &str = include_str!("../../../../examples/policy.yaml");
+/// The benchmarks' cluster: 62 nodes of 8 H100 and one of 4, 500 devices.
+pub const CLUSTER_500_DEVICES: &str = "nodes:\n  - name: gpu\n    count: 62\n    cpu: 192\n    memory: 2048Gi\n    gpus:\n      - {model: H100, count: 8, memory: 80Gi}\n  - name: small\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 4, memory: 80Gi}\n";
 
 pub struct TestDaemon {
     pub started: Option<Started>,

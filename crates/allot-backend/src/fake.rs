@@ -48,6 +48,9 @@ struct World {
     nodes: Vec<NodeSpec>,
     /// In launch order, so that observations come out in the order things happened.
     runs: Vec<WorldRun>,
+    /// Each run's place in `runs` (the first launch of an id, as a scan in order finds):
+    /// a cluster of thousands of runs is polled without a scan per run.
+    places: std::collections::BTreeMap<RunId, usize>,
     fail_next_launch: Option<String>,
     /// The next launch is accepted but the cluster never runs it (lost), with this detail.
     lose_next_launch: Option<String>,
@@ -103,11 +106,11 @@ impl From<StopSignal> for SignalKey {
 
 impl World {
     fn find(&self, run: RunId) -> Option<&WorldRun> {
-        self.runs.iter().find(|r| r.run.launch.run == run)
+        self.runs.get(*self.places.get(&run)?)
     }
 
     fn find_mut(&mut self, run: RunId) -> Option<&mut WorldRun> {
-        self.runs.iter_mut().find(|r| r.run.launch.run == run)
+        self.runs.get_mut(*self.places.get(&run)?)
     }
 }
 
@@ -411,6 +414,8 @@ impl Backend for FakeBackend {
                 (FakeRunState::Running, (first..first.saturating_add(count)).collect())
             }
         };
+        let place = world.runs.len();
+        world.places.entry(launch.run).or_insert(place);
         world.runs.push(WorldRun {
             run: FakeRun { launch: launch.clone(), state, signals: Vec::new(), pids },
             ignored: BTreeSet::new(),

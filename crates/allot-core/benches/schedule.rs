@@ -5,11 +5,13 @@
 //! second for the first (filling) cycle, the time of a full `decide` over a saturated queue,
 //! a churn cycle after 5 % of running work finishes, and the process's peak memory. It then
 //! repeats the fill at 100,000 workloads for the memory goal. Then a daemon's life on the
-//! saturated queue: `--ticks N` cycles (`decide_changes`, as the daemon calls it), before each
-//! 10 running workloads finish, 10 new ones arrive and one high-priority 1-GPU probe is
-//! submitted in a project within its guarantee (it finishes once admitted); decisions take
-//! effect at once (admitted work starts, victims stop). It prints the cycles' p50 / p99 / max
-//! and how many probes were admitted (or had their victims chosen) in the very next cycle. Figures, not assertions: the machine is shared. Options: `-- --nodes N
+//! saturated queue: `--ticks N` cycles 1 s apart (`decide_news` with `Refresh::default()`, as
+//! the daemon calls it), before each 10 running workloads finish, 10 new ones arrive and one
+//! high-priority 1-GPU probe is submitted in a project within its guarantee (it finishes once
+//! admitted); decisions take effect at once (admitted work starts, victims stop). It prints the
+//! cycles' p50 / p99 / max, how many probes were admitted (or had their victims chosen) in the
+//! very next cycle, and the deferrals reported a cycle. Figures, not assertions: the machine is
+//! shared. Options: `-- --nodes N
 //! --workloads N --seed N --ticks N --quick --defrag` (`--defrag`: the policy has
 //! defragmentation on, default restart cost).
 
@@ -19,8 +21,8 @@ use std::time::Instant;
 
 use allot_core::{
     Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
-    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares,
-    Timestamp, WorkloadSpec,
+    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Refresh,
+    Shares, Timestamp, WorkloadSpec,
 };
 
 const MODELS: [&str; 2] = ["H100", "A100"];
@@ -313,7 +315,7 @@ fn daemon_life(
         engine.apply(Timestamp(now), Event::WorkloadSubmitted(probe));
         let mut victims_for_probe = false;
         let t = Instant::now();
-        let decisions = engine.decide_changes(Timestamp(now + 1));
+        let decisions = engine.decide_news(Timestamp(now + 1), Refresh::default());
         cycle_ms.push(t.elapsed().as_secs_f64() * 1e3);
         reported.push(count(&decisions, "defer"));
         for d in &decisions {

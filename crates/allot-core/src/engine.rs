@@ -378,6 +378,9 @@ pub struct Engine {
     /// Set while `decide_changes` runs: deferrals that repeat what a queued workload was
     /// last told are not emitted.
     changes_only: bool,
+    /// Set while `decide_news` runs: how many deferrals that only refresh figures may still
+    /// be told this cycle, and how old a workload's last one must be.
+    news: Option<(Refresh, usize)>,
     /// Cycles without the cycle's memory (`reference_cycles`): the reference the
     /// incremental cycle is tested against.
     pub(crate) reference: bool,
@@ -387,6 +390,23 @@ pub struct Engine {
     reserved: BTreeMap<WorkloadId, reserve::Reservation>,
     /// Devices held for reservations during one cycle. Empty between cycles.
     reserve_held: BTreeMap<WorkloadId, Vec<Placement>>,
+}
+
+/// How `Engine::decide_news` tells again a deferral whose kind is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refresh {
+    /// Not before the workload's last reported deferral is this old.
+    pub min_age_ms: u64,
+    /// At most this many refreshes a cycle.
+    pub per_cycle: usize,
+}
+
+impl Default for Refresh {
+    /// The daemon's: figures at most 2 s old, at most 1,000 refreshes a cycle (about a
+    /// millisecond of words a cycle however deep the queue).
+    fn default() -> Refresh {
+        Refresh { min_age_ms: 2_000, per_cycle: 1_000 }
+    }
 }
 
 impl Engine {
@@ -651,6 +671,7 @@ impl Engine {
             default_class_name: policy.default_priority_class.clone(),
             reasons: queue::Reasons::default(),
             changes_only: false,
+            news: None,
             reference: false,
             reservation_policy: policy.reservations,
             reserved: BTreeMap::new(),
@@ -793,6 +814,21 @@ impl Engine {
         self.changes_only = true;
         let decisions = self.decide(now);
         self.changes_only = false;
+        decisions
+    }
+
+    /// `decide_changes`, but a deferral of the same kind as the one last reported (only its
+    /// figures moved: usage, free devices, the victims awaited) is told again only once the
+    /// last report is `refresh.min_age_ms` old, and at most `refresh.per_cycle` such a cycle
+    /// (the rest wait their turn, oldest report first by queue order). A change of kind is
+    /// told at once. For the daemon: in a deep queue every finish moves the figures of most
+    /// deferrals, and telling them all each cycle costs more than the cycle; what it keeps is
+    /// at most that old in its figures (`explain` is always current). Every other decision,
+    /// and the order of all, is `decide`'s.
+    pub fn decide_news(&mut self, now: Timestamp, refresh: Refresh) -> Vec<Decision> {
+        self.news = Some((refresh, refresh.per_cycle));
+        let decisions = self.decide_changes(now);
+        self.news = None;
         decisions
     }
 

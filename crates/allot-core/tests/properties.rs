@@ -44,7 +44,7 @@ use allot_core::{
     BorrowWithinCohort, Checkpointing, Decision, DeferReason, Defragmentation, DeviceSpec, Engine,
     Event, FairShareStrategy, FairSharing, GpuRequest, MigGpu, NodeId, NodeSpec, PolicySpec,
     PreemptReason, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec,
-    Shares, Stage, Timestamp, WithinProject, WorkloadId, WorkloadSpec,
+    Refresh, Shares, Stage, Timestamp, WithinProject, WorkloadId, WorkloadSpec,
 };
 use proptest::prelude::*;
 
@@ -773,8 +773,26 @@ struct Checker<'a> {
     /// Devices held by work allot does not govern, as the history last said.
     occupied: BTreeMap<NodeId, BTreeSet<u16>>,
     /// With `engine` running reference cycles: the engine as production runs it, fed the
-    /// same history and asked `decide_changes`, with the deferral last seen per workload.
-    incremental: Option<(Engine, BTreeMap<WorkloadId, DeferReason>)>,
+    /// same history and asked `decide_changes` (or, with a `Refresh`, `decide_news`), with
+    /// the deferral last seen per workload and when. The simulator asks the first, the
+    /// daemon the second.
+    incremental: Vec<Follower>,
+}
+
+/// An engine fed the checker's history and asked for changes only.
+struct Follower {
+    engine: Engine,
+    refresh: Option<Refresh>,
+    seen: BTreeMap<WorkloadId, (DeferReason, Timestamp)>,
+}
+
+/// `decide_news`'s limits in the property test: small enough that the history meets both.
+const TEST_REFRESH: Refresh = Refresh { min_age_ms: 2_000, per_cycle: 2 };
+
+impl Follower {
+    fn new(engine: &Engine, refresh: Option<Refresh>) -> Follower {
+        Follower { engine: engine.clone(), refresh, seen: BTreeMap::new() }
+    }
 }
 
 /// Rounds of `settle`; each round admits or stops something, so this bounds a settle.
@@ -815,7 +833,7 @@ impl<'a> Checker<'a> {
             restore_each_cycle: false,
             down: BTreeSet::new(),
             occupied: BTreeMap::new(),
-            incremental: None,
+            incremental: Vec::new(),
         }
     }
 
@@ -883,8 +901,8 @@ impl<'a> Checker<'a> {
     fn submit(&mut self, now: Timestamp, spec: &WorkloadSpec) {
         let held_before = self.engine.stage(spec.id).is_some();
         self.engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
-        if let Some((engine, _)) = &mut self.incremental {
-            engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
+        for follower in &mut self.incremental {
+            follower.engine.apply(now, Event::WorkloadSubmitted(spec.clone()));
         }
         if held_before || self.engine.stage(spec.id).is_none() {
             self.rejects_due.push(spec.id);
@@ -960,44 +978,67 @@ impl<'a> Checker<'a> {
     }
 
     fn apply_both(&mut self, now: Timestamp, event: Event) {
-        if let Some((engine, seen)) = &mut self.incremental {
+        for follower in &mut self.incremental {
             let id = event.workload();
-            engine.apply(now, event.clone());
+            follower.engine.apply(now, event.clone());
             // Work that left the engine is forgotten: a new submission of its id is reported
             // afresh (`decide_changes` forgets it too).
             if let Some(id) = id
-                && engine.stage(id).is_none()
+                && follower.engine.stage(id).is_none()
             {
-                seen.remove(&id);
+                follower.seen.remove(&id);
             }
         }
         self.engine.apply(now, event);
     }
 
     /// The incremental cycle hands out exactly the reference cycle's decisions, less the
-    /// deferrals that repeat a workload's last one.
+    /// deferrals that repeat a workload's last one; under `decide_news`, also less those of
+    /// the same kind as the last one told before it is `min_age_ms` old or once the cycle's
+    /// `per_cycle` refreshes are spent (in the order of the decisions).
     fn check_incremental(&mut self, now: Timestamp, reference: &[Decision]) -> Result<(), String> {
-        let Some((engine, seen)) = &mut self.incremental else { return Ok(()) };
-        let mut expected = Vec::new();
-        for d in reference {
-            match d {
-                Decision::Defer { workload, reason } => {
-                    if seen.get(workload) != Some(reason) {
-                        seen.insert(*workload, reason.clone());
-                        expected.push(d.clone());
+        for follower in &mut self.incremental {
+            let mut left = follower.refresh.map_or(0, |r| r.per_cycle);
+            let mut expected = Vec::new();
+            for d in reference {
+                match d {
+                    Decision::Defer { workload, reason } => {
+                        let told = match (follower.seen.get(workload), follower.refresh) {
+                            (None, _) => true,
+                            (Some((last, _)), _) if last == reason => false,
+                            (Some(_), None) => true,
+                            (Some((last, at)), Some(refresh)) => {
+                                if std::mem::discriminant(last) != std::mem::discriminant(reason) {
+                                    true
+                                } else if left > 0 && now.since(*at) >= refresh.min_age_ms {
+                                    left -= 1;
+                                    true
+                                } else {
+                                    false
+                                }
+                            }
+                        };
+                        if told {
+                            follower.seen.insert(*workload, (reason.clone(), now));
+                            expected.push(d.clone());
+                        }
+                    }
+                    other => {
+                        follower.seen.remove(&other.workload());
+                        expected.push(other.clone());
                     }
                 }
-                other => {
-                    seen.remove(&other.workload());
-                    expected.push(other.clone());
-                }
             }
-        }
-        let got = engine.decide_changes(now);
-        if got != expected {
-            return Err(format!(
-                "the incremental cycle differs from the reference:\n{got:?}\n{expected:?}"
-            ));
+            let got = match follower.refresh {
+                Some(refresh) => follower.engine.decide_news(now, refresh),
+                None => follower.engine.decide_changes(now),
+            };
+            if got != expected {
+                return Err(format!(
+                    "the incremental cycle ({:?}) differs from the reference:\n{got:?}\n{expected:?}",
+                    follower.refresh
+                ));
+            }
         }
         Ok(())
     }
@@ -1510,7 +1551,8 @@ impl<'a> Checker<'a> {
 /// byte.
 fn check_case(case: &Case) -> Result<(), String> {
     let mut first = Checker::new(case);
-    first.incremental = Some((first.engine.clone(), BTreeMap::new()));
+    first.incremental =
+        vec![Follower::new(&first.engine, None), Follower::new(&first.engine, Some(TEST_REFRESH))];
     first.engine.reference_cycles();
     first.run()?;
     // The replay goes on from a saved state after every cycle: same decisions.

@@ -18,7 +18,7 @@ pub(crate) struct Turn {
     /// Answers and commands to deliver now (the entries are durable).
     pub output: Output,
     pub append_seconds: f64,
-    /// Set when a snapshot was taken: the time it took to encode.
+    /// Set when a snapshot was taken: the time it took to encode, write and compact after.
     pub snapshot_seconds: Option<f64>,
 }
 
@@ -157,7 +157,8 @@ impl Durable {
         let now = self.machine.daemon.clamp(now_wall);
         let append_seconds = self.append(now, &output.entries)?;
         let snapshot_seconds = if matches!(output.entries.last(), Some(Entry::Decided)) {
-            self.maybe_snapshot(now)?
+            let (taken, seconds) = elapsed_s(|| self.maybe_snapshot(now));
+            taken?.then_some(seconds)
         } else {
             None
         };
@@ -168,21 +169,20 @@ impl Durable {
     /// followed the last snapshot: saves the state and drops the log before the previous
     /// snapshot (one snapshot's worth of log stays, for inspection). A failure is logged, not
     /// fatal: the log is still whole.
-    fn maybe_snapshot(&mut self, now: u64) -> anyhow::Result<Option<f64>> {
+    fn maybe_snapshot(&mut self, now: u64) -> anyhow::Result<bool> {
         self.cycles_since_snapshot += 1;
         let last = self.last_seq;
         if last.saturating_sub(self.snapshot_seq) < self.snapshot_every
             && self.cycles_since_snapshot < (self.snapshot_every / 100).max(1)
         {
-            return Ok(None);
+            return Ok(false);
         }
-        let (taken, seconds) = elapsed_s(|| self.machine.daemon.snapshot());
-        let body = match taken {
+        let body = match self.machine.daemon.snapshot() {
             Ok(Some(body)) => body,
-            Ok(None) => return Ok(None),
+            Ok(None) => return Ok(false),
             Err(e) => {
                 crate::os::tracing_log(&format!("no snapshot: {e:#}"));
-                return Ok(None);
+                return Ok(false);
             }
         };
         let previous = self.snapshot_seq;
@@ -198,6 +198,6 @@ impl Durable {
             }
             Err(e) => crate::os::tracing_log(&format!("no snapshot: {e}")),
         }
-        Ok(Some(seconds))
+        Ok(true)
     }
 }

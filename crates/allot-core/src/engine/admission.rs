@@ -277,11 +277,11 @@ impl Engine {
     fn report_defer(&mut self, out: &mut Vec<Decision>, id: WorkloadId, reason: DeferReason) {
         if self.changes_only {
             let number = self.reasons.number(&reason);
-            if let Some(entry) = self.queue_entry_mut(id) {
-                if entry.reported == Some(number) {
-                    return;
-                }
-                entry.reported = Some(number);
+            if let Some(w) = self.workloads.get(&id)
+                && let Some(entry) = self.queues[w.project.0 as usize].get_mut(&w.queue_key())
+                && !entry.report(number, &self.reasons, &mut self.news, self.clock)
+            {
+                return;
             }
         }
         out.push(Decision::Defer { workload: id, reason });
@@ -298,11 +298,12 @@ impl Engine {
         reason: ReasonId,
     ) {
         if self.changes_only {
-            if entry.reported == Some(reason) {
+            let mut entry = entry;
+            if !entry.report(reason, &self.reasons, &mut self.news, self.clock) {
                 return;
             }
             if let Some(e) = self.queues[p].get_mut(&key) {
-                e.reported = Some(reason);
+                *e = entry;
             }
         }
         out.push(Decision::Defer { workload: key.2, reason: self.reasons.get(reason).clone() });

@@ -212,11 +212,17 @@ impl Engine {
     /// capacity still holds; work still running on such a node counts as allocated. Shares
     /// withheld on occupied devices (held by work allot does not govern) are neither capacity
     /// nor free either: they are `unmanaged`.
-    /// Costs O(devices × distinct pending shapes).
+    /// Costs O(pending + devices × distinct pending shapes).
     pub fn cluster_snapshot(&self) -> crate::ledger::ClusterSnapshot {
+        // One workload read per distinct queued shape (the queue files each under its
+        // shape's number): a deep queue holds few shapes, and this runs every cycle.
         let mut shapes: BTreeSet<(Vec<ModelId>, MemberShape)> = BTreeSet::new();
+        let mut seen: BTreeSet<super::queue::ShapeId> = BTreeSet::new();
         for queue in &self.queues {
-            for &(_, _, id) in queue.keys() {
+            for (&(_, _, id), entry) in queue.iter() {
+                if !seen.insert(entry.shape) {
+                    continue;
+                }
                 if let Some(w) = self.workloads.get(&id)
                     && w.spec.total_shares() > Shares::ZERO
                 {

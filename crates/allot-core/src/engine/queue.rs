@@ -32,6 +32,40 @@ pub(crate) struct QueueEntry {
     pub plain: bool,
     /// The deferral `decide_changes` last reported for it (numbered in `Reasons`).
     pub reported: Option<ReasonId>,
+    /// When that deferral was reported (`decide_news` refreshes figures by its age).
+    pub reported_at: Timestamp,
+}
+
+impl QueueEntry {
+    /// Whether a deferral numbered `number` is reported to this queued workload now, under
+    /// `decide_changes` (`news`: under `decide_news`, with its refreshes left this cycle);
+    /// if so, it becomes the one last reported.
+    pub fn report(
+        &mut self,
+        number: ReasonId,
+        reasons: &Reasons,
+        news: &mut Option<(super::Refresh, usize)>,
+        now: Timestamp,
+    ) -> bool {
+        if let Some(last) = self.reported {
+            if last == number {
+                return false;
+            }
+            let same_kind = std::mem::discriminant(reasons.get(last))
+                == std::mem::discriminant(reasons.get(number));
+            if let Some((refresh, left)) = news
+                && same_kind
+            {
+                if *left == 0 || now.since(self.reported_at) < refresh.min_age_ms {
+                    return false;
+                }
+                *left -= 1;
+            }
+        }
+        self.reported = Some(number);
+        self.reported_at = now;
+        true
+    }
 }
 
 impl std::ops::Deref for Queue {
@@ -170,7 +204,7 @@ impl Engine {
         let Some(w) = self.workloads.get(&id) else { return };
         let shape = self.shapes.number(w);
         let plain = w.idle_suspended_at.is_none() && w.resume_at.is_none();
-        let entry = QueueEntry { shape, plain, reported: None };
+        let entry = QueueEntry { shape, plain, reported: None, reported_at: Timestamp(0) };
         self.queues[w.project.0 as usize].insert(w.queue_key(), entry);
     }
 

@@ -1219,9 +1219,11 @@ impl Daemon {
             Some(shadow) => shadow.decide(&self.engine, &self.nodes, now),
             None => None,
         };
-        // Only deferrals whose reason changed: each record keeps the reason it was last told,
-        // and a deep queue's words (most repeat every cycle) cost more than the cycle itself.
-        let decisions = self.engine.decide_changes(Timestamp(now));
+        // Only deferrals whose reason changed (each record keeps the reason it was last told),
+        // and of those whose kind is unchanged only so many a cycle, each at most every 2 s
+        // (`Refresh::default`): a deep queue's words (most repeat, or move a figure, every
+        // cycle) cost more than the cycle itself. `allot why` is always current.
+        let decisions = self.engine.decide_news(Timestamp(now), allot_core::Refresh::default());
         if let (Some(shadow), Some(candidate)) = (&mut self.shadow, candidate) {
             shadow.compare(now, &decisions, &candidate);
         }
@@ -1420,8 +1422,26 @@ impl Daemon {
     /// Everything the log made, as text (the readers' change list aside): a daemon rebuilt
     /// from the log — snapshot and replay — equals the one that wrote it. A stop's sent flags
     /// are not in it: escalations are not logged, and a start resends each stop's current step
-    /// (`resend_stops`).
+    /// (`resend_stops`). Nor are the figures in a pending workload's reason, only its code:
+    /// the engine's memory of what it last told each pending workload is not saved, so a
+    /// rebuilt daemon tells every one afresh where the one that crashed may still show figures
+    /// up to `Refresh::default().min_age_ms` old (a change of code is told at once by both).
     pub(crate) fn digest(&self) -> String {
+        let workloads: BTreeMap<&u64, std::borrow::Cow<'_, Record>> = self
+            .workloads
+            .iter()
+            .map(|(id, r)| {
+                let r = match &r.reason {
+                    Some((code, _)) if r.state == WorkloadState::Pending => {
+                        let mut r = r.clone();
+                        r.reason = Some((code.clone(), String::new()));
+                        std::borrow::Cow::Owned(r)
+                    }
+                    _ => std::borrow::Cow::Borrowed(r),
+                };
+                (id, r)
+            })
+            .collect();
         let stops: Vec<_> = self
             .stops
             .iter()
@@ -1430,7 +1450,7 @@ impl Daemon {
         format!(
             "{:?}",
             (
-                (&self.engine, &self.ledger, &self.nodes, &self.workloads, stops),
+                (&self.engine, &self.ledger, &self.nodes, workloads, stops),
                 (&self.counters, self.next_id, self.last_now, self.first_ms, self.dirty),
                 (self.last_cycle_ms, &self.policy_source, &self.policy_text, &self.unusable_nodes),
                 (&self.foreign_ids, &self.reported_nodes, &self.kept_nodes, &self.backend_down),

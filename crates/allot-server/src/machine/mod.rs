@@ -300,7 +300,7 @@ impl Machine {
                 Waiting::Shadow(ticket) => (ticket, Answer::Shadow(self.shadow_answer(now))),
             });
         }
-        if out.cycled && !self.awaiting_admission.is_empty() {
+        if !self.awaiting_admission.is_empty() {
             out.admitted_after_ms = self.admitted_after(now);
         }
         out.commands.extend(self.daemon.due_signals(now));
@@ -511,22 +511,30 @@ impl Machine {
         }
     }
 
-    /// Submissions the last cycle decided on for good (admitted, or ended otherwise) stop
-    /// being timed; first admissions give their time since arrival.
+    /// Submissions decided on for good since the last publish (admitted, or ended otherwise)
+    /// stop being timed; first admissions give their time since arrival. Only the workloads
+    /// that changed are looked at (every state change marks its workload changed), not every
+    /// submission still waiting: a deep queue waits long.
     fn admitted_after(&mut self, now: u64) -> Vec<u64> {
         let daemon = &self.daemon;
         let mut out = Vec::new();
-        self.awaiting_admission.retain(|id, received| {
-            let Some(r) = daemon.workloads.get(id) else { return false };
-            match r.state {
-                WorkloadState::Pending | WorkloadState::Suspended => true,
-                WorkloadState::Starting | WorkloadState::Running if r.attempt == 1 => {
-                    out.push(now.saturating_sub(*received));
-                    false
-                }
-                _ => false,
+        for id in &daemon.changed {
+            let Some(&received) = self.awaiting_admission.get(id) else { continue };
+            let decided = match daemon.workloads.get(id) {
+                None => true,
+                Some(r) => match r.state {
+                    WorkloadState::Pending | WorkloadState::Suspended => false,
+                    WorkloadState::Starting | WorkloadState::Running if r.attempt == 1 => {
+                        out.push(now.saturating_sub(received));
+                        true
+                    }
+                    _ => true,
+                },
+            };
+            if decided {
+                self.awaiting_admission.remove(id);
             }
-        });
+        }
         out
     }
 

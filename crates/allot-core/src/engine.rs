@@ -401,6 +401,12 @@ pub struct Refresh {
     pub per_cycle: usize,
 }
 
+impl Refresh {
+    /// Only changes of kind, never a refresh of figures: for callers that act on a deferral's
+    /// kind alone (the simulator's replay).
+    pub const KINDS_ONLY: Refresh = Refresh { min_age_ms: u64::MAX, per_cycle: 0 };
+}
+
 impl Default for Refresh {
     /// The daemon's: figures at most 2 s old, at most 1,000 refreshes a cycle (about a
     /// millisecond of words a cycle however deep the queue).

@@ -23,7 +23,7 @@ use std::fmt;
 
 use allot_core::{
     Checkpointing, Decision, DeferReason, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
-    PreemptionMode, ProjectSpec, Queueing, QuotaModel, QuotaSpec, SHARES_PER_GPU, Shares,
+    PreemptionMode, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Refresh, SHARES_PER_GPU, Shares,
     Timestamp, WorkloadId, WorkloadKind, WorkloadSpec,
 };
 
@@ -636,7 +636,9 @@ impl Sim<'_> {
                 self.last_decide_ms = Some(t_ms);
                 self.dirty = false;
                 self.decide_calls += 1;
-                let decisions = self.engine.decide_changes(now);
+                // The replay acts on a deferral's kind alone (`on_decision`): figures that
+                // move are not news to it.
+                let decisions = self.engine.decide_news(now, Refresh::KINDS_ONLY);
                 if self.config.audit {
                     self.engine
                         .audit()

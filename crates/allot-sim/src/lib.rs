@@ -9,6 +9,8 @@
 //! - [`pack`]: the FGD packing experiment (arrival-only, inflated, metrics per 1 % of demand).
 //! - [`bound`]: an upper bound on what any placement can allocate (configuration LP).
 //! - [`replay`]: discrete-event replay with quotas, priorities, pre-emption and [`activity`].
+//! - [`slurm`]: the plain-Slurm baseline (FIFO + backfill with reservations) that replays
+//!   the same trace for comparison; a model of Slurm, not a second allot scheduler.
 //! - [`idle`]: the idle-reclaim experiment (AMD RM, Run:ai and allot rules on one seeded
 //!   workload with modelled telemetry).
 //! - [`report`], [`charts`], [`progress`]: tables, JSON/CSV, SVG/PNG charts, progress bars.
@@ -27,6 +29,7 @@ pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod rng;
+pub mod slurm;
 pub mod trace;
 
 pub use error::{BadRows, Skipped, TraceError};

@@ -315,11 +315,11 @@ fn rehearsed(judged: &[allot_config::rollout::Judged]) -> Vec<crate::outcome::Re
         .collect()
 }
 
-fn ms(s: f64) -> u64 {
+pub(crate) fn ms(s: f64) -> u64 {
     (s.max(0.0) * 1000.0).round() as u64
 }
 
-fn secs(ms: u64) -> f64 {
+pub(crate) fn secs(ms: u64) -> f64 {
     ms as f64 / 1000.0
 }
 
@@ -452,12 +452,7 @@ fn replay_inner(
         sim.push(ms(job.submit_s), Happening::Arrive { job: i });
     }
 
-    // The timeline's step: as configured, grown so that the expected span fits the cap.
-    let horizon_s = jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0, f64::max);
-    // (An estimate: queueing can stretch the real span; the cap then ends the timeline early.)
-    let horizon_s = config.until_s.unwrap_or(horizon_s);
-    let step_s = config.timeline_step_s.max(1.0).max(horizon_s / TIMELINE_POINTS_MAX as f64).ceil();
-    let step_ms = ms(step_s);
+    let step_ms = timeline_step_ms(jobs, config);
     let until_ms = config.until_s.map(ms);
     let mut next_sample_ms = 0u64;
     let mut end_ms = 0u64;
@@ -740,10 +735,7 @@ impl Sim<'_> {
                 last_checkpoint_at: None,
             }),
             min_runtime_ms: 0,
-            max_runtime_ms: self
-                .config
-                .time_limits
-                .then(|| ((j.duration_s / 60.0).ceil() as u64 + 1) * 60_000),
+            max_runtime_ms: self.config.time_limits.then(|| time_limit_ms(j.duration_s)),
             deadline: None,
         }
     }
@@ -975,101 +967,191 @@ impl Sim<'_> {
     }
 
     fn report(mut self, label: &str, capacity_shares: u64, end_s: f64) -> ReplayReport {
-        let hours = |gpu_s: f64| gpu_s / 3600.0;
         let names: Vec<String> = (0..self.engine.project_count())
             .map(|p| self.engine.project_name(allot_core::ProjectId(p as u32)).to_owned())
             .collect();
-        let mut projects: Vec<ProjectLedger> = names
-            .iter()
-            .map(|name| ProjectLedger { project: name.clone(), ..ProjectLedger::default() })
-            .collect();
-        let (mut allocated, mut active, mut useful, mut idle, mut lost) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        let (mut finished, mut cancelled, mut pending) = (0usize, 0usize, 0usize);
-        let mut jct_sum = 0.0;
-        let mut delays: Vec<f64> = Vec::new();
-        let mut by_job = BTreeMap::new();
-        let (mut jobs_preempted, mut preemptions_per_job_max) = (0usize, 0u32);
-        for (i, s) in self.state.iter().enumerate() {
-            jobs_preempted += usize::from(s.preemptions > 0);
-            preemptions_per_job_max = preemptions_per_job_max.max(s.preemptions);
-            allocated += s.allocated;
-            active += s.active;
-            useful += s.useful;
-            idle += s.idle;
-            lost += s.lost;
-            // Times in whole milliseconds, as the engine saw them (the submit time is rounded
-            // to the engine's clock), so that a delay is never a float residue below zero.
-            let submitted_ms = ms(self.jobs[i].submit_s);
-            let since_submit = |t: f64| secs(ms(t).saturating_sub(submitted_ms));
-            if let Some(a) = s.first_admit_s {
-                delays.push(since_submit(a));
-            }
-            by_job.insert(
-                self.jobs[i].id,
-                crate::outcome::JobOutcome {
-                    first_wait_s: s.first_admit_s.map(since_submit),
-                    allocated_gpu_hours: hours(s.allocated),
-                    preemptions: s.preemptions,
-                },
-            );
-            match s.fate {
-                Fate::Finished => {
-                    finished += 1;
-                    jct_sum += since_submit(s.finish_s.unwrap_or(end_s));
-                }
-                Fate::Cancelled => cancelled += 1,
-                Fate::Waiting | Fate::Queued | Fate::Holding => pending += 1,
-            }
-            if let Some(p) = projects.get_mut(s.project) {
-                p.jobs_total += 1;
-                p.allocated_gpu_hours += hours(s.allocated);
-                p.active_gpu_hours += hours(s.active);
-                p.useful_gpu_hours += hours(s.useful);
-                p.idle_gpu_hours += hours(s.idle);
-                p.lost_gpu_hours += hours(s.lost);
-                p.preemptions += u64::from(s.preemptions);
-                p.jobs_finished += usize::from(s.fate == Fate::Finished);
-            }
-        }
-        delays.sort_by(f64::total_cmp);
-        let capacity_gpu_s = capacity_shares as f64 / SHARES_PER_GPU as f64 * end_s;
-        let pct =
-            |gpu_s: f64| if capacity_gpu_s > 0.0 { 100.0 * gpu_s / capacity_gpu_s } else { 0.0 };
-        let timeline = std::mem::take(&mut self.timeline);
-        ReplayReport {
-            policy: label.to_owned(),
+        let books = self.state.iter().map(|s| JobBook {
+            project: s.project,
+            outcome: match s.fate {
+                Fate::Finished => BookedFate::Finished,
+                Fate::Cancelled => BookedFate::Cancelled,
+                Fate::Waiting | Fate::Queued | Fate::Holding => BookedFate::Pending,
+            },
+            first_admit_s: s.first_admit_s,
+            finish_s: s.finish_s,
+            preemptions: s.preemptions,
+            allocated: s.allocated,
+            active: s.active,
+            useful: s.useful,
+            idle: s.idle,
+            lost: s.lost,
+        });
+        let run = RunTotals {
+            label,
             seed: self.config.seed,
-            jobs_total: self.jobs.len(),
-            jobs_finished: finished,
-            jobs_pending: pending,
-            jobs_cancelled: cancelled,
-            jct_s_mean: if finished > 0 { jct_sum / finished as f64 } else { 0.0 },
-            queue_delay_s_p50: percentile(&delays, 50.0),
-            queue_delay_s_p95: percentile(&delays, 95.0),
-            queue_delay_s_p99: percentile(&delays, 99.0),
-            gpu_allocated_pct: pct(allocated),
-            gpu_active_pct: pct(active),
+            jobs: self.jobs,
+            projects: names,
+            capacity_shares,
+            end_s,
             preemptions: self.preemptions,
-            jobs_preempted,
-            preemptions_per_job_max,
-            lost_gpu_hours: hours(lost),
-            goodput: if allocated > 0.0 { useful / allocated } else { 0.0 },
-            wall_ms: 0,
-            timeline,
-            queue_delays_s: delays,
-            projects,
-            capacity_gpus: capacity_shares as f64 / SHARES_PER_GPU as f64,
-            span_s: end_s,
-            allocated_gpu_hours: hours(allocated),
-            active_gpu_hours: hours(active),
-            useful_gpu_hours: hours(useful),
-            idle_gpu_hours: hours(idle),
             decide_calls: self.decide_calls,
-            bad_rows_skipped: 0,
-            rehearsal: self.rehearsal.take().map(|r| r.report),
-            by_job,
+            timeline: std::mem::take(&mut self.timeline),
+        };
+        let mut report = build_report(run, books);
+        report.rehearsal = self.rehearsal.take().map(|r| r.report);
+        report
+    }
+}
+
+/// How a job's replay ended, for the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BookedFate {
+    Finished,
+    Cancelled,
+    /// Queued or running when the replay stopped.
+    Pending,
+}
+
+/// One job's books at the end of a replay (GPU-seconds), whatever scheduler ran it: the
+/// engine's replay and the Slurm baseline (`crate::slurm`) report through the same code.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JobBook {
+    /// Index into `RunTotals::projects`; out of range: counted in no project's ledger.
+    pub project: usize,
+    pub outcome: BookedFate,
+    pub first_admit_s: Option<f64>,
+    pub finish_s: Option<f64>,
+    pub preemptions: u32,
+    pub allocated: f64,
+    pub active: f64,
+    pub useful: f64,
+    pub idle: f64,
+    pub lost: f64,
+}
+
+/// The run-wide figures a report needs besides the jobs' books.
+pub(crate) struct RunTotals<'a> {
+    pub label: &'a str,
+    pub seed: u64,
+    pub jobs: &'a [TraceJob],
+    pub projects: Vec<String>,
+    pub capacity_shares: u64,
+    pub end_s: f64,
+    pub preemptions: u64,
+    pub decide_calls: u64,
+    pub timeline: Vec<TimelinePoint>,
+}
+
+/// The report of a replay from each job's books (in the order of `run.jobs`).
+pub(crate) fn build_report(
+    run: RunTotals<'_>,
+    books: impl Iterator<Item = JobBook>,
+) -> ReplayReport {
+    let hours = |gpu_s: f64| gpu_s / 3600.0;
+    let end_s = run.end_s;
+    let mut projects: Vec<ProjectLedger> = run
+        .projects
+        .iter()
+        .map(|name| ProjectLedger { project: name.clone(), ..ProjectLedger::default() })
+        .collect();
+    let (mut allocated, mut active, mut useful, mut idle, mut lost) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let (mut finished, mut cancelled, mut pending) = (0usize, 0usize, 0usize);
+    let mut jct_sum = 0.0;
+    let mut delays: Vec<f64> = Vec::new();
+    let mut by_job = BTreeMap::new();
+    let (mut jobs_preempted, mut preemptions_per_job_max) = (0usize, 0u32);
+    for (job, s) in run.jobs.iter().zip(books) {
+        jobs_preempted += usize::from(s.preemptions > 0);
+        preemptions_per_job_max = preemptions_per_job_max.max(s.preemptions);
+        allocated += s.allocated;
+        active += s.active;
+        useful += s.useful;
+        idle += s.idle;
+        lost += s.lost;
+        // Times in whole milliseconds, as the engine saw them (the submit time is rounded
+        // to the engine's clock), so that a delay is never a float residue below zero.
+        let submitted_ms = ms(job.submit_s);
+        let since_submit = |t: f64| secs(ms(t).saturating_sub(submitted_ms));
+        if let Some(a) = s.first_admit_s {
+            delays.push(since_submit(a));
+        }
+        by_job.insert(
+            job.id,
+            crate::outcome::JobOutcome {
+                first_wait_s: s.first_admit_s.map(since_submit),
+                allocated_gpu_hours: hours(s.allocated),
+                preemptions: s.preemptions,
+            },
+        );
+        match s.outcome {
+            BookedFate::Finished => {
+                finished += 1;
+                jct_sum += since_submit(s.finish_s.unwrap_or(end_s));
+            }
+            BookedFate::Cancelled => cancelled += 1,
+            BookedFate::Pending => pending += 1,
+        }
+        if let Some(p) = projects.get_mut(s.project) {
+            p.jobs_total += 1;
+            p.allocated_gpu_hours += hours(s.allocated);
+            p.active_gpu_hours += hours(s.active);
+            p.useful_gpu_hours += hours(s.useful);
+            p.idle_gpu_hours += hours(s.idle);
+            p.lost_gpu_hours += hours(s.lost);
+            p.preemptions += u64::from(s.preemptions);
+            p.jobs_finished += usize::from(s.outcome == BookedFate::Finished);
         }
     }
+    delays.sort_by(f64::total_cmp);
+    let capacity_gpu_s = run.capacity_shares as f64 / SHARES_PER_GPU as f64 * end_s;
+    let pct = |gpu_s: f64| if capacity_gpu_s > 0.0 { 100.0 * gpu_s / capacity_gpu_s } else { 0.0 };
+    ReplayReport {
+        policy: run.label.to_owned(),
+        seed: run.seed,
+        jobs_total: run.jobs.len(),
+        jobs_finished: finished,
+        jobs_pending: pending,
+        jobs_cancelled: cancelled,
+        jct_s_mean: if finished > 0 { jct_sum / finished as f64 } else { 0.0 },
+        queue_delay_s_p50: percentile(&delays, 50.0),
+        queue_delay_s_p95: percentile(&delays, 95.0),
+        queue_delay_s_p99: percentile(&delays, 99.0),
+        gpu_allocated_pct: pct(allocated),
+        gpu_active_pct: pct(active),
+        preemptions: run.preemptions,
+        jobs_preempted,
+        preemptions_per_job_max,
+        lost_gpu_hours: hours(lost),
+        goodput: if allocated > 0.0 { useful / allocated } else { 0.0 },
+        wall_ms: 0,
+        timeline: run.timeline,
+        queue_delays_s: delays,
+        projects,
+        capacity_gpus: run.capacity_shares as f64 / SHARES_PER_GPU as f64,
+        span_s: end_s,
+        allocated_gpu_hours: hours(allocated),
+        active_gpu_hours: hours(active),
+        useful_gpu_hours: hours(useful),
+        idle_gpu_hours: hours(idle),
+        decide_calls: run.decide_calls,
+        bad_rows_skipped: 0,
+        rehearsal: None,
+        by_job,
+    }
+}
+
+/// The timeline's step, ms: as configured, grown so that the expected span fits the cap.
+pub(crate) fn timeline_step_ms(jobs: &[TraceJob], config: &ReplayConfig) -> u64 {
+    let horizon_s = jobs.iter().map(|j| j.submit_s + j.duration_s).fold(0.0, f64::max);
+    // (An estimate: queueing can stretch the real span; the cap then ends the timeline early.)
+    let horizon_s = config.until_s.unwrap_or(horizon_s);
+    ms(config.timeline_step_s.max(1.0).max(horizon_s / TIMELINE_POINTS_MAX as f64).ceil())
+}
+
+/// The time limit a Slurm user gives a job of this duration, ms: the duration rounded up to
+/// whole minutes, plus one minute (`ReplayConfig::time_limits`, the Slurm baseline).
+pub fn time_limit_ms(duration_s: f64) -> u64 {
+    ((duration_s.max(0.0) / 60.0).ceil() as u64 + 1) * 60_000
 }
 
 /// Nearest-rank percentile of ascending values; 0 for none.

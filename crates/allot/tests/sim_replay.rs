@@ -156,3 +156,35 @@ fn the_allot_trace_format_replays_on_a_cluster_file() {
         4
     );
 }
+
+/// `--compare-with slurm-backfill` adds plain Slurm's column after the policies: no
+/// pre-emption, nothing lost, every job finished, deterministic; bad `--bf-*` values and an
+/// unknown scheduler are refused with the flag named.
+#[test]
+fn the_slurm_baseline_is_a_column_after_the_policies() {
+    let args = ["--limit-jobs", "2000", "--load", "6", "--no-timing"];
+    let out = acceptance(&[&args[..], &["--compare-with", "slurm-backfill"]].concat());
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let policies = json["policies"].as_array().expect("two reports");
+    assert_eq!(policies.len(), 2);
+    let slurm = &policies[1];
+    assert_eq!(slurm["policy"], "slurm-backfill");
+    assert_eq!(
+        (slurm["jobs_finished"].as_u64(), slurm["preemptions"].as_u64()),
+        (Some(2000), Some(0))
+    );
+    assert_eq!(slurm["lost_gpu_hours"].as_f64(), Some(0.0));
+    let again = acceptance(&[&args[..], &["--compare-with", "slurm-backfill"]].concat());
+    assert_eq!(out.stdout, again.stdout, "the baseline is not deterministic");
+
+    let out = acceptance(&["--limit-jobs", "10", "--compare-with", "slurm"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("slurm-backfill"), "{}", text(&out.stderr));
+    let out =
+        acceptance(&["--limit-jobs", "10", "--compare-with", "slurm-backfill", "--bf-window", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--bf-window: give a positive"), "{}", text(&out.stderr));
+    let out = acceptance(&["--limit-jobs", "10", "--bf-interval", "5"]);
+    assert_eq!(out.status.code(), Some(2), "--bf-* without --compare-with");
+}

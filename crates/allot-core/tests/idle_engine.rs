@@ -8,10 +8,10 @@
 //! - the idle time reported reached the rule's timer, and a `Warn` for the workload came at
 //!   least `warn_before` earlier in its current run;
 //! - the action is the rule's;
-//! - a claimant of allot's `on_pressure` reclaim whose victims have all stopped is admitted by
-//!   the next cycle (it was placeable once they were gone: all or nothing), unless a node is
-//!   drained then (nodes are drained and brought back at random: what a victim frees on a
-//!   drained node is not usable);
+//! - a claimant of allot's `on_pressure` reclaim whose victims are all gone (stopped for it, or
+//!   finished on their own) is admitted in the first cycle after that (it was placeable once
+//!   they were gone: all or nothing), unless a node is drained then (nodes are drained and
+//!   brought back at random: what a victim frees on a drained node is not usable);
 //! - a victim is never claimed twice.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -323,6 +323,33 @@ impl World {
         Ok(())
     }
 
+    /// A cycle in which every claimant whose idle victims are all gone (stopped for it or
+    /// finished on their own) is admitted. Each claim is judged in the first cycle after its
+    /// victims are gone and then let go: if a node is drained then, the engine may release the
+    /// claim (what the victims freed may be unusable), and later work may take the room.
+    fn decide_holding_claims(&mut self, now: Timestamp, drained: bool) -> Result<(), String> {
+        let ready: Vec<WorkloadId> = self
+            .claims
+            .iter()
+            .filter(|(_, vs)| vs.iter().all(|v| !self.running.contains(v)))
+            .map(|(&c, _)| c)
+            .collect();
+        let decisions = self.decide(now)?;
+        for c in ready {
+            self.claims.remove(&c);
+            let admitted = decisions
+                .iter()
+                .any(|d| matches!(d, Decision::Admit { workload, .. } if *workload == c));
+            if !admitted && !drained {
+                return Err(format!(
+                    "{c}: its idle victims are gone but it was not admitted: {:?}",
+                    decisions.iter().find(|d| d.workload() == c)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn decide(&mut self, now: Timestamp) -> Result<Vec<Decision>, String> {
         let decisions = self.engine.decide(now);
         self.check_changes(now, &decisions)?;
@@ -413,7 +440,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                 w.apply(now, Event::WorkloadSubmitted(spec));
             }
             Step::Decide => {
-                w.decide(now)?;
+                w.decide_holding_claims(now, !down.is_empty())?;
             }
             Step::Act => {
                 let stopped = !w.to_stop.is_empty();
@@ -428,33 +455,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
                     w.apply(now, Event::WorkloadStopped { workload: id });
                 }
                 if stopped {
-                    // Claimants whose idle victims are all gone start in this cycle.
-                    let ready: Vec<WorkloadId> = w
-                        .claims
-                        .iter()
-                        .filter(|(_, vs)| vs.iter().all(|v| !w.running.contains(v)))
-                        .map(|(&c, _)| c)
-                        .collect();
-                    let decisions = w.decide(now)?;
-                    if !down.is_empty() {
-                        // This was the claimants' cycle, and a node was drained in it: the
-                        // engine may let their claims go (what the victims freed may be
-                        // unusable), so they are not held to them in a later cycle.
-                        for c in &ready {
-                            w.claims.remove(c);
-                        }
-                    }
-                    for c in ready.into_iter().filter(|_| down.is_empty()) {
-                        let admitted = decisions.iter().any(
-                            |d| matches!(d, Decision::Admit { workload, .. } if *workload == c),
-                        );
-                        if !admitted {
-                            return Err(format!(
-                                "{c}: its idle victims are gone but it was not admitted: {:?}",
-                                decisions.iter().find(|d| d.workload() == c)
-                            ));
-                        }
-                    }
+                    w.decide_holding_claims(now, !down.is_empty())?;
                 }
             }
             Step::SampleAll { permille, spike } => {
@@ -531,3 +532,4 @@ proptest! {
         }
     }
 }
+

@@ -21,6 +21,14 @@ pub struct ReplayReport {
     pub queue_delay_s_p50: f64,
     pub queue_delay_s_p95: f64,
     pub queue_delay_s_p99: f64,
+    /// Jobs that ask for [`BIG_JOB_GPUS`] or more GPUs in all (members × GPUs each): the
+    /// ones scattered small work can starve.
+    pub big_jobs: usize,
+    /// The first queue delays of the big jobs admitted, seconds.
+    pub big_queue_delay_s_mean: f64,
+    pub big_queue_delay_s_p50: f64,
+    pub big_queue_delay_s_p95: f64,
+    pub big_queue_delay_s_max: f64,
     /// Time-average allocated GPUs as % of capacity over the replayed span.
     pub gpu_allocated_pct: f64,
     /// Time-average GPUs doing work (activity model) as % of capacity.
@@ -65,6 +73,10 @@ pub struct ReplayReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rehearsal: Option<RehearsalReport>,
 }
+
+/// A job asking for this many GPUs in all, or more, is a big job in the report (a whole
+/// 8-GPU node, as the product contract's starvation rule puts it).
+pub const BIG_JOB_GPUS: u32 = 8;
 
 /// One sample of the cluster over time.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

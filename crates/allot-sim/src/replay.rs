@@ -1058,6 +1058,7 @@ pub(crate) fn build_report(
     let (mut finished, mut cancelled, mut pending) = (0usize, 0usize, 0usize);
     let mut jct_sum = 0.0;
     let mut delays: Vec<f64> = Vec::new();
+    let (mut big_jobs, mut big_delays) = (0usize, Vec::new());
     let mut by_job = BTreeMap::new();
     let (mut jobs_preempted, mut preemptions_per_job_max) = (0usize, 0u32);
     for (job, s) in run.jobs.iter().zip(books) {
@@ -1072,8 +1073,14 @@ pub(crate) fn build_report(
         // to the engine's clock), so that a delay is never a float residue below zero.
         let submitted_ms = ms(job.submit_s);
         let since_submit = |t: f64| secs(ms(t).saturating_sub(submitted_ms));
+        let big = job.gpu_milli >= SHARES_PER_GPU as u32
+            && job.gpus.saturating_mul(job.members) >= crate::outcome::BIG_JOB_GPUS;
+        big_jobs += usize::from(big);
         if let Some(a) = s.first_admit_s {
             delays.push(since_submit(a));
+            if big {
+                big_delays.push(since_submit(a));
+            }
         }
         by_job.insert(
             job.id,
@@ -1103,6 +1110,7 @@ pub(crate) fn build_report(
         }
     }
     delays.sort_by(f64::total_cmp);
+    big_delays.sort_by(f64::total_cmp);
     let capacity_gpu_s = run.capacity_shares as f64 / SHARES_PER_GPU as f64 * end_s;
     let pct = |gpu_s: f64| if capacity_gpu_s > 0.0 { 100.0 * gpu_s / capacity_gpu_s } else { 0.0 };
     ReplayReport {
@@ -1116,6 +1124,15 @@ pub(crate) fn build_report(
         queue_delay_s_p50: percentile(&delays, 50.0),
         queue_delay_s_p95: percentile(&delays, 95.0),
         queue_delay_s_p99: percentile(&delays, 99.0),
+        big_jobs,
+        big_queue_delay_s_mean: if big_delays.is_empty() {
+            0.0
+        } else {
+            big_delays.iter().sum::<f64>() / big_delays.len() as f64
+        },
+        big_queue_delay_s_p50: percentile(&big_delays, 50.0),
+        big_queue_delay_s_p95: percentile(&big_delays, 95.0),
+        big_queue_delay_s_max: big_delays.last().copied().unwrap_or(0.0),
         gpu_allocated_pct: pct(allocated),
         gpu_active_pct: pct(active),
         preemptions: run.preemptions,

@@ -30,7 +30,7 @@ pub const QUEUE_DELAY_PERCENTILES: usize = 101;
 pub const TEXT_LEDGER_PROJECTS_MAX: usize = 100;
 
 /// The scalar figures in the order they are shown: `ReplayReport`'s field order.
-const REPORT_SCALARS: [&str; 26] = [
+const REPORT_SCALARS: [&str; 31] = [
     "policy",
     "seed",
     "jobs_total",
@@ -41,6 +41,11 @@ const REPORT_SCALARS: [&str; 26] = [
     "queue_delay_s_p50",
     "queue_delay_s_p95",
     "queue_delay_s_p99",
+    "big_jobs",
+    "big_queue_delay_s_mean",
+    "big_queue_delay_s_p50",
+    "big_queue_delay_s_p95",
+    "big_queue_delay_s_max",
     "gpu_allocated_pct",
     "gpu_active_pct",
     "preemptions",
@@ -87,7 +92,7 @@ enum Shown {
 
 /// The rows of the figure table: the JSON name (so a reader can find it in `--output json`),
 /// the unit shown, and how the value is rounded.
-const TEXT_FIGURES: [(&str, &str, Shown); 25] = [
+const TEXT_FIGURES: [(&str, &str, Shown); 30] = [
     ("jobs_total", "jobs", Shown::Count),
     ("jobs_finished", "jobs", Shown::Count),
     ("jobs_pending", "jobs", Shown::Count),
@@ -96,6 +101,11 @@ const TEXT_FIGURES: [(&str, &str, Shown); 25] = [
     ("queue_delay_s_p50", "s", Shown::Seconds),
     ("queue_delay_s_p95", "s", Shown::Seconds),
     ("queue_delay_s_p99", "s", Shown::Seconds),
+    ("big_jobs", "jobs", Shown::Count),
+    ("big_queue_delay_s_mean", "s", Shown::Seconds),
+    ("big_queue_delay_s_p50", "s", Shown::Seconds),
+    ("big_queue_delay_s_p95", "s", Shown::Seconds),
+    ("big_queue_delay_s_max", "s", Shown::Seconds),
     ("gpu_allocated_pct", "%", Shown::Percent),
     ("gpu_active_pct", "%", Shown::Percent),
     ("preemptions", "", Shown::Count),
@@ -125,6 +135,11 @@ fn figure_value(report: &ReplayReport, name: &str) -> f64 {
         "queue_delay_s_p50" => report.queue_delay_s_p50,
         "queue_delay_s_p95" => report.queue_delay_s_p95,
         "queue_delay_s_p99" => report.queue_delay_s_p99,
+        "big_jobs" => report.big_jobs as f64,
+        "big_queue_delay_s_mean" => report.big_queue_delay_s_mean,
+        "big_queue_delay_s_p50" => report.big_queue_delay_s_p50,
+        "big_queue_delay_s_p95" => report.big_queue_delay_s_p95,
+        "big_queue_delay_s_max" => report.big_queue_delay_s_max,
         "gpu_allocated_pct" => report.gpu_allocated_pct,
         "gpu_active_pct" => report.gpu_active_pct,
         "preemptions" => report.preemptions as f64,
@@ -154,6 +169,7 @@ fn show(report: &ReplayReport, name: &str, shown: Shown) -> String {
         ("jobs_finished", _) => group_digits(&report.jobs_finished.to_string()),
         ("jobs_pending", _) => group_digits(&report.jobs_pending.to_string()),
         ("jobs_cancelled", _) => group_digits(&report.jobs_cancelled.to_string()),
+        ("big_jobs", _) => group_digits(&report.big_jobs.to_string()),
         ("preemptions", _) => group_digits(&report.preemptions.to_string()),
         ("jobs_preempted", _) => group_digits(&report.jobs_preempted.to_string()),
         ("wall_ms", _) => group_digits(&report.wall_ms.to_string()),

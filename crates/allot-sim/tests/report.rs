@@ -20,6 +20,11 @@ fn report(policy: &str, delays: usize, points: usize) -> ReplayReport {
         queue_delay_s_p50: 3.25,
         queue_delay_s_p95: 600.0,
         queue_delay_s_p99: 7200.5,
+        big_jobs: 2,
+        big_queue_delay_s_mean: 900.0,
+        big_queue_delay_s_p50: 600.0,
+        big_queue_delay_s_p95: 1200.0,
+        big_queue_delay_s_max: 1200.0,
         gpu_allocated_pct: 87.345,
         gpu_active_pct: 52.1,
         preemptions: 1234,
@@ -119,6 +124,11 @@ jct_s_mean               s      12,345.7  12,345.7
 queue_delay_s_p50        s           3.2       3.2
 queue_delay_s_p95        s         600.0     600.0
 queue_delay_s_p99        s       7,200.5   7,200.5
+big_jobs                 jobs          2         2
+big_queue_delay_s_mean   s         900.0     900.0
+big_queue_delay_s_p50    s         600.0     600.0
+big_queue_delay_s_p95    s       1,200.0   1,200.0
+big_queue_delay_s_max    s       1,200.0   1,200.0
 gpu_allocated_pct        %          87.3      87.3
 gpu_active_pct           %          52.1      52.1
 preemptions                        1,234     1,234
@@ -238,13 +248,14 @@ fn csv_has_one_row_per_policy_with_scalars_only() {
     assert_eq!(
         lines[0],
         "policy,seed,jobs_total,jobs_finished,jobs_pending,jobs_cancelled,jct_s_mean,\
-         queue_delay_s_p50,queue_delay_s_p95,queue_delay_s_p99,gpu_allocated_pct,gpu_active_pct,\
+         queue_delay_s_p50,queue_delay_s_p95,queue_delay_s_p99,big_jobs,big_queue_delay_s_mean,\
+         big_queue_delay_s_p50,big_queue_delay_s_p95,big_queue_delay_s_max,gpu_allocated_pct,gpu_active_pct,\
          preemptions,jobs_preempted,preemptions_per_job_max,lost_gpu_hours,goodput,wall_ms,capacity_gpus,span_s,allocated_gpu_hours,\
          active_gpu_hours,useful_gpu_hours,idle_gpu_hours,decide_calls,bad_rows_skipped"
     );
     assert_eq!(
         lines[1],
-        "default,42,65797,65000,700,97,12345.678,3.25,600,7200.5,87.345,52.1,1234,321,7,10.04,0.8734,1500,\
+        "default,42,65797,65000,700,97,12345.678,3.25,600,7200.5,2,900,600,1200,1200,87.345,52.1,1234,321,7,10.04,0.8734,1500,\
          2490,86400,1010,805,754.5,245.46,12345,2"
     );
     assert!(lines[2].starts_with("\"a,b\",42,65797,65000,700,97,0.1,"), "{csv}");

@@ -197,6 +197,30 @@ fn the_report_has_no_preemptions_and_balanced_books() {
     assert_eq!((r.jobs_finished, r.jobs_pending), (2, 1));
 }
 
+/// Two nodes of 8. A (a gang of 2 × 8) holds both to 600 s; B (8) then takes n0, after 599 s;
+/// C (2 × 4, a member a node) needs room on both, so it waits for B's end: 1,198 s. D (1 GPU,
+/// planned 180 s) is backfilled at 600 s, after 597 s. The big jobs (≥ 8 GPUs in all) are A, B
+/// and C; D is not one.
+#[test]
+fn the_report_shows_the_waits_of_big_jobs_apart() {
+    let nodes = [node("n0", 8), node("n1", 8)];
+    let jobs = [
+        job(1, 0.0, 600.0, 2, 8),
+        job(2, 1.0, 600.0, 1, 8),
+        job(3, 2.0, 600.0, 2, 4),
+        job(4, 3.0, 100.0, 1, 1),
+    ];
+    let r = replay_slurm(&nodes, &minimal_policy(), &jobs, &ReplayConfig::default(), &instant())
+        .expect("runs");
+    assert_eq!(r.queue_delays_s, [0.0, 597.0, 599.0, 1198.0]);
+    assert_eq!(r.big_jobs, 3);
+    assert_eq!(r.big_queue_delay_s_mean, (599.0 + 1198.0) / 3.0);
+    assert_eq!(
+        (r.big_queue_delay_s_p50, r.big_queue_delay_s_p95, r.big_queue_delay_s_max),
+        (599.0, 1198.0, 1198.0)
+    );
+}
+
 fn minimal_policy() -> PolicySpec {
     PolicySpec {
         priority_classes: Vec::new(),

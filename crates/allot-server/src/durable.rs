@@ -158,7 +158,7 @@ impl Durable {
         let append_seconds = self.append(now, &output.entries)?;
         let snapshot_seconds = if matches!(output.entries.last(), Some(Entry::Decided)) {
             let (taken, seconds) = elapsed_s(|| self.maybe_snapshot(now));
-            taken?.then_some(seconds)
+            taken.then_some(seconds)
         } else {
             None
         };
@@ -168,21 +168,22 @@ impl Durable {
     /// Right after a cycle, once `snapshot_every` records or a hundredth as many cycles have
     /// followed the last snapshot: saves the state and drops the log before the previous
     /// snapshot (one snapshot's worth of log stays, for inspection). A failure is logged, not
-    /// fatal: the log is still whole.
-    fn maybe_snapshot(&mut self, now: u64) -> anyhow::Result<bool> {
+    /// fatal: the log is still whole. Returns whether one was attempted (it is timed as
+    /// `snapshot_seconds`, written or not).
+    fn maybe_snapshot(&mut self, now: u64) -> bool {
         self.cycles_since_snapshot += 1;
         let last = self.last_seq;
         if last.saturating_sub(self.snapshot_seq) < self.snapshot_every
             && self.cycles_since_snapshot < (self.snapshot_every / 100).max(1)
         {
-            return Ok(false);
+            return false;
         }
         let body = match self.machine.daemon.snapshot() {
             Ok(Some(body)) => body,
-            Ok(None) => return Ok(false),
+            Ok(None) => return false,
             Err(e) => {
                 crate::os::tracing_log(&format!("no snapshot: {e:#}"));
-                return Ok(false);
+                return false;
             }
         };
         let previous = self.snapshot_seq;
@@ -198,6 +199,6 @@ impl Durable {
             }
             Err(e) => crate::os::tracing_log(&format!("no snapshot: {e}")),
         }
-        Ok(true)
+        true
     }
 }

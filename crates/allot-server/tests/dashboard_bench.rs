@@ -85,22 +85,18 @@ async fn pages_with_ten_thousand_workloads_on_500_devices() {
         }
     };
     // Submit in waves of 500 concurrent requests (the loop batches them).
-    for wave in 0..WORKLOADS / 500 {
-        let mut tasks = Vec::new();
-        for k in 0..500 {
-            let i = wave * 500 + k;
-            let gpus = if i % 3 == 0 { "0.5" } else { "1" };
-            let body = format!(
-                r#"{{"project": "p{}", "gpus": {gpus}, "kind": "batch", "name": "job-{i}", "command": ["sleep", "600"]}}"#,
-                i % PROJECTS
-            );
-            tasks.push(tokio::spawn(call("/api/v1/workloads".into(), Some(body))));
+    common::in_waves(WORKLOADS, 500, |i| {
+        let gpus = if i % 3 == 0 { "0.5" } else { "1" };
+        let body = format!(
+            r#"{{"project": "p{}", "gpus": {gpus}, "kind": "batch", "name": "job-{i}", "command": ["sleep", "600"]}}"#,
+            i % PROJECTS
+        );
+        let answer = call("/api/v1/workloads".into(), Some(body));
+        async move {
+            assert_eq!(answer.await.0, StatusCode::CREATED);
         }
-        for t in tasks {
-            let (status, _) = t.await.expect("task");
-            assert_eq!(status, StatusCode::CREATED);
-        }
-    }
+    })
+    .await;
     // Let cycles run and the view settle (and a few fleet samples accumulate).
     tokio::time::sleep(Duration::from_secs(6)).await;
     let pending_id = WORKLOADS as u64 - 1;

@@ -132,22 +132,18 @@ async fn probes_through_a_deep_queue() {
     };
     // The queue: 1-GPU work, `depth` beyond the devices, in waves of 500 concurrent requests.
     let fill = Instant::now();
-    let submissions = depth + devices;
-    for wave in 0..submissions.div_ceil(500) {
-        let mut tasks = Vec::new();
-        for k in 0..500.min(submissions - wave * 500) {
-            let i = wave * 500 + k;
-            let body = format!(
-                r#"{{"project": "p{}", "gpus": 1, "kind": "batch", "name": "job-{i}", "command": ["sleep", "600"]}}"#,
-                i % PROJECTS
-            );
-            tasks.push(tokio::spawn(call("/api/v1/workloads".into(), Some(body))));
-        }
-        for t in tasks {
-            let (status, text) = t.await.expect("task");
+    common::in_waves(depth + devices, 500, |i| {
+        let body = format!(
+            r#"{{"project": "p{}", "gpus": 1, "kind": "batch", "name": "job-{i}", "command": ["sleep", "600"]}}"#,
+            i % PROJECTS
+        );
+        let answer = call("/api/v1/workloads".into(), Some(body));
+        async move {
+            let (status, text) = answer.await;
             assert_eq!(status, StatusCode::CREATED, "{text}");
         }
-    }
+    })
+    .await;
     let fill_s = fill.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let metrics = call("/metrics".into(), None).await.1;

@@ -244,6 +244,22 @@ pub async fn wait_active_gpus(d: &TestDaemon, project: &str, gpus: &str) -> Stri
 
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// Makes `count` calls, `wave` at a time at once (the daemon's loop batches what arrives
+/// together), each made by `call(i)`, which checks its own answer.
+pub async fn in_waves<F, Fut>(count: usize, wave: usize, call: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    for start in (0..count).step_by(wave.max(1)) {
+        let tasks: Vec<_> =
+            (start..count.min(start + wave.max(1))).map(|i| tokio::spawn(call(i))).collect();
+        for t in tasks {
+            t.await.expect("a call of the wave");
+        }
+    }
+}
+
 pub fn submit_body(project: &str, gpus: u32) -> String {
     serde_json::json!({"project": project, "gpus": gpus, "kind": "batch", "command": ["sleep", "30"]}).to_string()
 }

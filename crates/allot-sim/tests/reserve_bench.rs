@@ -1,8 +1,9 @@
 //! Reservations measured in the simulator (figure benches, not tests of figures, house rule 8;
-//! both read the shared traces and run only when asked):
+//! all read the shared traces and run only when asked):
 //!
 //! ```sh
 //! ALLOT_SLICE_BENCH=1 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
+//! ALLOT_SLICE_BENCH=variants cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ALLOT_PHILLY_BENCH=6 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ```
 //!
@@ -90,12 +91,20 @@ fn slice(trace: &Path) -> Vec<TraceJob> {
 }
 
 fn policy(reserve: Option<&str>) -> allot_core::PolicySpec {
+    policy_with(reserve, "")
+}
+
+/// The bench policy with `preemption` lines added (indented two spaces, e.g.
+/// `  max_per_workload: {count: 1, window: 10m}\n`).
+fn policy_with(reserve: Option<&str>, preemption: &str) -> allot_core::PolicySpec {
     let mut text = String::new();
     if let Some(after) = reserve {
         text.push_str(&format!("reservations: {{after: {after}}}\n"));
     }
+    text.push_str("preemption:\n  mode: requeue\n");
+    text.push_str(preemption);
     text.push_str(
-        "preemption:\n  mode: requeue\nrestart_cost: 1m\npriority_classes:\n  \
+        "restart_cost: 1m\npriority_classes:\n  \
          - {name: normal, value: 0, preemptible: true}\ndefault_priority_class: normal\n\
          projects:\n",
     );
@@ -269,6 +278,66 @@ fn philly_big_job_waits() {
                 report.preemptions,
                 report.lost_gpu_hours,
             );
+        }
+    }
+}
+
+/// `ALLOT_SLICE_BENCH=variants`: the slice under pre-emption guards and reservations, each with
+/// the Slurm arm's time limits, and the Slurm model (`replay_slurm`, backfill every 30 s as
+/// Slurm's default) on the same slice: the model's fidelity against the real cluster's arm.
+#[test]
+fn slurm_slice_variants() {
+    if std::env::var("ALLOT_SLICE_BENCH").ok().as_deref() != Some("variants") {
+        return;
+    }
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/philly-pollux/philly.csv");
+    let jobs = slice(&trace);
+    let config =
+        ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() };
+    println!(
+        "| variant | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | pre-emptions | \
+         lost GPU-h | lost % | makespan s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let row = |label: &str, r: &allot_sim::outcome::ReplayReport| {
+        println!(
+            "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.3} | {:.1} | {:.0} |",
+            r.queue_delay_s_p50,
+            r.queue_delay_s_p95,
+            r.queue_delay_s_p99,
+            r.big_queue_delay_s_mean,
+            r.big_queue_delay_s_max,
+            r.preemptions,
+            r.lost_gpu_hours,
+            100.0 * r.lost_gpu_hours / r.allocated_gpu_hours.max(1e-9),
+            r.span_s,
+        );
+    };
+    let slurm = allot_sim::slurm::replay_slurm(
+        &nodes(),
+        &policy(None),
+        &jobs,
+        &config,
+        &allot_sim::slurm::SlurmBackfill::default(),
+    )
+    .expect("the Slurm model runs the slice");
+    row("Slurm model", &slurm);
+    let guards = [
+        ("", "default guard"),
+        ("  max_per_workload: {count: 1, window: 10m}\n", "at most 1 pre-emption a job"),
+        ("  exempt_after_restart: 5m\n", "exempt 5m after a restart"),
+        ("  max_per_workload: false\n  exempt_after_restart: 0s\n", "no guard"),
+    ];
+    for reserve in [None, Some("10s"), Some("30s")] {
+        for (lines, label) in guards {
+            let report = replay(&nodes(), &policy_with(reserve, lines), "slice", &jobs, &config)
+                .expect("the slice replays");
+            let label = format!(
+                "{}, {label}",
+                reserve.map_or("no reservations".to_string(), |a| format!("reserve after {a}"))
+            );
+            row(&label, &report);
         }
     }
 }

@@ -30,7 +30,9 @@ const COMPRESS: f64 = 55.0;
 const GUARANTEED: [(&str, u32); 3] = [("research", 16), ("team-a", 8), ("team-b", 8)];
 
 /// The slice as the bench script makes it.
-fn slice(trace: &Path) -> Vec<TraceJob> {
+fn slice() -> Vec<TraceJob> {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/philly-pollux/philly.csv");
     let text = std::fs::read_to_string(trace).expect("the shared Philly trace");
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
@@ -152,9 +154,7 @@ fn slurm_slice_figures() {
     if std::env::var("ALLOT_SLICE_BENCH").ok().as_deref() != Some("1") {
         return;
     }
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces/philly-pollux/philly.csv");
-    let jobs = slice(&trace);
+    let jobs = slice();
     let big: Vec<u64> = jobs.iter().filter(|j| j.gpus * j.members >= 8).map(|j| j.id).collect();
     println!(
         "| policy | time limits | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | \
@@ -290,9 +290,7 @@ fn slurm_slice_variants() {
     if std::env::var("ALLOT_SLICE_BENCH").ok().as_deref() != Some("variants") {
         return;
     }
-    let trace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces/philly-pollux/philly.csv");
-    let jobs = slice(&trace);
+    let jobs = slice();
     let config =
         ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() };
     println!(

@@ -136,10 +136,11 @@ def time_limit_min(job):
     return math.ceil(job["duration_s"] / 60) + 1
 
 
-def allot_arm(jobs, allot, reserve_after=None, time_limits=False):
+def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None):
     """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time. With
     `reserve_after` (a duration), the policy holds nodes for requests waiting that long; with
-    `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill)."""
+    `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill); with
+    `poll_max` (a duration), allot looks at the queue at least that often."""
     data = tempfile.mkdtemp(prefix="allot-bench-")
     policy = os.path.join(data, "policy.yaml")
     with open(policy, "w") as f:
@@ -153,7 +154,8 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False):
                     f"      - {{model: h100, guaranteed: {g}, borrow_limit: {CLUSTER_GPUS - g}}}\n")
     serve = subprocess.Popen(
         [allot, "serve", "--backend", "slurm", "--telemetry", "none", "--listen",
-         "127.0.0.1:7399", "--data-dir", os.path.join(data, "state"), "--policy", policy],
+         "127.0.0.1:7399", "--data-dir", os.path.join(data, "state"), "--policy", policy]
+        + (["--slurm-poll-max", poll_max] if poll_max else []),
         stdout=subprocess.PIPE, stderr=open(os.path.join(data, "serve.err"), "w"), text=True)
     token = None
     for line in serve.stdout:
@@ -258,6 +260,8 @@ def main():
                    help="allot arm: policy `reservations: {after: DURATION}`")
     p.add_argument("--time-limits", action="store_true",
                    help="allot arm: each job asks the Slurm arm's time limit as its max runtime")
+    p.add_argument("--slurm-poll-max", metavar="DURATION",
+                   help="allot arm: `allot serve --slurm-poll-max` (allot's default: 5s)")
     a = p.parse_args()
     if not os.environ.get("SLURM_CONF"):
         sys.exit("SLURM_CONF is not set: `sudo bash scripts/slurm-cluster.sh up` and "
@@ -271,7 +275,7 @@ def main():
             rows.append(figures("plain Slurm (backfill)", submitted, runs, len(jobs)))
         elif arm == "allot":
             submitted, runs, _, _report = allot_arm(jobs, a.allot, a.reserve_after,
-                                                    a.time_limits)
+                                                    a.time_limits, a.slurm_poll_max)
             rows.append(figures("allot (requeue pre-emption)", submitted, runs, len(jobs)))
         else:
             sys.exit(f"--arms: unknown arm {arm!r}; use slurm, allot or both")

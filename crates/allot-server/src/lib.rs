@@ -65,6 +65,8 @@ pub enum BackendChoice {
         slurm_conf: Option<PathBuf>,
         /// Run each job as the Unix account of the workload's user (`sbatch --uid`).
         run_as_submitter: bool,
+        /// The longest pause between two `squeue` calls while nothing changes.
+        poll_max_ms: u64,
     },
     /// A Kubernetes cluster: allot binds the pods that ask for `schedulerName: allot`; the
     /// policy's projects are namespaces.
@@ -501,7 +503,13 @@ pub fn run(config: ServeConfig) -> Result<()> {
             };
             Box::new(allot_backend_local::LocalBackend::new(local)?)
         }
-        BackendChoice::Slurm { partition, unmanaged_partitions, slurm_conf, run_as_submitter } => {
+        BackendChoice::Slurm {
+            partition,
+            unmanaged_partitions,
+            slurm_conf,
+            run_as_submitter,
+            poll_max_ms,
+        } => {
             let mut slurm = allot_backend_slurm::SlurmConfig::new();
             // Job names carry this data directory's id: a second allot (or this one after a
             // fresh start) never mistakes another's `allot-1.1` for its own.
@@ -512,6 +520,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
                 slurm_conf.clone().or_else(|| std::env::var_os("SLURM_CONF").map(PathBuf::from));
             slurm.checkpoint_signal = signal.as_str().trim_start_matches("SIG").to_string();
             slurm.run_as_submitter = *run_as_submitter;
+            slurm.poll_max = std::time::Duration::from_millis(*poll_max_ms).max(slurm.poll_min);
             Box::new(allot_backend_slurm::SlurmBackend::new(slurm))
         }
         BackendChoice::Kubernetes { kubeconfig, image } => {

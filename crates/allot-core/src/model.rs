@@ -72,6 +72,29 @@ pub struct PolicySpec {
     pub reservations: Option<Reservations>,
 }
 
+impl PolicySpec {
+    /// A policy of nothing: no priority classes or projects, point-in-time fairness,
+    /// suspend on pre-emption with the default guard, nothing else on, default costs. For
+    /// tests and benchmarks, which set what they need with `PolicySpec { .., ..minimal() }`.
+    pub fn minimal() -> PolicySpec {
+        PolicySpec {
+            priority_classes: Vec::new(),
+            default_priority_class: String::new(),
+            projects: Vec::new(),
+            fair_share_half_life_ms: 0,
+            preemption_mode: PreemptionMode::Suspend,
+            preemption_guard: PreemptionGuard::DEFAULT,
+            defragmentation: None,
+            idle: Vec::new(),
+            restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
+            idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
+            cohorts: Vec::new(),
+            fair_sharing: None,
+            reservations: None,
+        }
+    }
+}
+
 /// Reservations (`engine/reserve.rs`): a whole-GPU request pending longer than `after_ms`
 /// that quota allows gets the nodes where it would start earliest held for it; other work
 /// goes there only if its max runtime ends before the reservation's expected start. Also, a

@@ -193,16 +193,7 @@ fn policy() -> PolicySpec {
         ],
         default_priority_class: "low".into(),
         projects: vec![project("a", 6), project("b", 6)],
-        fair_share_half_life_ms: 0,
-        preemption_mode: PreemptionMode::Suspend,
-        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
-        defragmentation: None,
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-        cohorts: Vec::new(),
-        fair_sharing: None,
-        reservations: None,
+        ..PolicySpec::minimal()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use allot_core::{
     ConfigError, DeviceSpec, Engine, MigGpu, MigProfile, MigState, NodeSpec, PolicySpec,
-    PreemptionMode, PriorityClassSpec,
+    PriorityClassSpec,
 };
 use proptest::prelude::*;
 
@@ -125,16 +125,7 @@ fn engine_refuses_mig_without_a_table() {
         priority_classes: vec![PriorityClassSpec { name: "c".into(), value: 0, preemptible: true }],
         default_priority_class: "c".into(),
         projects: Vec::new(),
-        fair_share_half_life_ms: 0,
-        preemption_mode: PreemptionMode::Suspend,
-        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
-        defragmentation: None,
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-        cohorts: Vec::new(),
-        fair_sharing: None,
-        reservations: None,
+        ..PolicySpec::minimal()
     };
     assert!(Engine::new(&[node("H200")], &policy).is_ok());
     let error = Engine::new(&[node("A100")], &policy).expect_err("no table for A100");

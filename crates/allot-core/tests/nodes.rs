@@ -13,9 +13,8 @@ use std::fmt::Write as _;
 
 use allot_core::{
     Decision, DeferReason, DeviceShare, DeviceSpec, Engine, Event, GpuRequest, MemberPlacement,
-    MigProfile, ModelId, NodeId, NodeSpec, Placement, PolicySpec, PreemptionMode,
-    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp,
-    WorkloadId, WorkloadSpec,
+    MigProfile, ModelId, NodeId, NodeSpec, Placement, PolicySpec, PriorityClassSpec, ProjectSpec,
+    Queueing, QuotaModel, QuotaSpec, Shares, Stage, Timestamp, WorkloadId, WorkloadSpec,
 };
 
 /// A cluster of `(name, A100 count)` nodes (`+mig` after the count: MIG-enabled A100-80GBs),
@@ -71,16 +70,7 @@ impl World {
                 preempt_within_project: Default::default(),
                 borrow_within_cohort: None,
             }],
-            fair_share_half_life_ms: 0,
-            preemption_mode: PreemptionMode::Suspend,
-            preemption_guard: allot_core::PreemptionGuard::DEFAULT,
-            defragmentation: None,
-            idle: Vec::new(),
-            restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-            idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-            cohorts: Vec::new(),
-            fair_sharing: None,
-            reservations: None,
+            ..PolicySpec::minimal()
         };
         let engine = Engine::new(&nodes, &policy).expect("valid configuration");
         World { nodes, policy, engine, ids: BTreeMap::new(), out: String::new() }

@@ -551,21 +551,9 @@ mod tests {
 
     fn job(id: u64, project: &str, submit_s: f64) -> TraceJob {
         TraceJob {
-            id,
             name: format!("job-{id}"),
-            submit_s,
-            duration_s: 3600.0,
-            project: project.into(),
-            gpus: 1,
-            members: 1,
-            gpu_milli: 1000,
-            gpu_models: vec![],
-            kind: Some(allot_core::WorkloadKind::Training),
-            priority_class: None,
-            checkpoint_interval_s: None,
-            cpu_milli: 0,
-            memory_mib: 0,
             line: id as usize,
+            ..TraceJob::whole(id, project, submit_s, 3600.0, 1, 1)
         }
     }
 

@@ -73,6 +73,37 @@ pub struct TraceJob {
 }
 
 impl TraceJob {
+    /// A job of `members` × `gpus` whole GPUs in `project`, submitted at `submit_s` and
+    /// running `duration_s`: training, on any model, not checkpointable, no CPU or memory
+    /// asked, named `j{id}` on line `id + 1`. For tests and benchmarks, which set any other
+    /// field with `TraceJob { .., ..TraceJob::whole(..) }`.
+    pub fn whole(
+        id: u64,
+        project: &str,
+        submit_s: f64,
+        duration_s: f64,
+        members: u32,
+        gpus: u32,
+    ) -> TraceJob {
+        TraceJob {
+            id,
+            name: format!("j{id}"),
+            submit_s,
+            duration_s,
+            project: project.into(),
+            gpus,
+            members,
+            gpu_milli: 1000,
+            gpu_models: Vec::new(),
+            kind: Some(WorkloadKind::Training),
+            priority_class: None,
+            checkpoint_interval_s: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+            line: id as usize + 1,
+        }
+    }
+
     /// GPUs the whole gang holds, in 1/1000 GPU.
     pub fn total_shares(&self) -> u64 {
         let per_member = if self.gpu_milli < 1000 {

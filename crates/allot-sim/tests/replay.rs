@@ -77,23 +77,7 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
 }
 
 fn job(id: u64, project: &str, submit_s: f64, duration_s: f64, gpus: u32) -> TraceJob {
-    TraceJob {
-        id,
-        name: format!("j{id}"),
-        submit_s,
-        duration_s,
-        project: project.into(),
-        gpus,
-        members: 1,
-        gpu_milli: 1000,
-        gpu_models: Vec::new(),
-        kind: Some(WorkloadKind::Training),
-        priority_class: None,
-        checkpoint_interval_s: None,
-        cpu_milli: 0,
-        memory_mib: 0,
-        line: id as usize + 1,
-    }
+    TraceJob::whole(id, project, submit_s, duration_s, 1, gpus)
 }
 
 fn config() -> ReplayConfig {

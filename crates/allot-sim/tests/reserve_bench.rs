@@ -71,22 +71,20 @@ fn slice() -> Vec<TraceJob> {
             let members = g.div_ceil(8).max(1);
             let at = parse_datetime(r[ts]).expect("a timestamp");
             let d: f64 = r[dur].parse().expect("duration");
+            let duration_s = ((d / COMPRESS).clamp(3.0, 90.0) * 10.0).round() / 10.0;
+            let submit_s = (at - t0) as f64 / COMPRESS;
             TraceJob {
-                id: i as u64 + 1,
                 name: format!("job-{i}"),
-                submit_s: (at - t0) as f64 / COMPRESS,
-                duration_s: ((d / COMPRESS).clamp(3.0, 90.0) * 10.0).round() / 10.0,
-                project: account[r[vc]].to_string(),
-                gpus: g / members,
-                members,
-                gpu_milli: 1000,
-                gpu_models: Vec::new(),
                 kind: None,
-                priority_class: None,
-                checkpoint_interval_s: None,
-                cpu_milli: 0,
-                memory_mib: 0,
                 line: FIRST + i + 2,
+                ..TraceJob::whole(
+                    i as u64 + 1,
+                    account[r[vc]],
+                    submit_s,
+                    duration_s,
+                    members,
+                    g / members,
+                )
             }
         })
         .collect()

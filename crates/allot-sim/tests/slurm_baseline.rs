@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_core::{DeviceSpec, NodeSpec, PolicySpec, WorkloadKind};
+use allot_core::{DeviceSpec, NodeSpec, PolicySpec};
 use allot_sim::replay::{ReplayConfig, time_limit_ms};
 use allot_sim::slurm::{SlurmBackfill, SlurmSchedule, replay_slurm, schedule};
 use allot_sim::trace::TraceJob;
@@ -28,23 +28,7 @@ fn node(name: &str, gpus: usize) -> NodeSpec {
 
 /// Job `id` submitted at `submit_s`, running `duration_s`, `members` × `gpus`.
 fn job(id: u64, submit_s: f64, duration_s: f64, members: u32, gpus: u32) -> TraceJob {
-    TraceJob {
-        id,
-        name: format!("j{id}"),
-        submit_s,
-        duration_s,
-        project: "a".into(),
-        gpus,
-        members,
-        gpu_milli: 1000,
-        gpu_models: Vec::new(),
-        kind: Some(WorkloadKind::Training),
-        priority_class: None,
-        checkpoint_interval_s: None,
-        cpu_milli: 0,
-        memory_mib: 0,
-        line: id as usize + 1,
-    }
+    TraceJob::whole(id, "a", submit_s, duration_s, members, gpus)
 }
 
 /// Slurm's defaults, but a backfill pass at every arrival and end (`bf_interval` 0), so that
@@ -178,7 +162,7 @@ fn beyond_the_window_a_blocked_job_gets_no_reservation() {
 fn the_report_has_no_preemptions_and_balanced_books() {
     let nodes = [node("n0", 4)];
     let jobs = [job(1, 0.0, 600.0, 1, 3), job(2, 1.0, 600.0, 1, 4), job(3, 2.0, 300.0, 1, 1)];
-    let policy = minimal_policy();
+    let policy = PolicySpec::minimal();
     let r =
         replay_slurm(&nodes, &policy, &jobs, &ReplayConfig::default(), &instant()).expect("runs");
     assert_eq!((r.jobs_finished, r.preemptions, r.lost_gpu_hours), (3, 0, 0.0));
@@ -210,8 +194,9 @@ fn the_report_shows_the_waits_of_big_jobs_apart() {
         job(3, 2.0, 600.0, 2, 4),
         job(4, 3.0, 100.0, 1, 1),
     ];
-    let r = replay_slurm(&nodes, &minimal_policy(), &jobs, &ReplayConfig::default(), &instant())
-        .expect("runs");
+    let r =
+        replay_slurm(&nodes, &PolicySpec::minimal(), &jobs, &ReplayConfig::default(), &instant())
+            .expect("runs");
     assert_eq!(r.queue_delays_s, [0.0, 597.0, 599.0, 1198.0]);
     assert_eq!(r.big_jobs, 3);
     assert_eq!(r.big_queue_delay_s_mean, (599.0 + 1198.0) / 3.0);
@@ -219,24 +204,6 @@ fn the_report_shows_the_waits_of_big_jobs_apart() {
         (r.big_queue_delay_s_p50, r.big_queue_delay_s_p95, r.big_queue_delay_s_max),
         (599.0, 1198.0, 1198.0)
     );
-}
-
-fn minimal_policy() -> PolicySpec {
-    PolicySpec {
-        priority_classes: Vec::new(),
-        default_priority_class: String::new(),
-        projects: Vec::new(),
-        fair_share_half_life_ms: 0,
-        preemption_mode: allot_core::PreemptionMode::Suspend,
-        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
-        defragmentation: None,
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-        cohorts: Vec::new(),
-        fair_sharing: None,
-        reservations: None,
-    }
 }
 
 mod random_traces {

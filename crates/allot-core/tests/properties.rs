@@ -774,8 +774,8 @@ struct Checker<'a> {
     occupied: BTreeMap<NodeId, BTreeSet<u16>>,
     /// With `engine` running reference cycles: the engine as production runs it, fed the
     /// same history and asked `decide_changes` (or, with a `Refresh`, `decide_news`), with
-    /// the deferral last seen per workload and when. The simulator asks the first, the
-    /// daemon the second.
+    /// the deferral last seen per workload and when. The simulator's replay asks
+    /// `decide_news` with `Refresh::KINDS_ONLY`, the daemon with its default.
     incremental: Vec<Follower>,
 }
 
@@ -1551,8 +1551,13 @@ impl<'a> Checker<'a> {
 /// byte.
 fn check_case(case: &Case) -> Result<(), String> {
     let mut first = Checker::new(case);
-    first.incremental =
-        vec![Follower::new(&first.engine, None), Follower::new(&first.engine, Some(TEST_REFRESH))];
+    // As the simulator's replay (`KINDS_ONLY`), the daemon (tight limits, so both bind) and
+    // other callers of changes only ask.
+    first.incremental = vec![
+        Follower::new(&first.engine, None),
+        Follower::new(&first.engine, Some(TEST_REFRESH)),
+        Follower::new(&first.engine, Some(Refresh::KINDS_ONLY)),
+    ];
     first.engine.reference_cycles();
     first.run()?;
     // The replay goes on from a saved state after every cycle: same decisions.
@@ -1654,16 +1659,7 @@ fn check_gang_uses_empty_node(
             preempt_within_project: Default::default(),
             borrow_within_cohort: None,
         }],
-        fair_share_half_life_ms: 0,
-        preemption_mode: PreemptionMode::Suspend,
-        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
-        defragmentation: None,
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-        cohorts: Vec::new(),
-        fair_sharing: None,
-        reservations: None,
+        ..PolicySpec::minimal()
     };
     let mut engine = Engine::new(&specs, &policy).map_err(|e| e.to_string())?;
     let mut id = 0u64;

@@ -44,6 +44,8 @@
 //! samples NAME from=MS to=MS every=MS [util=..] [sm=..] [engine=..]  # the same, repeated
 //! probe NAME last=MS at=MS             # an application probe saw activity at `last`
 //! decide at=MS                         # prints each decision
+//! news at=MS                           # the simulator's cycle (`decide_news`, kinds only):
+//!                                      # prints what is new to each workload
 //! settle at=MS                         # decide, then start every admit and stop every
 //!                                      # victim, until nothing changes; prints it all
 //! explain NAME at=MS                   # prints `why`
@@ -65,7 +67,7 @@ use allot_core::{
     BorrowWithinCohort, Checkpointing, CohortSpec, Decision, Defragmentation, DeviceSpec, Engine,
     Event, FairShareStrategy, FairSharing, GpuRequest, IdlePolicySpec, IdleWhen, MigProfile,
     NodeSpec, PolicySpec, PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel,
-    QuotaSpec, Shares, Timestamp, WithinProject, WorkloadId, WorkloadKind, WorkloadSpec,
+    QuotaSpec, Refresh, Shares, Timestamp, WithinProject, WorkloadId, WorkloadKind, WorkloadSpec,
 };
 
 const EXPECT_MARK: &str = "== expect ==";
@@ -615,6 +617,12 @@ fn step(run: &mut Run, words: &[&str]) -> Result<(), String> {
         }
         "decide" => {
             let decisions = run.engine.decide(now);
+            print_decisions(run, now, &decisions);
+        }
+        // The simulator's cycle: `decide` less what each pending workload was told already
+        // (a deferral of the kind it was last told counts as told).
+        "news" => {
+            let decisions = run.engine.decide_news(now, Refresh::KINDS_ONLY);
             print_decisions(run, now, &decisions);
         }
         "settle" => {

@@ -9,9 +9,10 @@
 //! `explain`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound::{Excluded, Included, Unbounded};
 
 use super::preempt::EligibleLists;
-use super::queue::{OrderKey, QueueEntry, QueueKey as Queued, ReasonId, ShapeId};
+use super::queue::{OrderKey, QueueEntry, QueueKey as Queued, ReasonId, ShapeId, Telling};
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
 use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
@@ -26,14 +27,13 @@ use crate::model::{GpuRequest, Queueing};
 /// the quota and placement checks being made again.
 #[derive(Default)]
 pub(crate) struct CycleMemory {
-    /// Per (shape, whether it may pre-empt): the deferral and the count of changes then.
-    failed: BTreeMap<(ShapeId, bool), (u64, ReasonId)>,
+    /// Per shape (indexed by its number), then by whether it may pre-empt (0: no, 1: yes):
+    /// the deferral and the count of changes then. Indexed, not searched: the cycle looks a
+    /// shape up for every queued workload it passes.
+    failed: Vec<[Option<(u64, ReasonId)>; 2]>,
     /// Per shape: whether its head would be within guarantee (`project_order_key`), and the
     /// count of changes then.
-    within: BTreeMap<ShapeId, (u64, bool)>,
-    /// The last `within` answer, (shape, count of changes, within): a project's queue
-    /// holds runs of one shape.
-    last_within: Option<(ShapeId, u64, bool)>,
+    within: Vec<Option<(u64, bool)>>,
     /// The arbiter's possible victims per project and model, made since the last change
     /// (the same for every claimant until the state changes).
     victims: EligibleLists,
@@ -59,17 +59,43 @@ impl CycleMemory {
     }
 
     fn remember(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
-        if let Some(shape) = shape {
-            self.failed.insert(shape, (self.changes, reason));
+        if let Some((shape, may_preempt)) = shape {
+            let at = shape as usize;
+            if self.failed.len() <= at {
+                self.failed.resize(at + 1, [None; 2]);
+            }
+            self.failed[at][usize::from(may_preempt)] = Some((self.changes, reason));
         }
+    }
+
+    /// The last failure of a shape in this cycle, and the count of changes then.
+    fn failure(&self, (shape, may_preempt): (ShapeId, bool)) -> Option<(u64, ReasonId)> {
+        self.failed.get(shape as usize).and_then(|f| f[usize::from(may_preempt)])
     }
 
     /// The deferral remembered for a plain queued workload of `shape` (no idle state: it
     /// may pre-empt) while nothing has changed since.
     fn known(&self, shape: ShapeId) -> Option<ReasonId> {
-        self.failed.get(&(shape, true)).filter(|(at, _)| *at == self.changes).map(|&(_, r)| r)
+        self.failure((shape, true)).filter(|(at, _)| *at == self.changes).map(|(_, r)| r)
+    }
+
+    /// Whether a head of `shape` is within guarantee, if judged since the last change.
+    fn within(&self, shape: ShapeId) -> Option<bool> {
+        let (at, within) = (*self.within.get(shape as usize)?)?;
+        (at == self.changes).then_some(within)
+    }
+
+    fn remember_within(&mut self, shape: ShapeId, within: bool) {
+        let at = shape as usize;
+        if self.within.len() <= at {
+            self.within.resize(at + 1, None);
+        }
+        self.within[at] = Some((self.changes, within));
     }
 }
+
+/// Per project, the next queued workload step 4 serves (`None`: none left).
+type Nexts = Vec<Option<(Queued, QueueEntry)>>;
 
 /// Queues a project under its next key, unless it goes first anyway: then it is returned, to
 /// be served at once.
@@ -101,8 +127,25 @@ impl Engine {
         out: &mut Vec<Decision>,
         only: Option<WorkloadId>,
     ) {
+        let mut handled = Vec::new();
+        self.admission_walk(now, out, only, &mut handled);
+        for id in handled {
+            if let Some(e) = self.queue_entry_mut(id) {
+                e.handled = false;
+            }
+        }
+    }
+
+    /// `admission_steps`, noting in `handled` the pre-emptors step 3 decided (their queue
+    /// entries are marked for step 4 to pass over until the caller unmarks them).
+    fn admission_walk(
+        &mut self,
+        now: Timestamp,
+        out: &mut Vec<Decision>,
+        only: Option<WorkloadId>,
+        handled: &mut Vec<WorkloadId>,
+    ) {
         let mut memory = CycleMemory::default();
-        let mut handled: BTreeSet<WorkloadId> = BTreeSet::new();
 
         // Pre-emptors that did not start, per project: under strict FIFO they are heads that
         // block everyone queued behind them in step 4.
@@ -115,8 +158,11 @@ impl Engine {
                 self.end_wait(id);
                 continue;
             };
-            handled.insert(id);
             let (p, key) = (w.project.0 as usize, w.queue_key());
+            handled.push(id);
+            if let Some(e) = self.queues[p].get_mut(&key) {
+                e.handled = true;
+            }
             let started = if still.is_empty() {
                 memory.changed();
                 self.end_wait(id);
@@ -139,22 +185,15 @@ impl Engine {
             }
         }
 
-        // 4. Projects in fair-share order, one workload at a time.
-        let snapshot: Vec<Vec<(Queued, QueueEntry)>> = self
-            .queues
-            .iter()
-            .map(|q| {
-                q.iter()
-                    .map(|(k, s)| (*k, *s))
-                    .filter(|(k, _)| handled.is_empty() || !handled.contains(&k.2))
-                    .collect()
-            })
-            .collect();
-        let mut cursor = vec![0usize; snapshot.len()];
+        // 4. Projects in fair-share order, one workload at a time, read from the live queues:
+        // nothing is queued within a cycle, and what it admits leaves behind its project's
+        // place. Per project, the next workload to serve and its key in `order`.
         let mut last_resumes: Vec<WorkloadId> = Vec::new();
         let mut order: BTreeSet<OrderKey> = BTreeSet::new();
-        for (p, queue) in snapshot.iter().enumerate() {
-            if let Some(&head) = queue.first() {
+        let mut next: Nexts = vec![None; self.queues.len()];
+        for (p, slot) in next.iter_mut().enumerate() {
+            if let Some(head) = self.queue_after(p, None) {
+                *slot = Some(head);
                 order.insert(self.memo_order_key(ProjectId(p as u32), head, &mut memory));
             }
         }
@@ -164,7 +203,7 @@ impl Engine {
         while let Some((.., project)) = next_up.take().or_else(|| order.pop_first()) {
             let p = project.0 as usize;
             let strict = self.projects[p].queueing == Queueing::StrictFifo;
-            let (queued, entry) = snapshot[p][cursor[p]];
+            let Some((queued, entry)) = next[p].take() else { continue };
             let id = queued.2;
             let stuck_head =
                 stuck.get(&p).filter(|&&(k, _)| strict && k < queued).map(|&(_, head)| head);
@@ -180,7 +219,6 @@ impl Engine {
                 // A plain workload of a shape that failed since the last change: the same
                 // deferral, without reading the workload.
                 (None, Some(reason)) => {
-                    cursor[p] += 1;
                     self.report_known(out, p, (queued, entry), reason);
                     if only == Some(id) {
                         return;
@@ -188,7 +226,6 @@ impl Engine {
                     id
                 }
                 (None, None) => {
-                    cursor[p] += 1;
                     let w = self.workloads.get(&id);
                     // Idle-suspended work past its backoff resumes after everyone else
                     // (below), into room nobody in this cycle took.
@@ -200,59 +237,55 @@ impl Engine {
                     // project: it chose to wait, nobody behind it should. (Scheduling does
                     // not move a backoff: only events do.)
                     let backing_off = w.is_some_and(|w| w.resume_at.is_some_and(|t| t > now));
-                    if let Some(since) = awaiting_use {
+                    let goes_on = if let Some(since) = awaiting_use {
                         let reason = DeferReason::AwaitingUse { since };
                         self.report_defer(out, id, reason);
                         if only == Some(id) {
                             return;
                         }
-                        if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            next_up = queue_next(
-                                &mut order,
-                                self.memo_order_key(project, next, &mut memory),
-                            );
-                        }
-                        continue;
-                    }
-                    if resuming {
+                        true
+                    } else if resuming {
+                        // Decided in step 5, `only` or not.
                         last_resumes.push(id);
-                        if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            next_up = queue_next(
-                                &mut order,
-                                self.memo_order_key(project, next, &mut memory),
-                            );
+                        true
+                    } else {
+                        let outcome =
+                            self.schedule_one(now, id, Some(entry.shape), &mut memory, out);
+                        if only == Some(id) {
+                            return;
                         }
-                        continue;
-                    }
-                    let outcome = self.schedule_one(now, id, Some(entry.shape), &mut memory, out);
-                    if only == Some(id) {
-                        return;
-                    }
-                    if outcome == OutcomeKind::Admitted || backing_off {
-                        if let Some(&next) = snapshot[p].get(cursor[p]) {
-                            next_up = queue_next(
-                                &mut order,
-                                self.memo_order_key(project, next, &mut memory),
-                            );
-                        }
+                        outcome == OutcomeKind::Admitted || backing_off
+                    };
+                    if goes_on {
+                        next_up = self.serve_next(
+                            now,
+                            (p, queued, only),
+                            &mut memory,
+                            (&mut next, &mut order),
+                        );
                         continue;
                     }
                     id
                 }
             };
             if strict {
-                for &((.., behind), _) in &snapshot[p][cursor[p]..] {
+                // Behind a stuck pre-emptor, the workload served is blocked too.
+                let from = if stuck_head.is_some() { Included(queued) } else { Excluded(queued) };
+                let behind: Vec<WorkloadId> = self.queues[p]
+                    .range((from, Unbounded))
+                    .filter(|(_, e)| !e.handled)
+                    .map(|(k, _)| k.2)
+                    .collect();
+                for behind in behind {
                     let reason = DeferReason::BlockedByFifo { head };
                     self.report_defer(out, behind, reason);
                     if only == Some(behind) {
                         return;
                     }
                 }
-                cursor[p] = snapshot[p].len();
+                continue;
             }
-            if let Some(&next) = snapshot[p].get(cursor[p]) {
-                next_up = queue_next(&mut order, self.memo_order_key(project, next, &mut memory));
-            }
+            next_up = self.serve_next(now, (p, queued, only), &mut memory, (&mut next, &mut order));
         }
 
         // 5. Idle-suspended work resumes into what is left, oldest suspension first; it never
@@ -318,27 +351,82 @@ impl Engine {
         (key, entry): (Queued, QueueEntry),
         memory: &mut CycleMemory,
     ) -> OrderKey {
-        let shape = entry.shape;
-        let within = match memory.last_within {
-            Some((last, at, within))
-                if last == shape && at == memory.changes && !self.reference =>
-            {
-                within
-            }
-            _ => {
-                let within = match memory.within.get(&shape) {
-                    Some(&(at, within)) if at == memory.changes && !self.reference => within,
-                    _ => {
-                        let within = self.head_within_guarantee(&self.workloads[&key.2]);
-                        memory.within.insert(shape, (memory.changes, within));
-                        within
-                    }
-                };
-                memory.last_within = Some((shape, memory.changes, within));
-                within
-            }
-        };
+        let within = self.memo_within(memory, (key, entry));
         self.order_key_of(project, key, within)
+    }
+
+    /// `head_within_guarantee` of a queued workload, from the cycle's memory of its shape
+    /// while nothing has changed (it depends on the shape and the state alone).
+    fn memo_within(&self, memory: &mut CycleMemory, (key, entry): (Queued, QueueEntry)) -> bool {
+        match memory.within(entry.shape) {
+            Some(within) if !self.reference => within,
+            _ => {
+                let within = self.head_within_guarantee(&self.workloads[&key.2]);
+                memory.remember_within(entry.shape, within);
+                within
+            }
+        }
+    }
+
+    /// The first workload queued in project `p` after `after` (from its head: `None`), less
+    /// the pre-emptors step 3 handled.
+    fn queue_after(&self, p: usize, after: Option<Queued>) -> Option<(Queued, QueueEntry)> {
+        let from = after.map_or(Unbounded, Excluded);
+        self.queues[p].range((from, Unbounded)).find(|(_, e)| !e.handled).map(|(k, e)| (*k, *e))
+    }
+
+    /// Moves project `p` on past `served`: finds its next workload and queues the project
+    /// under that workload's key, or returns the key when the project goes first anyway
+    /// (`queue_next`). On the way it passes over every workload the cycle would serve at
+    /// once and tell nothing: not strict FIFO, plain, of a shape that failed since the last
+    /// change, with that deferral already told (`QueueEntry::tells`), no reservation to
+    /// open, and a key before every other project's (not under `explain`'s `only`). Serving those changes nothing and says
+    /// nothing, so passing them over is the same cycle; in a deep queue they are nearly all.
+    fn serve_next(
+        &self,
+        now: Timestamp,
+        (p, served, only): (usize, Queued, Option<WorkloadId>),
+        memory: &mut CycleMemory,
+        (next, order): (&mut Nexts, &mut BTreeSet<OrderKey>),
+    ) -> Option<OrderKey> {
+        let project = ProjectId(p as u32);
+        let passes = self.changes_only
+            && !self.reference
+            && only.is_none()
+            && self.projects[p].queueing != Queueing::StrictFifo;
+        let first = order.first().copied();
+        let reservations = !self.reserve_held.is_empty();
+        // Nothing the walk passes over changes the state: the project's standing, and what
+        // the cycle knows of a shape (asked again only when the shape changes), hold.
+        let standing = self.standing(p);
+        let mut last: Option<(ShapeId, bool, Option<ReasonId>)> = None;
+        for (k, e) in self.queues[p].range((Excluded(served), Unbounded)) {
+            if e.handled {
+                continue;
+            }
+            let (within, known) = match last {
+                Some((shape, within, known)) if shape == e.shape => (within, known),
+                _ => {
+                    let within = self.memo_within(memory, (*k, *e));
+                    let known = memory.known(e.shape);
+                    last = Some((e.shape, within, known));
+                    (within, known)
+                }
+            };
+            let key = (u8::from(!within), standing, k.0, k.1, project);
+            let silent = passes
+                && e.plain
+                && first.is_none_or(|first| key < first)
+                && known.is_some_and(|reason| {
+                    e.tells(reason, &self.reasons, &self.news, self.clock) == Telling::Nothing
+                })
+                && (!reservations || self.opens(now, k.2).is_empty());
+            if !silent {
+                next[p] = Some((*k, *e));
+                return queue_next(order, key);
+            }
+        }
+        None
     }
 
     fn schedule_one(
@@ -410,8 +498,8 @@ impl Engine {
         // Idle-suspended work resumes only into free room: it was not using its GPUs.
         let may_preempt = w.idle_suspended_at.is_none();
         let shape_key = queued_shape.map(|s| (s, may_preempt));
-        let known_failure = match shape_key.and_then(|k| memory.failed.get(&k)) {
-            Some(&(at, reason)) if at == memory.changes && !self.reference => {
+        let known_failure = match shape_key.and_then(|k| memory.failure(k)) {
+            Some((at, reason)) if at == memory.changes && !self.reference => {
                 return Outcome::Deferred(self.reasons.get(reason).clone());
             }
             Some(_) => true,

@@ -34,6 +34,9 @@ pub(crate) struct QueueEntry {
     pub reported: Option<ReasonId>,
     /// When that deferral was reported (`decide_news` refreshes figures by its age).
     pub reported_at: Timestamp,
+    /// A pre-emptor step 3 of the current cycle decided, which step 4 passes over (set and
+    /// cleared within one cycle).
+    pub handled: bool,
 }
 
 impl QueueEntry {
@@ -47,25 +50,56 @@ impl QueueEntry {
         news: &mut Option<(super::Refresh, usize)>,
         now: Timestamp,
     ) -> bool {
-        if let Some(last) = self.reported {
-            if last == number {
-                return false;
-            }
-            let same_kind = std::mem::discriminant(reasons.get(last))
-                == std::mem::discriminant(reasons.get(number));
-            if let Some((refresh, left)) = news
-                && same_kind
-            {
-                if *left == 0 || now.since(self.reported_at) < refresh.min_age_ms {
-                    return false;
+        match self.tells(number, reasons, news, now) {
+            Telling::Nothing => return false,
+            Telling::Refresh => {
+                if let Some((_, left)) = news {
+                    *left -= 1;
                 }
-                *left -= 1;
             }
+            Telling::News => {}
         }
         self.reported = Some(number);
         self.reported_at = now;
         true
     }
+
+    /// What `report` would do with a deferral numbered `number`, changing nothing: the
+    /// cycle skips queued workloads it would tell nothing (`Engine::admission_steps`).
+    #[inline]
+    pub fn tells(
+        &self,
+        number: ReasonId,
+        reasons: &Reasons,
+        news: &Option<(super::Refresh, usize)>,
+        now: Timestamp,
+    ) -> Telling {
+        let Some(last) = self.reported else { return Telling::News };
+        if last == number {
+            return Telling::Nothing;
+        }
+        match news {
+            Some((refresh, left)) if reasons.same_kind(last, number) => {
+                if *left == 0 || now.since(self.reported_at) < refresh.min_age_ms {
+                    Telling::Nothing
+                } else {
+                    Telling::Refresh
+                }
+            }
+            _ => Telling::News,
+        }
+    }
+}
+
+/// What a queued workload is told of a deferral (`QueueEntry::tells`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Telling {
+    /// Nothing: it was told this, or one of its kind too recently or past the cycle's refreshes.
+    Nothing,
+    /// The same kind with new figures, counted against the cycle's refreshes.
+    Refresh,
+    /// A deferral of a new kind, or its first.
+    News,
 }
 
 impl std::ops::Deref for Queue {
@@ -108,6 +142,8 @@ pub(crate) type ReasonId = u32;
 pub(crate) struct Reasons {
     ids: BTreeMap<DeferReason, ReasonId>,
     list: Vec<DeferReason>,
+    /// Each one's kind, apart: the cycle compares kinds for every queued workload it passes.
+    kinds: Vec<std::mem::Discriminant<DeferReason>>,
 }
 
 impl Reasons {
@@ -118,7 +154,13 @@ impl Reasons {
         let id = self.list.len() as ReasonId;
         self.ids.insert(reason.clone(), id);
         self.list.push(reason.clone());
+        self.kinds.push(std::mem::discriminant(reason));
         id
+    }
+
+    /// Whether the deferrals numbered `a` and `b` are of one kind (figures aside).
+    pub fn same_kind(&self, a: ReasonId, b: ReasonId) -> bool {
+        self.kinds[a as usize] == self.kinds[b as usize]
     }
 
     pub fn get(&self, id: ReasonId) -> &DeferReason {
@@ -204,7 +246,8 @@ impl Engine {
         let Some(w) = self.workloads.get(&id) else { return };
         let shape = self.shapes.number(w);
         let plain = w.idle_suspended_at.is_none() && w.resume_at.is_none();
-        let entry = QueueEntry { shape, plain, reported: None, reported_at: Timestamp(0) };
+        let entry =
+            QueueEntry { shape, plain, reported: None, reported_at: Timestamp(0), handled: false };
         self.queues[w.project.0 as usize].insert(w.queue_key(), entry);
     }
 
@@ -289,14 +332,19 @@ impl Engine {
     /// `project_order_key` for a head with queue key `key`, given whether it is within its
     /// guarantee.
     pub(super) fn order_key_of(&self, project: ProjectId, key: QueueKey, within: bool) -> OrderKey {
-        let p = &self.projects[project.0 as usize];
-        let standing = if p.weight_milli == 0 {
+        (u8::from(!within), self.standing(project.0 as usize), key.0, key.1, project)
+    }
+
+    /// Project `p`'s fair-share standing: its allocation, now and decayed, over its fair
+    /// share, in millionths (a project of weight 0 stands last).
+    pub(super) fn standing(&self, p: usize) -> u64 {
+        let p = &self.projects[p];
+        if p.weight_milli == 0 {
             u64::MAX
         } else {
             let usage = p.allocated.0 as f64 + p.decayed_allocated;
             (usage / p.fair_share.max(1.0) * 1e6) as u64
-        };
-        (u8::from(!within), standing, key.0, key.1, project)
+        }
     }
 
     /// Whether the head would be admitted within its guarantee, judged on the model it would

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use allot_core::{
     Decision, Defragmentation, DeviceSpec, Engine, Event, GpuRequest, NodeSpec, PolicySpec,
-    PreemptionMode, PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Refresh,
-    Shares, Timestamp, WorkloadSpec,
+    PriorityClassSpec, ProjectSpec, Queueing, QuotaModel, QuotaSpec, Refresh, Shares, Timestamp,
+    WorkloadSpec,
 };
 
 const MODELS: [&str; 2] = ["H100", "A100"];
@@ -101,15 +101,8 @@ fn policy(nodes: usize, defrag: bool) -> PolicySpec {
             .chain(std::iter::once(probe_project()))
             .collect(),
         fair_share_half_life_ms: 7 * 24 * 3_600_000,
-        preemption_mode: PreemptionMode::Suspend,
-        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
         defragmentation: defrag.then(Defragmentation::default),
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-        cohorts: Vec::new(),
-        fair_sharing: None,
-        reservations: None,
+        ..PolicySpec::minimal()
     }
 }
 

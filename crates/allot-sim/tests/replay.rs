@@ -63,16 +63,8 @@ fn policy_with(mode: PreemptionMode, gpus: u64) -> PolicySpec {
         }],
         default_priority_class: "normal".into(),
         projects: vec![project("a", gpus), project("b", gpus)],
-        fair_share_half_life_ms: 0,
         preemption_mode: mode,
-        preemption_guard: allot_core::PreemptionGuard::DEFAULT,
-        defragmentation: None,
-        idle: Vec::new(),
-        restart_cost_ms: PolicySpec::DEFAULT_RESTART_COST_MS,
-        idle_resume_backoff_ms: PolicySpec::DEFAULT_IDLE_RESUME_BACKOFF_MS,
-        cohorts: Vec::new(),
-        fair_sharing: None,
-        reservations: None,
+        ..PolicySpec::minimal()
     }
 }
 

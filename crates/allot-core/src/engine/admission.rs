@@ -380,8 +380,9 @@ impl Engine {
     /// (`queue_next`). On the way it passes over every workload the cycle would serve at
     /// once and tell nothing: not strict FIFO, plain, of a shape that failed since the last
     /// change, with that deferral already told (`QueueEntry::tells`), no reservation to
-    /// open, and a key before every other project's (not under `explain`'s `only`). Serving those changes nothing and says
-    /// nothing, so passing them over is the same cycle; in a deep queue they are nearly all.
+    /// open, and a key before every other project's (not under `explain`'s `only`). Serving
+    /// those changes nothing and says nothing, so passing them over is the same cycle; in a
+    /// deep queue they are nearly all.
     fn serve_next(
         &self,
         now: Timestamp,

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound::{Excluded, Included, Unbounded};
 
 use super::preempt::EligibleLists;
-use super::queue::{OrderKey, QueueEntry, QueueKey as Queued, ReasonId, ShapeId, Telling};
+use super::queue::{
+    OrderKey, QueueEntry, QueueKey as Queued, ReasonId, ShapeId, Telling, order_key,
+};
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
 use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
@@ -414,7 +416,7 @@ impl Engine {
                     (within, known)
                 }
             };
-            let key = (u8::from(!within), standing, k.0, k.1, project);
+            let key = order_key(project, standing, *k, within);
             let silent = passes
                 && e.plain
                 && first.is_none_or(|first| key < first)

@@ -65,7 +65,7 @@ impl QueueEntry {
     }
 
     /// What `report` would do with a deferral numbered `number`, changing nothing: the
-    /// cycle skips queued workloads it would tell nothing (`Engine::admission_steps`).
+    /// cycle passes over queued workloads it would tell nothing (`Engine::serve_next`).
     #[inline]
     pub fn tells(
         &self,
@@ -234,6 +234,17 @@ fn shape_of(w: &WorkloadState) -> Shape {
 /// head's priority, head's submit time, project).
 pub(crate) type OrderKey = (u8, u64, Reverse<i32>, Timestamp, ProjectId);
 
+/// The order key of `project` with standing `standing` and head `key`, within its guarantee
+/// or not.
+pub(super) fn order_key(
+    project: ProjectId,
+    standing: u64,
+    key: QueueKey,
+    within: bool,
+) -> OrderKey {
+    (u8::from(!within), standing, key.0, key.1, project)
+}
+
 impl WorkloadState {
     pub(super) fn queue_key(&self) -> QueueKey {
         (Reverse(self.priority), self.queued_at, self.spec.id)
@@ -332,7 +343,7 @@ impl Engine {
     /// `project_order_key` for a head with queue key `key`, given whether it is within its
     /// guarantee.
     pub(super) fn order_key_of(&self, project: ProjectId, key: QueueKey, within: bool) -> OrderKey {
-        (u8::from(!within), self.standing(project.0 as usize), key.0, key.1, project)
+        order_key(project, self.standing(project.0 as usize), key, within)
     }
 
     /// Project `p`'s fair-share standing: its allocation, now and decayed, over its fair

@@ -26,6 +26,7 @@ nothing else running on it; it cancels what it submitted if interrupted.
 """
 
 import argparse
+import collections
 import csv
 import json
 import math
@@ -194,10 +195,57 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None)
         # `allot-WORKLOAD`, submitted when `allot submit` was.
         runs = [(f"allot-{job}", *rest) for job, *rest in
                 sacct_runs(r"allot[0-9a-z]*-(?P<job>\d+)\.\d+", t0)]
-        return {f"allot-{wid}": at for wid, at in submitted.items()}, runs, t0, report
+        return ({f"allot-{wid}": at for wid, at in submitted.items()}, runs, t0, report,
+                data)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=30)
+        print(f"allot arm's data: {data}", file=sys.stderr)
+
+
+STOPPED = re.compile(r"^allot: stopped #(?P<id>\d+) (?P<victim>job-\d+) \((?P<project>[^)]*)\): "
+                     r"(?P<mode>\w+) for (?P<claimant>\S+): .*\[(?P<code>\w+)\]$")
+
+
+def stops_said(data):
+    """The pre-emptions the daemon said it decided (`allot: stopped …` in its log stream):
+    (victim, victim's project, claimant, reason code, victim's workload id), in order."""
+    out = []
+    with open(os.path.join(data, "serve.err")) as f:
+        for line in f:
+            m = STOPPED.match(line.strip())
+            if m:
+                out.append((m["victim"], m["project"], m["claimant"], m["code"], m["id"]))
+    return out
+
+
+def restarts_seen(runs):
+    """Per job, how many of its Slurm runs started and were followed by another (what the
+    table counts as pre-emptions)."""
+    per_job = {}
+    for job, _submit, start, _end, _state, _gpus in runs:
+        if start:
+            per_job[job] = per_job.get(job, 0) + 1
+    return {job: n - 1 for job, n in per_job.items() if n > 1}
+
+
+def print_stops(said, runs, jobs):
+    """The daemon's pre-emptions beside Slurm's restarts: by reason, by the victim's and the
+    claimant's size, and the restarts the daemon did not say (or said stops that never ran)."""
+    gpus = {f"job-{j['i']}": j["per_node"] * j["nodes"] for j in jobs}
+    by = lambda key: sorted(collections.Counter(key(s) for s in said).items())
+    print(f"allot said {len(said)} pre-emptions; by reason: {by(lambda s: s[3])}")
+    print(f"  by victim's GPUs: {by(lambda s: gpus.get(s[0]))}; "
+          f"by claimant's GPUs: {by(lambda s: gpus.get(s[2]))}")
+    print(f"  by victim's project: {by(lambda s: s[1])}")
+    restarts = restarts_seen(runs)
+    said_per_job = collections.Counter(f"allot-{s[4]}" for s in said)
+    print(f"  Slurm saw {sum(restarts.values())} restarts of {len(restarts)} jobs; "
+          f"allot said stops of {len(said_per_job)} jobs")
+    for job in sorted(set(restarts) | set(said_per_job)):
+        if restarts.get(job, 0) != said_per_job.get(job, 0):
+            print(f"  {job}: {restarts.get(job, 0)} restarts on Slurm, "
+                  f"{said_per_job.get(job, 0)} stops said by allot")
 
 
 def figures(label, submitted, runs, jobs_total):
@@ -274,9 +322,10 @@ def main():
             submitted, runs, _ = plain_slurm(jobs)
             rows.append(figures("plain Slurm (backfill)", submitted, runs, len(jobs)))
         elif arm == "allot":
-            submitted, runs, _, _report = allot_arm(jobs, a.allot, a.reserve_after,
-                                                    a.time_limits, a.slurm_poll_max)
+            submitted, runs, _, _report, data = allot_arm(jobs, a.allot, a.reserve_after,
+                                                          a.time_limits, a.slurm_poll_max)
             rows.append(figures("allot (requeue pre-emption)", submitted, runs, len(jobs)))
+            print_stops(stops_said(data), runs, jobs)
         else:
             sys.exit(f"--arms: unknown arm {arm!r}; use slurm, allot or both")
         print(f"{arm}: {time.time() - started:.0f} s", file=sys.stderr)

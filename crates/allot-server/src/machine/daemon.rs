@@ -197,6 +197,11 @@ pub(crate) struct Daemon {
     pub rollout: Option<super::rollout::Rollout>,
     /// Outcomes of work that rollback conditions measure.
     pub outcomes: allot_config::rollout::Outcomes,
+    /// The work the last cycle stopped for other work or for idleness, a line each (victim,
+    /// claimant, reason) for the log stream (`Output::notes`): the record of a victim keeps
+    /// its later deferrals, so without these no one can tell afterwards who took its GPUs.
+    /// Not state: a cycle replayed at start says nothing.
+    pub stopped_for_others: Vec<String>,
 }
 
 /// One policy the daemon ran under (`allot policy history`).
@@ -298,6 +303,7 @@ impl Daemon {
             backend_down: None,
             inventory_note: None,
             rollout: None,
+            stopped_for_others: Vec::new(),
             outcomes: allot_config::rollout::Outcomes::default(),
         })
     }
@@ -1212,6 +1218,7 @@ impl Daemon {
 
     fn cycle(&mut self, now: u64) -> Vec<Command> {
         self.dirty = false;
+        self.stopped_for_others.clear();
         self.last_cycle_ms = now;
         self.counters.cycles += 1;
         // The shadow decides first, over the live work as the real cycle finds it.
@@ -1256,6 +1263,13 @@ impl Daemon {
                 Decision::Preempt { checkpoint_grace_ms, mode, .. }
                 | Decision::Reclaim { checkpoint_grace_ms, mode, .. } => {
                     *self.counters.preemptions.entry(reason.0.clone()).or_default() += 1;
+                    self.stopped_for_others.push(format!(
+                        "#{id} {} ({}): {} [{}]",
+                        self.engine.decision_subject(d),
+                        self.workloads.get(&id).map_or("?", |r| r.spec.project.as_str()),
+                        reason.1,
+                        reason.0
+                    ));
                     if reason.0 == "idle" {
                         self.idle_reclaimed(now, id);
                     }

@@ -282,6 +282,8 @@ impl Machine {
         if self.daemon.cycle_due(now, self.cadence.decide_interval_ms) {
             self.log(now, Entry::Decided, &mut out);
             out.cycled = true;
+            out.notes
+                .extend(self.daemon.stopped_for_others.drain(..).map(|l| format!("stopped {l}")));
         }
         for w in waiting {
             out.answers.push(match w {
@@ -829,6 +831,7 @@ mod tests {
     use allot_telemetry::{DeviceIdentity, Sample, Vendor};
 
     use super::{Cadence, Daemon, Input, Machine};
+    use crate::machine::entry::Entry;
 
     const CLUSTER: &str = include_str!("../../../../examples/cluster.yaml");
     const POLICY: &str = include_str!("../../../../examples/policy.yaml");
@@ -862,5 +865,42 @@ mod tests {
         );
         assert!(out.notes[0].contains("h100-0"), "names nodes it has: {:?}", out.notes);
         assert!(machine.step(2_000, vec![round()]).notes.is_empty(), "said once");
+    }
+
+    /// Who took a victim's GPUs is said when it happens: the victim's record keeps only its
+    /// later deferrals.
+    #[test]
+    fn a_preemption_is_said_with_its_victim_claimant_and_reason() {
+        let cluster = "nodes:\n  - name: box\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 2, memory: 80Gi}\n";
+        let policy_text = "preemption:\n  mode: requeue\npriority_classes:\n  - {name: normal, value: 0, preemptible: true}\ndefault_priority_class: normal\nprojects:\n  - name: lender\n    cohort: lab\n    quotas:\n      - {model: H100, guaranteed: 1, borrow_limit: 1}\n  - name: borrower\n    cohort: lab\n    quotas:\n      - {model: H100, guaranteed: 1, borrow_limit: 1}\n";
+        let nodes = allot_config::parse_cluster("cluster.yaml", cluster).expect("cluster");
+        let policy = allot_config::parse_policy("policy.yaml", policy_text).expect("policy");
+        let dir = std::env::temp_dir().join("allot-machine-preempt-test");
+        let daemon = Daemon::new(nodes, &policy, ("policy.yaml".into(), policy_text.into()), dir)
+            .expect("daemon");
+        let cadence = Cadence { decide_interval_ms: 1000, telemetry_round_ms: 3_600_000 };
+        let mut machine = Machine::new(daemon, cadence);
+        let submit = |m: &mut Machine, at: u64, id: u64, project: &str, name: &str| {
+            let request: allot_api::SubmitRequest = serde_json::from_value(serde_json::json!({
+                "name": name, "project": project, "gpus": 1, "command": ["sleep", "600"]}))
+            .expect("request");
+            m.daemon.apply(at, &Entry::Submitted { id, user: "alice".into(), request });
+        };
+        submit(&mut machine, 1_000, 1, "borrower", "first");
+        submit(&mut machine, 1_000, 2, "borrower", "second");
+        let out = machine.step(1_000, vec![]);
+        assert!(out.cycled && out.notes.is_empty(), "{:?}", out.notes);
+        for id in [1, 2] {
+            machine.daemon.apply(1_500, &Entry::Started { id, attempt: 1, pids: vec![] });
+        }
+        submit(&mut machine, 60_000, 3, "lender", "claimant");
+        let out = machine.step(61_000, vec![]);
+        let said: Vec<&String> = out.notes.iter().filter(|n| n.starts_with("stopped ")).collect();
+        assert_eq!(said.len(), 1, "{:?}", out.notes);
+        assert!(said[0].starts_with("stopped #1 first (borrower): "), "{said:?}");
+        assert!(said[0].contains("requeue for claimant: quota reclaim"), "{said:?}");
+        assert!(said[0].ends_with("[quota_reclaim]"), "{said:?}");
+        // Said once: the next cycle decides nothing new.
+        assert!(machine.step(62_000, vec![]).notes.is_empty());
     }
 }

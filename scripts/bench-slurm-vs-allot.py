@@ -137,17 +137,21 @@ def time_limit_min(job):
     return math.ceil(job["duration_s"] / 60) + 1
 
 
-def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None):
+def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
+              reclaim_after=None):
     """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time. With
     `reserve_after` (a duration), the policy holds nodes for requests waiting that long; with
     `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill); with
-    `poll_max` (a duration), allot looks at the queue at least that often."""
+    `poll_max` (a duration), allot looks at the queue at least that often; with
+    `reclaim_after` (a duration), a claimant reclaims from borrowers only after that wait."""
     data = tempfile.mkdtemp(prefix="allot-bench-")
     policy = os.path.join(data, "policy.yaml")
     with open(policy, "w") as f:
         if reserve_after:
             f.write(f"reservations: {{after: {reserve_after}}}\n")
-        f.write("preemption:\n  mode: requeue\nrestart_cost: 1m\n"
+        f.write("preemption:\n  mode: requeue\n"
+                + (f"  reclaim_after: {reclaim_after}\n" if reclaim_after else "")
+                + "restart_cost: 1m\n"
                 "priority_classes:\n  - {name: normal, value: 0, preemptible: true}\n"
                 "default_priority_class: normal\nprojects:\n")
         for name, g in GUARANTEED.items():
@@ -310,6 +314,8 @@ def main():
                    help="allot arm: each job asks the Slurm arm's time limit as its max runtime")
     p.add_argument("--slurm-poll-max", metavar="DURATION",
                    help="allot arm: `allot serve --slurm-poll-max` (allot's default: 5s)")
+    p.add_argument("--reclaim-after", metavar="DURATION",
+                   help="allot arm: policy `preemption: {reclaim_after: DURATION}`")
     a = p.parse_args()
     if not os.environ.get("SLURM_CONF"):
         sys.exit("SLURM_CONF is not set: `sudo bash scripts/slurm-cluster.sh up` and "
@@ -323,7 +329,8 @@ def main():
             rows.append(figures("plain Slurm (backfill)", submitted, runs, len(jobs)))
         elif arm == "allot":
             submitted, runs, _, _report, data = allot_arm(jobs, a.allot, a.reserve_after,
-                                                          a.time_limits, a.slurm_poll_max)
+                                                          a.time_limits, a.slurm_poll_max,
+                                                          a.reclaim_after)
             rows.append(figures("allot (requeue pre-emption)", submitted, runs, len(jobs)))
             print_stops(stops_said(data), runs, jobs)
         else:

@@ -70,6 +70,9 @@
 //!   # max_per_workload: {count: 3, window: 1h}  # optional, default no cap: pre-empted this
 //!                                     #   often within the window, it is not pre-empted again
 //!                                     #   until the oldest leaves it (count 1–16)
+//!   # reclaim_after: 1m               # optional, default 0 (at once): a claimant takes quota
+//!                                     #   back from borrowers only once it has waited this
+//!                                     #   long; what borrowed work ends meanwhile goes to it
 //!   # fair_sharing: true              # optional, default off: a borrower may take another
 //!                                     #   borrower's GPUs when their shares allow it (Kueue's
 //!                                     #   strategies; `{strategies: [less_than_or_equal_to_

@@ -41,8 +41,8 @@ const DEFRAG_EXAMPLE: &str =
 const RESERVATION_FIELDS: [&str; 2] = ["after", "per_model_max"];
 const RESERVATION_EXAMPLE: &str = "`reservations: {after: 5m, per_model_max: 2}`";
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
-const PREEMPTION_FIELDS: [&str; 4] =
-    ["mode", "fair_sharing", "exempt_after_restart", "max_per_workload"];
+const PREEMPTION_FIELDS: [&str; 5] =
+    ["mode", "fair_sharing", "exempt_after_restart", "max_per_workload", "reclaim_after"];
 const LIMIT_FIELDS: [&str; 2] = ["count", "window"];
 const LIMIT_EXAMPLE: &str = "`max_per_workload: {count: 3, window: 1h}`";
 const FAIR_SHARING_FIELDS: [&str; 1] = ["strategies"];
@@ -123,7 +123,8 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
         ) {
             None => (None, None, None),
             Some(f) => {
-                let others = ["fair_sharing", "exempt_after_restart", "max_per_workload"];
+                let others =
+                    ["fair_sharing", "exempt_after_restart", "max_per_workload", "reclaim_after"];
                 let mode = match f.get("mode") {
                     Some(n) => decode::one_of(ctx, n, &f.path("mode"), &MODES),
                     None if others.iter().any(|o| f.get(o).is_some()) => {
@@ -145,9 +146,13 @@ fn decode_policy(ctx: &mut Ctx, root: &Node) -> Option<PolicySpec> {
                     None => Some(PreemptionGuard::DEFAULT.limit),
                     Some(n) => preemption_limit(ctx, n, &f.path("max_per_workload")),
                 };
-                let guard = match (exempt, limit) {
-                    (Some(exempt_after_restart_ms), Some(limit)) => {
-                        Some(PreemptionGuard { exempt_after_restart_ms, limit })
+                let reclaim_after = match f.get("reclaim_after") {
+                    None => Some(PreemptionGuard::DEFAULT.reclaim_after_ms),
+                    Some(n) => decode::duration_ms(ctx, n, &f.path("reclaim_after")),
+                };
+                let guard = match (exempt, limit, reclaim_after) {
+                    (Some(exempt_after_restart_ms), Some(limit), Some(reclaim_after_ms)) => {
+                        Some(PreemptionGuard { exempt_after_restart_ms, limit, reclaim_after_ms })
                     }
                     _ => None,
                 };

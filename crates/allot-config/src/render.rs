@@ -30,6 +30,9 @@ pub fn render_policy(policy: &PolicySpec, header: &str) -> String {
     let guard = &policy.preemption_guard;
     let _ =
         writeln!(out, "  exempt_after_restart: {}", format_duration(guard.exempt_after_restart_ms));
+    if guard.reclaim_after_ms > 0 {
+        let _ = writeln!(out, "  reclaim_after: {}", format_duration(guard.reclaim_after_ms));
+    }
     match guard.limit {
         Some(limit) => {
             let _ = writeln!(

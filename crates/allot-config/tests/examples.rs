@@ -554,6 +554,13 @@ fn preemption_guard_decodes() {
         PreemptionGuard {
             exempt_after_restart_ms: 90_000,
             limit: Some(PreemptionLimit { count: 3, window_ms: 3_600_000 }),
+            reclaim_after_ms: 0,
         }
     );
+    let delayed = parse("preemption: {reclaim_after: 1m}\n");
+    assert_eq!(
+        delayed.preemption_guard,
+        PreemptionGuard { reclaim_after_ms: 60_000, ..PreemptionGuard::DEFAULT }
+    );
+    assert_eq!(delayed.preemption_mode, allot_core::PreemptionMode::Suspend);
 }

@@ -241,6 +241,13 @@ pub struct PreemptionGuard {
     pub exempt_after_restart_ms: u64,
     /// At most this many pre-emptions of one workload in a sliding window. `None`: no cap.
     pub limit: Option<PreemptionLimit>,
+    /// A claimant takes quota back from borrowers only once it has waited this long in the
+    /// queue (since its place there: its submission, kept across pre-emptions): borrowed work
+    /// that ends meanwhile makes its room without a stop. Cuts the work lost to reclaim where
+    /// borrowed work is short. 0: at once (Kueue's behaviour). By queue place, not by its
+    /// last requeue, so that a shape's earlier workloads have waited at least as long as its
+    /// later ones (the cycle's memory of failed shapes relies on it).
+    pub reclaim_after_ms: u64,
 }
 
 /// A workload pre-empted `count` times within `window_ms` is not pre-empted again until the
@@ -255,14 +262,15 @@ impl PreemptionGuard {
     /// The most pre-emption times kept per workload, so the largest `count` a cap may have.
     pub const COUNT_MAX: u32 = 16;
     /// Nothing protected (Kueue's behaviour).
-    pub const OFF: PreemptionGuard = PreemptionGuard { exempt_after_restart_ms: 0, limit: None };
+    pub const OFF: PreemptionGuard =
+        PreemptionGuard { exempt_after_restart_ms: 0, limit: None, reclaim_after_ms: 0 };
     /// What a policy file that says nothing gets: a restarted workload runs at least about
     /// as long as the default restart cost before it may be taken again. Longer protection
     /// cuts thrash further but costs work: measured on the Philly replay at 6× load
     /// (docs/benchmarks.md), each protected restart makes the arbiter take a victim with more
     /// unsaved work instead.
     pub const DEFAULT: PreemptionGuard =
-        PreemptionGuard { exempt_after_restart_ms: 2 * 60_000, limit: None };
+        PreemptionGuard { exempt_after_restart_ms: 2 * 60_000, limit: None, reclaim_after_ms: 0 };
 }
 
 impl Default for PreemptionGuard {

@@ -418,7 +418,7 @@ fn raw_case_dense() -> impl Strategy<Value = RawCase> {
         prop::collection::vec(project, 2..=4),
         prop::collection::vec((0u64..=3000, raw_op()), 20..=60),
         prop::option::weighted(0.5, 0u64..=2000),
-        0u8..6,
+        0u8..12,
     )
         .prop_map(|(nodes, n_classes, mode, projects, steps, defrag, guard)| RawCase {
             models: 1,
@@ -502,14 +502,17 @@ fn raw_case_consolidating() -> impl Strategy<Value = RawCase> {
     })
 }
 
-/// Protections short enough to start and end within a case's steps (0–3 s apart).
+/// Protections short enough to start and end within a case's steps (0–3 s apart); from 6 up,
+/// with a claimant's reclaim delayed 1.5 s.
 fn guard_of(raw: u8) -> allot_core::PreemptionGuard {
     use allot_core::{PreemptionGuard, PreemptionLimit};
+    let reclaim_after_ms = if raw >= 6 { 1_500 } else { 0 };
+    let raw = raw % 6;
     let exempt_after_restart_ms = [0, 2_000, 8_000][raw as usize % 3];
     // A short window (times leave it within a history) and a long one (the cap bites).
     let window_ms = if raw == 3 { 5_000 } else { 600_000 };
     let limit = (raw >= 3).then_some(PreemptionLimit { count: 1 + u32::from(raw % 2), window_ms });
-    PreemptionGuard { exempt_after_restart_ms, limit }
+    PreemptionGuard { exempt_after_restart_ms, limit, reclaim_after_ms }
 }
 
 // ----- a concrete case ---------------------------------------------------------------------------
@@ -1366,6 +1369,18 @@ impl<'a> Checker<'a> {
                     "victim {victim} restarted {} ms ago, within exempt_after_restart {} ms",
                     now.since(started),
                     guard.exempt_after_restart_ms
+                ));
+            }
+            let reclaims = matches!(
+                reason,
+                PreemptReason::QuotaReclaim { .. } | PreemptReason::ReclaimWhileBorrowing { .. }
+            );
+            if reclaims && now.since(c.submitted_at) < guard.reclaim_after_ms {
+                return Err(format!(
+                    "{for_workload} reclaimed {victim} {} ms after its submission, within \
+                     reclaim_after {} ms",
+                    now.since(c.submitted_at),
+                    guard.reclaim_after_ms
                 ));
             }
             if let Some(limit) = guard.limit {

@@ -317,6 +317,7 @@ fn the_policys_cap_bounds_how_often_one_job_is_preempted_in_a_replay() {
     policy.preemption_guard = allot_core::PreemptionGuard {
         exempt_after_restart_ms: 0,
         limit: Some(allot_core::PreemptionLimit { count: 1, window_ms: 365 * 86_400_000 }),
+        reclaim_after_ms: 0,
     };
     let capped = replay(&nodes, &policy, "capped", &jobs, &cfg).expect("runs");
     assert!(capped.preemptions > 0);

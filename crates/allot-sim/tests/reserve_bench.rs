@@ -324,6 +324,9 @@ fn slurm_slice_variants() {
         ("  max_per_workload: {count: 1, window: 10m}\n", "at most 1 pre-emption a job"),
         ("  exempt_after_restart: 5m\n", "exempt 5m after a restart"),
         ("  max_per_workload: false\n  exempt_after_restart: 0s\n", "no guard"),
+        ("  reclaim_after: 30s\n", "reclaim after 30 s"),
+        ("  reclaim_after: 1m\n", "reclaim after 1 m"),
+        ("  reclaim_after: 2m\n", "reclaim after 2 m"),
     ];
     for reserve in [None, Some("10s"), Some("30s")] {
         for (lines, label) in guards {

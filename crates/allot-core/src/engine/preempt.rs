@@ -239,6 +239,11 @@ impl Engine {
                     .map(|v| (self.victim_key(now, &self.workloads[&v], 0), VictimKind::Idle)),
             );
         }
+        // A claimant that has not waited `reclaim_after` takes nothing back from borrowers yet
+        // (its line is claimed meanwhile, so what borrowed work ends goes to it).
+        if now.since(newer_than_claimant.0) < self.guard.reclaim_after_ms {
+            candidates.retain(|c| !c.1.is_reclaim());
+        }
         candidates.sort();
 
         // `within`: the claimant must fit within the quota of each level it reclaims at (its

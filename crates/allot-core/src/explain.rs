@@ -46,6 +46,9 @@ pub struct Explanation {
     pub protection: Option<Protection>,
     /// Pending: the GPUs held for it (policy `reservations`), as a cycle run now holds them.
     pub reservation: Option<crate::engine::Reservation>,
+    /// Deferred while its reclaim delay runs (policy `preemption.reclaim_after`): when it may
+    /// start taking quota back from borrowers.
+    pub reclaim_from: Option<Timestamp>,
 }
 
 impl Explanation {
@@ -114,6 +117,7 @@ impl Engine {
             idle_action_at: self.idle_action_at(now, id),
             protection: self.protection_of(now, id),
             reservation: None,
+            reclaim_from: None,
             borrowing: w.allocation.as_ref().and_then(|a| a.key).and_then(|key| {
                 let path = self.quota.borrowing_path(w.project, key);
                 (!path.is_empty()).then(|| {
@@ -155,6 +159,10 @@ impl Engine {
         if !matches!(explanation.decision, Some(Decision::Defer { .. })) {
             return Some(explanation);
         }
+        let reclaim_from = Timestamp(w.queued_at.0.saturating_add(self.guard.reclaim_after_ms));
+        // Only work within its guarantee reclaims at all.
+        explanation.reclaim_from =
+            (now < reclaim_from && self.head_within_guarantee(w)).then_some(reclaim_from);
         if let Some(Decision::Defer { reason: DeferReason::WaitingForPreemption { .. }, .. }) =
             &explanation.decision
         {

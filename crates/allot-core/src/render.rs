@@ -528,6 +528,12 @@ impl Engine {
         if let Some(p) = e.protection {
             lines.push(format!("  not pre-emptible now: {}", render_protection(p)));
         }
+        if let Some(t) = e.reclaim_from {
+            lines.push(format!(
+                "  takes no GPUs back from borrowers before t={} ms (preemption.reclaim_after)",
+                t.0
+            ));
+        }
         if let Some(r) = &e.reservation {
             let nodes: Vec<String> = r
                 .nodes

@@ -15,9 +15,11 @@
 //!                                      # (default 2)
 //! restart-cost MS                      # the arbiter's restart cost per victim GPU (default 2 min)
 //! backoff MS                           # first idle resume backoff (default 5 min)
-//! guard [after-restart=MS] [cap=COUNT/WINDOW_MS]   # protection from pre-emption thrash;
+//! guard [after-restart=MS] [cap=COUNT/WINDOW_MS] [reclaim-after=MS]
+//!                                      # protection from pre-emption thrash;
 //!                                      # without this line the policy file's default
-//!                                      # (2 min after a restart, no cap); given: 0, none
+//!                                      # (2 min after a restart, no cap, reclaim at once);
+//!                                      # given: 0, none, 0
 //! idle-rule NAME [projects=A|B] [kinds=notebook|..] [exempt=CLASS|..]
 //!              [model=allot|amd_rm|runai] [threshold=PCT] [timer=MS] [sustain=MS]
 //!              [missing=hold|idle|active] [grace=MS] [when=on_pressure|always|report_only]
@@ -323,10 +325,12 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
             setup.restart_cost_ms = Some(num(words.get(1).ok_or("restart-cost needs ms")?)?)
         }
         "backoff" => setup.backoff_ms = Some(num(words.get(1).ok_or("backoff needs ms")?)?),
-        // `guard after-restart=MS [cap=COUNT/WINDOW_MS]`: the policy's protection from thrash.
+        // `guard after-restart=MS [cap=COUNT/WINDOW_MS] [reclaim-after=MS]`: the policy's
+        // protection from thrash, and a claimant's reclaim delay.
         "guard" => {
             setup.guard.exempt_after_restart_ms =
                 args.get("after-restart").map_or(Ok(0), |ms| num(ms))?;
+            setup.guard.reclaim_after_ms = args.get("reclaim-after").map_or(Ok(0), |ms| num(ms))?;
             setup.guard.limit = match args.get("cap") {
                 None => None,
                 Some(cap) => {

@@ -186,11 +186,29 @@ pub fn add_unlisted_projects(policy: &PolicySpec, jobs: &[TraceJob]) -> (PolicyS
 /// run that was pre-empted meanwhile is recognised as stale and dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Happening {
-    Start { job: usize, run: u32 },
-    Checkpoint { job: usize, run: u32 },
-    Finish { job: usize, run: u32 },
-    Stop { job: usize, run: u32 },
-    Arrive { job: usize },
+    Start {
+        job: usize,
+        run: u32,
+    },
+    Checkpoint {
+        job: usize,
+        run: u32,
+    },
+    Finish {
+        job: usize,
+        run: u32,
+    },
+    Stop {
+        job: usize,
+        run: u32,
+    },
+    Arrive {
+        job: usize,
+    },
+    /// A queued job's reclaim delay (`preemption.reclaim_after`) ends: a cycle is due.
+    ReclaimDue {
+        job: usize,
+    },
     Decide,
 }
 
@@ -620,6 +638,15 @@ impl Sim<'_> {
                 self.rehearsal_waits(job, true);
                 self.queued += 1;
                 self.dirty = true;
+                let delay = self.engine.reclaim_after_ms();
+                if delay > 0 {
+                    self.push(t_ms.saturating_add(delay), Happening::ReclaimDue { job });
+                }
+            }
+            Happening::ReclaimDue { job } => {
+                if self.state[job].fate == Fate::Queued {
+                    self.dirty = true;
+                }
             }
             Happening::Decide => {
                 self.decide_at_ms = None;

@@ -84,6 +84,13 @@ impl Engine {
         }
     }
 
+    /// How long a claimant waits in the queue before it reclaims quota from borrowers
+    /// (`PreemptionGuard::reclaim_after_ms`): a replay that decides only at events wakes the
+    /// cycle when such a wait ends.
+    pub fn reclaim_after_ms(&self) -> u64 {
+        self.guard.reclaim_after_ms
+    }
+
     /// Why running workload `id` may not be pre-empted now (`explain`).
     pub fn protection_of(&self, now: Timestamp, id: WorkloadId) -> Option<Protection> {
         self.workloads

@@ -363,7 +363,7 @@ impl Engine {
     /// (any of them, for work that accepts any model, as admission weighs them); with room
     /// on none, its first model with a quota line. Not its first model alone: work whose first
     /// model is full but fits its guarantee on its second is no borrower.
-    pub(super) fn head_within_guarantee(&self, w: &WorkloadState) -> bool {
+    pub(crate) fn head_within_guarantee(&self, w: &WorkloadState) -> bool {
         let total = w.spec.total_shares();
         if total == Shares::ZERO {
             return true;

@@ -843,15 +843,19 @@ mod tests {
         Sample::new(identity)
     }
 
+    /// A machine on `cluster` under `policy` (texts), cycling every second.
+    fn machine(cluster: &str, policy: &str, telemetry_round_ms: u64) -> Machine {
+        let nodes = allot_config::parse_cluster("cluster.yaml", cluster).expect("cluster");
+        let parsed = allot_config::parse_policy("policy.yaml", policy).expect("policy");
+        let dir = std::env::temp_dir().join("allot-machine-test");
+        let daemon = Daemon::new(nodes, &parsed, ("policy.yaml".into(), policy.into()), dir)
+            .expect("daemon");
+        Machine::new(daemon, Cadence { decide_interval_ms: 1000, telemetry_round_ms })
+    }
+
     #[test]
     fn telemetry_from_a_host_the_inventory_lacks_is_said_once() {
-        let nodes = allot_config::parse_cluster("cluster.yaml", CLUSTER).expect("cluster");
-        let policy = allot_config::parse_policy("policy.yaml", POLICY).expect("policy");
-        let dir = std::env::temp_dir().join("allot-machine-test");
-        let daemon = Daemon::new(nodes, &policy, ("policy.yaml".into(), POLICY.into()), dir)
-            .expect("daemon");
-        let cadence = Cadence { decide_interval_ms: 1000, telemetry_round_ms: 5000 };
-        let mut machine = Machine::new(daemon, cadence);
+        let mut machine = machine(CLUSTER, POLICY, 5000);
         let round = || Input::Telemetry {
             samples: vec![sample("h100-0"), sample("gpu-box-7.example.com")],
             groups: Default::default(),
@@ -873,13 +877,7 @@ mod tests {
     fn a_preemption_is_said_with_its_victim_claimant_and_reason() {
         let cluster = "nodes:\n  - name: box\n    cpu: 64\n    memory: 512Gi\n    gpus:\n      - {model: H100, count: 2, memory: 80Gi}\n";
         let policy_text = "preemption:\n  mode: requeue\npriority_classes:\n  - {name: normal, value: 0, preemptible: true}\ndefault_priority_class: normal\nprojects:\n  - name: lender\n    cohort: lab\n    quotas:\n      - {model: H100, guaranteed: 1, borrow_limit: 1}\n  - name: borrower\n    cohort: lab\n    quotas:\n      - {model: H100, guaranteed: 1, borrow_limit: 1}\n";
-        let nodes = allot_config::parse_cluster("cluster.yaml", cluster).expect("cluster");
-        let policy = allot_config::parse_policy("policy.yaml", policy_text).expect("policy");
-        let dir = std::env::temp_dir().join("allot-machine-preempt-test");
-        let daemon = Daemon::new(nodes, &policy, ("policy.yaml".into(), policy_text.into()), dir)
-            .expect("daemon");
-        let cadence = Cadence { decide_interval_ms: 1000, telemetry_round_ms: 3_600_000 };
-        let mut machine = Machine::new(daemon, cadence);
+        let mut machine = machine(cluster, policy_text, 3_600_000);
         let submit = |m: &mut Machine, at: u64, id: u64, project: &str, name: &str| {
             let request: allot_api::SubmitRequest = serde_json::from_value(serde_json::json!({
                 "name": name, "project": project, "gpus": 1, "command": ["sleep", "600"]}))

@@ -136,11 +136,20 @@ idle:
     warn_before: 30s
 ";
 
-/// A policy the live work can always move to (other weights and guarantees).
+/// A policy the live work can always move to (other guarantees; half of them with a
+/// claimant's reclaim delayed, `preemption.reclaim_after`).
 fn accepted_policy(rng: &mut SimRng) -> String {
     let g = 2 + rng.below(6);
-    POLICY
-        .replace("guaranteed: 4}]}\n  - {name: b", &format!("guaranteed: {g}}}]}}\n  - {{name: b"))
+    let policy = POLICY
+        .replace("guaranteed: 4}]}\n  - {name: b", &format!("guaranteed: {g}}}]}}\n  - {{name: b"));
+    if rng.below(2) == 0 {
+        policy
+    } else {
+        policy.replace(
+            "preemption: {mode: suspend}",
+            "preemption: {mode: suspend, reclaim_after: 20s}",
+        )
+    }
 }
 
 /// A policy without project `solo`: refused while `solo` has live work.

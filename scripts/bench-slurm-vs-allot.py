@@ -293,8 +293,7 @@ def figures(label, submitted, runs, jobs_total):
         "wait_8plus_max_s": max(big_waits) if big_waits else float("nan"),
         "makespan_s": makespan,
         "allocation_pct": 100.0 * used / (CLUSTER_GPUS * makespan) if makespan > 0 else 0.0,
-        "preemptions": sum(len([r for r in rs if r[0]]) - 1 for rs in per_job.values()
-                           if any(r[0] for r in rs)),
+        "preemptions": sum(restarts_seen(runs).values()),
         "lost_pct": 100.0 * lost / used if used else 0.0,
     }
 

@@ -183,32 +183,16 @@ pub fn add_unlisted_projects(policy: &PolicySpec, jobs: &[TraceJob]) -> (PolicyS
 }
 
 /// What happens next to a job; events carry the run number they belong to, so an event of a
-/// run that was pre-empted meanwhile is recognised as stale and dropped.
+/// run that was pre-empted meanwhile is recognised as stale and dropped. `ReclaimDue`: a
+/// queued job's reclaim delay (`preemption.reclaim_after`) ends, so a cycle is due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Happening {
-    Start {
-        job: usize,
-        run: u32,
-    },
-    Checkpoint {
-        job: usize,
-        run: u32,
-    },
-    Finish {
-        job: usize,
-        run: u32,
-    },
-    Stop {
-        job: usize,
-        run: u32,
-    },
-    Arrive {
-        job: usize,
-    },
-    /// A queued job's reclaim delay (`preemption.reclaim_after`) ends: a cycle is due.
-    ReclaimDue {
-        job: usize,
-    },
+    Start { job: usize, run: u32 },
+    Checkpoint { job: usize, run: u32 },
+    Finish { job: usize, run: u32 },
+    Stop { job: usize, run: u32 },
+    Arrive { job: usize },
+    ReclaimDue { job: usize },
     Decide,
 }
 

@@ -197,8 +197,8 @@ pub(crate) struct Daemon {
     pub rollout: Option<super::rollout::Rollout>,
     /// Outcomes of work that rollback conditions measure.
     pub outcomes: allot_config::rollout::Outcomes,
-    /// The work the last cycle stopped for other work or for idleness, a line each (victim,
-    /// claimant, reason) for the log stream (`Output::notes`): the record of a victim keeps
+    /// The work the last cycle stopped for other work or for idleness, a line each
+    /// (`stopped #ID name (project): <reason> [code]`) for the log stream (`Output::notes`): the record of a victim keeps
     /// its later deferrals, so without these no one can tell afterwards who took its GPUs.
     /// Not state: a cycle replayed at start says nothing.
     pub stopped_for_others: Vec<String>,
@@ -1264,7 +1264,7 @@ impl Daemon {
                 | Decision::Reclaim { checkpoint_grace_ms, mode, .. } => {
                     *self.counters.preemptions.entry(reason.0.clone()).or_default() += 1;
                     self.stopped_for_others.push(format!(
-                        "#{id} {} ({}): {} [{}]",
+                        "stopped #{id} {} ({}): {} [{}]",
                         self.engine.decision_subject(d),
                         self.workloads.get(&id).map_or("?", |r| r.spec.project.as_str()),
                         reason.1,

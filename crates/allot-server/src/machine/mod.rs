@@ -282,8 +282,7 @@ impl Machine {
         if self.daemon.cycle_due(now, self.cadence.decide_interval_ms) {
             self.log(now, Entry::Decided, &mut out);
             out.cycled = true;
-            out.notes
-                .extend(self.daemon.stopped_for_others.drain(..).map(|l| format!("stopped {l}")));
+            out.notes.append(&mut self.daemon.stopped_for_others);
         }
         for w in waiting {
             out.answers.push(match w {

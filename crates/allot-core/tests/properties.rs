@@ -1032,10 +1032,14 @@ impl<'a> Checker<'a> {
                     }
                 }
             }
+            // Its own state holds too: the incremental cycle keeps caches (runs of its
+            // queues) the reference cycle does not.
+            follower.engine.audit().map_err(|e| format!("before an incremental cycle: {e}"))?;
             let got = match follower.refresh {
                 Some(refresh) => follower.engine.decide_news(now, refresh),
                 None => follower.engine.decide_changes(now),
             };
+            follower.engine.audit().map_err(|e| format!("after an incremental cycle: {e}"))?;
             if got != expected {
                 return Err(format!(
                     "the incremental cycle ({:?}) differs from the reference:\n{got:?}\n{expected:?}",

@@ -9,11 +9,12 @@
 //! `explain`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::ops::Bound::{self, Excluded, Included, Unbounded};
 
 use super::preempt::EligibleLists;
 use super::queue::{
-    OrderKey, QueueEntry, QueueKey as Queued, ReasonId, ShapeId, Telling, order_key,
+    OrderKey, Queue, QueueEntry, QueueKey as Queued, RUN_MIN, ReasonId, Run, RunShape, ShapeId,
+    Telling, order_key,
 };
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
@@ -132,9 +133,7 @@ impl Engine {
         let mut handled = Vec::new();
         self.admission_walk(now, out, only, &mut handled);
         for id in handled {
-            if let Some(e) = self.queue_entry_mut(id) {
-                e.handled = false;
-            }
+            self.modify_queued(id, |e| e.handled = false);
         }
     }
 
@@ -162,9 +161,7 @@ impl Engine {
             };
             let (p, key) = (w.project.0 as usize, w.queue_key());
             handled.push(id);
-            if let Some(e) = self.queues[p].get_mut(&key) {
-                e.handled = true;
-            }
+            self.queues[p].modify(&key, |e| e.handled = true);
             let started = if still.is_empty() {
                 memory.changed();
                 self.end_wait(id);
@@ -312,9 +309,11 @@ impl Engine {
     fn report_defer(&mut self, out: &mut Vec<Decision>, id: WorkloadId, reason: DeferReason) {
         if self.changes_only {
             let number = self.reasons.number(&reason);
+            let (reasons, news, clock) = (&self.reasons, &mut self.news, self.clock);
             if let Some(w) = self.workloads.get(&id)
-                && let Some(entry) = self.queues[w.project.0 as usize].get_mut(&w.queue_key())
-                && !entry.report(number, &self.reasons, &mut self.news, self.clock)
+                && self.queues[w.project.0 as usize]
+                    .modify(&w.queue_key(), |e| e.report(number, reasons, news, clock))
+                    == Some(false)
             {
                 return;
             }
@@ -337,9 +336,7 @@ impl Engine {
             if !entry.report(reason, &self.reasons, &mut self.news, self.clock) {
                 return;
             }
-            if let Some(e) = self.queues[p].get_mut(&key) {
-                *e = entry;
-            }
+            self.queues[p].modify(&key, |e| *e = entry);
         }
         out.push(Decision::Defer { workload: key.2, reason: self.reasons.get(reason).clone() });
     }
@@ -384,13 +381,31 @@ impl Engine {
     /// change, with that deferral already told (`QueueEntry::tells`), no reservation to
     /// open, and a key before every other project's (not under `explain`'s `only`). Serving
     /// those changes nothing and says nothing, so passing them over is the same cycle; in a
-    /// deep queue they are nearly all.
+    /// deep queue they are nearly all. Stretches of them alike (`queue::Run`) are stepped
+    /// over whole, and the ones walked entry by entry are filed for the next walks.
     fn serve_next(
+        &mut self,
+        now: Timestamp,
+        at: (usize, Queued, Option<WorkloadId>),
+        memory: &mut CycleMemory,
+        nexts: (&mut Nexts, &mut BTreeSet<OrderKey>),
+    ) -> Option<OrderKey> {
+        let mut walked = Vec::new();
+        let next = self.walk_to_next(now, at, memory, nexts, &mut walked);
+        for (first, run) in walked {
+            self.queues[at.0].file_run(first, run);
+        }
+        next
+    }
+
+    /// `serve_next`'s walk, noting in `walked` the runs it passed over entry by entry.
+    fn walk_to_next(
         &self,
         now: Timestamp,
         (p, served, only): (usize, Queued, Option<WorkloadId>),
         memory: &mut CycleMemory,
         (next, order): (&mut Nexts, &mut BTreeSet<OrderKey>),
+        walked: &mut Vec<(Queued, Run)>,
     ) -> Option<OrderKey> {
         let project = ProjectId(p as u32);
         let passes = self.changes_only
@@ -399,12 +414,36 @@ impl Engine {
             && self.projects[p].queueing != Queueing::StrictFifo;
         let first = order.first().copied();
         let reservations = !self.reserve_held.is_empty();
+        // Runs hold where a queued workload is told only a deferral of a new kind (the
+        // replay's `Refresh::KINDS_ONLY`), and what is passed over needs no check of its own
+        // (no reservation a workload could open). The daemon refreshes figures: a run of
+        // its queue would say little, and filing them measured slower.
+        let runs = passes
+            && !reservations
+            && matches!(self.news, Some((refresh, _)) if refresh.per_cycle == 0);
+        // The run being walked entry by entry, and its length.
+        let mut walking: Option<(Queued, Run, usize)> = None;
+        // The filed run the walk is inside, if any: it records no run there.
+        let mut inside: Option<Run> = None;
+        let file = |walked: &mut Vec<(Queued, Run)>, run: Option<(Queued, Run, usize)>| {
+            if let Some((first, run, _)) = run.filter(|(.., len)| *len >= RUN_MIN) {
+                walked.push((first, run));
+            }
+        };
+        // The filed run passed over whole just before (merged with those passed right
+        // before it): one that follows it at once joins it, if one run can hold both.
+        let mut chain: Option<(Queued, Run)> = None;
         // Nothing the walk passes over changes the state: the project's standing, and what
         // the cycle knows of a shape (asked again only when the shape changes), hold.
         let standing = self.standing(p);
+        let context = (project, standing, first);
+        let queue = &self.queues[p];
         let mut last: Option<(ShapeId, bool, Option<ReasonId>)> = None;
-        for (k, e) in self.queues[p].range((Excluded(served), Unbounded)) {
+        let mut entries = queue.range((Excluded(served), Unbounded));
+        while let Some((k, e)) = entries.next() {
+            let before = chain.take();
             if e.handled {
+                file(walked, walking.take());
                 continue;
             }
             let (within, known) = match last {
@@ -425,11 +464,79 @@ impl Engine {
                 })
                 && (!reservations || self.opens(now, k.2).is_empty());
             if !silent {
+                file(walked, walking.take());
                 next[p] = Some((*k, *e));
                 return queue_next(order, key);
             }
+            let Some(told) = e.reported.filter(|_| runs) else { continue };
+            // Inside a filed run, past the entry it stepped to: entry by entry (a shape it
+            // could not pass over is often most of it).
+            if inside.is_some_and(|run| *k <= run.last) {
+                continue;
+            }
+            inside = None;
+            let entry = RunShape { shape: e.shape, told };
+            let extended = walking.as_mut().is_some_and(|(_, run, len)| {
+                let taken = run.extend(*k, entry, &self.reasons);
+                *len += usize::from(taken);
+                taken
+            });
+            if !extended {
+                file(walked, walking.take());
+                if let Some((first_entry, run)) = queue.run_over(*k) {
+                    inside = Some(run);
+                    let step = self.run_step(queue, &run, *k, memory, context);
+                    if let Some(from) = step {
+                        entries = queue.range((from, Unbounded));
+                    }
+                    if step == Some(Excluded(run.last)) {
+                        let joined = before
+                            .filter(|_| first_entry == *k)
+                            .and_then(|(f, b)| Some((f, b.then(&run, &self.reasons)?)));
+                        walked.extend(joined);
+                        chain = Some(joined.unwrap_or((first_entry, run)));
+                    }
+                    continue;
+                }
+                walking = Some((*k, Run::new(*k, e.shape, told), 1));
+            }
         }
+        file(walked, walking.take());
         None
+    }
+
+    /// Where the walk goes on from `after`, an entry inside `run` it passed over (of
+    /// `project`, with `standing`, before the next project's key `first`): past the run
+    /// when every shape of it failed since the last change with a deferral that tells its
+    /// entries nothing; else to the run's next entry of a shape that did not (`None`: on to
+    /// the next entry, when the run's last key is not before `first`). Keys grow along a
+    /// shape's entries; a shape not judged within guarantee since the last change counts as
+    /// borrowing, the later key.
+    fn run_step(
+        &self,
+        queue: &Queue,
+        run: &Run,
+        after: Queued,
+        memory: &CycleMemory,
+        (project, standing, first): (ProjectId, u64, Option<OrderKey>),
+    ) -> Option<Bound<Queued>> {
+        let mut within = true;
+        let mut stop: Option<Queued> = None;
+        for s in run.shapes() {
+            let passes = memory.known(s.shape).is_some_and(|r| self.reasons.same_kind(s.told, r));
+            if passes {
+                within &= memory.within(s.shape).unwrap_or(false);
+            } else if let Some(next) = queue.next_of_shape(s.shape, after) {
+                stop = Some(stop.map_or(next, |stop| stop.min(next)));
+            }
+        }
+        if first.is_some_and(|first| order_key(project, standing, run.last, within) >= first) {
+            return None;
+        }
+        Some(match stop {
+            Some(stop) if stop <= run.last => Included(stop),
+            _ => Excluded(run.last),
+        })
     }
 
     fn schedule_one(

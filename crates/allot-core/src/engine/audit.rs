@@ -201,6 +201,11 @@ impl Engine {
                 }
             }
         }
+        for (p, queue) in self.queues.iter().enumerate() {
+            queue
+                .check_runs(&self.reasons)
+                .map_err(|e| format!("project {}'s queue: {e}", self.projects[p].name))?;
+        }
         Ok(())
     }
 

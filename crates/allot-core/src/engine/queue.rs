@@ -22,8 +22,8 @@ pub(crate) type QueueKey = (Reverse<i32>, Timestamp, WorkloadId);
 /// Its `Debug` shows the keys only: shape numbers are derived, and differ in a rebuilt
 /// engine that is otherwise equal.
 ///
-/// Entries change only through its methods, which keep `runs` true: every change to an
-/// entry drops the run that covers it.
+/// Entries change only through its methods, which keep `runs` and `by_shape` true: every
+/// change to an entry cuts the run covering it around it.
 #[derive(Clone, Default)]
 pub(crate) struct Queue {
     entries: BTreeMap<QueueKey, QueueEntry>,
@@ -199,9 +199,10 @@ impl Queue {
     /// Whether every filed run is true of the entries it covers (`Run`), and the index by
     /// shape holds the entries (`Engine::audit`).
     pub fn check_runs(&self, reasons: &Reasons) -> Result<(), String> {
-        let by_shape: BTreeSet<(ShapeId, QueueKey)> =
-            self.entries.iter().map(|(k, e)| (e.shape, *k)).collect();
-        if self.by_shape.as_ref().is_some_and(|index| *index != by_shape) {
+        if let Some(index) = &self.by_shape
+            && (index.len() != self.entries.len()
+                || !index.iter().all(|(s, k)| self.entries.get(k).is_some_and(|e| e.shape == *s)))
+        {
             return Err("its index by shape is not its entries".into());
         }
         let mut end: Option<QueueKey> = None;

@@ -138,17 +138,19 @@ def time_limit_min(job):
 
 
 def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
-              reclaim_after=None):
+              reclaim_after=None, hold_quota=False):
     """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time. With
     `reserve_after` (a duration), the policy holds nodes for requests waiting that long; with
     `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill); with
     `poll_max` (a duration), allot looks at the queue at least that often; with
-    `reclaim_after` (a duration), a claimant reclaims from borrowers only after that wait."""
+    `reclaim_after` (a duration), a claimant reclaims from borrowers only after that wait; with
+    `hold_quota`, the reservations hold quota too."""
     data = tempfile.mkdtemp(prefix="allot-bench-")
     policy = os.path.join(data, "policy.yaml")
     with open(policy, "w") as f:
         if reserve_after:
-            f.write(f"reservations: {{after: {reserve_after}}}\n")
+            hold = ", hold_quota: true" if hold_quota else ""
+            f.write(f"reservations: {{after: {reserve_after}{hold}}}\n")
         f.write("preemption:\n  mode: requeue\n"
                 + (f"  reclaim_after: {reclaim_after}\n" if reclaim_after else "")
                 + "restart_cost: 1m\n"
@@ -315,7 +317,11 @@ def main():
                    help="allot arm: `allot serve --slurm-poll-max` (allot's default: 5s)")
     p.add_argument("--reclaim-after", metavar="DURATION",
                    help="allot arm: policy `preemption: {reclaim_after: DURATION}`")
+    p.add_argument("--hold-quota", action="store_true",
+                   help="allot arm, with --reserve-after: `reservations: {hold_quota: true}`")
     a = p.parse_args()
+    if a.hold_quota and not a.reserve_after:
+        sys.exit("--hold-quota: give --reserve-after too (quota is held by reservations)")
     if not os.environ.get("SLURM_CONF"):
         sys.exit("SLURM_CONF is not set: `sudo bash scripts/slurm-cluster.sh up` and "
                  "`export SLURM_CONF=/tmp/allot-slurm/etc/slurm.conf` first")
@@ -329,7 +335,7 @@ def main():
         elif arm == "allot":
             submitted, runs, _, _report, data = allot_arm(jobs, a.allot, a.reserve_after,
                                                           a.time_limits, a.slurm_poll_max,
-                                                          a.reclaim_after)
+                                                          a.reclaim_after, a.hold_quota)
             rows.append(figures("allot (requeue pre-emption)", submitted, runs, len(jobs)))
             print_stops(stops_said(data), runs, jobs)
         else:

@@ -85,7 +85,12 @@
 //!                                     #   `per_model_max` per GPU model, 1-16, default 2); other
 //!                                     #   work goes there only if its max runtime ends first.
 //!                                     #   Borrowers also wait while an in-guarantee request of
-//!                                     #   another project of the cohort waits for room
+//!                                     #   another project of the cohort waits for room.
+//!                                     #   `hold_quota: true` (default false) holds quota too:
+//!                                     #   for a reserved request and for the oldest one its
+//!                                     #   quota line cannot hold yet, later work of its project
+//!                                     #   and other projects' borrowers wait unless their max
+//!                                     #   runtime ends by its expected start
 //! restart_cost: 2m                    # optional, default 2m: what restarting a pre-empted or
 //!                                     #   reclaimed victim costs the arbiter, per GPU it holds
 //! idle_resume_backoff: 5m             # optional, default 5m, at most 4h: first wait before work

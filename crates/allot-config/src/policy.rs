@@ -38,7 +38,7 @@ const COHORT_EXAMPLE: &str =
 const DEFRAG_FIELDS: [&str; 2] = ["enabled", "restart_cost"];
 const DEFRAG_EXAMPLE: &str =
     "`defragmentation: true`, or `defragmentation: {enabled: true, restart_cost: 2m}`";
-const RESERVATION_FIELDS: [&str; 2] = ["after", "per_model_max"];
+const RESERVATION_FIELDS: [&str; 3] = ["after", "per_model_max", "hold_quota"];
 const RESERVATION_EXAMPLE: &str = "`reservations: {after: 5m, per_model_max: 2}`";
 const FAIR_SHARE_FIELDS: [&str; 1] = ["half_life"];
 const PREEMPTION_FIELDS: [&str; 5] =
@@ -342,8 +342,9 @@ fn defragmentation(ctx: &mut Ctx, node: &Node) -> Option<Option<Defragmentation>
     Some(enabled.then_some(Defragmentation { restart_cost_ms, ..Default::default() }))
 }
 
-/// `reservations: {after: DURATION, per_model_max: N}` (`after` required, more than 0;
-/// `per_model_max` 1 to `Reservations::PER_MODEL_MAX`, default 2), or `false`.
+/// `reservations: {after: DURATION, per_model_max: N, hold_quota: BOOL}` (`after` required,
+/// more than 0; `per_model_max` 1 to `Reservations::PER_MODEL_MAX`, default 2; `hold_quota`
+/// default false), or `false`.
 fn reservations(ctx: &mut Ctx, node: &Node) -> Option<Option<Reservations>> {
     if !matches!(node.value, tree::Value::Map(_)) {
         return match decode::boolean(ctx, node, "reservations")? {
@@ -392,8 +393,12 @@ fn reservations(ctx: &mut Ctx, node: &Node) -> Option<Option<Reservations>> {
         None => Some(u64::from(Reservations::DEFAULT_PER_MODEL_MAX)),
         Some(n) => decode::uint(ctx, n, &f.path("per_model_max"), 1, max, "2"),
     };
-    let (after_ms, per_model_max) = (after?, per_model_max?);
-    Some(Some(Reservations { after_ms, per_model_max: per_model_max as u32 }))
+    let hold_quota = match f.get("hold_quota") {
+        None => Some(false),
+        Some(n) => decode::boolean(ctx, n, &f.path("hold_quota")),
+    };
+    let (after_ms, per_model_max, hold_quota) = (after?, per_model_max?, hold_quota?);
+    Some(Some(Reservations { after_ms, per_model_max: per_model_max as u32, hold_quota }))
 }
 
 fn half_life_ms(ctx: &mut Ctx, node: &Node) -> Option<u64> {

@@ -61,9 +61,10 @@ pub fn render_policy(policy: &PolicySpec, header: &str) -> String {
     if let Some(r) = &policy.reservations {
         let _ = writeln!(
             out,
-            "reservations: {{after: {}, per_model_max: {}}}",
+            "reservations: {{after: {}, per_model_max: {}, hold_quota: {}}}",
             format_duration(r.after_ms),
-            r.per_model_max
+            r.per_model_max,
+            r.hold_quota
         );
     }
     let _ = writeln!(out, "restart_cost: {}", format_duration(policy.restart_cost_ms));

@@ -447,15 +447,15 @@ fn reservations_decode_and_render_back() {
         ok(allot_config::parse_policy("p.yaml", &format!("reservations: {{after: 5m}}\n{head}")));
     assert_eq!(
         on.reservations,
-        Some(allot_core::Reservations { after_ms: 300_000, per_model_max: 2 })
+        Some(allot_core::Reservations { after_ms: 300_000, per_model_max: 2, hold_quota: false })
     );
     let custom = ok(allot_config::parse_policy(
         "p.yaml",
-        &format!("reservations: {{after: 90s, per_model_max: 4}}\n{head}"),
+        &format!("reservations: {{after: 90s, per_model_max: 4, hold_quota: true}}\n{head}"),
     ));
     assert_eq!(
         custom.reservations,
-        Some(allot_core::Reservations { after_ms: 90_000, per_model_max: 4 })
+        Some(allot_core::Reservations { after_ms: 90_000, per_model_max: 4, hold_quota: true })
     );
     let text = allot_config::render_policy(&custom, "");
     assert_eq!(ok(allot_config::parse_policy("p.yaml", &text)), custom);

@@ -258,6 +258,11 @@ pub enum DeferReason {
     /// room there within its guarantee (policy `reservations`): admitted now, it would only be
     /// reclaimed.
     HeldForClaimant { claimant: WorkloadId, key: QuotaKey },
+    /// It would take quota on `key` that `reservation`, a request pending longer (policy
+    /// `reservations`), waits for: admitted now, it would leave that request short of its
+    /// ask, or shorter still. Work may take it only if its max runtime ends by the
+    /// reservation's expected start on its held nodes.
+    QuotaHeldForReservation { reservation: WorkloadId, key: QuotaKey },
 }
 
 impl DeferReason {

@@ -390,6 +390,9 @@ pub struct Engine {
     reserved: BTreeMap<WorkloadId, reserve::Reservation>,
     /// Devices held for reservations during one cycle. Empty between cycles.
     reserve_held: BTreeMap<WorkloadId, Vec<Placement>>,
+    /// Quota held for the latest cycle's long-waiting requests (`reserve::QuotaHold`),
+    /// derived afresh each cycle (never saved).
+    quota_holds: Vec<reserve::QuotaHold>,
 }
 
 /// How `Engine::decide_news` tells again a deferral whose kind is unchanged.
@@ -682,6 +685,7 @@ impl Engine {
             reservation_policy: policy.reservations,
             reserved: BTreeMap::new(),
             reserve_held: BTreeMap::new(),
+            quota_holds: Vec::new(),
         })
     }
 
@@ -901,6 +905,7 @@ impl Engine {
         // Derived afresh every cycle: nothing is kept between cycles but for `explain`'s clone.
         if only.is_none() {
             self.reserved.clear();
+            self.quota_holds.clear();
         }
     }
 }

@@ -106,6 +106,11 @@ pub struct Reservations {
     pub after_ms: u64,
     /// At most this many reservations per GPU model at once (oldest requests first).
     pub per_model_max: u32,
+    /// Quota is held too: for a reserved request, and for the oldest such request a quota
+    /// line cannot hold yet, later work of its project and borrowers of other projects are
+    /// not admitted on its line if that would leave it short, unless their max runtime ends by
+    /// its expected start (`engine/reserve.rs`, `QuotaHold`).
+    pub hold_quota: bool,
 }
 
 impl Reservations {

@@ -376,6 +376,13 @@ impl Engine {
                 self.key_name(*key),
                 self.wl(*claimant)
             ),
+            DeferReason::QuotaHeldForReservation { reservation, key } => format!(
+                "would take {} quota held for {}, pending longer, which waits for it \
+                 (reservations: work may take it only if its max runtime ends before that \
+                 request's expected start)",
+                self.key_name(*key),
+                self.wl(*reservation)
+            ),
         }
     }
 

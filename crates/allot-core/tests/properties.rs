@@ -145,7 +145,7 @@ struct RawCase {
     /// The guard against pre-emption thrash (`guard_of`): 0 off.
     guard: u8,
     /// Reservations (after ms, per model max), when on.
-    reserve: Option<(u64, u32)>,
+    reserve: Option<(u64, u32, bool)>,
 }
 
 fn raw_line() -> impl Strategy<Value = RawLine> {
@@ -243,7 +243,8 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
 /// Half the cases are dense: one model, one cohort, distinct priorities and small requests,
 /// so that borrowing, reclaim and priority pre-emption happen often.
 /// Two in five of them with reservations (a wait within the steps' spacing, 1 to 3 per
-/// model), so that reservations are made, held, opened for backfill and dropped.
+/// model, quota held too in half), so that reservations are made, held, opened for backfill
+/// and dropped.
 fn raw_case() -> impl Strategy<Value = RawCase> {
     (
         prop_oneof![
@@ -252,7 +253,7 @@ fn raw_case() -> impl Strategy<Value = RawCase> {
             1 => raw_case_fragmented(),
             1 => raw_case_consolidating()
         ],
-        prop::option::weighted(0.4, (1u64..=4000, 1u32..=3)),
+        prop::option::weighted(0.4, (1u64..=4000, 1u32..=3, any::<bool>())),
     )
         .prop_map(|(mut case, reserve)| {
             case.reserve = reserve;
@@ -647,9 +648,9 @@ fn build(raw: &RawCase) -> Case {
             }),
             _ => Some(FairSharing { strategies: vec![FairShareStrategy::LessThanInitialShare] }),
         },
-        reservations: raw
-            .reserve
-            .map(|(after_ms, per_model_max)| allot_core::Reservations { after_ms, per_model_max }),
+        reservations: raw.reserve.map(|(after_ms, per_model_max, hold_quota)| {
+            allot_core::Reservations { after_ms, per_model_max, hold_quota }
+        }),
     };
 
     let mut now = 0u64;

@@ -347,6 +347,7 @@ fn setup_line(setup: &mut Setup, words: &[&str]) -> Result<(), String> {
             setup.reservations = Some(allot_core::Reservations {
                 after_ms: num(args.get("after").ok_or("reserve needs after=MS")?)?,
                 per_model_max: args.get("max").map_or(Ok(2), |n| num(n))? as u32,
+                hold_quota: args.get("hold_quota").is_some_and(|v| *v == "1"),
             })
         }
         other => return Err(format!("unknown setup {other}")),

@@ -48,6 +48,7 @@ pub fn reason_code(d: &Decision) -> &'static str {
             DeferReason::AwaitingUse { .. } => "awaiting_use",
             DeferReason::HeldForReservation { .. } => "held_for_reservation",
             DeferReason::HeldForClaimant { .. } => "held_for_claimant",
+            DeferReason::QuotaHeldForReservation { .. } => "quota_held_for_reservation",
         },
         Decision::Reject { reason, .. } => match reason {
             RejectReason::UnknownProject { .. } => "unknown_project",

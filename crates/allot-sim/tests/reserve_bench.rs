@@ -236,8 +236,11 @@ fn philly_big_job_waits() {
     for reserve in [false, true] {
         let mut policy = base.clone();
         if reserve {
-            policy.reservations =
-                Some(allot_core::Reservations { after_ms: 300_000, per_model_max: 2 });
+            policy.reservations = Some(allot_core::Reservations {
+                after_ms: 300_000,
+                per_model_max: 2,
+                hold_quota: false,
+            });
         }
         let (policy, _) = add_unlisted_projects(&policy, &jobs);
         for time_limits in [false, true] {
@@ -293,12 +296,12 @@ fn slurm_slice_variants() {
         ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() };
     println!(
         "| variant | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | pre-emptions | \
-         lost GPU-h | lost % | makespan s |"
+         lost GPU-h | lost % | makespan s | finished |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let row = |label: &str, r: &allot_sim::outcome::ReplayReport| {
         println!(
-            "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.3} | {:.1} | {:.0} |",
+            "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {:.3} | {:.1} | {:.0} | {} of {} |",
             r.queue_delay_s_p50,
             r.queue_delay_s_p95,
             r.queue_delay_s_p99,
@@ -308,6 +311,8 @@ fn slurm_slice_variants() {
             r.lost_gpu_hours,
             100.0 * r.lost_gpu_hours / r.allocated_gpu_hours.max(1e-9),
             r.span_s,
+            r.jobs_finished,
+            r.jobs_total,
         );
     };
     let slurm = allot_sim::slurm::replay_slurm(
@@ -328,7 +333,15 @@ fn slurm_slice_variants() {
         ("  reclaim_after: 1m\n", "reclaim after 1 m"),
         ("  reclaim_after: 2m\n", "reclaim after 2 m"),
     ];
-    for reserve in [None, Some("10s"), Some("30s")] {
+    // `after` with the reservations' other options, if any.
+    let reserves = [
+        None,
+        Some("10s"),
+        Some("10s, hold_quota: true"),
+        Some("30s"),
+        Some("30s, hold_quota: true"),
+    ];
+    for reserve in reserves {
         for (lines, label) in guards {
             let report = replay(&nodes(), &policy_with(reserve, lines), "slice", &jobs, &config)
                 .expect("the slice replays");

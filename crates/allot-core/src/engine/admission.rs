@@ -697,7 +697,11 @@ impl Engine {
         }
         // Not remembered: the shape's failure is not one of placement, which a later
         // workload of the shape could take for granted (`known_failure`).
-        if let Some(reason @ DeferReason::HeldForClaimant { .. }) = best {
+        if let Some(
+            reason @ (DeferReason::HeldForClaimant { .. }
+            | DeferReason::QuotaHeldForReservation { .. }),
+        ) = best
+        {
             return Outcome::Deferred(reason);
         }
         if !known_failure && may_preempt {
@@ -829,10 +833,24 @@ impl Engine {
                 preempt_key: (!only_held).then_some(key),
             };
         }
-        let claimed = if search { self.borrow_held_for(r, key, claims) } else { None };
+        // Quota held for a request pending longer (engine/reserve.rs), or a line a claimant
+        // waits on. Checked only where the shape is not known to fail, so that a shape's
+        // remembered failure stays the reason every later workload of it gets.
+        let claimed = if search {
+            self.quota_held_for(r, key).or_else(|| self.borrow_held_for(r, key, claims))
+        } else {
+            None
+        };
         if let Some(reason) = claimed {
             if self.capacity.can_place(Some(m), r.shape, r.members, r.layout()) {
                 return ModelCheck::Claimed(reason);
+            }
+            // Without room it still stops nobody for quota held for another.
+            if matches!(reason, DeferReason::QuotaHeldForReservation { .. }) {
+                return ModelCheck::Blocked {
+                    reason: self.no_room(Some(m), r.shape, r.members, r.layout(), r.same_node),
+                    preempt_key: None,
+                };
             }
         } else if search
             && let Some(placement) = self.capacity.find(Some(m), r.shape, r.members, r.layout())
@@ -1006,6 +1024,7 @@ fn rank(reason: &DeferReason) -> u8 {
         | DeferReason::IdleBackoff { .. }
         | DeferReason::AwaitingUse { .. }
         | DeferReason::HeldForReservation { .. }
-        | DeferReason::HeldForClaimant { .. } => 5,
+        | DeferReason::HeldForClaimant { .. }
+        | DeferReason::QuotaHeldForReservation { .. } => 5,
     }
 }

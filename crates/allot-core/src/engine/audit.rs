@@ -76,7 +76,10 @@ impl Engine {
         if !self.held.is_empty() {
             return Err("room still held for pre-emptors between cycles".into());
         }
-        if !self.reserve_held.is_empty() || !self.reserved.is_empty() {
+        if !self.reserve_held.is_empty()
+            || !self.reserved.is_empty()
+            || !self.quota_holds.is_empty()
+        {
             return Err("reservations kept between cycles".into());
         }
         if self.planned.keys().any(|p| !self.preemptors.contains(p))

@@ -334,6 +334,7 @@ impl Engine {
                     | DeferReason::AwaitingUse { .. }
                     | DeferReason::HeldForReservation { .. }
                     | DeferReason::HeldForClaimant { .. }
+                    | DeferReason::QuotaHeldForReservation { .. }
             )
         };
         let deferred: Vec<WorkloadId> = if self.changes_only {

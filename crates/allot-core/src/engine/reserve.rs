@@ -39,13 +39,27 @@
 //! e.g. because they are protected), another project of its cohort is not admitted as a
 //! borrower on that quota line in the same cycle (`DeferReason::HeldForClaimant`): admitted,
 //! it would be reclaimed as soon as the claimant could act.
+//!
+//! The third rule, only with `hold_quota` (`QuotaHold`, `quota_held_for`): a reservation
+//! holds quota as well as nodes. For each reserved request, and for the first candidate per
+//! quota line and root cohort that quota cannot hold yet (so it gets no nodes), work that does
+//! not go before it — later work of its project, and borrowers of other projects of no higher
+//! priority — is deferred `QuotaHeldForReservation` rather than admitted on that line when
+//! that would leave it short of its ask (or shorter still), and pre-empts nobody to take it
+//! either. Work within its own guarantee in
+//! another project is never held: a guarantee is not lent against its owner. Work may take
+//! held quota if its max runtime ends by the request's expected start (its nodes' start; for
+//! a request short of quota, when quota would free if running work ended at its max runtime,
+//! `quota_start`). A candidate that an earlier hold keeps from its quota gets no nodes held
+//! (it would only keep that request from starting). Without the rule a large borrower waits
+//! while every GPU of quota that frees goes to smaller work first.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Engine, Stage};
+use super::{Engine, QueueKey, Stage};
 use crate::capacity::{Layout, Refine};
 use crate::decision::{DeferReason, DeviceShare, MemberPlacement, Placement, QuotaKey};
-use crate::ids::{ModelId, NodeId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
+use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::GpuRequest;
 
 /// Queue entries read per project per cycle when looking for requests to reserve for.
@@ -66,6 +80,23 @@ pub struct Reservation {
     pub since: Timestamp,
 }
 
+/// Quota held for a long-waiting request (`Engine::quota_holds`, the third rule): work that
+/// does not go before it is not admitted on its line if that would leave it less quota than
+/// it asks, or less than it has while short.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QuotaHold {
+    pub owner: WorkloadId,
+    pub project: ProjectId,
+    pub priority: i32,
+    pub queue_key: QueueKey,
+    pub key: QuotaKey,
+    pub total: Shares,
+    /// Work whose max runtime is at most this long may take the quota anyway: it gives it back
+    /// by the owner's expected start on its held nodes. `None` (no node reservation yet, or
+    /// its start is unknown): no work may.
+    pub backfill_ms: Option<u64>,
+}
+
 /// When each device becomes free, `Some(t)` where known: indexed by `offset[node] + device`.
 struct DeviceEndsAll {
     offset: Vec<usize>,
@@ -80,6 +111,7 @@ impl Engine {
     /// docs). Nothing without the policy.
     pub(super) fn plan_reservations(&mut self, now: Timestamp) {
         self.reserved.clear();
+        self.quota_holds.clear();
         let Some(policy) = self.reservation_policy else { return };
         let candidates = self.candidates(now, policy.after_ms);
         if candidates.is_empty() {
@@ -89,6 +121,8 @@ impl Engine {
         // Devices an earlier reservation of the cycle counted, as `ends` indexes them.
         let mut taken = vec![false; ends.at.len()];
         let mut per_model: BTreeMap<ModelId, u32> = BTreeMap::new();
+        // (root cohort, line) already held for a request blocked by quota.
+        let mut quota_blocked: BTreeSet<(usize, QuotaKey)> = BTreeSet::new();
         for (id, since) in candidates {
             // Every model has its reservations: the rest of the candidates get none.
             if self
@@ -101,12 +135,49 @@ impl Engine {
             let Some(w) = self.workloads.get(&id) else { continue };
             let GpuRequest::Whole(k) = w.spec.gpus_per_member else { continue };
             let (members, same_node) = (w.spec.members, w.spec.same_node);
+            let request = super::Request::of(w);
+            let (project, total, queue_key) = (request.project, request.total, w.queue_key());
+            let hold = |key, backfill_ms| QuotaHold {
+                owner: id,
+                project,
+                priority: request.priority,
+                queue_key,
+                key,
+                total,
+                backfill_ms,
+            };
+            let models = self.candidate_models(w).to_vec();
+            // Blocked by quota on every model it may use: the quota of its first model that
+            // could ever hold it is held for it, one request per line and root cohort.
+            if !models.iter().any(|&m| self.quota_allows(project, m, total)) {
+                let line = models.iter().find_map(|&m| {
+                    let key = self.quota.resolve(project, QuotaKey::Model(m))?;
+                    (self.quota.view(project, key)?.max >= total).then_some(key)
+                });
+                let cohort = self.quota.cohort_of[project.0 as usize];
+                let root = self.quota.ancestors(cohort).last().unwrap_or(cohort);
+                if let Some(key) = line
+                    && policy.hold_quota
+                    && !quota_blocked.contains(&(root, key))
+                {
+                    quota_blocked.insert((root, key));
+                    let start = self.quota_start(now, project, key, total);
+                    let hold = hold(key, start.map(|start| start.0.saturating_sub(now.0)));
+                    self.quota_holds.push(hold);
+                }
+                continue;
+            }
             let mut best: Option<(Reservation, Vec<(NodeId, u16)>)> = None;
-            for &m in self.candidate_models(w) {
+            for &m in &models {
                 if per_model.get(&m).is_some_and(|n| *n >= policy.per_model_max) {
                     continue;
                 }
-                if !self.quota_allows(w.project, m, w.spec.total_shares()) {
+                let Some(key) = self.quota.resolve(project, QuotaKey::Model(m)) else { continue };
+                // No quota, or quota held for an earlier request: nodes held for it would
+                // only keep that request from starting.
+                if !self.quota_allows(project, m, total)
+                    || self.quota_held_for(&request, key).is_some()
+                {
                     continue;
                 }
                 let Some((start, nodes, devices)) =
@@ -126,6 +197,12 @@ impl Engine {
             }
             if let Some((r, devices)) = best {
                 *per_model.entry(r.model).or_default() += 1;
+                if policy.hold_quota
+                    && let Some(key) = self.quota.resolve(project, QuotaKey::Model(r.model))
+                {
+                    let backfill_ms = r.start.map(|start| start.0.saturating_sub(now.0));
+                    self.quota_holds.push(hold(key, backfill_ms));
+                }
                 for (node, d) in devices {
                     if let Some(t) = ends
                         .offset
@@ -253,6 +330,39 @@ impl Engine {
         }
         found.sort();
         found.into_iter().map(|(key, since)| (key.2, since)).collect()
+    }
+
+    /// When `project`'s line `key` would have room for `total` if running work ended at its
+    /// max runtime (work told to stop: now), `None` if work with no known end must end first.
+    /// Optimistic: quota a project gets back is counted as lent, though its own queued work
+    /// may take it first.
+    fn quota_start(
+        &self,
+        now: Timestamp,
+        project: ProjectId,
+        key: QuotaKey,
+        total: Shares,
+    ) -> Option<Timestamp> {
+        let mut book = self.quota.clone();
+        for (&(p, k), &shares) in &self.stopping_shares {
+            if k == key {
+                book.release(p, k, shares);
+            }
+        }
+        let mut at = now;
+        let mut ends = self.deadlines.iter();
+        loop {
+            if book.view(project, key)?.available >= total {
+                return Some(at);
+            }
+            let &(end, id) = ends.next()?;
+            let Some(w) = self.workloads.get(&id) else { continue };
+            let Some(a) = w.allocation.as_ref().filter(|a| a.key == Some(key)) else { continue };
+            if w.stage == Stage::Running {
+                book.release(w.project, key, a.shares);
+                at = end.max(now);
+            }
+        }
     }
 
     /// Whether `project`'s quota line for model `m` has room for `total` now.
@@ -482,6 +592,52 @@ impl Engine {
             nodes: res.nodes.iter().map(|(n, _)| *n).collect(),
             start: res.start,
         })
+    }
+
+    /// Whether admitting request `r` on line `key` would take quota held for a request that
+    /// goes before it (`quota_holds`): then the deferral it gets instead. A request goes
+    /// before the owner of a hold if it is of the owner's project and ahead of it in its
+    /// queue, or of another project and of higher priority or within its guarantee (a
+    /// guarantee is never held for another project's borrower).
+    pub(super) fn quota_held_for(
+        &mut self,
+        r: &super::Request,
+        key: QuotaKey,
+    ) -> Option<DeferReason> {
+        if self.quota_holds.is_empty() {
+            return None;
+        }
+        let w = self.workloads.get(&r.id)?;
+        let (queue_key, max_runtime) = (w.queue_key(), w.spec.max_runtime_ms);
+        let line = self.quota.line(r.project, key)?;
+        let borrows = line.used.saturating_add(r.total) > line.guaranteed;
+        for i in 0..self.quota_holds.len() {
+            let h = self.quota_holds[i].clone();
+            let goes_before = if h.project == r.project {
+                queue_key < h.queue_key
+            } else {
+                r.priority > h.priority || !borrows
+            };
+            let backfills = h.backfill_ms.is_some_and(|b| max_runtime.is_some_and(|m| m <= b));
+            let waiting = self.workloads.get(&h.owner).is_some_and(|o| o.stage == Stage::Pending);
+            if h.owner == r.id || h.key != key || goes_before || backfills || !waiting {
+                continue;
+            }
+            let Some(before) = self.quota.view(h.project, key).map(|v| v.available) else {
+                continue;
+            };
+            // Admitting `r` takes at most its own ask from anyone's room.
+            if before >= h.total.saturating_add(r.total) {
+                continue;
+            }
+            self.quota.charge(r.project, key, r.total);
+            let after = self.quota.view(h.project, key).map_or(before, |v| v.available);
+            self.quota.release(r.project, key, r.total);
+            if after < before && after < h.total {
+                return Some(DeferReason::QuotaHeldForReservation { reservation: h.owner, key });
+            }
+        }
+        None
     }
 
     /// The (cohort, quota line) on which a deferred workload waits for room within its

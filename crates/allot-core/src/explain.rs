@@ -46,6 +46,9 @@ pub struct Explanation {
     pub protection: Option<Protection>,
     /// Pending: the GPUs held for it (policy `reservations`), as a cycle run now holds them.
     pub reservation: Option<crate::engine::Reservation>,
+    /// Pending with `reservations.hold_quota`: the quota line held for it, and when it is
+    /// expected to have that quota (`None`: unknown).
+    pub quota_hold: Option<(QuotaKey, Option<Timestamp>)>,
     /// Deferred while its reclaim delay runs (policy `preemption.reclaim_after`): when it may
     /// start taking quota back from borrowers.
     pub reclaim_from: Option<Timestamp>,
@@ -117,6 +120,7 @@ impl Engine {
             idle_action_at: self.idle_action_at(now, id),
             protection: self.protection_of(now, id),
             reservation: None,
+            quota_hold: None,
             reclaim_from: None,
             borrowing: w.allocation.as_ref().and_then(|a| a.key).and_then(|key| {
                 let path = self.quota.borrowing_path(w.project, key);
@@ -149,6 +153,9 @@ impl Engine {
         sim.idle_pass(now, &mut decisions);
         sim.admission_cycle(now, &mut decisions, Some(id));
         explanation.reservation = sim.reservation(id).cloned();
+        explanation.quota_hold = sim
+            .quota_hold(id)
+            .map(|h| (h.key, h.backfill_ms.map(|ms| Timestamp(now.0.saturating_add(ms)))));
         explanation.decision = decisions
             .iter()
             .rev()

@@ -556,6 +556,14 @@ impl Engine {
                 r.since.0
             ));
         }
+        if let Some((key, start)) = e.quota_hold {
+            let start = start.map_or("unknown".to_string(), |t| format!("t={} ms", t.0));
+            lines.push(format!(
+                "  quota held: {} quota this needs is kept from later work of its project and \
+                 other projects' borrowers; expected start {start}",
+                self.key_name(key)
+            ));
+        }
         if let Some((idle, warned)) = &e.idle {
             let warned = warned.map(|t| format!("; warned at t={} ms", t.0)).unwrap_or_default();
             let action = e

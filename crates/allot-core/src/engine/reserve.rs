@@ -677,6 +677,11 @@ impl Engine {
         (other && borrows).then_some(DeferReason::HeldForClaimant { claimant, key })
     }
 
+    /// The quota `explain`'s cycle held for a pending workload, if any.
+    pub(crate) fn quota_hold(&self, id: WorkloadId) -> Option<&QuotaHold> {
+        self.quota_holds.iter().find(|h| h.owner == id)
+    }
+
     /// The reservation `explain`'s cycle made for a pending workload, if any.
     pub(crate) fn reservation(&self, id: WorkloadId) -> Option<&Reservation> {
         self.reserved.get(&id)

@@ -642,6 +642,8 @@ impl Engine {
         let mut best: Option<DeferReason> = None;
         let mut preemptible_models = Vec::new();
         let mut placement_blocked = Vec::new();
+        // Some model lacks only room (quota held for another included, which may not pre-empt).
+        let mut room_blocked = false;
         // ((within guarantee, placement rank), line, placement) of the best model so far.
         type Candidate = ((bool, (i64, i64)), QuotaKey, Placement);
         let mut best_fit: Option<Candidate> = None;
@@ -669,6 +671,7 @@ impl Engine {
                     }
                 }
                 ModelCheck::Blocked { reason, preempt_key } => {
+                    room_blocked |= reason.is_placement();
                     if let Some(key) = preempt_key {
                         preemptible_models.push((m, key));
                         if reason.is_placement() {
@@ -689,9 +692,7 @@ impl Engine {
         // stops nobody for it (engine/reserve.rs).
         // (Checked even for a shape that failed before: the reason must be the one a fresh
         // check gives, as the cycle's memory hands it to the shape's next workloads.)
-        if !placement_blocked.is_empty()
-            && let Some(reason) = self.held_for_reservation(&request, &models)
-        {
+        if room_blocked && let Some(reason) = self.held_for_reservation(&request, &models) {
             memory.remember(shape_key, self.reasons.number(&reason));
             return Outcome::Deferred(reason);
         }

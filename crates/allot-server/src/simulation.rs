@@ -137,19 +137,22 @@ idle:
 ";
 
 /// A policy the live work can always move to (other guarantees; half of them with a
-/// claimant's reclaim delayed, `preemption.reclaim_after`).
+/// claimant's reclaim delayed, `preemption.reclaim_after`; two in three with reservations,
+/// half of those holding quota for them).
 fn accepted_policy(rng: &mut SimRng) -> String {
     let g = 2 + rng.below(6);
     let policy = POLICY
         .replace("guaranteed: 4}]}\n  - {name: b", &format!("guaranteed: {g}}}]}}\n  - {{name: b"));
-    if rng.below(2) == 0 {
-        policy
-    } else {
-        policy.replace(
-            "preemption: {mode: suspend}",
-            "preemption: {mode: suspend, reclaim_after: 20s}",
-        )
-    }
+    let reclaim = if rng.below(2) == 0 { "" } else { ", reclaim_after: 20s" };
+    let reservations = match rng.below(3) {
+        0 => "",
+        1 => "reservations: {after: 20s}\n",
+        _ => "reservations: {after: 20s, hold_quota: true}\n",
+    };
+    policy.replace(
+        "preemption: {mode: suspend}\n",
+        &format!("preemption: {{mode: suspend{reclaim}}}\n{reservations}"),
+    )
 }
 
 /// A policy without project `solo`: refused while `solo` has live work.

@@ -261,7 +261,8 @@ pub enum DeferReason {
     /// It would take quota on `key` that `reservation`, a request pending longer (policy
     /// `reservations`), waits for: admitted now, it would leave that request short of its
     /// ask, or shorter still. Work may take it only if its max runtime ends by the
-    /// reservation's expected start on its held nodes.
+    /// reservation's expected start: on its held nodes, or, for a request its quota blocks,
+    /// when running work ending at its max runtime would leave the line room for it.
     QuotaHeldForReservation { reservation: WorkloadId, key: QuotaKey },
 }
 

@@ -83,7 +83,7 @@ pub struct Reservation {
 /// Quota held for a long-waiting request (`Engine::quota_holds`, the third rule): work that
 /// does not go before it is not admitted on its line if that would leave it less quota than
 /// it asks, or less than it has while short.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QuotaHold {
     pub owner: WorkloadId,
     pub project: ProjectId,
@@ -92,8 +92,8 @@ pub(crate) struct QuotaHold {
     pub key: QuotaKey,
     pub total: Shares,
     /// Work whose max runtime is at most this long may take the quota anyway: it gives it back
-    /// by the owner's expected start on its held nodes. `None` (no node reservation yet, or
-    /// its start is unknown): no work may.
+    /// by the owner's expected start (on its held nodes, or `quota_start` for an owner its
+    /// quota blocks). `None` (that start is unknown): no work may.
     pub backfill_ms: Option<u64>,
 }
 
@@ -147,9 +147,11 @@ impl Engine {
                 backfill_ms,
             };
             let models = self.candidate_models(w).to_vec();
+            let allowed: Vec<bool> =
+                models.iter().map(|&m| self.quota_allows(project, m, total)).collect();
             // Blocked by quota on every model it may use: the quota of its first model that
             // could ever hold it is held for it, one request per line and root cohort.
-            if !models.iter().any(|&m| self.quota_allows(project, m, total)) {
+            if !allowed.contains(&true) {
                 let line = models.iter().find_map(|&m| {
                     let key = self.quota.resolve(project, QuotaKey::Model(m))?;
                     (self.quota.view(project, key)?.max >= total).then_some(key)
@@ -168,16 +170,14 @@ impl Engine {
                 continue;
             }
             let mut best: Option<(Reservation, Vec<(NodeId, u16)>)> = None;
-            for &m in &models {
+            for (&m, &allows) in models.iter().zip(&allowed) {
                 if per_model.get(&m).is_some_and(|n| *n >= policy.per_model_max) {
                     continue;
                 }
                 let Some(key) = self.quota.resolve(project, QuotaKey::Model(m)) else { continue };
                 // No quota, or quota held for an earlier request: nodes held for it would
                 // only keep that request from starting.
-                if !self.quota_allows(project, m, total)
-                    || self.quota_held_for(&request, key).is_some()
-                {
+                if !allows || self.quota_held_for(&request, key).is_some() {
                     continue;
                 }
                 let Some((start, nodes, devices)) =
@@ -335,34 +335,50 @@ impl Engine {
     /// When `project`'s line `key` would have room for `total` if running work ended at its
     /// max runtime (work told to stop: now), `None` if work with no known end must end first.
     /// Optimistic: quota a project gets back is counted as lent, though its own queued work
-    /// may take it first.
+    /// may take it first. A what-if on the engine's own book: what it releases, it charges
+    /// back before returning.
     fn quota_start(
-        &self,
+        &mut self,
         now: Timestamp,
         project: ProjectId,
         key: QuotaKey,
         total: Shares,
     ) -> Option<Timestamp> {
-        let mut book = self.quota.clone();
+        // (project, shares) released, as the line's usage fell: charged back in reverse.
+        let mut released: Vec<(ProjectId, Shares)> = Vec::new();
+        let mut release = |quota: &mut crate::quota::QuotaBook, p: ProjectId, shares: Shares| {
+            let used = |quota: &crate::quota::QuotaBook| quota.line(p, key).map(|l| l.used);
+            let before = used(quota);
+            quota.release(p, key, shares);
+            if let (Some(before), Some(after)) = (before, used(quota)) {
+                released.push((p, before.saturating_sub(after)));
+            }
+        };
         for (&(p, k), &shares) in &self.stopping_shares {
             if k == key {
-                book.release(p, k, shares);
+                release(&mut self.quota, p, shares);
             }
         }
         let mut at = now;
         let mut ends = self.deadlines.iter();
-        loop {
-            if book.view(project, key)?.available >= total {
-                return Some(at);
+        let start = loop {
+            match self.quota.view(project, key) {
+                None => break None,
+                Some(v) if v.available >= total => break Some(at),
+                Some(_) => {}
             }
-            let &(end, id) = ends.next()?;
+            let Some(&(end, id)) = ends.next() else { break None };
             let Some(w) = self.workloads.get(&id) else { continue };
             let Some(a) = w.allocation.as_ref().filter(|a| a.key == Some(key)) else { continue };
             if w.stage == Stage::Running {
-                book.release(w.project, key, a.shares);
+                release(&mut self.quota, w.project, a.shares);
                 at = end.max(now);
             }
+        };
+        for (p, shares) in released.into_iter().rev() {
+            self.quota.charge(p, key, shares);
         }
+        start
     }
 
     /// Whether `project`'s quota line for model `m` has room for `total` now.
@@ -612,7 +628,7 @@ impl Engine {
         let line = self.quota.line(r.project, key)?;
         let borrows = line.used.saturating_add(r.total) > line.guaranteed;
         for i in 0..self.quota_holds.len() {
-            let h = self.quota_holds[i].clone();
+            let h = self.quota_holds[i];
             let goes_before = if h.project == r.project {
                 queue_key < h.queue_key
             } else {

@@ -209,7 +209,8 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
         print(f"allot arm's data: {data}", file=sys.stderr)
 
 
-STOPPED = re.compile(r"^allot: stopped #(?P<id>\d+) (?P<victim>job-\d+) \((?P<project>[^)]*)\): "
+# A daemon line, after its time stamp (none under journald).
+STOPPED = re.compile(r"^(?:\S+ )?allot: stopped #(?P<id>\d+) (?P<victim>job-\d+) \((?P<project>[^)]*)\): "
                      r"(?P<mode>\w+) for (?P<claimant>\S+): .*\[(?P<code>\w+)\]$")
 
 

@@ -27,13 +27,17 @@ use crate::model::{GpuRequest, Queueing};
 /// failure keeps its deferral with the cycle's count of changes (`changes`, bumped by every
 /// admission, pre-emption and pre-emptor let go) when it was made: a deferral is a pure read
 /// of the state, so while nothing has changed the same shape gets the same reason, without
-/// the quota and placement checks being made again.
+/// the quota and placement checks being made again. A deferral for a claim (`HeldForClaimant`)
+/// is kept for that repeat only: once the state changes the claim may be gone, and the shape
+/// is not known to lack room.
 #[derive(Default)]
 pub(crate) struct CycleMemory {
     /// Per shape (indexed by its number), then by whether it may pre-empt (0: no, 1: yes):
     /// the deferral and the count of changes then. Indexed, not searched: the cycle looks a
     /// shape up for every queued workload it passes.
-    failed: Vec<[Option<(u64, ReasonId)>; 2]>,
+    /// Each with whether it was a failure to find room or victims (a later change leaves the
+    /// shape known to fail: `known_failure`) or only a repeat while nothing changes.
+    failed: Vec<[Option<Failure>; 2]>,
     /// Per shape: whether its head would be within guarantee (`project_order_key`), and the
     /// count of changes then.
     within: Vec<Option<(u64, bool)>>,
@@ -61,25 +65,35 @@ impl CycleMemory {
         self.failed.clear();
     }
 
+    /// A shape's failure to find room or victims.
     fn remember(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
+        self.keep(shape, Failure { at: self.changes, reason, lacks_room: true });
+    }
+
+    /// A shape's deferral that holds only while nothing changes.
+    fn remember_repeat(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
+        self.keep(shape, Failure { at: self.changes, reason, lacks_room: false });
+    }
+
+    fn keep(&mut self, shape: Option<(ShapeId, bool)>, failure: Failure) {
         if let Some((shape, may_preempt)) = shape {
             let at = shape as usize;
             if self.failed.len() <= at {
                 self.failed.resize(at + 1, [None; 2]);
             }
-            self.failed[at][usize::from(may_preempt)] = Some((self.changes, reason));
+            self.failed[at][usize::from(may_preempt)] = Some(failure);
         }
     }
 
-    /// The last failure of a shape in this cycle, and the count of changes then.
-    fn failure(&self, (shape, may_preempt): (ShapeId, bool)) -> Option<(u64, ReasonId)> {
+    /// The last failure of a shape in this cycle.
+    fn failure(&self, (shape, may_preempt): (ShapeId, bool)) -> Option<Failure> {
         self.failed.get(shape as usize).and_then(|f| f[usize::from(may_preempt)])
     }
 
     /// The deferral remembered for a plain queued workload of `shape` (no idle state: it
     /// may pre-empt) while nothing has changed since.
     fn known(&self, shape: ShapeId) -> Option<ReasonId> {
-        self.failure((shape, true)).filter(|(at, _)| *at == self.changes).map(|(_, r)| r)
+        self.failure((shape, true)).filter(|f| f.at == self.changes).map(|f| f.reason)
     }
 
     /// Whether a head of `shape` is within guarantee, if judged since the last change.
@@ -95,6 +109,15 @@ impl CycleMemory {
         }
         self.within[at] = Some((self.changes, within));
     }
+}
+
+/// A shape's deferral in `CycleMemory`: the count of changes when it was made, and whether
+/// the shape lacked room or victims (else it holds only while nothing changes).
+#[derive(Clone, Copy)]
+struct Failure {
+    at: u64,
+    reason: ReasonId,
+    lacks_room: bool,
 }
 
 /// Per project, the next queued workload step 4 serves (`None`: none left).
@@ -609,10 +632,10 @@ impl Engine {
         let may_preempt = w.idle_suspended_at.is_none();
         let shape_key = queued_shape.map(|s| (s, may_preempt));
         let known_failure = match shape_key.and_then(|k| memory.failure(k)) {
-            Some((at, reason)) if at == memory.changes && !self.reference => {
-                return Outcome::Deferred(self.reasons.get(reason).clone());
+            Some(f) if f.at == memory.changes && !self.reference => {
+                return Outcome::Deferred(self.reasons.get(f.reason).clone());
             }
-            Some(_) => true,
+            Some(f) => f.lacks_room,
             None => false,
         };
         let request = Request::of(w);
@@ -696,13 +719,20 @@ impl Engine {
             memory.remember(shape_key, self.reasons.number(&reason));
             return Outcome::Deferred(reason);
         }
-        // Not remembered: the shape's failure is not one of placement, which a later
-        // workload of the shape could take for granted (`known_failure`).
+        // Not a failure of placement, which a later workload of the shape could take for
+        // granted (`known_failure`). A claim holds every workload of the shape alike until the
+        // state changes (claims only grow within a cycle, the first per line staying), unless
+        // quota is held for a reservation: whether that lets a workload through depends on
+        // its own queue place and max runtime. Held quota is never remembered, for that reason.
         if let Some(
             reason @ (DeferReason::HeldForClaimant { .. }
             | DeferReason::QuotaHeldForReservation { .. }),
         ) = best
         {
+            if matches!(reason, DeferReason::HeldForClaimant { .. }) && self.quota_holds.is_empty()
+            {
+                memory.remember_repeat(shape_key, self.reasons.number(&reason));
+            }
             return Outcome::Deferred(reason);
         }
         if !known_failure && may_preempt {

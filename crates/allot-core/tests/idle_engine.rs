@@ -231,8 +231,11 @@ struct World {
     last_warn: BTreeMap<WorkloadId, Timestamp>,
     to_start: Vec<WorkloadId>,
     to_stop: Vec<WorkloadId>,
-    /// allot `on_pressure` claimants and the victims they wait for.
+    /// allot `on_pressure` claimants and the idle victims they wait for.
     claims: BTreeMap<WorkloadId, BTreeSet<WorkloadId>>,
+    /// Every victim each claimant waits for, idle or not: one with an idle victim gone may
+    /// still wait for a borrower it reclaims from in the same plan.
+    victims_of: BTreeMap<WorkloadId, BTreeSet<WorkloadId>>,
     claimed: BTreeSet<WorkloadId>,
 }
 
@@ -331,7 +334,10 @@ impl World {
         let ready: Vec<WorkloadId> = self
             .claims
             .iter()
-            .filter(|(_, vs)| vs.iter().all(|v| !self.running.contains(v)))
+            .filter(|(c, vs)| {
+                let others = self.victims_of.get(c).into_iter().flatten();
+                vs.iter().chain(others).all(|v| !self.running.contains(v))
+            })
             .map(|(&c, _)| c)
             .collect();
         let decisions = self.decide(now)?;
@@ -389,11 +395,13 @@ impl World {
                     } else {
                         self.claimed.insert(*victim);
                     }
+                    self.victims_of.entry(*for_workload).or_default().insert(*victim);
                     self.to_stop.push(*victim);
                 }
                 Decision::Admit { workload, .. } => {
                     self.to_start.push(*workload);
                     self.claims.remove(workload);
+                    self.victims_of.remove(workload);
                 }
                 Decision::Stop { workload, .. } => self.to_stop.push(*workload),
                 Decision::Defer { .. } | Decision::Reject { .. } => {}
@@ -417,6 +425,7 @@ fn run(rules: Vec<IdlePolicySpec>, steps: &[Step]) -> Result<(), String> {
         to_start: Vec::new(),
         to_stop: Vec::new(),
         claims: BTreeMap::new(),
+        victims_of: BTreeMap::new(),
         claimed: BTreeSet::new(),
     };
     let mut now = Timestamp(0);

@@ -27,9 +27,9 @@ use crate::model::{GpuRequest, Queueing};
 /// failure keeps its deferral with the cycle's count of changes (`changes`, bumped by every
 /// admission, pre-emption and pre-emptor let go) when it was made: a deferral is a pure read
 /// of the state, so while nothing has changed the same shape gets the same reason, without
-/// the quota and placement checks being made again. A deferral for a claim (`HeldForClaimant`)
-/// is kept for that repeat only: once the state changes the claim may be gone, and the shape
-/// is not known to lack room.
+/// the quota and placement checks being made again. A deferral for a claim or held quota
+/// (`HeldForClaimant`, `QuotaHeldForReservation`) is kept for that repeat only: once the
+/// state changes the claim may be gone, and the shape is not known to lack room.
 #[derive(Default)]
 pub(crate) struct CycleMemory {
     /// Per shape (indexed by its number), then by whether it may pre-empt (0: no, 1: yes):
@@ -720,17 +720,15 @@ impl Engine {
             return Outcome::Deferred(reason);
         }
         // Not a failure of placement, which a later workload of the shape could take for
-        // granted (`known_failure`). A claim holds every workload of the shape alike until the
+        // granted (`known_failure`), but the same for every workload of the shape until the
         // state changes (claims only grow within a cycle, the first per line staying), unless
-        // quota is held for a reservation: whether that lets a workload through depends on
-        // its own queue place and max runtime. Held quota is never remembered, for that reason.
+        // held quota lets some of them through by their own queue place or max runtime.
         if let Some(
             reason @ (DeferReason::HeldForClaimant { .. }
             | DeferReason::QuotaHeldForReservation { .. }),
         ) = best
         {
-            if matches!(reason, DeferReason::HeldForClaimant { .. }) && self.quota_holds.is_empty()
-            {
+            if self.holds_alike(&request, &models) {
                 memory.remember_repeat(shape_key, self.reasons.number(&reason));
             }
             return Outcome::Deferred(reason);

@@ -656,6 +656,19 @@ impl Engine {
         None
     }
 
+    /// Whether held quota treats every workload of `r`'s shape alike, so that a deferral of
+    /// one may be remembered for the others (`CycleMemory`): no hold on a line of `models` is
+    /// of `r`'s project (there a workload's queue place decides) or lets work with a short
+    /// max runtime through (there its max runtime decides).
+    pub(super) fn holds_alike(&self, r: &super::Request, models: &[ModelId]) -> bool {
+        self.quota_holds.iter().all(|h| {
+            (h.project != r.project && h.backfill_ms.is_none())
+                || !models
+                    .iter()
+                    .any(|&m| self.quota.resolve(r.project, QuotaKey::Model(m)) == Some(h.key))
+        })
+    }
+
     /// The (cohort, quota line) on which a deferred workload waits for room within its
     /// guarantee, if it does: it claims that line against borrowers of other projects.
     pub(super) fn claim_of(&self, id: WorkloadId) -> Option<(usize, QuotaKey)> {

@@ -244,7 +244,9 @@ fn raw_op() -> impl Strategy<Value = RawOp> {
 /// so that borrowing, reclaim and priority pre-emption happen often.
 /// Two in five of them with reservations (a wait within the steps' spacing, 1 to 3 per
 /// model, quota held too in half), so that reservations are made, held, opened for backfill
-/// and dropped.
+/// and dropped. Half of those give every other submission a max runtime (1 to 7 s) where it
+/// has none: starts become known, so that backfill happens, and workloads of one shape differ
+/// in whether they may backfill.
 fn raw_case() -> impl Strategy<Value = RawCase> {
     (
         prop_oneof![
@@ -254,8 +256,20 @@ fn raw_case() -> impl Strategy<Value = RawCase> {
             1 => raw_case_consolidating()
         ],
         prop::option::weighted(0.4, (1u64..=4000, 1u32..=3, any::<bool>())),
+        any::<bool>(),
     )
-        .prop_map(|(mut case, reserve)| {
+        .prop_map(|(mut case, reserve, limits)| {
+            if reserve.is_some() && limits {
+                let submits = case.steps.iter_mut().filter_map(|(_, op)| match op {
+                    RawOp::Submit(s) => Some(s),
+                    _ => None,
+                });
+                for (i, s) in submits.enumerate() {
+                    if i % 2 == 0 && s.max_runtime_ms.is_none() {
+                        s.max_runtime_ms = Some(1000 * (1 + i as u64 % 7));
+                    }
+                }
+            }
             case.reserve = reserve;
             case
         })

@@ -1002,6 +1002,9 @@ pub(crate) struct Request {
     pub same_node: bool,
     pub prefer_same_node: bool,
     pub total: Shares,
+    /// Its place in its project's queue.
+    pub queue_key: QueueKey,
+    pub max_runtime_ms: Option<u64>,
 }
 
 impl Request {
@@ -1015,6 +1018,8 @@ impl Request {
             same_node: w.spec.same_node,
             prefer_same_node: w.spec.prefer_same_node,
             total: w.spec.total_shares(),
+            queue_key: w.queue_key(),
+            max_runtime_ms: w.spec.max_runtime_ms,
         }
     }
 

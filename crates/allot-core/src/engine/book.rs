@@ -21,6 +21,10 @@ impl Engine {
         w.allocation = Some(Allocation { key, placement, shares, started_at: None });
         w.idle_suspended_at = None;
         self.book_resources(id, true);
+        // Quota held for it is its own now (engine/reserve.rs: a hold lasts while its owner waits).
+        if !self.quota_holds.is_empty() {
+            self.quota_holds.retain(|h| h.owner != id);
+        }
     }
 
     /// Frees what the workload holds; it stays in the map (the caller decides its fate).

@@ -620,23 +620,25 @@ impl Engine {
         r: &super::Request,
         key: QuotaKey,
     ) -> Option<DeferReason> {
-        if self.quota_holds.is_empty() {
+        // Most holds are on other lines: the cheap tests go first, lookups after.
+        let others_on_line = |h: &QuotaHold| h.key == key && h.owner != r.id;
+        if !self.quota_holds.iter().any(others_on_line) {
             return None;
         }
-        let w = self.workloads.get(&r.id)?;
-        let (queue_key, max_runtime) = (w.queue_key(), w.spec.max_runtime_ms);
         let line = self.quota.line(r.project, key)?;
         let borrows = line.used.saturating_add(r.total) > line.guaranteed;
         for i in 0..self.quota_holds.len() {
             let h = self.quota_holds[i];
+            if !others_on_line(&h) {
+                continue;
+            }
             let goes_before = if h.project == r.project {
-                queue_key < h.queue_key
+                r.queue_key < h.queue_key
             } else {
                 r.priority > h.priority || !borrows
             };
-            let backfills = h.backfill_ms.is_some_and(|b| max_runtime.is_some_and(|m| m <= b));
-            let waiting = self.workloads.get(&h.owner).is_some_and(|o| o.stage == Stage::Pending);
-            if h.owner == r.id || h.key != key || goes_before || backfills || !waiting {
+            let backfills = h.backfill_ms.is_some_and(|b| r.max_runtime_ms.is_some_and(|m| m <= b));
+            if goes_before || backfills {
                 continue;
             }
             let Some(before) = self.quota.view(h.project, key).map(|v| v.available) else {
@@ -661,11 +663,18 @@ impl Engine {
     /// of `r`'s project (there a workload's queue place decides) or lets work with a short
     /// max runtime through (there its max runtime decides).
     pub(super) fn holds_alike(&self, r: &super::Request, models: &[ModelId]) -> bool {
+        // The shape's lines, resolved once and only if some hold could tell its workloads apart.
+        let mut lines: Option<Vec<QuotaKey>> = None;
         self.quota_holds.iter().all(|h| {
             (h.project != r.project && h.backfill_ms.is_none())
-                || !models
-                    .iter()
-                    .any(|&m| self.quota.resolve(r.project, QuotaKey::Model(m)) == Some(h.key))
+                || !lines
+                    .get_or_insert_with(|| {
+                        models
+                            .iter()
+                            .filter_map(|&m| self.quota.resolve(r.project, QuotaKey::Model(m)))
+                            .collect()
+                    })
+                    .contains(&h.key)
         })
     }
 

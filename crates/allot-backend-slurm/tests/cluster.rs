@@ -784,6 +784,57 @@ fn terminate_ends_a_running_job_cancelled_in_slurms_accounting() {
     assert!(matches!(&exited, Some((None, detail)) if detail.contains("CANCELLED")), "{exited:?}");
 }
 
+/// While work waits for GPUs (`Backend::set_work_waiting`), a run's end is seen within the
+/// short pause, though the backoff's longest pause is 5 s: from the job's own stamp at its end
+/// to the `Exited` observation takes well under 1.5 s. Without the hint the backoff (0.25, 0.5,
+/// 1, 2, 4 s after the start was seen) sees this 5 s job's end about 3 s late.
+#[test]
+fn an_end_is_seen_within_the_short_pause_while_work_waits() {
+    if !enabled("an_end_is_seen_within_the_short_pause_while_work_waits") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut config = config(&h.prefix);
+    config.poll_min = Duration::from_millis(250);
+    config.poll_max = Duration::from_secs(5);
+    config.poll_while_waiting = Duration::from_millis(250);
+    let mut backend = SlurmBackend::new(config);
+    backend.set_work_waiting(true);
+    let run = RunId { workload: 41, attempt: 1 };
+    let stamp = h.tmp_dir().join("ended-at");
+    let launch = Launch {
+        run,
+        command: sh("sleep 5; date +%s.%N > \"$0\"", &[&stamp]),
+        env: BTreeMap::new(),
+        members: vec![member(&h.node(), 1)],
+        log_dir: h.tmp_dir().join("logs"),
+        adopt: None,
+        resources: Default::default(),
+    };
+    backend.launch(&launch).expect("launch");
+    let mut seen = Vec::new();
+    until(&mut backend, &mut seen, Duration::from_secs(20), "Started", |s| started(s, run));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ended(&seen, run) {
+        assert!(Instant::now() < deadline, "no end in 30 s; observed {seen:#?}");
+        seen.extend(backend.poll().expect("poll"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_secs_f64();
+    let text = std::fs::read_to_string(&stamp).expect("the job's end stamp");
+    let ended_at: f64 = text.trim().parse().expect("seconds since the epoch");
+    let late = seen_at - ended_at;
+    assert!(late < 1.5, "the end was seen {late:.2} s after it happened; observed {seen:#?}");
+    assert!(
+        seen.iter()
+            .any(|o| matches!(o, Observation::Exited { run: r, code: Some(0), .. } if *r == run)),
+        "{seen:#?}"
+    );
+}
+
 /// The cluster accounts GPUs (slurmdbd, `AccountingStorageTRES=gres/gpu`): a finished run's
 /// GPUs and GPU-hours come from Slurm itself, in the job completion log and in `sacct`, under
 /// its project's account.

@@ -274,6 +274,13 @@ pub trait Backend: Send {
     /// What happened since the last call, in the order it was seen.
     fn poll(&mut self) -> Result<Vec<Observation>, BackendError>;
 
+    /// Whether work waits for GPUs, told before each `poll`: then an end of running work is
+    /// news the daemon acts on at once (the freed GPUs have a taker), and a backend that has
+    /// to look for ends (Slurm's `squeue`) looks more often. The default ignores it.
+    fn set_work_waiting(&mut self, waiting: bool) {
+        let _ = waiting;
+    }
+
     /// After a daemon restart: the runs the daemon believes were launched and not yet ended.
     /// The backend re-adopts those still running (they are watched from now on; `Started` is
     /// reported for each) and reports every other one honestly (`Exited` with `code: None` and

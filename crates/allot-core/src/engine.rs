@@ -745,6 +745,11 @@ impl Engine {
     pub fn node_count(&self) -> usize {
         self.node_names.len()
     }
+    /// Whether any workload waits in a queue for admission (so an end of running work may
+    /// let it in: a backend that polls for ends looks more often, `Backend::set_work_waiting`).
+    pub fn has_pending(&self) -> bool {
+        self.queues.iter().any(|q| !q.is_empty())
+    }
     pub fn project_department(&self, id: ProjectId) -> Option<&str> {
         self.projects.get(id.0 as usize).and_then(|p| p.department.as_deref())
     }

@@ -12,6 +12,7 @@
 //! Nothing here decides anything: the same machine runs under the simulation.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -63,6 +64,7 @@ pub(crate) fn spawn_executor(
     mut executor: Executor,
     initial: Vec<Command>,
     loop_tx: SyncSender<Message>,
+    work_waiting: Arc<AtomicBool>,
 ) -> Result<std::sync::mpsc::Sender<Vec<Command>>> {
     let (tx, rx) = std::sync::mpsc::channel::<Vec<Command>>();
     std::thread::Builder::new().name("allot-executor".into()).spawn(move || {
@@ -86,7 +88,7 @@ pub(crate) fn spawn_executor(
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
-            if !send(executor.poll(monotonic_ms())) {
+            if !send(executor.poll(monotonic_ms(), work_waiting.load(Ordering::Relaxed))) {
                 return;
             }
         }
@@ -102,6 +104,7 @@ pub(crate) fn main_loop(
     executor: &std::sync::mpsc::Sender<Vec<Command>>,
     (view, metrics, probes): (&Arc<RwLock<View>>, &Metrics, &ProbeTable),
     webhook: Option<&crate::webhook::Webhook>,
+    work_waiting: &AtomicBool,
 ) -> Result<()> {
     let mut replies: BTreeMap<Ticket, oneshot::Sender<Answer>> = BTreeMap::new();
     let mut next_ticket: Ticket = 0;
@@ -179,6 +182,7 @@ pub(crate) fn main_loop(
         }
         // Readers see what was acknowledged before the acknowledgement arrives.
         durable.machine.publish(now, false, view, metrics);
+        work_waiting.store(durable.machine.daemon.engine.has_pending(), Ordering::Relaxed);
         for (ticket, answer) in turn.output.answers {
             if matches!(answer, Answer::Submitted(Ok(_))) {
                 metrics.submissions.inc();

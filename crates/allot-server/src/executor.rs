@@ -203,11 +203,13 @@ impl Executor {
 
     /// Polls the backend (and asks where the runs it saw start were bound), and watches the
     /// cluster when a watch is due; on the backoff while the backend does not answer.
-    pub(crate) fn poll(&mut self, now_ms: u64) -> Vec<Input> {
+    /// `work_waiting`: whether work waits for GPUs (`Backend::set_work_waiting`).
+    pub(crate) fn poll(&mut self, now_ms: u64, work_waiting: bool) -> Vec<Input> {
         let mut out = Vec::new();
         if !self.may_call(now_ms) {
             return out;
         }
+        self.backend.set_work_waiting(work_waiting);
         // Owed commands go first once the backend may be called again.
         if !self.owed.is_empty() {
             out.extend(self.run(now_ms, Vec::new()));

@@ -34,6 +34,7 @@ pub mod whatif;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 
 use allot_api::{Role, TokenCreated, TokenRequest};
@@ -67,6 +68,8 @@ pub enum BackendChoice {
         run_as_submitter: bool,
         /// The longest pause between two `squeue` calls while nothing changes.
         poll_max_ms: u64,
+        /// The longest pause while work waits for GPUs.
+        poll_while_waiting_ms: u64,
     },
     /// A Kubernetes cluster: allot binds the pods that ask for `schedulerName: allot`; the
     /// policy's projects are namespaces.
@@ -352,7 +355,10 @@ pub fn start(parts: Parts) -> Result<Started> {
     let down = durable.machine.daemon.backend_down.as_ref().map(|d| d.error.clone());
     let mut executor = executor::Executor::new(backend, watch_every, down);
     executor.owe_pods(pods_owed);
-    let executor = driver::spawn_executor(executor, commands, sender.clone())?;
+    // Whether work waits for GPUs, as of the main loop's last step, for the executor's polls.
+    let work_waiting = Arc::new(AtomicBool::new(durable.machine.daemon.engine.has_pending()));
+    let executor =
+        driver::spawn_executor(executor, commands, sender.clone(), Arc::clone(&work_waiting))?;
     let (done_tx, loop_done) = tokio::sync::oneshot::channel();
     let loop_thread = std::thread::Builder::new().name("allot-main-loop".into()).spawn({
         move || {
@@ -362,6 +368,7 @@ pub fn start(parts: Parts) -> Result<Started> {
                 &executor,
                 (&view, &metrics, &probes),
                 webhook.as_ref(),
+                &work_waiting,
             );
             if let Err(e) = &ended {
                 driver::tracing_log(&format!("the main loop stopped: {e:#}"));
@@ -509,6 +516,7 @@ pub fn run(config: ServeConfig) -> Result<()> {
             slurm_conf,
             run_as_submitter,
             poll_max_ms,
+            poll_while_waiting_ms,
         } => {
             let mut slurm = allot_backend_slurm::SlurmConfig::new();
             // Job names carry this data directory's id: a second allot (or this one after a
@@ -521,6 +529,8 @@ pub fn run(config: ServeConfig) -> Result<()> {
             slurm.checkpoint_signal = signal.as_str().trim_start_matches("SIG").to_string();
             slurm.run_as_submitter = *run_as_submitter;
             slurm.poll_max = std::time::Duration::from_millis(*poll_max_ms).max(slurm.poll_min);
+            slurm.poll_while_waiting =
+                std::time::Duration::from_millis(*poll_while_waiting_ms).max(slurm.poll_min);
             Box::new(allot_backend_slurm::SlurmBackend::new(slurm))
         }
         BackendChoice::Kubernetes { kubeconfig, image } => {

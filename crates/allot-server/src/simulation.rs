@@ -838,7 +838,8 @@ impl World {
         let mut commands_now = std::mem::take(&mut self.recovery_commands);
         commands_now.extend(turn.output.commands);
         let more = daemon.executor.run(self.mono_ms, commands_now);
-        let polled = daemon.executor.poll(self.mono_ms);
+        let waiting = daemon.durable.machine.daemon.engine.has_pending();
+        let polled = daemon.executor.poll(self.mono_ms, waiting);
         let seen: Vec<String> = more.iter().chain(&polled).map(input_note).collect();
         self.inputs.extend(more);
         self.inputs.extend(polled);

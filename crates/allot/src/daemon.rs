@@ -81,10 +81,16 @@ pub(crate) struct ServeArgs {
     pub(crate) slurm_run_as_submitter: bool,
     /// With --backend slurm: the longest pause between two looks at the queue (`squeue`),
     /// from 250ms to 60s. allot looks again every 250 ms after a change and backs off, doubling,
-    /// to this while nothing changes: a shorter pause sees ends sooner (GPUs idle less) at the
-    /// price of more calls to slurmctld.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_slurm_poll_max_ms)]
+    /// to this while nothing changes (to --slurm-poll-waiting while work waits for GPUs): a
+    /// shorter pause sees ends sooner (GPUs idle less) at the price of more calls to slurmctld.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_slurm_poll_ms)]
     pub(crate) slurm_poll_max: u64,
+    /// With --backend slurm: the longest pause between two looks at the queue while work waits
+    /// for GPUs, from 250ms to 60s. Slurm starts nothing allot did not release, so a job's end
+    /// seen late leaves its GPUs idle until allot sees it; raise this where `squeue` is costly
+    /// (a queue of many thousands of jobs).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_slurm_poll_ms)]
+    pub(crate) slurm_poll_waiting: u64,
     /// With --backend kubernetes: the kubeconfig (default: $KUBECONFIG, else ~/.kube/config,
     /// else the pod's in-cluster service account).
     #[arg(long, value_name = "FILE")]
@@ -116,8 +122,8 @@ fn parse_cluster_watch_ms(text: &str) -> Result<u64, String> {
     Ok(ms)
 }
 
-/// `--slurm-poll-max`: a duration from 250ms to 60s, in ms.
-fn parse_slurm_poll_max_ms(text: &str) -> Result<u64, String> {
+/// `--slurm-poll-max`, `--slurm-poll-waiting`: a duration from 250ms to 60s, in ms.
+fn parse_slurm_poll_ms(text: &str) -> Result<u64, String> {
     let ms = allot_config::duration_ms(text)?;
     if !(250..=60_000).contains(&ms) {
         return Err(format!("{text}: write a duration from 250ms to 60s"));
@@ -160,6 +166,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<String> {
                 slurm_conf: args.slurm_conf,
                 run_as_submitter: args.slurm_run_as_submitter,
                 poll_max_ms: args.slurm_poll_max,
+                poll_while_waiting_ms: args.slurm_poll_waiting,
             },
             BackendArg::Kubernetes => allot_server::BackendChoice::Kubernetes {
                 kubeconfig: args.kubeconfig,
@@ -248,13 +255,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slurm_poll_max_takes_250ms_to_60s() {
-        assert_eq!(parse_slurm_poll_max_ms("500ms"), Ok(500));
-        assert_eq!(parse_slurm_poll_max_ms("5s"), Ok(5_000));
-        assert_eq!(parse_slurm_poll_max_ms("1m"), Ok(60_000));
-        let short = parse_slurm_poll_max_ms("100ms").expect_err("too short");
+    fn slurm_poll_pauses_take_250ms_to_60s() {
+        assert_eq!(parse_slurm_poll_ms("500ms"), Ok(500));
+        assert_eq!(parse_slurm_poll_ms("5s"), Ok(5_000));
+        assert_eq!(parse_slurm_poll_ms("1m"), Ok(60_000));
+        let short = parse_slurm_poll_ms("100ms").expect_err("too short");
         assert!(short.contains("from 250ms to 60s"), "{short}");
-        assert!(parse_slurm_poll_max_ms("2m").is_err());
-        assert!(parse_slurm_poll_max_ms("soon").is_err());
+        assert!(parse_slurm_poll_ms("2m").is_err());
+        assert!(parse_slurm_poll_ms("soon").is_err());
     }
 }

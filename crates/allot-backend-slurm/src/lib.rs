@@ -128,7 +128,8 @@ pub struct SlurmConfig {
     pub poll_max: Duration,
     /// The longest pause while work waits for GPUs (`Backend::set_work_waiting`): the gate
     /// lets nothing start without allot, so a job's end seen late leaves its GPUs idle that
-    /// long (with 5 s, 2 s on average behind a wave of ends, against Slurm's own 0.25 s).
+    /// long (on the test cluster, ends 2.5 s apart: a freed GPU taken after 1.85 s on average
+    /// with 5 s, 0.57 s with 250 ms, ~1 s under Slurm's own scheduler; docs/benchmarks.md).
     pub poll_while_waiting: Duration,
     /// How `poll` (and `recover`, `launch`'s look-up) reads the queue. The foreign listing of
     /// `watch_cluster` always uses `squeue --Format`; GPU indices come from `squeue --json`

@@ -275,6 +275,19 @@ fn member(node: &str, gpus: u32) -> MemberLaunch {
     MemberLaunch { node: node.into(), devices: (0..gpus).map(gpu).collect() }
 }
 
+/// A launch of `command` as `run` on one GPU of the harness's node.
+fn one_gpu_launch(h: &SlurmHarness, run: RunId, command: Vec<String>) -> Launch {
+    Launch {
+        run,
+        command,
+        env: BTreeMap::new(),
+        members: vec![member(&h.node(), 1)],
+        log_dir: h.tmp_dir().join("logs"),
+        adopt: None,
+        resources: Default::default(),
+    }
+}
+
 fn adopt_launch(h: &SlurmHarness, run: RunId, job: &str, members: Vec<MemberLaunch>) -> Launch {
     Launch {
         run,
@@ -759,15 +772,7 @@ fn terminate_ends_a_running_job_cancelled_in_slurms_accounting() {
     let h = SlurmHarness::new();
     let mut backend = SlurmBackend::new(config(&h.prefix));
     let run = RunId { workload: 31, attempt: 1 };
-    let launch = Launch {
-        run,
-        command: h.program_sleep(60),
-        env: BTreeMap::new(),
-        members: vec![member(&h.node(), 1)],
-        log_dir: h.tmp_dir().join("logs"),
-        adopt: None,
-        resources: Default::default(),
-    };
+    let launch = one_gpu_launch(&h, run, h.program_sleep(60));
     backend.launch(&launch).expect("launch");
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(20), "Started", |s| started(s, run));
@@ -802,15 +807,7 @@ fn an_end_is_seen_within_the_short_pause_while_work_waits() {
     backend.set_work_waiting(true);
     let run = RunId { workload: 41, attempt: 1 };
     let stamp = h.tmp_dir().join("ended-at");
-    let launch = Launch {
-        run,
-        command: sh("sleep 5; date +%s.%N > \"$0\"", &[&stamp]),
-        env: BTreeMap::new(),
-        members: vec![member(&h.node(), 1)],
-        log_dir: h.tmp_dir().join("logs"),
-        adopt: None,
-        resources: Default::default(),
-    };
+    let launch = one_gpu_launch(&h, run, sh("sleep 5; date +%s.%N > \"$0\"", &[&stamp]));
     backend.launch(&launch).expect("launch");
     let mut seen = Vec::new();
     until(&mut backend, &mut seen, Duration::from_secs(20), "Started", |s| started(s, run));

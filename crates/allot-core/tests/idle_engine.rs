@@ -346,7 +346,17 @@ impl World {
             let admitted = decisions
                 .iter()
                 .any(|d| matches!(d, Decision::Admit { workload, .. } if *workload == c));
-            if !admitted && !drained {
+            // Quota its project's waiting pre-emptors that outrank it reclaimed is theirs first
+            // (the engine's rule against pre-emptors taking turns): then it may wait for them.
+            let behind_outranking_preemptors = decisions.iter().any(|d| {
+                matches!(d, Decision::Defer {
+                    workload,
+                    reason: DeferReason::QuotaExhausted { requested, available, held_for_preemptors, .. },
+                } if *workload == c
+                    && *held_for_preemptors > Shares::ZERO
+                    && *requested <= available.saturating_add(*held_for_preemptors))
+            });
+            if !admitted && !drained && !behind_outranking_preemptors {
                 return Err(format!(
                     "{c}: its idle victims are gone but it was not admitted: {:?}",
                     decisions.iter().find(|d| d.workload() == c)

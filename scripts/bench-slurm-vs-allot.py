@@ -32,12 +32,13 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+from allot_bench import start_serve, stop_serve
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACE = os.path.join(REPO, "..", "shared", "traces", "philly-pollux", "philly.csv")
@@ -159,20 +160,9 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
         for name, g in GUARANTEED.items():
             f.write(f"  - name: {name}\n    cohort: lab\n    quotas:\n"
                     f"      - {{model: h100, guaranteed: {g}, borrow_limit: {CLUSTER_GPUS - g}}}\n")
-    serve = subprocess.Popen(
-        [allot, "serve", "--backend", "slurm", "--telemetry", "none", "--listen",
-         "127.0.0.1:7399", "--data-dir", os.path.join(data, "state"), "--policy", policy]
-        + (["--slurm-poll-max", poll_max] if poll_max else []),
-        stdout=subprocess.PIPE, stderr=open(os.path.join(data, "serve.err"), "w"), text=True)
-    token = None
-    for line in serve.stdout:
-        m = re.search(r"(allot_[A-Za-z0-9_]+)", line)
-        if m:
-            token = m.group(1)
-            break
-    if not token:
-        sys.exit("allot serve printed no admin token; see " + data)
-    env = dict(os.environ, ALLOT_URL="http://127.0.0.1:7399", ALLOT_TOKEN=token)
+    serve, env = start_serve(allot, 7399, data, policy,
+                             ["--slurm-poll-max", poll_max] if poll_max else [])
+    token = env["ALLOT_TOKEN"]
     try:
         t0 = time.time()
         submitted = {}
@@ -204,9 +194,7 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
         return ({f"allot-{wid}": at for wid, at in submitted.items()}, runs, t0, report,
                 data)
     finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
-        print(f"allot arm's data: {data}", file=sys.stderr)
+        stop_serve(serve, data)
 
 
 # A daemon line, after its time stamp (none under journald).

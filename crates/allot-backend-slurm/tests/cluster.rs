@@ -1434,3 +1434,56 @@ fn stopping_a_run_not_yet_released_cancels_it() {
         "{seen:#?}"
     );
 }
+
+/// A wave of launches, as one admission round gives them (released by one `scontrol release`):
+/// each run gets its own job and its own program's exit code, and a launch Slurm refuses fails
+/// alone, under its own run.
+#[test]
+fn a_wave_of_launches_keeps_each_run_on_its_own_job() {
+    if !enabled("a_wave_of_launches_keeps_each_run_on_its_own_job") {
+        return;
+    }
+    let h = SlurmHarness::new();
+    let mut backend = SlurmBackend::new(config(&h.prefix));
+    let refused = RunId { workload: 60, attempt: 1 };
+    let mut launches = Vec::new();
+    for i in 0..11_u64 {
+        let run = RunId { workload: 50 + i, attempt: 1 };
+        let mut launch = one_gpu_launch(&h, run, h.program_exit(i as i32 + 1));
+        launch.log_dir = h.tmp_dir().join(format!("logs-{run}"));
+        launches.push(launch);
+    }
+    launches.push(Launch {
+        run: refused,
+        members: vec![member("no-such-node", 1)],
+        ..one_gpu_launch(&h, refused, h.program_exit(0))
+    });
+    launches.swap(4, 11);
+    for launch in &launches {
+        backend.launch(launch).expect("a refusal is reported by poll, not as an error");
+    }
+    let mut seen = Vec::new();
+    let runs: Vec<RunId> = launches.iter().map(|l| l.run).collect();
+    until(&mut backend, &mut seen, Duration::from_secs(60), "every run's end", |s| {
+        runs.iter().all(|run| ended(s, *run))
+    });
+    let mut job_ids = std::collections::BTreeSet::new();
+    for launch in &launches {
+        let run = launch.run;
+        if run == refused {
+            assert!(
+                seen.iter().any(|o| matches!(o, Observation::LaunchFailed { run: r, error }
+                    if *r == run && error.contains("no-such-node"))),
+                "{seen:#?}"
+            );
+            continue;
+        }
+        let code = (run.workload - 49) as i32;
+        assert!(
+            seen.iter().any(|o| matches!(o, Observation::Exited { run: r, code: Some(c), .. }
+                if *r == run && *c == code)),
+            "{run} should exit {code}: {seen:#?}"
+        );
+        assert!(job_ids.insert(backend.job_id(run).expect("a job id")), "one job per run");
+    }
+}

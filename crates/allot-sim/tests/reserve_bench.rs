@@ -4,6 +4,7 @@
 //! ```sh
 //! ALLOT_SLICE_BENCH=1 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ALLOT_SLICE_BENCH=variants cargo test --release -p allot-sim --test reserve_bench -- --nocapture
+//! ALLOT_SLICE_BENCH=tail cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ALLOT_PHILLY_BENCH=6 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ```
 //!
@@ -337,6 +338,7 @@ fn slurm_slice_variants() {
     let reserves = [
         None,
         Some("10s"),
+        Some("10s, per_model_max: 8"),
         Some("10s, hold_quota: true"),
         Some("30s"),
         Some("30s, hold_quota: true"),
@@ -350,6 +352,74 @@ fn slurm_slice_variants() {
                 reserve.map_or("no reservations".to_string(), |a| format!("reserve after {a}"))
             );
             row(&label, &report);
+        }
+    }
+}
+
+/// `ALLOT_SLICE_BENCH=tail`: who waits in the slice's tail — each project's waits under the
+/// Slurm model and under allot (the real cluster's policy: reserve after 10 s, reclaim after
+/// 1 m, time limits), and every job whose wait is at or past either run's p95, side by side.
+#[test]
+fn slurm_slice_tail() {
+    if std::env::var("ALLOT_SLICE_BENCH").ok().as_deref() != Some("tail") {
+        return;
+    }
+    let jobs = slice();
+    let config =
+        ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() };
+    let slurm = allot_sim::slurm::replay_slurm(
+        &nodes(),
+        &policy(None),
+        &jobs,
+        &config,
+        &allot_sim::slurm::SlurmBackfill::default(),
+    )
+    .expect("the Slurm model runs the slice");
+    // `ALLOT_SLICE_RESERVE`: the reservations' options instead (e.g. `10s, per_model_max: 8`).
+    let reserve = std::env::var("ALLOT_SLICE_RESERVE").unwrap_or_else(|_| "10s".into());
+    let allot = replay(
+        &nodes(),
+        &policy_with(Some(&reserve), "  reclaim_after: 1m\n"),
+        "slice",
+        &jobs,
+        &config,
+    )
+    .expect("the slice replays");
+    let wait = |r: &allot_sim::outcome::ReplayReport, id: u64| {
+        r.by_job.get(&id).and_then(|j| j.first_wait_s).unwrap_or(f64::NAN)
+    };
+    println!("| project | GPUs | jobs | Slurm model wait mean / max s | allot wait mean / max s |");
+    println!("|---|---|---|---|---|");
+    let mut groups: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
+    for j in &jobs {
+        let gpus = j.members * j.gpus;
+        groups.entry((j.project.clone(), gpus.min(8))).or_default().push(j.id);
+    }
+    for ((project, gpus), ids) in &groups {
+        let stats = |r: &allot_sim::outcome::ReplayReport| {
+            let waits: Vec<f64> = ids.iter().map(|&id| wait(r, id)).collect();
+            let mean = waits.iter().sum::<f64>() / waits.len() as f64;
+            (mean, waits.iter().copied().fold(0.0, f64::max))
+        };
+        let (sm, sx) = stats(&slurm);
+        let (am, ax) = stats(&allot);
+        let g = if *gpus >= 8 { "≥ 8".to_string() } else { gpus.to_string() };
+        println!("| {project} | {g} | {} | {sm:.1} / {sx:.1} | {am:.1} / {ax:.1} |", ids.len());
+    }
+    let (sp95, ap95) = (slurm.queue_delay_s_p95, allot.queue_delay_s_p95);
+    println!("\nSlurm model p95 {sp95:.1} s, allot p95 {ap95:.1} s; jobs at or past either:");
+    println!("| job | project | GPUs | submit s | Slurm model wait s | allot wait s |");
+    println!("|---|---|---|---|---|---|");
+    for j in &jobs {
+        let (s, a) = (wait(&slurm, j.id), wait(&allot, j.id));
+        if s >= sp95 || a >= ap95 {
+            println!(
+                "| {} | {} | {} | {:.1} | {s:.1} | {a:.1} |",
+                j.id,
+                j.project,
+                j.members * j.gpus,
+                j.submit_s
+            );
         }
     }
 }

@@ -30,6 +30,8 @@
 //!   and a `NodesUnavailable` deferral names only such nodes;
 //! - no `Admit` places a member on a device the history said foreign work holds
 //!   (`Event::DevicesOccupied`, random device sets, sometimes past the node's devices);
+//! - work held for a reservation (`HeldForReservation`, `QuotaHeldForReservation`) is never
+//!   held for a workload that strict FIFO keeps behind its project's head;
 //! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
 //!
 //! A second property builds random clusters (racks, pools, islands) with a settled mix, empties
@@ -1112,6 +1114,35 @@ impl<'a> Checker<'a> {
                 && said.as_ref() != Some(d)
             {
                 return Err(format!("explain said {said:?} but decide said {d:?}"));
+            }
+        }
+
+        // Work held for a reservation is held for one that can start once its GPUs free: never
+        // for a workload strict FIFO keeps behind its project's head (the head could be the
+        // held work, and the two would wait for each other for ever).
+        let behind_head: BTreeMap<WorkloadId, WorkloadId> = decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Defer {
+                    workload, reason: DeferReason::BlockedByFifo { head }, ..
+                } => Some((*workload, *head)),
+                _ => None,
+            })
+            .collect();
+        for d in &decisions {
+            if let Decision::Defer {
+                workload,
+                reason:
+                    DeferReason::HeldForReservation { reservation, .. }
+                    | DeferReason::QuotaHeldForReservation { reservation, .. },
+                ..
+            } = d
+                && let Some(head) = behind_head.get(reservation)
+            {
+                return Err(format!(
+                    "{workload} is held for {reservation}'s reservation, but {reservation} \
+                     waits behind its project's head {head} (strict FIFO)"
+                ));
             }
         }
 

@@ -11,9 +11,11 @@
 //! - **Who** (`candidates`): in each project's queue order (priority, then submission), the
 //!   first pending workloads that ask two or more whole GPUs in all, are not waiting for
 //!   victims or idle-suspended, have been pending `after` or longer and whose quota line has
-//!   room for them now (a request blocked by quota gains nothing from nodes). At most
-//!   [`RESERVE_SCAN_MAX`] queue entries are read per project per cycle; all projects'
-//!   candidates are then taken in that order, at most `per_model_max` per GPU model.
+//!   room for them now (a request blocked by quota gains nothing from nodes). Under strict
+//!   FIFO only the project's head may be one (nothing behind it can start first; GPUs held
+//!   for such work would keep the head off them while the work waited for the head, for
+//!   ever). At most [`RESERVE_SCAN_MAX`] queue entries are read per project per cycle; all
+//!   projects' candidates are then taken in that order, at most `per_model_max` per GPU model.
 //! - **Where** (`earliest`): per device of the model, when it will be free: now if free, the
 //!   latest known end of what holds it (running work's max runtime; work told to stop: now)
 //!   when every holder's end is known, else unknown. The reservation starts at the first
@@ -60,7 +62,7 @@ use super::{Engine, QueueKey, Stage};
 use crate::capacity::{Layout, Refine};
 use crate::decision::{DeferReason, DeviceShare, MemberPlacement, Placement, QuotaKey};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
-use crate::model::GpuRequest;
+use crate::model::{GpuRequest, Queueing};
 
 /// Queue entries read per project per cycle when looking for requests to reserve for.
 pub const RESERVE_SCAN_MAX: usize = 64;
@@ -310,13 +312,17 @@ impl Engine {
     /// Workloads to reserve for, in the order they are served: (workload, since when).
     fn candidates(&self, now: Timestamp, after_ms: u64) -> Vec<(WorkloadId, Timestamp)> {
         let mut found = Vec::new();
-        for queue in &self.queues {
+        for (p, queue) in self.queues.iter().enumerate() {
+            let strict = self.projects[p].queueing == Queueing::StrictFifo;
             for (key, _) in queue.iter().take(RESERVE_SCAN_MAX) {
                 let Some(w) = self.workloads.get(&key.2) else { continue };
+                // Idle-suspended work and work in an idle backoff block nobody behind them.
+                let steps_aside =
+                    w.idle_suspended_at.is_some() || w.resume_at.is_some_and(|t| t > now);
                 let since = Timestamp(w.pending_since.0.saturating_add(after_ms));
                 let waiting = w.stage == Stage::Pending
                     && !self.preemptors.contains(&key.2)
-                    && w.idle_suspended_at.is_none()
+                    && !steps_aside
                     && w.resume_at.is_none()
                     && since <= now
                     // A one-GPU request takes the first GPU that frees anywhere: it needs
@@ -325,6 +331,12 @@ impl Engine {
                         GpuRequest::Whole(k) if k.saturating_mul(w.spec.members) >= 2);
                 if waiting {
                     found.push((*key, since));
+                }
+                // Under strict FIFO nothing starts before the project's head does: GPUs held
+                // for work behind it would keep the head off them while that work waited for
+                // the head, and neither would ever start.
+                if strict && !steps_aside {
+                    break;
                 }
             }
         }

@@ -5,6 +5,7 @@
 //! ALLOT_SLICE_BENCH=1 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ALLOT_SLICE_BENCH=variants cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ALLOT_SLICE_BENCH=tail cargo test --release -p allot-sim --test reserve_bench -- --nocapture
+//! ALLOT_SLICE_STRICT=1 …   # the slice's projects under strict FIFO (`queueing: strict_fifo`)
 //! ALLOT_PHILLY_BENCH=6 cargo test --release -p allot-sim --test reserve_bench -- --nocapture
 //! ```
 //!
@@ -115,6 +116,9 @@ fn policy_with(reserve: Option<&str>, preemption: &str) -> allot_core::PolicySpe
              - {{model: h100, guaranteed: {g}, borrow_limit: {}}}\n",
             32 - g
         ));
+        if std::env::var("ALLOT_SLICE_STRICT").is_ok() {
+            text.push_str("    queueing: strict_fifo\n");
+        }
     }
     allot_config::parse_policy("bench.yaml", &text).expect("the bench policy parses")
 }

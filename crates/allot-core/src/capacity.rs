@@ -152,6 +152,9 @@ pub(crate) struct Capacity {
     share_index: Vec<BTreeSet<(u32, NodeId, u16)>>,
     /// Per model: (whole devices, node) with the node's size when empty, for "never fits" checks.
     pub max_devices_per_node: Vec<u32>,
+    /// Per model: the most CPU (millicores) and memory (MiB) of a node with the model, for the
+    /// same checks: a member asking more host than any such node has never fits.
+    pub max_host_per_node: Vec<(u64, u64)>,
     pub free_whole: Vec<u64>,
     pub free_shares: Vec<u64>,
     /// Per model: (free memory slices, node, device) for every MIG-enabled device that may take
@@ -187,6 +190,7 @@ impl Capacity {
             whole_index: vec![BTreeSet::new(); model_count],
             share_index: vec![BTreeSet::new(); model_count],
             max_devices_per_node: vec![0; model_count],
+            max_host_per_node: vec![(0, 0); model_count],
             free_whole: vec![0; model_count],
             free_shares: vec![0; model_count],
             mig_index: vec![BTreeSet::new(); model_count],
@@ -219,10 +223,39 @@ impl Capacity {
                 cap.model_nodes[m].push(node_id);
                 let count = node.devices.iter().filter(|d| d.model == model).count() as u32;
                 cap.max_devices_per_node[m] = cap.max_devices_per_node[m].max(count);
+                let host = &mut cap.max_host_per_node[m];
+                *host = (host.0.max(node.cpu_total), host.1.max(node.mem_total));
                 cap.whole_index[m].insert((node.whole_free(model), node_id));
             }
         }
         cap
+    }
+
+    /// Whether `members` members of `k` whole GPUs of model `m`, each with `cpu` millicores
+    /// and `mem` MiB, spread over nodes, fit the cluster when empty: per node of the model, as
+    /// many members as its GPUs, CPU and memory allow. O(nodes of the model × their devices).
+    pub(crate) fn spread_ever_fits(
+        &self,
+        m: ModelId,
+        k: u32,
+        cpu: u64,
+        mem: u64,
+        members: u32,
+    ) -> bool {
+        let Some(nodes) = self.model_nodes.get(m.0 as usize) else { return false };
+        let mut slots: u64 = 0;
+        for &n in nodes {
+            let node = &self.nodes[n.0 as usize];
+            let devices = node.devices.iter().filter(|d| d.model == m).count() as u64;
+            let by_gpu = devices / u64::from(k.max(1));
+            let by_cpu = node.cpu_total.checked_div(cpu).unwrap_or(u64::MAX);
+            let by_mem = node.mem_total.checked_div(mem).unwrap_or(u64::MAX);
+            slots += by_gpu.min(by_cpu).min(by_mem);
+            if slots >= u64::from(members) {
+                return true;
+            }
+        }
+        false
     }
 
     fn index_mig_devices(&mut self) {

@@ -936,7 +936,7 @@ impl Engine {
         }
     }
 
-    fn ever_placeable(
+    pub(super) fn ever_placeable(
         &self,
         m: ModelId,
         shape: MemberShape,
@@ -944,6 +944,24 @@ impl Engine {
         same_node: bool,
     ) -> bool {
         let per_node = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        // Host first: a member (the whole gang on one node) asking more CPU or memory than
+        // any node of the model has waits for ever, and must not claim quota meanwhile.
+        let (cpu, mem) =
+            self.capacity.max_host_per_node.get(m.0 as usize).copied().unwrap_or((0, 0));
+        let on_one = if same_node { u64::from(members) } else { 1 };
+        if shape.cpu.saturating_mul(on_one) > cpu || shape.mem.saturating_mul(on_one) > mem {
+            return false;
+        }
+        // A gang spread over nodes also needs enough nodes with host room for its members
+        // (read only for gangs that ask host resources: the common request skips the walk).
+        if let GpuRequest::Whole(k) = shape.gpus
+            && !same_node
+            && members > 1
+            && (shape.cpu > 0 || shape.mem > 0)
+            && !self.capacity.spread_ever_fits(m, k, shape.cpu, shape.mem, members)
+        {
+            return false;
+        }
         match shape.gpus {
             GpuRequest::Whole(k) if same_node => k.saturating_mul(members) <= per_node,
             GpuRequest::Whole(k) => k <= per_node,

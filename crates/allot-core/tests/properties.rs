@@ -32,6 +32,9 @@
 //!   (`Event::DevicesOccupied`, random device sets, sometimes past the node's devices);
 //! - work held for a reservation (`HeldForReservation`, `QuotaHeldForReservation`) is never
 //!   held for a workload that strict FIFO keeps behind its project's head;
+//! - on an idle cluster (nothing admitted, running or stopping; every node up; no foreign
+//!   work) a cycle that holds something for someone (those two, or `HeldForClaimant`) admits
+//!   something: nothing waits on itself;
 //! - replaying the same events on a fresh engine gives the same decisions, byte for byte.
 //!
 //! A second property builds random clusters (racks, pools, islands) with a settled mix, empties
@@ -1144,6 +1147,32 @@ impl<'a> Checker<'a> {
                      waits behind its project's head {head} (strict FIFO)"
                 ));
             }
+        }
+
+        // On an idle cluster (nothing admitted, running or stopping; every node up, no
+        // foreign work) a hold can only be for work that starts now: a cycle that holds
+        // something for someone and admits nothing has work waiting on itself.
+        let idle = stage_before
+            .values()
+            .all(|s| !matches!(s, Stage::Assumed | Stage::Running | Stage::Stopping))
+            && self.down.is_empty()
+            && self.occupied.values().all(BTreeSet::is_empty);
+        let held = decisions.iter().find(|d| {
+            matches!(
+                d,
+                Decision::Defer {
+                    reason: DeferReason::HeldForReservation { .. }
+                        | DeferReason::QuotaHeldForReservation { .. }
+                        | DeferReason::HeldForClaimant { .. },
+                    ..
+                }
+            )
+        });
+        if idle
+            && let Some(held) = held
+            && !decisions.iter().any(|d| matches!(d, Decision::Admit { .. }))
+        {
+            return Err(format!("idle cluster: {held:?}, and nothing admitted: {decisions:?}"));
         }
 
         // No new placement on an unavailable node; only unavailable nodes are named.

@@ -40,7 +40,10 @@
 //! project that would stay within its guarantee waits for room (no placement, no victims now,
 //! e.g. because they are protected), another project of its cohort is not admitted as a
 //! borrower on that quota line in the same cycle (`DeferReason::HeldForClaimant`): admitted,
-//! it would be reclaimed as soon as the claimant could act.
+//! it would be reclaimed as soon as the claimant could act. A reservation whose owner would
+//! so wait for a claimant gives way to it: its held devices are open to the claimant (`opens`,
+//! `waits_for_claim`). Held from it, the claimant would wait for the owner's GPUs while the
+//! owner waited for the claimant: on an idle cluster, for ever.
 //!
 //! The third rule, only with `hold_quota` (`QuotaHold`, `quota_held_for`): a reservation
 //! holds quota as well as nodes. For each reserved request, and for the first candidate per
@@ -136,7 +139,7 @@ impl Engine {
             }
             let Some(w) = self.workloads.get(&id) else { continue };
             let GpuRequest::Whole(k) = w.spec.gpus_per_member else { continue };
-            let (members, same_node) = (w.spec.members, w.spec.same_node);
+            let (members, same_node, shape) = (w.spec.members, w.spec.same_node, w.shape());
             let request = super::Request::of(w);
             let (project, total, queue_key) = (request.project, request.total, w.queue_key());
             let hold = |key, backfill_ms| QuotaHold {
@@ -178,8 +181,12 @@ impl Engine {
                 }
                 let Some(key) = self.quota.resolve(project, QuotaKey::Model(m)) else { continue };
                 // No quota, or quota held for an earlier request: nodes held for it would
-                // only keep that request from starting.
-                if !allows || self.quota_held_for(&request, key).is_some() {
+                // only keep that request from starting. Nor for a request no node could ever
+                // hold (its host asks too): held GPUs would wait for it for ever.
+                if !allows
+                    || self.quota_held_for(&request, key).is_some()
+                    || !self.ever_placeable(m, shape, members, same_node)
+                {
                     continue;
                 }
                 let Some((start, nodes, devices)) =
@@ -232,14 +239,22 @@ impl Engine {
         }
     }
 
-    /// The reservations whose held devices workload `id` may use now: its own, and those it
-    /// backfills (its max runtime ends by their known start).
+    /// The reservations whose held devices workload `id` may use now: its own, those it
+    /// backfills (its max runtime ends by their known start), and those that give way to it:
+    /// `id` is within its guarantee on a line whose claim the reservation's owner, a
+    /// borrower of another project of the cohort, would wait for (`borrow_held_for`). Held
+    /// from `id`, the two would wait for each other (the owner for the claimant, the
+    /// claimant for the held GPUs) for as long as nothing else changed, on an idle cluster
+    /// for ever; and the owner, let in first, would be the claimant's to reclaim.
     pub(super) fn opens(&self, now: Timestamp, id: WorkloadId) -> Vec<WorkloadId> {
         if self.reserve_held.is_empty() {
             return Vec::new();
         }
+        let claim = self.claim_of(id);
         // Read the workload only if it could backfill (the cycle visits every pending one).
-        if !self.reserve_held.contains_key(&id) && self.reserved.values().all(|r| r.start.is_none())
+        if claim.is_none()
+            && !self.reserve_held.contains_key(&id)
+            && self.reserved.values().all(|r| r.start.is_none())
         {
             return Vec::new();
         }
@@ -255,8 +270,31 @@ impl Engine {
                             .and_then(|res| res.start)
                             .is_some_and(|start| Timestamp(now.0.saturating_add(max)) <= start)
                     })
+                    || claim.is_some_and(|claim| self.waits_for_claim(*r, id, claim))
             })
             .collect()
+    }
+
+    /// Whether reservation owner `owner` would be held for `claimant`'s claim `(cohort, key)`
+    /// were it scheduled now (`borrow_held_for`): of another project of that cohort, on that
+    /// line, borrowing.
+    fn waits_for_claim(
+        &self,
+        owner: WorkloadId,
+        claimant: WorkloadId,
+        (cohort, key): (usize, QuotaKey),
+    ) -> bool {
+        let (Some(o), Some(c)) = (self.workloads.get(&owner), self.workloads.get(&claimant)) else {
+            return false;
+        };
+        let Some(res) = self.reserved.get(&owner) else { return false };
+        o.project != c.project
+            && self.projects[o.project.0 as usize].cohort == cohort
+            && self.quota.resolve(o.project, QuotaKey::Model(res.model)) == Some(key)
+            && self
+                .quota
+                .line(o.project, key)
+                .is_some_and(|l| l.used.saturating_add(o.spec.total_shares()) > l.guaranteed)
     }
 
     /// Gives back the held devices of these reservations, for the workload being scheduled.

@@ -144,6 +144,24 @@ fn nodes() -> Vec<NodeSpec> {
         .collect()
 }
 
+/// The replay settings of the slice's Slurm comparisons: the Slurm arm's time limits as max
+/// runtimes, and restarts at once.
+fn slice_config() -> ReplayConfig {
+    ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() }
+}
+
+/// The Slurm model (`replay_slurm`, backfill every 30 s as Slurm's default) on the slice.
+fn slurm_model(jobs: &[TraceJob], config: &ReplayConfig) -> allot_sim::outcome::ReplayReport {
+    allot_sim::slurm::replay_slurm(
+        &nodes(),
+        &policy(None),
+        jobs,
+        config,
+        &allot_sim::slurm::SlurmBackfill::default(),
+    )
+    .expect("the Slurm model runs the slice")
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -297,8 +315,7 @@ fn slurm_slice_variants() {
         return;
     }
     let jobs = slice();
-    let config =
-        ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() };
+    let config = slice_config();
     println!(
         "| variant | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | pre-emptions | \
          lost GPU-h | lost % | makespan s | finished |"
@@ -320,14 +337,7 @@ fn slurm_slice_variants() {
             r.jobs_total,
         );
     };
-    let slurm = allot_sim::slurm::replay_slurm(
-        &nodes(),
-        &policy(None),
-        &jobs,
-        &config,
-        &allot_sim::slurm::SlurmBackfill::default(),
-    )
-    .expect("the Slurm model runs the slice");
+    let slurm = slurm_model(&jobs, &config);
     row("Slurm model", &slurm);
     let guards = [
         ("", "default guard"),
@@ -369,16 +379,8 @@ fn slurm_slice_tail() {
         return;
     }
     let jobs = slice();
-    let config =
-        ReplayConfig { restart_delay_s: 0.0, time_limits: true, ..ReplayConfig::default() };
-    let slurm = allot_sim::slurm::replay_slurm(
-        &nodes(),
-        &policy(None),
-        &jobs,
-        &config,
-        &allot_sim::slurm::SlurmBackfill::default(),
-    )
-    .expect("the Slurm model runs the slice");
+    let config = slice_config();
+    let slurm = slurm_model(&jobs, &config);
     // `ALLOT_SLICE_RESERVE`: the reservations' options instead (e.g. `10s, per_model_max: 8`).
     let reserve = std::env::var("ALLOT_SLICE_RESERVE").unwrap_or_else(|_| "10s".into());
     let allot = replay(

@@ -83,6 +83,11 @@ pub(crate) struct ReplayOptions {
     /// with no guarantee for it.
     #[arg(long)]
     strict_vcs: bool,
+    /// Put every job in this one project, whatever its trace says (its VC): one queue, as a
+    /// plain Slurm partition has with FIFO priority and no accounts' limits. Every policy must
+    /// name the project; `--vcs` and `--strict-vcs` do not apply.
+    #[arg(long, value_name = "PROJECT", conflicts_with_all = ["vcs", "strict_vcs"])]
+    one_queue: Option<String>,
     /// Seconds of virtual time between scheduling cycles; 0 (default): a cycle at every
     /// instant where something happened that can change the engine's answer.
     #[arg(long, default_value_t = 0.0)]
@@ -183,6 +188,11 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
     if let Some(n) = args.limit_jobs {
         jobs.truncate(n);
     }
+    if let Some(project) = &args.one_queue {
+        for job in &mut jobs {
+            job.project.clone_from(project);
+        }
+    }
     if !(args.load.is_finite() && args.load > 0.0 && args.load <= 1000.0) {
         return Err(InvalidInput("--load: give a factor in (0, 1000], e.g. 4\n".into()).into());
     }
@@ -209,6 +219,17 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<String> {
             &jobs_file,
             args.strict_vcs,
         )?;
+        if let Some(project) = &args.one_queue
+            && !policy.projects.iter().any(|p| &p.name == project)
+        {
+            return Err(InvalidInput(format!(
+                "--one-queue: `{project}` is not a project in {} — name one of its projects, or \
+                 add `{{name: {project}, quotas: [{{model: any, guaranteed: N}}]}}` to its \
+                 projects\n",
+                path.display()
+            ))
+            .into());
+        }
         policies.push((path.clone(), policy));
     }
 

@@ -188,3 +188,41 @@ fn the_slurm_baseline_is_a_column_after_the_policies() {
     let out = acceptance(&["--limit-jobs", "10", "--bf-interval", "5"]);
     assert_eq!(out.status.code(), Some(2), "--bf-* without --compare-with");
 }
+
+#[test]
+fn one_queue_puts_every_job_in_the_named_project() {
+    let t = traces();
+    let jobs = format!("{t}/philly-pollux/philly.csv");
+    let machines = format!("{t}/philly-machines/cluster_machine_list");
+    let run = |project: &str| {
+        allot(&[
+            "sim",
+            "replay",
+            "--jobs",
+            &jobs,
+            "--machines",
+            &machines,
+            "--policy",
+            "examples/philly-one-queue-policy.yaml",
+            "--one-queue",
+            project,
+            "--limit-jobs",
+            "300",
+            "--output",
+            "json",
+            "--no-timing",
+        ])
+    };
+    let out = run("all");
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let projects = json["projects"].as_array().expect("projects");
+    assert_eq!(projects.len(), 1, "{projects:?}");
+    assert_eq!(projects[0]["project"], "all");
+    assert_eq!(projects[0]["jobs_total"], 300);
+
+    let out = run("6214e9");
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("--one-queue: `6214e9` is not a project in"), "{err}");
+}

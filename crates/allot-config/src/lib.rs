@@ -82,7 +82,7 @@
 //! reservations: {after: 5m, per_model_max: 2}   # optional, default off: a whole-GPU request
 //!                                     #   quota allows that has waited `after` gets the nodes
 //!                                     #   where it would start earliest held for it (at most
-//!                                     #   `per_model_max` per GPU model, 1-16, default 2); other
+//!                                     #   `per_model_max` per GPU model, 1-64, default 2); other
 //!                                     #   work goes there only if its max runtime ends first.
 //!                                     #   Borrowers also wait while an in-guarantee request of
 //!                                     #   another project of the cohort waits for room.

@@ -296,12 +296,12 @@ fn cases() -> Vec<Case> {
             name: "reservations with a zero wait, a bad limit and an unknown field",
             kind: Kind::Policy,
             text: format!(
-                "reservations: {{after: 0s, per_model_max: 40, nodes: 2}}\n{}",
+                "reservations: {{after: 0s, per_model_max: 65, nodes: 2}}\n{}",
                 policy("  - name: vision\n")
             ),
             want: vec![
                 (1, "reservations.after", "a wait of 0"),
-                (1, "reservations.per_model_max", "must be between 1 and 16"),
+                (1, "reservations.per_model_max", "must be between 1 and 64"),
                 (1, "reservations.nodes", "unknown field `nodes`"),
             ],
         },

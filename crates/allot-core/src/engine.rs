@@ -68,7 +68,7 @@ pub use guard::Protection;
 pub(crate) use idle::IdleState;
 pub use inventory::InventoryChange;
 pub(crate) use queue::QueueKey;
-pub use reserve::{RESERVE_SCAN_MAX, Reservation};
+pub use reserve::{RESERVE_SCAN_MAX, RESERVE_SCAN_PER_RESERVATION, Reservation};
 pub use standing::Standing;
 pub use state::StateError;
 // `state.rs` rebuilds the line totals `book.rs` keeps and the demand ratio `events.rs` keeps.

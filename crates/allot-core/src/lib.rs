@@ -30,8 +30,8 @@ pub use decision::{
 pub use engine::{
     ConfigError, DefragPlan, DefragVictim, ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Engine, Eta, EtaCause,
     EtaUnknown, InventoryChange, MEMBERS_MAX, Occupancy, Protection, RESERVE_SCAN_MAX,
-    ROUNDS_PER_INSTANT, Refresh, Reservation, Stage, Standing, StateError,
-    WHOLE_GPUS_PER_MEMBER_MAX,
+    RESERVE_SCAN_PER_RESERVATION, ROUNDS_PER_INSTANT, Refresh, Reservation, Stage, Standing,
+    StateError, WHOLE_GPUS_PER_MEMBER_MAX,
 };
 pub use event::Event;
 pub use explain::{Counterfactual, Explanation, QueuePosition};

@@ -115,8 +115,11 @@ pub struct Reservations {
 
 impl Reservations {
     pub const DEFAULT_PER_MODEL_MAX: u32 = 2;
-    /// The most the policy may ask for: every reservation is recomputed each cycle.
-    pub const PER_MODEL_MAX: u32 = 16;
+    /// The most the policy may ask for: every reservation is recomputed each cycle. Plain
+    /// Slurm reserves for every job its backfill pass tests (500 by default); 64 per model
+    /// is what one FIFO queue of Philly at 6× needed to beat its model on every wait
+    /// (docs/benchmarks.md, "The engine under plain Slurm's policy").
+    pub const PER_MODEL_MAX: u32 = 64;
 }
 
 /// Fair-sharing pre-emption: the strategies, tried in order on each candidate.

@@ -14,7 +14,8 @@
 //!   room for them now (a request blocked by quota gains nothing from nodes). Under strict
 //!   FIFO only the project's head may be one (nothing behind it can start first; GPUs held
 //!   for such work would keep the head off them while the work waited for the head, for
-//!   ever). At most [`RESERVE_SCAN_MAX`] queue entries are read per project per cycle; all
+//!   ever). At most [`RESERVE_SCAN_MAX`] queue entries are read per project per cycle (or
+//!   [`RESERVE_SCAN_PER_RESERVATION`] for each of `per_model_max`, if more); all
 //!   projects' candidates are then taken in that order, at most `per_model_max` per GPU model.
 //! - **Where** (`earliest`): per device of the model, when it will be free: now if free, the
 //!   latest known end of what holds it (running work's max runtime; work told to stop: now)
@@ -67,8 +68,12 @@ use crate::decision::{DeferReason, DeviceShare, MemberPlacement, Placement, Quot
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::{GpuRequest, Queueing};
 
-/// Queue entries read per project per cycle when looking for requests to reserve for.
+/// Queue entries read per project per cycle when looking for requests to reserve for, at
+/// least; a policy asking more reservations reads [`RESERVE_SCAN_PER_RESERVATION`] entries
+/// for each (1-GPU and young requests are read and passed over).
 pub const RESERVE_SCAN_MAX: usize = 64;
+/// Queue entries read per project per cycle for each reservation the policy allows a model.
+pub const RESERVE_SCAN_PER_RESERVATION: usize = 16;
 
 const FULL: u32 = SHARES_PER_GPU as u32;
 
@@ -118,7 +123,7 @@ impl Engine {
         self.reserved.clear();
         self.quota_holds.clear();
         let Some(policy) = self.reservation_policy else { return };
-        let candidates = self.candidates(now, policy.after_ms);
+        let candidates = self.candidates(now, policy.after_ms, policy.per_model_max);
         if candidates.is_empty() {
             return;
         }
@@ -348,11 +353,17 @@ impl Engine {
     }
 
     /// Workloads to reserve for, in the order they are served: (workload, since when).
-    fn candidates(&self, now: Timestamp, after_ms: u64) -> Vec<(WorkloadId, Timestamp)> {
+    fn candidates(
+        &self,
+        now: Timestamp,
+        after_ms: u64,
+        per_model_max: u32,
+    ) -> Vec<(WorkloadId, Timestamp)> {
+        let scan = RESERVE_SCAN_MAX.max(RESERVE_SCAN_PER_RESERVATION * per_model_max as usize);
         let mut found = Vec::new();
         for (p, queue) in self.queues.iter().enumerate() {
             let strict = self.projects[p].queueing == Queueing::StrictFifo;
-            for (key, _) in queue.iter().take(RESERVE_SCAN_MAX) {
+            for (key, _) in queue.iter().take(scan) {
                 let Some(w) = self.workloads.get(&key.2) else { continue };
                 // Idle-suspended work and work in an idle backoff block nobody behind them.
                 let steps_aside =

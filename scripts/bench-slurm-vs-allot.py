@@ -138,26 +138,35 @@ def time_limit_min(job):
     return math.ceil(job["duration_s"] / 60) + 1
 
 
+# The one project of `--one-queue` (an account of the test cluster).
+ONE_QUEUE = "research"
+
+
 def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
-              reclaim_after=None, hold_quota=False):
+              reclaim_after=None, hold_quota=False, per_model_max=None, one_queue=False):
     """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time. With
     `reserve_after` (a duration), the policy holds nodes for requests waiting that long; with
     `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill); with
     `poll_max` (a duration), allot looks at the queue at least that often; with
     `reclaim_after` (a duration), a claimant reclaims from borrowers only after that wait; with
-    `hold_quota`, the reservations hold quota too."""
+    `hold_quota`, the reservations hold quota too, and `per_model_max` bounds them per model.
+    With `one_queue`, every job goes to one project (`research`, Slurm account of that name)
+    guaranteed the whole cluster: plain Slurm's policy, one FIFO queue without accounts'
+    guarantees, in allot's terms (`examples/philly-one-queue-policy.yaml`)."""
     data = tempfile.mkdtemp(prefix="allot-bench-")
     policy = os.path.join(data, "policy.yaml")
     with open(policy, "w") as f:
         if reserve_after:
             hold = ", hold_quota: true" if hold_quota else ""
-            f.write(f"reservations: {{after: {reserve_after}{hold}}}\n")
+            depth = f", per_model_max: {per_model_max}" if per_model_max else ""
+            f.write(f"reservations: {{after: {reserve_after}{depth}{hold}}}\n")
         f.write("preemption:\n  mode: requeue\n"
                 + (f"  reclaim_after: {reclaim_after}\n" if reclaim_after else "")
                 + "restart_cost: 1m\n"
                 "priority_classes:\n  - {name: normal, value: 0, preemptible: true}\n"
                 "default_priority_class: normal\nprojects:\n")
-        for name, g in GUARANTEED.items():
+        guaranteed = {ONE_QUEUE: CLUSTER_GPUS} if one_queue else GUARANTEED
+        for name, g in guaranteed.items():
             f.write(f"  - name: {name}\n    cohort: lab\n    quotas:\n"
                     f"      - {{model: h100, guaranteed: {g}, borrow_limit: {CLUSTER_GPUS - g}}}\n")
     serve, env = start_serve(allot, 7399, data, policy,
@@ -168,7 +177,8 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
         submitted = {}
         for j in jobs:
             wait_until(j["offset_s"], t0)
-            argv = [allot, "submit", "--project", j["account"], "--gpus", str(j["per_node"]),
+            project = ONE_QUEUE if one_queue else j["account"]
+            argv = [allot, "submit", "--project", project, "--gpus", str(j["per_node"]),
                     "--name", f"job-{j['i']}"]
             if j["nodes"] > 1:
                 argv += ["--members", str(j["nodes"])]
@@ -308,6 +318,11 @@ def main():
                    help="allot arm: policy `preemption: {reclaim_after: DURATION}`")
     p.add_argument("--hold-quota", action="store_true",
                    help="allot arm, with --reserve-after: `reservations: {hold_quota: true}`")
+    p.add_argument("--per-model-max", type=int, metavar="N",
+                   help="allot arm, with --reserve-after: `reservations: {per_model_max: N}`")
+    p.add_argument("--one-queue", action="store_true",
+                   help="allot arm: every job in one project guaranteed the cluster (plain "
+                        "Slurm's policy in allot's terms) instead of three with guarantees")
     a = p.parse_args()
     if a.hold_quota and not a.reserve_after:
         sys.exit("--hold-quota: give --reserve-after too (quota is held by reservations)")
@@ -324,8 +339,10 @@ def main():
         elif arm == "allot":
             submitted, runs, _, _report, data = allot_arm(jobs, a.allot, a.reserve_after,
                                                           a.time_limits, a.slurm_poll_max,
-                                                          a.reclaim_after, a.hold_quota)
-            rows.append(figures("allot (requeue pre-emption)", submitted, runs, len(jobs)))
+                                                          a.reclaim_after, a.hold_quota,
+                                                          a.per_model_max, a.one_queue)
+            label = "allot, one queue" if a.one_queue else "allot (requeue pre-emption)"
+            rows.append(figures(label, submitted, runs, len(jobs)))
             print_stops(stops_said(data), runs, jobs)
         else:
             sys.exit(f"--arms: unknown arm {arm!r}; use slurm, allot or both")

@@ -16,26 +16,21 @@ fn acceptance(extra: &[&str]) -> Output {
 }
 
 fn acceptance_as(output: &str, extra: &[&str]) -> Output {
+    let vcs = format!("{}/philly-machines/philly_vc.csv", traces());
+    let mut args = vec!["--vcs", &vcs, "--policy", "examples/philly-policy.yaml"];
+    args.extend_from_slice(extra);
+    philly(output, &args)
+}
+
+/// `allot sim replay` of the shared Philly jobs on its machines, with `args` after.
+fn philly(output: &str, args: &[&str]) -> Output {
     let t = traces();
     let jobs = format!("{t}/philly-pollux/philly.csv");
     let machines = format!("{t}/philly-machines/cluster_machine_list");
-    let vcs = format!("{t}/philly-machines/philly_vc.csv");
-    let mut args = vec![
-        "sim",
-        "replay",
-        "--jobs",
-        &jobs,
-        "--machines",
-        &machines,
-        "--vcs",
-        &vcs,
-        "--policy",
-        "examples/philly-policy.yaml",
-        "--output",
-        output,
-    ];
-    args.extend_from_slice(extra);
-    allot(&args)
+    let mut all =
+        vec!["sim", "replay", "--jobs", &jobs, "--machines", &machines, "--output", output];
+    all.extend_from_slice(args);
+    allot(&all)
 }
 
 #[test]
@@ -191,27 +186,19 @@ fn the_slurm_baseline_is_a_column_after_the_policies() {
 
 #[test]
 fn one_queue_puts_every_job_in_the_named_project() {
-    let t = traces();
-    let jobs = format!("{t}/philly-pollux/philly.csv");
-    let machines = format!("{t}/philly-machines/cluster_machine_list");
     let run = |project: &str| {
-        allot(&[
-            "sim",
-            "replay",
-            "--jobs",
-            &jobs,
-            "--machines",
-            &machines,
-            "--policy",
-            "examples/philly-one-queue-policy.yaml",
-            "--one-queue",
-            project,
-            "--limit-jobs",
-            "300",
-            "--output",
+        philly(
             "json",
-            "--no-timing",
-        ])
+            &[
+                "--policy",
+                "examples/philly-one-queue-policy.yaml",
+                "--one-queue",
+                project,
+                "--limit-jobs",
+                "300",
+                "--no-timing",
+            ],
+        )
     };
     let out = run("all");
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));

@@ -417,9 +417,20 @@ async fn gpus_of_work_allot_does_not_govern_are_offered_to_no_allot_work_until_i
     assert!(unmanaged > 0.0, "the cluster row never counted unmanaged GPU-hours");
     // The job ends: h100-0 is allot's again and the waiting work starts there.
     d.control.set_beside("7001", None);
-    wait_unmanaged(&d, "h100-0", &[]).await;
     d.wait_state(b, "running").await;
     assert_eq!(d.control.run(run(b, 1)).expect("run").launch.members[0].node, "h100-0");
+    // The node view does not lag: whoever sees the run sees h100-0 as it is now.
+    let (_, v) = d.call("GET", "/api/v1/nodes", Some(&d.admin), None).await;
+    let n = v["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == "h100-0");
+    let n = n.expect("h100-0 in the node view");
+    assert!(n["unmanaged"].is_null(), "nothing held outside allot once the job ended: {n}");
+    let on: Vec<&serde_json::Value> = n["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["workloads"].as_array().is_some_and(|w| w.contains(&b.into())))
+        .collect();
+    assert_eq!(on.len(), 4, "the waiting work on four of h100-0's GPUs: {n}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -51,15 +51,25 @@ impl Machine {
         if policy_changed || full || view.rollout.is_none() != self.daemon.rollout.is_none() {
             view.rollout = self.daemon.rollout_view(now);
         }
+        // Whether work was placed, moved or ended: the node view must not lag the workloads
+        // (a reader who sees a run on a node sees that node as it is now).
+        let mut placed = false;
         for id in changed {
             if let Some(r) = self.daemon.workloads.get(&id) {
                 let new = records::workload(id, r);
                 let fields = &mut *view;
+                placed |= fields.workloads.get(&id).is_none_or(|old| {
+                    (is_live(old.state) || is_live(new.state))
+                        && (old.state != new.state || old.placement != new.placement)
+                });
                 fields.dashboard.observe(&new, &r.steps);
                 fields.workloads.insert(id, new);
             }
         }
         if !full {
+            if placed {
+                view.nodes = self.nodes_view();
+            }
             return;
         }
         self.last_view_ms = now;
@@ -69,18 +79,7 @@ impl Machine {
         let daemon = &self.daemon;
         let engine = &daemon.engine;
         view.projects = records::projects(engine, daemon.workloads.values());
-        let live = daemon.workloads.iter().filter(|(_, r)| {
-            matches!(
-                r.state,
-                WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping
-            )
-        });
-        let withheld: BTreeMap<String, String> = daemon
-            .nodes
-            .iter()
-            .filter_map(|n| Some((n.name.clone(), daemon.withheld_reason(&n.name)?)))
-            .collect();
-        view.nodes = records::nodes(engine, &daemon.nodes, &withheld, live);
+        view.nodes = self.nodes_view();
         if view.node_specs != daemon.nodes {
             view.node_specs.clone_from(&daemon.nodes);
         }
@@ -95,6 +94,18 @@ impl Machine {
         drop(view);
         super::derived::refresh(shared, daemon, now);
         self.update_metrics(shared, metrics);
+    }
+
+    /// The readers' node view: devices, what runs there, what is withheld and occupied.
+    fn nodes_view(&self) -> Vec<allot_api::Node> {
+        let daemon = &self.daemon;
+        let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
+        let withheld: BTreeMap<String, String> = daemon
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), daemon.withheld_reason(&n.name)?)))
+            .collect();
+        records::nodes(&daemon.engine, &daemon.nodes, &withheld, live)
     }
 
     fn update_metrics(&self, view: &RwLock<View>, m: &Metrics) {
@@ -202,4 +213,9 @@ impl Machine {
             }
         }
     }
+}
+
+/// Whether work in `state` holds devices (its node view lists it).
+fn is_live(state: WorkloadState) -> bool {
+    matches!(state, WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping)
 }

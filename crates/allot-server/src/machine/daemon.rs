@@ -653,6 +653,8 @@ impl Daemon {
                     && !r.state.is_final()
                 {
                     r.devices = Some(members.clone());
+                    // The node view shows these devices.
+                    self.changed.insert(*id);
                 }
             }
             Entry::NodeState { node, usable, reason } => {

@@ -83,6 +83,14 @@ impl Daemon {
         self.kept_nodes.get(node).cloned()
     }
 
+    /// Every node that takes no new work now, with why.
+    pub(crate) fn withheld_nodes(&self) -> BTreeMap<String, String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), self.withheld_reason(&n.name)?)))
+            .collect()
+    }
+
     /// Tells the engine which nodes take no new work, and why, where that changed.
     pub(crate) fn sync_availability(&mut self, now: u64) {
         let engine_has: BTreeMap<String, String> = self

@@ -167,6 +167,8 @@ pub(crate) struct Machine {
     last_view_ms: u64,
     /// The policy text the readers' view was last rebuilt under (`publish`).
     view_policy: String,
+    /// What each live workload holds in the readers' node view (`publish` moves it there).
+    view_held: BTreeMap<u64, records::Held>,
     /// Telemetry hostnames already checked against the inventory, so each is checked once
     /// (a round has a sample per device); and of those, how many matched no node.
     checked_hosts: BTreeSet<String>,
@@ -196,6 +198,7 @@ impl Machine {
             last_rollout_check_ms: 0,
             last_view_ms: 0,
             view_policy: String::new(),
+            view_held: BTreeMap::new(),
             checked_hosts: BTreeSet::new(),
             unknown_hosts: 0,
         }

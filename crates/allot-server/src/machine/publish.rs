@@ -51,25 +51,19 @@ impl Machine {
         if policy_changed || full || view.rollout.is_none() != self.daemon.rollout.is_none() {
             view.rollout = self.daemon.rollout_view(now);
         }
-        // Whether work was placed, moved or ended: the node view must not lag the workloads
-        // (a reader who sees a run on a node sees that node as it is now).
-        let mut placed = false;
+        let ids: Vec<u64> = changed.iter().copied().collect();
         for id in changed {
             if let Some(r) = self.daemon.workloads.get(&id) {
                 let new = records::workload(id, r);
                 let fields = &mut *view;
-                placed |= fields.workloads.get(&id).is_none_or(|old| {
-                    (is_live(old.state) || is_live(new.state))
-                        && (old.state != new.state || old.placement != new.placement)
-                });
                 fields.dashboard.observe(&new, &r.steps);
                 fields.workloads.insert(id, new);
             }
         }
         if !full {
-            if placed {
-                view.nodes = self.nodes_view();
-            }
+            // Work placed, moved or ended: the node view must not lag the workloads (whoever
+            // sees a run on a node sees that node as it is now).
+            self.move_in_node_view(&mut view, &ids);
             return;
         }
         self.last_view_ms = now;
@@ -79,7 +73,9 @@ impl Machine {
         let daemon = &self.daemon;
         let engine = &daemon.engine;
         view.projects = records::projects(engine, daemon.workloads.values());
-        view.nodes = self.nodes_view();
+        let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
+        (view.nodes, self.view_held) =
+            records::nodes(engine, &daemon.nodes, &daemon.withheld_nodes(), live);
         if view.node_specs != daemon.nodes {
             view.node_specs.clone_from(&daemon.nodes);
         }
@@ -96,16 +92,60 @@ impl Machine {
         self.update_metrics(shared, metrics);
     }
 
-    /// The readers' node view: devices, what runs there, what is withheld and occupied.
-    fn nodes_view(&self) -> Vec<allot_api::Node> {
+    /// The node view between full rebuilds: of `ids` (changed workloads), those whose devices
+    /// differ from what the view shows leave the devices they held and take those they hold
+    /// now, and then each node's withheld state and unmanaged devices are set anew. A node
+    /// list that changed since the last full rebuild is rebuilt whole.
+    fn move_in_node_view(&mut self, view: &mut View, ids: &[u64]) {
+        let daemon = &self.daemon;
+        let mut index = None;
+        let mut moves = Vec::new();
+        for &id in ids {
+            let now = match daemon.workloads.get(&id) {
+                Some(r) if is_live(r.state) => {
+                    let index = index.get_or_insert_with(|| records::node_index(&daemon.nodes));
+                    records::held_by(&daemon.engine, index, id, r)
+                }
+                _ => Vec::new(),
+            };
+            if self.view_held.get(&id).map_or(!now.is_empty(), |held| *held != now) {
+                moves.push((id, now));
+            }
+        }
+        if moves.is_empty() {
+            return;
+        }
+        let withheld = daemon.withheld_nodes();
+        if view.node_specs != daemon.nodes {
+            let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
+            (view.nodes, self.view_held) =
+                records::nodes(&daemon.engine, &daemon.nodes, &withheld, live);
+            view.node_specs.clone_from(&daemon.nodes);
+            return;
+        }
+        for (id, now) in moves {
+            records::move_work(&mut view.nodes, &mut self.view_held, id, now);
+        }
+        records::mark_withheld(&mut view.nodes, &daemon.engine, &withheld);
+    }
+
+    /// Where the readers' node view shows other devices in use than the daemon holds now
+    /// (for the simulation: the view may lag in its node list, withheld states and unmanaged
+    /// devices until the next full rebuild, never in what allot's own work holds).
+    pub(crate) fn node_view_lag(&self, view: &View) -> Option<String> {
         let daemon = &self.daemon;
         let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
-        let withheld: BTreeMap<String, String> = daemon
-            .nodes
-            .iter()
-            .filter_map(|n| Some((n.name.clone(), daemon.withheld_reason(&n.name)?)))
-            .collect();
-        records::nodes(&daemon.engine, &daemon.nodes, &withheld, live)
+        let (now, _) = records::nodes(&daemon.engine, &daemon.nodes, &BTreeMap::new(), live);
+        let in_use = |nodes: &[allot_api::Node]| -> BTreeMap<(String, u32), (u64, Vec<u64>)> {
+            nodes
+                .iter()
+                .flat_map(|n| n.devices.iter().map(move |d| (n, d)))
+                .filter(|(_, d)| !d.workloads.is_empty() || d.used_shares > 0)
+                .map(|(n, d)| ((n.name.clone(), d.index), (d.used_shares, d.workloads.clone())))
+                .collect()
+        };
+        let (shown, held) = (in_use(&view.nodes), in_use(&now));
+        (shown != held).then(|| format!("shown {shown:?}, held {held:?}"))
     }
 
     fn update_metrics(&self, view: &RwLock<View>, m: &Metrics) {
@@ -215,7 +255,7 @@ impl Machine {
     }
 }
 
-/// Whether work in `state` holds devices (its node view lists it).
+/// Whether work in `state` holds devices (the node view lists it).
 fn is_live(state: WorkloadState) -> bool {
     matches!(state, WorkloadState::Starting | WorkloadState::Running | WorkloadState::Stopping)
 }

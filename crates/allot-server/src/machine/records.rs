@@ -103,18 +103,22 @@ pub(crate) fn policy_version(v: &super::daemon::PolicyVersion) -> allot_api::Pol
     }
 }
 
-/// Nodes and devices with what runs on them: the devices the backend bound where it picked
-/// them itself (Slurm's GRES indices, `Record::devices`), else the engine's placement.
+/// What one live workload holds in the node view: (node index, device index, shares).
+pub(crate) type Held = Vec<(usize, usize, u64)>;
+
+/// Nodes and devices with what runs on them (the devices the backend bound where it picked
+/// them itself, Slurm's GRES indices, `Record::devices`; else the engine's placement), and
+/// what each live workload holds there, for [`move_work`] to undo.
 pub(crate) fn nodes<'a>(
     engine: &Engine,
     nodes: &[allot_core::NodeSpec],
     unusable: &std::collections::BTreeMap<String, String>,
     records: impl Iterator<Item = (&'a u64, &'a Record)>,
-) -> Vec<Node> {
+) -> (Vec<Node>, std::collections::BTreeMap<u64, Held>) {
     let mut out: Vec<Node> = nodes
         .iter()
         .map(|n| Node {
-            unusable: unusable.get(&n.name).cloned(),
+            unusable: None,
             unmanaged: None,
             name: n.name.clone(),
             devices: n
@@ -130,43 +134,105 @@ pub(crate) fn nodes<'a>(
                 .collect(),
         })
         .collect();
-    for (node, held) in engine.occupied_devices() {
-        if let Some(n) = out.get_mut(node.0 as usize) {
+    mark_withheld(&mut out, engine, unusable);
+    let index = node_index(nodes);
+    let mut held = std::collections::BTreeMap::new();
+    for (id, record) in records {
+        let h = held_by(engine, &index, *id, record);
+        for &(node, device, shares) in &h {
+            let Some(dev) = out.get_mut(node).and_then(|n| n.devices.get_mut(device)) else {
+                continue;
+            };
+            dev.used_shares += shares;
+            // Records come in id order: the list stays sorted.
+            if dev.workloads.last() != Some(id) {
+                dev.workloads.push(*id);
+            }
+        }
+        if !h.is_empty() {
+            held.insert(*id, h);
+        }
+    }
+    (out, held)
+}
+
+/// Node name → its index in the view.
+pub(crate) fn node_index(
+    nodes: &[allot_core::NodeSpec],
+) -> std::collections::BTreeMap<&str, usize> {
+    nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect()
+}
+
+/// What `record` holds now (nothing unless it is live and placed).
+pub(crate) fn held_by(
+    engine: &Engine,
+    index: &std::collections::BTreeMap<&str, usize>,
+    id: u64,
+    record: &Record,
+) -> Held {
+    let mut held = Vec::new();
+    let Some(placement) = engine.placement(allot_core::WorkloadId(id)) else { return held };
+    if let Some(bound) = &record.devices {
+        for m in bound {
+            let Some(&node) = index.get(m.node.as_str()) else { continue };
+            held.extend(m.devices.iter().map(|d| (node, d.index as usize, d.shares)));
+        }
+    } else {
+        for m in &placement.members {
+            let node = m.node.0 as usize;
+            held.extend(
+                m.devices.iter().map(|d| (node, usize::from(d.device), u64::from(d.shares))),
+            );
+        }
+    }
+    held
+}
+
+/// Moves `id` in the node view from what it held (in `held`) to `now`: the view changes for
+/// the devices it left and entered alone. Devices the view lacks are skipped, as in [`nodes`].
+pub(crate) fn move_work(
+    view: &mut [Node],
+    held: &mut std::collections::BTreeMap<u64, Held>,
+    id: u64,
+    now: Held,
+) {
+    for (node, d, shares) in held.remove(&id).unwrap_or_default() {
+        if let Some(dev) = view.get_mut(node).and_then(|n| n.devices.get_mut(d)) {
+            dev.used_shares = dev.used_shares.saturating_sub(shares);
+            dev.workloads.retain(|w| *w != id);
+        }
+    }
+    for &(node, d, shares) in &now {
+        if let Some(dev) = view.get_mut(node).and_then(|n| n.devices.get_mut(d)) {
+            dev.used_shares += shares;
+            if let Err(at) = dev.workloads.binary_search(&id) {
+                dev.workloads.insert(at, id);
+            }
+        }
+    }
+    if !now.is_empty() {
+        held.insert(id, now);
+    }
+}
+
+/// Sets each node's `unusable` reason and the devices work allot does not govern holds.
+pub(crate) fn mark_withheld(
+    view: &mut [Node],
+    engine: &Engine,
+    unusable: &std::collections::BTreeMap<String, String>,
+) {
+    for n in view.iter_mut() {
+        n.unusable = unusable.get(&n.name).cloned();
+        n.unmanaged = None;
+    }
+    for (node, occupied) in engine.occupied_devices() {
+        if let Some(n) = view.get_mut(node.0 as usize) {
             n.unmanaged = Some(allot_api::UnmanagedDevices {
-                devices: held.devices.iter().map(|&d| u32::from(d)).collect(),
-                by: held.by.clone(),
+                devices: occupied.devices.iter().map(|&d| u32::from(d)).collect(),
+                by: occupied.by.clone(),
             });
         }
     }
-    for (id, record) in records {
-        let Some(placement) = engine.placement(allot_core::WorkloadId(*id)) else { continue };
-        if let Some(bound) = &record.devices {
-            for m in bound {
-                let Some(node) = out.iter_mut().find(|n| n.name == m.node) else { continue };
-                for d in &m.devices {
-                    if let Some(dev) = node.devices.get_mut(d.index as usize) {
-                        dev.used_shares += d.shares;
-                        if dev.workloads.last() != Some(id) {
-                            dev.workloads.push(*id);
-                        }
-                    }
-                }
-            }
-            continue;
-        }
-        for m in &placement.members {
-            let Some(node) = out.get_mut(m.node.0 as usize) else { continue };
-            for d in &m.devices {
-                if let Some(dev) = node.devices.get_mut(usize::from(d.device)) {
-                    dev.used_shares += u64::from(d.shares);
-                    if dev.workloads.last() != Some(id) {
-                        dev.workloads.push(*id);
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 fn ledger_row(scope: String, b: &Books) -> LedgerRow {

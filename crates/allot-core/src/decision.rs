@@ -210,6 +210,19 @@ pub enum StopReason {
     MaxRuntimeExceeded { max_runtime_ms: u64, ran_ms: u64 },
 }
 
+/// What a request no node could ever hold asks beyond the nodes' host resources, when that
+/// and not its GPUs is why (`DeferReason::NeverPlaceable`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HostShortfall {
+    /// CPU in millicores asked on one node, and the most any node of the model has.
+    Cpu { asked: u64, largest: u64 },
+    /// Memory in MiB asked on one node, and the most any node of the model has.
+    Memory { asked: u64, largest: u64 },
+    /// A gang spread over nodes: even empty, the nodes' GPUs, CPU and memory together hold
+    /// fewer of its members than it has.
+    Spread,
+}
+
 /// Why a workload did not start this cycle. Every variant carries the numbers behind it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DeferReason {
@@ -239,8 +252,15 @@ pub enum DeferReason {
     NodesUnavailable { facts: PlacementFacts, nodes: Vec<(NodeId, String)> },
     /// A MIG instance asked on a model with no MIG-enabled device offering that profile.
     NoMigProfile { model: ModelId, profile: MigProfile },
-    /// Bigger than any node of the accepted models could hold even when empty.
-    NeverPlaceable { model: Option<ModelId>, members: u32, per_member: Shares, same_node: bool },
+    /// Bigger than any node of the accepted models could hold even when empty; `host`: when
+    /// CPU or memory, not GPUs, is why.
+    NeverPlaceable {
+        model: Option<ModelId>,
+        members: u32,
+        per_member: Shares,
+        same_node: bool,
+        host: Option<HostShortfall>,
+    },
     /// Victims were told to stop; the workload starts when they are gone.
     WaitingForPreemption { victims: Vec<WorkloadId> },
     /// Strict FIFO: the project's head is blocked, and this workload is behind it.

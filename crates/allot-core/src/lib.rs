@@ -24,8 +24,8 @@ mod topology;
 
 pub use codec::CodecError;
 pub use decision::{
-    AdmitReason, Decision, DeferReason, DeviceShare, IdleFacts, MemberPlacement, MigSlot,
-    Placement, PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
+    AdmitReason, Decision, DeferReason, DeviceShare, HostShortfall, IdleFacts, MemberPlacement,
+    MigSlot, Placement, PlacementFacts, PreemptReason, QuotaKey, RejectReason, StopReason,
 };
 pub use engine::{
     ConfigError, DefragPlan, DefragVictim, ETA_ENDS_MAX, ETA_WORKLOADS_MAX, Engine, Eta, EtaCause,

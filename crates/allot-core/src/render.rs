@@ -1,8 +1,8 @@
 //! Decisions and reasons as sentences with names, for the CLI, logs and `why`.
 
 use crate::decision::{
-    AdmitReason, Decision, DeferReason, IdleFacts, Placement, PlacementFacts, PreemptReason,
-    RejectReason, StopReason,
+    AdmitReason, Decision, DeferReason, HostShortfall, IdleFacts, Placement, PlacementFacts,
+    PreemptReason, RejectReason, StopReason,
 };
 use crate::engine::{DefragPlan, Engine, Protection, Stage};
 use crate::explain::{Counterfactual, Explanation};
@@ -340,11 +340,32 @@ impl Engine {
                     named.join(", "),
                 )
             }
-            DeferReason::NeverPlaceable { model, members, per_member, same_node } => format!(
-                "{members} × {per_member} {}{} exceeds the largest node",
-                model.map_or("cpu", |m| self.model_name(m)),
-                if *same_node { " on one node" } else { "" }
-            ),
+            DeferReason::NeverPlaceable { model, members, per_member, same_node, host } => {
+                let model = model.map_or("cpu", |m| self.model_name(m));
+                let asked = format!(
+                    "{members} × {per_member} {model}{}",
+                    if *same_node { " on one node" } else { "" }
+                );
+                match host {
+                    None => format!("{asked} exceeds the largest node"),
+                    Some(HostShortfall::Cpu { asked: a, largest }) => format!(
+                        "{asked} exceeds the largest node: it asks {} CPUs on one node, the \
+                         largest {model} node has {}",
+                        cpus_text(*a),
+                        cpus_text(*largest)
+                    ),
+                    Some(HostShortfall::Memory { asked: a, largest }) => format!(
+                        "{asked} exceeds the largest node: it asks {} of memory on one node, \
+                         the largest {model} node has {}",
+                        mib_text(*a),
+                        mib_text(*largest)
+                    ),
+                    Some(HostShortfall::Spread) => format!(
+                        "{asked} exceeds the cluster: even empty, the {model} nodes' GPUs, CPU \
+                         and memory hold fewer than {members} such members"
+                    ),
+                }
+            }
             DeferReason::WaitingForPreemption { victims } => {
                 let names: Vec<String> = victims.iter().map(|v| self.wl(*v)).collect();
                 format!("waiting for {} to stop", names.join(", "))
@@ -676,4 +697,18 @@ pub(crate) fn duration(ms: u64) -> String {
     } else {
         format!("{:.1} h", ms as f64 / 3_600_000.0)
     }
+}
+
+/// Millicores as CPUs: "16", "0.5".
+fn cpus_text(millis: u64) -> String {
+    if millis.is_multiple_of(1000) {
+        (millis / 1000).to_string()
+    } else {
+        format!("{:.3}", millis as f64 / 1000.0).trim_end_matches('0').to_string()
+    }
+}
+
+/// MiB as the unit a node's memory is written in: "512Gi", "1536Mi".
+fn mib_text(mib: u64) -> String {
+    if mib.is_multiple_of(1024) { format!("{}Gi", mib / 1024) } else { format!("{mib}Mi") }
 }

@@ -18,7 +18,9 @@ use super::queue::{
 };
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
-use crate::decision::{AdmitReason, Decision, DeferReason, Placement, PlacementFacts, QuotaKey};
+use crate::decision::{
+    AdmitReason, Decision, DeferReason, HostShortfall, Placement, PlacementFacts, QuotaKey,
+};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
 use crate::model::{GpuRequest, Queueing};
 
@@ -835,6 +837,7 @@ impl Engine {
                 members: r.members,
                 per_member: r.shape.gpus.shares(),
                 same_node: r.same_node,
+                host: self.host_shortfall(m, r.shape, r.members, r.same_node),
             });
         }
         // Quota a waiting pre-emptor of this project reclaimed (its victims are stopping) is
@@ -973,6 +976,33 @@ impl Engine {
                 self.capacity.mig_ever_placeable(m, profile, members, same_node)
             }
         }
+    }
+
+    /// Why [`Engine::ever_placeable`] said no, when CPU or memory and not GPUs is why.
+    fn host_shortfall(
+        &self,
+        m: ModelId,
+        shape: MemberShape,
+        members: u32,
+        same_node: bool,
+    ) -> Option<HostShortfall> {
+        let (cpu, mem) =
+            self.capacity.max_host_per_node.get(m.0 as usize).copied().unwrap_or((0, 0));
+        let on_one = if same_node { u64::from(members) } else { 1 };
+        let (asked_cpu, asked_mem) =
+            (shape.cpu.saturating_mul(on_one), shape.mem.saturating_mul(on_one));
+        if asked_cpu > cpu {
+            return Some(HostShortfall::Cpu { asked: asked_cpu, largest: cpu });
+        }
+        if asked_mem > mem {
+            return Some(HostShortfall::Memory { asked: asked_mem, largest: mem });
+        }
+        let gpus_fit = {
+            let mut bare = shape;
+            (bare.cpu, bare.mem) = (0, 0);
+            self.ever_placeable(m, bare, members, same_node)
+        };
+        gpus_fit.then_some(HostShortfall::Spread)
     }
 
     pub(crate) fn facts(

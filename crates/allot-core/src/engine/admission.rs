@@ -831,13 +831,16 @@ impl Engine {
         {
             return ModelCheck::blocked(DeferReason::NoMigProfile { model: m, profile });
         }
-        if !self.ever_placeable(m, r.shape, r.members, r.same_node) {
+        if let Some(why) = self.never_fits(m, r.shape, r.members, r.same_node) {
             return ModelCheck::blocked(DeferReason::NeverPlaceable {
                 model: Some(m),
                 members: r.members,
                 per_member: r.shape.gpus.shares(),
                 same_node: r.same_node,
-                host: self.host_shortfall(m, r.shape, r.members, r.same_node),
+                host: match why {
+                    NeverFits::Host(shortfall) => Some(shortfall),
+                    NeverFits::Gpus => None,
+                },
             });
         }
         // Quota a waiting pre-emptor of this project reclaimed (its victims are stopping) is
@@ -946,26 +949,33 @@ impl Engine {
         members: u32,
         same_node: bool,
     ) -> bool {
-        let per_node = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        self.never_fits(m, shape, members, same_node).is_none()
+    }
+
+    /// Why a request can never be placed on model `m`, whatever frees: `None` when some
+    /// node of the model could hold it.
+    fn never_fits(
+        &self,
+        m: ModelId,
+        shape: MemberShape,
+        members: u32,
+        same_node: bool,
+    ) -> Option<NeverFits> {
         // Host first: a member (the whole gang on one node) asking more CPU or memory than
         // any node of the model has waits for ever, and must not claim quota meanwhile.
         let (cpu, mem) =
             self.capacity.max_host_per_node.get(m.0 as usize).copied().unwrap_or((0, 0));
         let on_one = if same_node { u64::from(members) } else { 1 };
-        if shape.cpu.saturating_mul(on_one) > cpu || shape.mem.saturating_mul(on_one) > mem {
-            return false;
+        let (asked_cpu, asked_mem) =
+            (shape.cpu.saturating_mul(on_one), shape.mem.saturating_mul(on_one));
+        if asked_cpu > cpu {
+            return Some(NeverFits::Host(HostShortfall::Cpu { asked: asked_cpu, largest: cpu }));
         }
-        // A gang spread over nodes also needs enough nodes with host room for its members
-        // (read only for gangs that ask host resources: the common request skips the walk).
-        if let GpuRequest::Whole(k) = shape.gpus
-            && !same_node
-            && members > 1
-            && (shape.cpu > 0 || shape.mem > 0)
-            && !self.capacity.spread_ever_fits(m, k, shape.cpu, shape.mem, members)
-        {
-            return false;
+        if asked_mem > mem {
+            return Some(NeverFits::Host(HostShortfall::Memory { asked: asked_mem, largest: mem }));
         }
-        match shape.gpus {
+        let per_node = self.capacity.max_devices_per_node.get(m.0 as usize).copied().unwrap_or(0);
+        let gpus_fit = match shape.gpus {
             GpuRequest::Whole(k) if same_node => k.saturating_mul(members) <= per_node,
             GpuRequest::Whole(k) => k <= per_node,
             GpuRequest::Shares(s) if same_node => {
@@ -975,34 +985,21 @@ impl Engine {
             GpuRequest::Mig(profile) => {
                 self.capacity.mig_ever_placeable(m, profile, members, same_node)
             }
-        }
-    }
-
-    /// Why [`Engine::ever_placeable`] said no, when CPU or memory and not GPUs is why.
-    fn host_shortfall(
-        &self,
-        m: ModelId,
-        shape: MemberShape,
-        members: u32,
-        same_node: bool,
-    ) -> Option<HostShortfall> {
-        let (cpu, mem) =
-            self.capacity.max_host_per_node.get(m.0 as usize).copied().unwrap_or((0, 0));
-        let on_one = if same_node { u64::from(members) } else { 1 };
-        let (asked_cpu, asked_mem) =
-            (shape.cpu.saturating_mul(on_one), shape.mem.saturating_mul(on_one));
-        if asked_cpu > cpu {
-            return Some(HostShortfall::Cpu { asked: asked_cpu, largest: cpu });
-        }
-        if asked_mem > mem {
-            return Some(HostShortfall::Memory { asked: asked_mem, largest: mem });
-        }
-        let gpus_fit = {
-            let mut bare = shape;
-            (bare.cpu, bare.mem) = (0, 0);
-            self.ever_placeable(m, bare, members, same_node)
         };
-        gpus_fit.then_some(HostShortfall::Spread)
+        if !gpus_fit {
+            return Some(NeverFits::Gpus);
+        }
+        // A gang spread over nodes also needs enough nodes with host room for its members
+        // (read only for gangs that ask host resources: the common request skips the walk).
+        if let GpuRequest::Whole(k) = shape.gpus
+            && !same_node
+            && members > 1
+            && (shape.cpu > 0 || shape.mem > 0)
+            && !self.capacity.spread_ever_fits(m, k, shape.cpu, shape.mem, members)
+        {
+            return Some(NeverFits::Host(HostShortfall::Spread));
+        }
+        None
     }
 
     pub(crate) fn facts(
@@ -1109,4 +1106,11 @@ fn rank(reason: &DeferReason) -> u8 {
         | DeferReason::HeldForClaimant { .. }
         | DeferReason::QuotaHeldForReservation { .. } => 5,
     }
+}
+
+/// Why a request never fits its model: a host resource of every node is too small, or its
+/// GPUs are more than any node has.
+enum NeverFits {
+    Host(HostShortfall),
+    Gpus,
 }

@@ -157,6 +157,8 @@ pub(crate) struct Daemon {
     pub engine: Engine,
     pub ledger: Ledger,
     pub nodes: Vec<NodeSpec>,
+    /// Bumped each time `nodes` changes, so a reader of it knows without comparing lists.
+    pub nodes_generation: u64,
     pub known: Known,
     pub workloads: BTreeMap<u64, Record>,
     pub stops: BTreeMap<u64, StopPlan>,
@@ -280,6 +282,7 @@ impl Daemon {
             engine,
             ledger: Ledger::new(LEDGER_PERIOD_MS),
             nodes,
+            nodes_generation: 0,
             known,
             workloads: BTreeMap::new(),
             stops: BTreeMap::new(),

@@ -33,6 +33,7 @@ impl Daemon {
                 Ok(engine) => {
                     self.engine = engine;
                     self.nodes = change.nodes.clone();
+                    self.nodes_generation += 1;
                     self.known = super::daemon::known(&self.nodes, &self.policy);
                     self.inventory_note = Some(change_note(&change));
                     self.changed.extend(self.workloads.keys().copied());

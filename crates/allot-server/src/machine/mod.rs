@@ -169,6 +169,9 @@ pub(crate) struct Machine {
     view_policy: String,
     /// What each live workload holds in the readers' node view (`publish` moves it there).
     view_held: BTreeMap<u64, records::Held>,
+    /// The daemon's `nodes_generation` the readers' node view was last rebuilt on (`None`
+    /// before the first rebuild).
+    view_nodes_generation: Option<u64>,
     /// Telemetry hostnames already checked against the inventory, so each is checked once
     /// (a round has a sample per device); and of those, how many matched no node.
     checked_hosts: BTreeSet<String>,
@@ -199,6 +202,7 @@ impl Machine {
             last_view_ms: 0,
             view_policy: String::new(),
             view_held: BTreeMap::new(),
+            view_nodes_generation: None,
             checked_hosts: BTreeSet::new(),
             unknown_hosts: 0,
         }

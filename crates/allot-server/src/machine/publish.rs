@@ -2,7 +2,7 @@
 //! after each turn (by whoever drives it). Readers never ask the machine for these: the API
 //! and the dashboard read the `View`; a scrape only encodes the registry.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::RwLock;
 
 use allot_api::WorkloadState;
@@ -51,8 +51,7 @@ impl Machine {
         if policy_changed || full || view.rollout.is_none() != self.daemon.rollout.is_none() {
             view.rollout = self.daemon.rollout_view(now);
         }
-        let ids: Vec<u64> = changed.iter().copied().collect();
-        for id in changed {
+        for &id in &changed {
             if let Some(r) = self.daemon.workloads.get(&id) {
                 let new = records::workload(id, r);
                 let fields = &mut *view;
@@ -63,22 +62,17 @@ impl Machine {
         if !full {
             // Work placed, moved or ended: the node view must not lag the workloads (whoever
             // sees a run on a node sees that node as it is now).
-            self.move_in_node_view(&mut view, &ids);
+            self.move_in_node_view(&mut view, &changed);
             return;
         }
         self.last_view_ms = now;
         if policy_changed {
             self.view_policy.clone_from(&self.daemon.policy_text);
         }
+        self.rebuild_node_view(&mut view);
         let daemon = &self.daemon;
         let engine = &daemon.engine;
         view.projects = records::projects(engine, daemon.workloads.values());
-        let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
-        (view.nodes, self.view_held) =
-            records::nodes(engine, &daemon.nodes, &daemon.withheld_nodes(), live);
-        if view.node_specs != daemon.nodes {
-            view.node_specs.clone_from(&daemon.nodes);
-        }
         view.backend.reachable = daemon.backend_down.is_none();
         view.backend.unreachable_since_ms = daemon.backend_down.as_ref().map(|d| d.since_ms);
         view.backend.error = daemon.backend_down.as_ref().map(|d| d.error.clone());
@@ -96,7 +90,7 @@ impl Machine {
     /// differ from what the view shows leave the devices they held and take those they hold
     /// now, and then each node's withheld state and unmanaged devices are set anew. A node
     /// list that changed since the last full rebuild is rebuilt whole.
-    fn move_in_node_view(&mut self, view: &mut View, ids: &[u64]) {
+    fn move_in_node_view(&mut self, view: &mut View, ids: &BTreeSet<u64>) {
         let daemon = &self.daemon;
         let mut index = None;
         let mut moves = Vec::new();
@@ -115,27 +109,42 @@ impl Machine {
         if moves.is_empty() {
             return;
         }
-        let withheld = daemon.withheld_nodes();
-        if view.node_specs != daemon.nodes {
-            let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
-            (view.nodes, self.view_held) =
-                records::nodes(&daemon.engine, &daemon.nodes, &withheld, live);
-            view.node_specs.clone_from(&daemon.nodes);
+        if self.view_nodes_generation != Some(daemon.nodes_generation) {
+            self.rebuild_node_view(view);
             return;
         }
         for (id, now) in moves {
             records::move_work(&mut view.nodes, &mut self.view_held, id, now);
         }
-        records::mark_withheld(&mut view.nodes, &daemon.engine, &withheld);
+        records::mark_withheld(&mut view.nodes, &self.daemon.engine, &self.daemon.withheld_nodes());
+    }
+
+    /// Rebuilds the readers' node view whole: every node, what live work holds on it, and
+    /// its withheld state.
+    fn rebuild_node_view(&mut self, view: &mut View) {
+        (view.nodes, self.view_held) = self.node_view(&self.daemon.withheld_nodes());
+        if self.view_nodes_generation != Some(self.daemon.nodes_generation) {
+            view.node_specs.clone_from(&self.daemon.nodes);
+            self.view_nodes_generation = Some(self.daemon.nodes_generation);
+        }
+    }
+
+    /// The node view as the daemon's state shows it now, with `withheld` nodes so marked,
+    /// and what each live workload holds there.
+    fn node_view(
+        &self,
+        withheld: &BTreeMap<String, String>,
+    ) -> (Vec<allot_api::Node>, BTreeMap<u64, records::Held>) {
+        let daemon = &self.daemon;
+        let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
+        records::nodes(&daemon.engine, &daemon.nodes, withheld, live)
     }
 
     /// Where the readers' node view shows other devices in use than the daemon holds now
     /// (for the simulation: the view may lag in its node list, withheld states and unmanaged
     /// devices until the next full rebuild, never in what allot's own work holds).
     pub(crate) fn node_view_lag(&self, view: &View) -> Option<String> {
-        let daemon = &self.daemon;
-        let live = daemon.workloads.iter().filter(|(_, r)| is_live(r.state));
-        let (now, _) = records::nodes(&daemon.engine, &daemon.nodes, &BTreeMap::new(), live);
+        let (now, _) = self.node_view(&BTreeMap::new());
         let in_use = |nodes: &[allot_api::Node]| -> BTreeMap<(String, u32), (u64, Vec<u64>)> {
             nodes
                 .iter()

@@ -218,8 +218,9 @@ pub enum HostShortfall {
     Cpu { asked: u64, largest: u64 },
     /// Memory in MiB asked on one node, and the most any node of the model has.
     Memory { asked: u64, largest: u64 },
-    /// A gang spread over nodes: even empty, the nodes' GPUs, CPU and memory together hold
-    /// fewer of its members than it has.
+    /// No node has its GPUs and its CPU and memory together (or, for a gang spread over
+    /// nodes: even empty, the nodes' GPUs, CPU and memory together hold fewer of its members
+    /// than it has).
     Spread,
 }
 

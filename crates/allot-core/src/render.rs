@@ -360,6 +360,10 @@ impl Engine {
                         mib_text(*a),
                         mib_text(*largest)
                     ),
+                    Some(HostShortfall::Spread) if *members == 1 || *same_node => format!(
+                        "{asked} exceeds every node: no {model} node has both the GPUs and \
+                         the CPU and memory it asks"
+                    ),
                     Some(HostShortfall::Spread) => format!(
                         "{asked} exceeds the cluster: even empty, the {model} nodes' GPUs, CPU \
                          and memory hold fewer than {members} such members"

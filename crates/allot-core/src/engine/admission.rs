@@ -989,15 +989,31 @@ impl Engine {
         if !gpus_fit {
             return Some(NeverFits::Gpus);
         }
-        // A gang spread over nodes also needs enough nodes with host room for its members
-        // (read only for gangs that ask host resources: the common request skips the walk).
-        if let GpuRequest::Whole(k) = shape.gpus
-            && !same_node
-            && members > 1
-            && (shape.cpu > 0 || shape.mem > 0)
-            && !self.capacity.spread_ever_fits(m, k, shape.cpu, shape.mem, members)
-        {
-            return Some(NeverFits::Host(HostShortfall::Spread));
+        // The GPUs and the host resources must be on the same nodes: the node with the most
+        // GPUs need not be the one with the most CPU, and a gang spread over nodes needs
+        // enough nodes with room for its members (read only for requests that ask host
+        // resources: the common request skips the walk).
+        if shape.cpu > 0 || shape.mem > 0 {
+            let one = u64::from(members);
+            let fits = match shape.gpus {
+                GpuRequest::Whole(k) if same_node => self.capacity.spread_ever_fits(
+                    m,
+                    k.saturating_mul(members),
+                    shape.cpu.saturating_mul(one),
+                    shape.mem.saturating_mul(one),
+                    1,
+                ),
+                GpuRequest::Whole(k) => {
+                    self.capacity.spread_ever_fits(m, k, shape.cpu, shape.mem, members)
+                }
+                GpuRequest::Shares(_) if members == 1 => {
+                    self.capacity.spread_ever_fits(m, 1, shape.cpu, shape.mem, 1)
+                }
+                GpuRequest::Shares(_) | GpuRequest::Mig(_) => true,
+            };
+            if !fits {
+                return Some(NeverFits::Host(HostShortfall::Spread));
+            }
         }
         None
     }

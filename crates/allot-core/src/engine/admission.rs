@@ -16,6 +16,7 @@ use super::queue::{
     OrderKey, Queue, QueueEntry, QueueKey as Queued, RUN_MIN, ReasonId, Run, RunShape, ShapeId,
     Telling, order_key,
 };
+use super::reserve::{AmongHolds, HoldPlace, HoldsApart};
 use super::{Engine, QueueKey, WorkloadState};
 use crate::capacity::{Layout, MemberShape};
 use crate::decision::{
@@ -31,7 +32,9 @@ use crate::model::{GpuRequest, Queueing};
 /// of the state, so while nothing has changed the same shape gets the same reason, without
 /// the quota and placement checks being made again. A deferral for a claim or held quota
 /// (`HeldForClaimant`, `QuotaHeldForReservation`) is kept for that repeat only: once the
-/// state changes the claim may be gone, and the shape is not known to lack room.
+/// state changes the claim may be gone, and the shape is not known to lack room. Where held
+/// quota tells the shape's workloads apart (by queue place or max runtime), such a deferral
+/// is kept per place among the holds (`HoldPlace`), for the workloads that stand alike.
 #[derive(Default)]
 pub(crate) struct CycleMemory {
     /// Per shape (indexed by its number), then by whether it may pre-empt (0: no, 1: yes):
@@ -51,6 +54,12 @@ pub(crate) struct CycleMemory {
     /// found no room (policy `reservations`): borrowers of other projects wait for it
     /// (`Engine::borrow_held_for`). Only grows within a cycle.
     claims: BTreeMap<(usize, QuotaKey), WorkloadId>,
+    /// Per (shape, may pre-empt): the count of changes and, per place among the quota holds
+    /// that tell the shape's workloads apart, the deferral a workload standing there got.
+    repeats_at: BTreeMap<(ShapeId, bool), (u64, Vec<(HoldPlace, ReasonId)>)>,
+    /// Per shape: the quota holds that tell its workloads apart, as of a count of changes
+    /// (holds only go, with their owners' admission, within a cycle).
+    holds_apart: BTreeMap<ShapeId, (u64, HoldsApart)>,
 }
 
 impl CycleMemory {
@@ -72,9 +81,39 @@ impl CycleMemory {
         self.keep(shape, Failure { at: self.changes, reason, lacks_room: true });
     }
 
-    /// A shape's deferral that holds only while nothing changes.
-    fn remember_repeat(&mut self, shape: Option<(ShapeId, bool)>, reason: ReasonId) {
-        self.keep(shape, Failure { at: self.changes, reason, lacks_room: false });
+    /// A shape's deferral that holds only while nothing changes: for all of its workloads,
+    /// or (`place`) for those that stand at that place among the holds that tell them apart.
+    fn remember_repeat(
+        &mut self,
+        shape: Option<(ShapeId, bool)>,
+        reason: ReasonId,
+        place: Option<HoldPlace>,
+    ) {
+        let Some(place) = place else {
+            self.keep(shape, Failure { at: self.changes, reason, lacks_room: false });
+            return;
+        };
+        let Some(shape) = shape else { return };
+        let (at, places) = self.repeats_at.entry(shape).or_default();
+        if *at != self.changes {
+            (*at, *places) = (self.changes, Vec::new());
+        }
+        places.push((place, reason));
+    }
+
+    /// The deferral a workload of `shape` standing at `place` among the holds got since the
+    /// last change.
+    fn repeat_at(&self, shape: (ShapeId, bool), place: HoldPlace) -> Option<ReasonId> {
+        let (at, places) = self.repeats_at.get(&shape)?;
+        if *at != self.changes {
+            return None;
+        }
+        places.iter().find(|(p, _)| *p == place).map(|&(_, reason)| reason)
+    }
+
+    /// Whether some workload of `shape` got a deferral kept per place since the last change.
+    fn has_repeats_at(&self, shape: (ShapeId, bool)) -> bool {
+        self.repeats_at.get(&shape).is_some_and(|(at, _)| *at == self.changes)
     }
 
     fn keep(&mut self, shape: Option<(ShapeId, bool)>, failure: Failure) {
@@ -235,7 +274,7 @@ impl Engine {
             let known = if self.reference || !entry.plain || !self.opens(now, id).is_empty() {
                 None
             } else {
-                memory.known(entry.shape)
+                self.known_for(&mut memory, entry.shape, id)
             };
             let head = match (stuck_head, known) {
                 // Behind a pre-emptor that has not started: blocked like the rest below.
@@ -366,6 +405,51 @@ impl Engine {
         out.push(Decision::Defer { workload: key.2, reason: self.reasons.get(reason).clone() });
     }
 
+    /// The deferral the cycle's memory holds for plain queued workload `id` of `shape` (no
+    /// idle state: it may pre-empt) while nothing has changed: its shape's, or the one that
+    /// workloads standing where it stands among the holds that tell them apart got.
+    fn known_for(
+        &self,
+        memory: &mut CycleMemory,
+        shape: ShapeId,
+        id: WorkloadId,
+    ) -> Option<ReasonId> {
+        if let Some(reason) = memory.known(shape) {
+            return Some(reason);
+        }
+        if !memory.has_repeats_at((shape, true)) {
+            return None;
+        }
+        let w = self.workloads.get(&id)?;
+        match self.among_holds(memory, shape, w) {
+            AmongHolds::At(place) => memory.repeat_at((shape, true), place),
+            AmongHolds::Alike | AmongHolds::Owner => None,
+        }
+    }
+
+    /// Where workload `w` of `shape` stands among the quota holds that tell the shape's
+    /// workloads apart (found once per shape while nothing changes).
+    fn among_holds(
+        &self,
+        memory: &mut CycleMemory,
+        shape: ShapeId,
+        w: &WorkloadState,
+    ) -> AmongHolds {
+        if self.quota_holds.is_empty() {
+            return AmongHolds::Alike;
+        }
+        let changes = memory.changes;
+        if let Some((at, apart)) = memory.holds_apart.get(&shape)
+            && *at == changes
+        {
+            return apart.place(w.queue_key(), w.spec.max_runtime_ms);
+        }
+        let apart = self.holds_apart(w);
+        let place = apart.place(w.queue_key(), w.spec.max_runtime_ms);
+        memory.holds_apart.insert(shape, (changes, apart));
+        place
+    }
+
     /// `project_order_key` of a queued head, with whether it is within guarantee taken from
     /// the cycle's memory while nothing has changed (it depends on the head's shape and the
     /// state alone).
@@ -480,6 +564,9 @@ impl Engine {
                     (within, known)
                 }
             };
+            // Held quota may tell the shape's workloads apart: then each by its own place.
+            let known =
+                known.or_else(|| e.plain.then(|| self.known_for(memory, e.shape, k.2)).flatten());
             let key = order_key(project, standing, *k, within);
             let silent = passes
                 && e.plain
@@ -640,6 +727,14 @@ impl Engine {
             Some(f) => f.lacks_room,
             None => false,
         };
+        if let Some(key @ (shape, _)) = shape_key
+            && !self.reference
+            && memory.has_repeats_at(key)
+            && let AmongHolds::At(place) = self.among_holds(memory, shape, w)
+            && let Some(reason) = memory.repeat_at(key, place)
+        {
+            return Outcome::Deferred(self.reasons.get(reason).clone());
+        }
         let request = Request::of(w);
         let Request { project, shape, members, same_node, total, .. } = request;
 
@@ -730,8 +825,13 @@ impl Engine {
             | DeferReason::QuotaHeldForReservation { .. }),
         ) = best
         {
-            if self.holds_alike(&request, &models) {
-                memory.remember_repeat(shape_key, self.reasons.number(&reason));
+            if let Some((shape, _)) = shape_key {
+                let place = match self.among_holds(memory, shape, &self.workloads[&id]) {
+                    AmongHolds::Alike => None,
+                    AmongHolds::At(place) => Some(place),
+                    AmongHolds::Owner => return Outcome::Deferred(reason),
+                };
+                memory.remember_repeat(shape_key, self.reasons.number(&reason), place);
             }
             return Outcome::Deferred(reason);
         }

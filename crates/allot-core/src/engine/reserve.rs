@@ -62,7 +62,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Engine, QueueKey, Stage};
+use super::{Engine, QueueKey, Stage, WorkloadState};
 use crate::capacity::{Layout, Refine};
 use crate::decision::{DeferReason, DeviceShare, MemberPlacement, Placement, QuotaKey};
 use crate::ids::{ModelId, NodeId, ProjectId, SHARES_PER_GPU, Shares, Timestamp, WorkloadId};
@@ -105,6 +105,50 @@ pub(crate) struct QuotaHold {
     /// by the owner's expected start (on its held nodes, or `quota_start` for an owner its
     /// quota blocks). `None` (that start is unknown): no work may.
     pub backfill_ms: Option<u64>,
+}
+
+/// The quota holds that tell a shape's workloads apart (`Engine::holds_apart`), sorted so
+/// that where a workload stands among them is two searches.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HoldsApart {
+    /// The queue places of the owners of holds of the shape's own project.
+    owners: Vec<QueueKey>,
+    /// The holds' backfill windows (work whose max runtime is at most one passes that hold).
+    windows: Vec<u64>,
+}
+
+/// Where a workload stands among its shape's `HoldsApart`: how many owners it is queued
+/// ahead of, and how many windows its max runtime fits in. Each set is nested in the next as
+/// the queue place (or max runtime) grows, so the counts name the sets: two workloads of a
+/// shape at one place pass the same holds, and `quota_held_for` answers them alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HoldPlace {
+    ahead_of: usize,
+    fits: usize,
+}
+
+/// How held quota treats a workload among the others of its shape.
+pub(crate) enum AmongHolds {
+    /// As every other: no hold tells them apart.
+    Alike,
+    At(HoldPlace),
+    /// It owns a hold, which every other workload meets and it does not.
+    Owner,
+}
+
+impl HoldsApart {
+    pub(crate) fn place(&self, key: QueueKey, max_runtime_ms: Option<u64>) -> AmongHolds {
+        if self.owners.is_empty() && self.windows.is_empty() {
+            return AmongHolds::Alike;
+        }
+        let behind = self.owners.partition_point(|o| *o < key);
+        if self.owners.get(behind) == Some(&key) {
+            return AmongHolds::Owner;
+        }
+        let fits = max_runtime_ms
+            .map_or(0, |m| self.windows.len() - self.windows.partition_point(|window| *window < m));
+        AmongHolds::At(HoldPlace { ahead_of: self.owners.len() - behind, fits })
+    }
 }
 
 /// When each device becomes free, `Some(t)` where known: indexed by `offset[node] + device`.
@@ -719,24 +763,26 @@ impl Engine {
         None
     }
 
-    /// Whether held quota treats every workload of `r`'s shape alike, so that a deferral of
-    /// one may be remembered for the others (`CycleMemory`): no hold on a line of `models` is
-    /// of `r`'s project (there a workload's queue place decides) or lets work with a short
-    /// max runtime through (there its max runtime decides).
-    pub(super) fn holds_alike(&self, r: &super::Request, models: &[ModelId]) -> bool {
-        // The shape's lines, resolved once and only if some hold could tell its workloads apart.
-        let mut lines: Option<Vec<QuotaKey>> = None;
-        self.quota_holds.iter().all(|h| {
-            (h.project != r.project && h.backfill_ms.is_none())
-                || !lines
-                    .get_or_insert_with(|| {
-                        models
-                            .iter()
-                            .filter_map(|&m| self.quota.resolve(r.project, QuotaKey::Model(m)))
-                            .collect()
-                    })
-                    .contains(&h.key)
-        })
+    /// The quota holds on the lines of `w`'s shape that may treat its workloads differently
+    /// (`quota_held_for`): those of its own project, where a workload queued ahead of the
+    /// owner goes first, and those that let short work through, where its max runtime
+    /// decides. Other holds treat every workload of the shape alike.
+    pub(super) fn holds_apart(&self, w: &WorkloadState) -> HoldsApart {
+        let lines: Vec<QuotaKey> = self
+            .candidate_models(w)
+            .iter()
+            .filter_map(|&m| self.quota.resolve(w.project, QuotaKey::Model(m)))
+            .collect();
+        let mut apart = HoldsApart::default();
+        for h in self.quota_holds.iter().filter(|h| lines.contains(&h.key)) {
+            if h.project == w.project {
+                apart.owners.push(h.queue_key);
+            }
+            apart.windows.extend(h.backfill_ms);
+        }
+        apart.owners.sort_unstable();
+        apart.windows.sort_unstable();
+        apart
     }
 
     /// The (cohort, quota line) on which a deferred workload waits for room within its

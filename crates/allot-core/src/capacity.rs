@@ -161,6 +161,8 @@ pub(crate) struct Capacity {
     /// a MIG instance now (holding instances, or entirely free): best fit is the first entry
     /// where the profile fits.
     mig_index: Vec<BTreeSet<(u8, NodeId, u16)>>,
+    /// Per model: how many MIG-enabled devices it has in all.
+    mig_devices: Vec<u32>,
     /// Per model: its MIG table, when it has MIG-enabled devices, and the most MIG-enabled
     /// devices on one node.
     mig_gpu: Vec<Option<MigGpu>>,
@@ -194,6 +196,7 @@ impl Capacity {
             free_whole: vec![0; model_count],
             free_shares: vec![0; model_count],
             mig_index: vec![BTreeSet::new(); model_count],
+            mig_devices: vec![0; model_count],
             mig_gpu: vec![None; model_count],
             max_mig_devices_per_node: vec![0; model_count],
             domains: Domains::default(),
@@ -272,6 +275,7 @@ impl Capacity {
             for (model, count) in per_model {
                 let most = &mut self.max_mig_devices_per_node[model.0 as usize];
                 *most = (*most).max(count);
+                self.mig_devices[model.0 as usize] += count;
             }
         }
     }
@@ -310,8 +314,14 @@ impl Capacity {
             return false;
         };
         let per_node = self.max_mig_devices_per_node.get(m).copied().unwrap_or(0);
-        per_node > 0
-            && (!same_node || u64::from(members) <= u64::from(per_node) * u64::from(spec.max_count))
+        // A gang spread over nodes has every MIG device of the model, each holding at most
+        // `max_count` such instances when empty.
+        let devices = if same_node {
+            u64::from(per_node)
+        } else {
+            u64::from(self.mig_devices.get(m).copied().unwrap_or(0))
+        };
+        per_node > 0 && u64::from(members) <= devices * u64::from(spec.max_count)
     }
 
     /// Whether `model` has MIG-enabled devices that offer `profile` at all.

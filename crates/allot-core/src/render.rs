@@ -347,6 +347,10 @@ impl Engine {
                     if *same_node { " on one node" } else { "" }
                 );
                 match host {
+                    None if *members > 1 && !*same_node => format!(
+                        "{asked} exceeds the cluster: even empty, its {model} GPUs hold fewer \
+                         than {members} such members"
+                    ),
                     None => format!("{asked} exceeds the largest node"),
                     Some(HostShortfall::Cpu { asked: a, largest }) => format!(
                         "{asked} exceeds the largest node: it asks {} CPUs on one node, the \

@@ -1090,30 +1090,34 @@ impl Engine {
             return Some(NeverFits::Gpus);
         }
         // The GPUs and the host resources must be on the same nodes: the node with the most
-        // GPUs need not be the one with the most CPU, and a gang spread over nodes needs
-        // enough nodes with room for its members (read only for requests that ask host
-        // resources: the common request skips the walk).
-        if shape.cpu > 0 || shape.mem > 0 {
-            let one = u64::from(members);
-            let fits = match shape.gpus {
-                GpuRequest::Whole(k) if same_node => self.capacity.spread_ever_fits(
-                    m,
-                    k.saturating_mul(members),
-                    shape.cpu.saturating_mul(one),
-                    shape.mem.saturating_mul(one),
-                    1,
-                ),
-                GpuRequest::Whole(k) => {
-                    self.capacity.spread_ever_fits(m, k, shape.cpu, shape.mem, members)
-                }
-                GpuRequest::Shares(_) if members == 1 => {
-                    self.capacity.spread_ever_fits(m, 1, shape.cpu, shape.mem, 1)
-                }
-                GpuRequest::Shares(_) | GpuRequest::Mig(_) => true,
-            };
-            if !fits {
-                return Some(NeverFits::Host(HostShortfall::Spread));
-            }
+        // GPUs need not be the one with the most CPU; and a gang spread over nodes needs
+        // enough nodes with room for its members, GPUs first. (Read only for gangs and for
+        // requests that ask host resources: the common request skips the walk.)
+        let host = shape.cpu > 0 || shape.mem > 0;
+        let one = u64::from(members);
+        let fits = |cpu: u64, mem: u64| match shape.gpus {
+            GpuRequest::Whole(k) if same_node => self.capacity.spread_ever_fits(
+                m,
+                k.saturating_mul(members),
+                cpu.saturating_mul(one),
+                mem.saturating_mul(one),
+                1,
+            ),
+            GpuRequest::Whole(k) => self.capacity.spread_ever_fits(m, k, cpu, mem, members),
+            GpuRequest::Shares(_) => self.capacity.spread_ever_fits(m, 1, cpu, mem, 1),
+            GpuRequest::Mig(_) => true,
+        };
+        let walk = match shape.gpus {
+            GpuRequest::Whole(_) => host || (members > 1 && !same_node),
+            GpuRequest::Shares(_) => host && members == 1,
+            GpuRequest::Mig(_) => false,
+        };
+        if walk && !fits(shape.cpu, shape.mem) {
+            return Some(if host && fits(0, 0) {
+                NeverFits::Host(HostShortfall::Spread)
+            } else {
+                NeverFits::Gpus
+            });
         }
         None
     }

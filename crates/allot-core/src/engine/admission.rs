@@ -54,12 +54,20 @@ pub(crate) struct CycleMemory {
     /// found no room (policy `reservations`): borrowers of other projects wait for it
     /// (`Engine::borrow_held_for`). Only grows within a cycle.
     claims: BTreeMap<(usize, QuotaKey), WorkloadId>,
-    /// Per (shape, may pre-empt): the count of changes and, per place among the quota holds
-    /// that tell the shape's workloads apart, the deferral a workload standing there got.
-    repeats_at: BTreeMap<(ShapeId, bool), (u64, Vec<(HoldPlace, ReasonId)>)>,
-    /// Per shape: the quota holds that tell its workloads apart, as of a count of changes
-    /// (holds only go, with their owners' admission, within a cycle).
-    holds_apart: BTreeMap<ShapeId, (u64, HoldsApart)>,
+    /// Per shape (indexed by its number): the quota holds that tell its workloads apart,
+    /// and the deferrals kept per place among them, since the last change.
+    apart: Vec<ShapeApart>,
+}
+
+/// What a cycle knows since its last change (`at`) of the quota holds that tell a shape's
+/// workloads apart (`None`: not read yet; holds only go, with their owners' admission, so
+/// they are read again after a change), and the deferral a workload got per place among
+/// them and whether it may pre-empt.
+#[derive(Default)]
+struct ShapeApart {
+    at: u64,
+    holds: Option<HoldsApart>,
+    repeats: Vec<(HoldPlace, bool, ReasonId)>,
 }
 
 impl CycleMemory {
@@ -93,27 +101,39 @@ impl CycleMemory {
             self.keep(shape, Failure { at: self.changes, reason, lacks_room: false });
             return;
         };
-        let Some(shape) = shape else { return };
-        let (at, places) = self.repeats_at.entry(shape).or_default();
-        if *at != self.changes {
-            (*at, *places) = (self.changes, Vec::new());
-        }
-        places.push((place, reason));
+        let Some((shape, may_preempt)) = shape else { return };
+        self.apart_of(shape).repeats.push((place, may_preempt, reason));
     }
 
-    /// The deferral a workload of `shape` standing at `place` among the holds got since the
-    /// last change.
-    fn repeat_at(&self, shape: (ShapeId, bool), place: HoldPlace) -> Option<ReasonId> {
-        let (at, places) = self.repeats_at.get(&shape)?;
-        if *at != self.changes {
+    /// What the cycle knows of the holds that tell `shape`'s workloads apart, as of now.
+    fn apart_of(&mut self, shape: ShapeId) -> &mut ShapeApart {
+        let at = shape as usize;
+        if self.apart.len() <= at {
+            self.apart.resize_with(at + 1, ShapeApart::default);
+        }
+        let apart = &mut self.apart[at];
+        if apart.at != self.changes {
+            *apart = ShapeApart { at: self.changes, ..ShapeApart::default() };
+        }
+        apart
+    }
+
+    /// The deferral a workload of `shape` (that may pre-empt or not) queued at `key` with max
+    /// runtime `max_runtime_ms` got since the last change by its place among the holds.
+    fn repeat_at(
+        &self,
+        (shape, may_preempt): (ShapeId, bool),
+        key: QueueKey,
+        max_runtime_ms: Option<u64>,
+    ) -> Option<ReasonId> {
+        let apart = self.apart.get(shape as usize).filter(|a| a.at == self.changes)?;
+        if apart.repeats.is_empty() {
             return None;
         }
-        places.iter().find(|(p, _)| *p == place).map(|&(_, reason)| reason)
-    }
-
-    /// Whether some workload of `shape` got a deferral kept per place since the last change.
-    fn has_repeats_at(&self, shape: (ShapeId, bool)) -> bool {
-        self.repeats_at.get(&shape).is_some_and(|(at, _)| *at == self.changes)
+        let AmongHolds::At(place) = apart.holds.as_ref()?.place(key, max_runtime_ms) else {
+            return None;
+        };
+        apart.repeats.iter().find(|r| r.0 == place && r.1 == may_preempt).map(|r| r.2)
     }
 
     fn keep(&mut self, shape: Option<(ShapeId, bool)>, failure: Failure) {
@@ -274,7 +294,7 @@ impl Engine {
             let known = if self.reference || !entry.plain || !self.opens(now, id).is_empty() {
                 None
             } else {
-                self.known_for(&mut memory, entry.shape, id)
+                Self::known_for(&memory, (queued, entry))
             };
             let head = match (stuck_head, known) {
                 // Behind a pre-emptor that has not started: blocked like the rest below.
@@ -405,26 +425,13 @@ impl Engine {
         out.push(Decision::Defer { workload: key.2, reason: self.reasons.get(reason).clone() });
     }
 
-    /// The deferral the cycle's memory holds for plain queued workload `id` of `shape` (no
-    /// idle state: it may pre-empt) while nothing has changed: its shape's, or the one that
-    /// workloads standing where it stands among the holds that tell them apart got.
-    fn known_for(
-        &self,
-        memory: &mut CycleMemory,
-        shape: ShapeId,
-        id: WorkloadId,
-    ) -> Option<ReasonId> {
-        if let Some(reason) = memory.known(shape) {
-            return Some(reason);
-        }
-        if !memory.has_repeats_at((shape, true)) {
-            return None;
-        }
-        let w = self.workloads.get(&id)?;
-        match self.among_holds(memory, shape, w) {
-            AmongHolds::At(place) => memory.repeat_at((shape, true), place),
-            AmongHolds::Alike | AmongHolds::Owner => None,
-        }
+    /// The deferral the cycle's memory holds for a plain queued workload (no idle state: it
+    /// may pre-empt) while nothing has changed: its shape's, or the one that workloads
+    /// standing where it stands among the holds that tell them apart got.
+    fn known_for(memory: &CycleMemory, (key, entry): (Queued, QueueEntry)) -> Option<ReasonId> {
+        memory
+            .known(entry.shape)
+            .or_else(|| memory.repeat_at((entry.shape, true), key, entry.max_runtime_ms))
     }
 
     /// Where workload `w` of `shape` stands among the quota holds that tell the shape's
@@ -438,16 +445,11 @@ impl Engine {
         if self.quota_holds.is_empty() {
             return AmongHolds::Alike;
         }
-        let changes = memory.changes;
-        if let Some((at, apart)) = memory.holds_apart.get(&shape)
-            && *at == changes
-        {
-            return apart.place(w.queue_key(), w.spec.max_runtime_ms);
-        }
-        let apart = self.holds_apart(w);
-        let place = apart.place(w.queue_key(), w.spec.max_runtime_ms);
-        memory.holds_apart.insert(shape, (changes, apart));
-        place
+        let apart = memory.apart_of(shape);
+        apart
+            .holds
+            .get_or_insert_with(|| self.holds_apart(w))
+            .place(w.queue_key(), w.spec.max_runtime_ms)
     }
 
     /// `project_order_key` of a queued head, with whether it is within guarantee taken from
@@ -565,8 +567,10 @@ impl Engine {
                 }
             };
             // Held quota may tell the shape's workloads apart: then each by its own place.
-            let known =
-                known.or_else(|| e.plain.then(|| self.known_for(memory, e.shape, k.2)).flatten());
+            let known = known.or_else(|| {
+                let at = memory.repeat_at((e.shape, true), *k, e.max_runtime_ms);
+                at.filter(|_| e.plain)
+            });
             let key = order_key(project, standing, *k, within);
             let silent = passes
                 && e.plain
@@ -727,11 +731,9 @@ impl Engine {
             Some(f) => f.lacks_room,
             None => false,
         };
-        if let Some(key @ (shape, _)) = shape_key
+        if let Some(key) = shape_key
             && !self.reference
-            && memory.has_repeats_at(key)
-            && let AmongHolds::At(place) = self.among_holds(memory, shape, w)
-            && let Some(reason) = memory.repeat_at(key, place)
+            && let Some(reason) = memory.repeat_at(key, w.queue_key(), w.spec.max_runtime_ms)
         {
             return Outcome::Deferred(self.reasons.get(reason).clone());
         }

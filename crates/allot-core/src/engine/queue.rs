@@ -254,6 +254,8 @@ impl Queue {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QueueEntry {
     pub shape: ShapeId,
+    /// Its max runtime (held quota lets short work through: `HoldsApart`).
+    pub max_runtime_ms: Option<u64>,
     /// Queued with no idle suspension or backoff (none set since): the cycle may answer it
     /// from its memory of failed shapes without reading the workload.
     pub plain: bool,
@@ -478,8 +480,14 @@ impl Engine {
         let Some(w) = self.workloads.get(&id) else { return };
         let shape = self.shapes.number(w);
         let plain = w.idle_suspended_at.is_none() && w.resume_at.is_none();
-        let entry =
-            QueueEntry { shape, plain, reported: None, reported_at: Timestamp(0), handled: false };
+        let entry = QueueEntry {
+            shape,
+            max_runtime_ms: w.spec.max_runtime_ms,
+            plain,
+            reported: None,
+            reported_at: Timestamp(0),
+            handled: false,
+        };
         self.queues[w.project.0 as usize].insert(w.queue_key(), entry);
     }
 
@@ -633,6 +641,7 @@ mod tests {
             let shape = (t % 2) as ShapeId;
             let entry = QueueEntry {
                 shape,
+                max_runtime_ms: None,
                 plain: true,
                 reported: Some(told),
                 reported_at: Timestamp(t),
@@ -662,6 +671,7 @@ mod tests {
         // Queued in the middle (a requeue keeps its place): the run splits around it.
         let fresh = QueueEntry {
             shape: 0,
+            max_runtime_ms: None,
             plain: true,
             reported: None,
             reported_at: Timestamp(0),

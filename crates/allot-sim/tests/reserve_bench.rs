@@ -429,3 +429,88 @@ fn slurm_slice_tail() {
         }
     }
 }
+
+/// `ALLOT_SLICE_BENCH=one-queue`: the slice with every job in one project guaranteed the 32
+/// GPUs (the real cluster's `bench-slurm-vs-allot.py --one-queue` arm: reserve after 1 s, up
+/// to 64 per model, holding quota, time limits) against the Slurm model with backfill every
+/// 5 s (the test cluster's `bf_interval`) and every 30 s; then each size's waits and the jobs
+/// at or past either p95. `ALLOT_SLICE_RESERVE` changes the reservations' options.
+#[test]
+fn slurm_slice_one_queue() {
+    if std::env::var("ALLOT_SLICE_BENCH").ok().as_deref() != Some("one-queue") {
+        return;
+    }
+    let jobs: Vec<TraceJob> =
+        slice().into_iter().map(|j| TraceJob { project: "research".into(), ..j }).collect();
+    let config = slice_config();
+    let reserve = std::env::var("ALLOT_SLICE_RESERVE")
+        .unwrap_or_else(|_| "1s, per_model_max: 64, hold_quota: true".into());
+    let text = format!(
+        "reservations: {{after: {reserve}}}\npreemption:\n  mode: requeue\nrestart_cost: 1m\n\
+         priority_classes:\n  - {{name: normal, value: 0, preemptible: true}}\n\
+         default_priority_class: normal\nprojects:\n  - name: research\n    quotas:\n      \
+         - {{model: h100, guaranteed: 32}}\n"
+    );
+    let policy = allot_config::parse_policy("one-queue.yaml", &text).expect("the policy parses");
+    let allot = replay(&nodes(), &policy, "slice", &jobs, &config).expect("the slice replays");
+    let model = |interval_s: f64| {
+        allot_sim::slurm::replay_slurm(
+            &nodes(),
+            &policy,
+            &jobs,
+            &config,
+            &allot_sim::slurm::SlurmBackfill { interval_s, ..Default::default() },
+        )
+        .expect("the Slurm model runs the slice")
+    };
+    let (slurm5, slurm30) = (model(5.0), model(30.0));
+    let wait = |r: &allot_sim::outcome::ReplayReport, id: u64| {
+        r.by_job.get(&id).and_then(|j| j.first_wait_s).unwrap_or(f64::NAN)
+    };
+    println!("| run | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | makespan s |");
+    println!("|---|---|---|---|");
+    for (label, r) in
+        [("Slurm model, 5 s", &slurm5), ("Slurm model, 30 s", &slurm30), ("allot", &allot)]
+    {
+        println!(
+            "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.0} |",
+            r.queue_delay_s_p50,
+            r.queue_delay_s_p95,
+            r.queue_delay_s_p99,
+            r.big_queue_delay_s_mean,
+            r.big_queue_delay_s_max,
+            r.span_s
+        );
+    }
+    println!("\n| GPUs | jobs | model 5 s wait mean / max s | allot wait mean / max s |");
+    println!("|---|---|---|---|");
+    let mut groups: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for j in &jobs {
+        groups.entry((j.members * j.gpus).min(8)).or_default().push(j.id);
+    }
+    for (gpus, ids) in &groups {
+        let stats = |r: &allot_sim::outcome::ReplayReport| {
+            let waits: Vec<f64> = ids.iter().map(|&id| wait(r, id)).collect();
+            let mean = waits.iter().sum::<f64>() / waits.len() as f64;
+            (mean, waits.iter().copied().fold(0.0, f64::max))
+        };
+        let ((sm, sx), (am, ax)) = (stats(&slurm5), stats(&allot));
+        println!("| {gpus} | {} | {sm:.1} / {sx:.1} | {am:.1} / {ax:.1} |", ids.len());
+    }
+    let (sp95, ap95) = (slurm5.queue_delay_s_p95, allot.queue_delay_s_p95);
+    println!("\nmodel p95 {sp95:.1} s, allot p95 {ap95:.1} s; jobs at or past either:");
+    println!("| job | GPUs | submit s | duration s | model 5 s wait s | allot wait s |");
+    println!("|---|---|---|---|---|---|");
+    for j in &jobs {
+        let (s, a) = (wait(&slurm5, j.id), wait(&allot, j.id));
+        if s >= sp95 || a >= ap95 {
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {s:.1} | {a:.1} |",
+                j.id,
+                j.members * j.gpus,
+                j.submit_s,
+                j.duration_s
+            );
+        }
+    }
+}

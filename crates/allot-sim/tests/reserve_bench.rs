@@ -162,6 +162,18 @@ fn slurm_model(jobs: &[TraceJob], config: &ReplayConfig) -> allot_sim::outcome::
     .expect("the Slurm model runs the slice")
 }
 
+/// Job `id`'s wait for its first start in `r` (NaN if it never started).
+fn wait(r: &allot_sim::outcome::ReplayReport, id: u64) -> f64 {
+    r.by_job.get(&id).and_then(|j| j.first_wait_s).unwrap_or(f64::NAN)
+}
+
+/// The mean and the longest of the waits of jobs `ids` in `r`.
+fn mean_max_wait(r: &allot_sim::outcome::ReplayReport, ids: &[u64]) -> (f64, f64) {
+    let waits: Vec<f64> = ids.iter().map(|&id| wait(r, id)).collect();
+    let mean = waits.iter().sum::<f64>() / waits.len() as f64;
+    (mean, waits.iter().copied().fold(0.0, f64::max))
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -391,9 +403,6 @@ fn slurm_slice_tail() {
         &config,
     )
     .expect("the slice replays");
-    let wait = |r: &allot_sim::outcome::ReplayReport, id: u64| {
-        r.by_job.get(&id).and_then(|j| j.first_wait_s).unwrap_or(f64::NAN)
-    };
     println!("| project | GPUs | jobs | Slurm model wait mean / max s | allot wait mean / max s |");
     println!("|---|---|---|---|---|");
     let mut groups: BTreeMap<(String, u32), Vec<u64>> = BTreeMap::new();
@@ -402,11 +411,7 @@ fn slurm_slice_tail() {
         groups.entry((j.project.clone(), gpus.min(8))).or_default().push(j.id);
     }
     for ((project, gpus), ids) in &groups {
-        let stats = |r: &allot_sim::outcome::ReplayReport| {
-            let waits: Vec<f64> = ids.iter().map(|&id| wait(r, id)).collect();
-            let mean = waits.iter().sum::<f64>() / waits.len() as f64;
-            (mean, waits.iter().copied().fold(0.0, f64::max))
-        };
+        let stats = |r| mean_max_wait(r, ids);
         let (sm, sx) = stats(&slurm);
         let (am, ax) = stats(&allot);
         let g = if *gpus >= 8 { "≥ 8".to_string() } else { gpus.to_string() };
@@ -464,9 +469,6 @@ fn slurm_slice_one_queue() {
         .expect("the Slurm model runs the slice")
     };
     let (slurm5, slurm30) = (model(5.0), model(30.0));
-    let wait = |r: &allot_sim::outcome::ReplayReport, id: u64| {
-        r.by_job.get(&id).and_then(|j| j.first_wait_s).unwrap_or(f64::NAN)
-    };
     println!("| run | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | makespan s |");
     println!("|---|---|---|---|");
     for (label, r) in
@@ -489,11 +491,7 @@ fn slurm_slice_one_queue() {
         groups.entry((j.members * j.gpus).min(8)).or_default().push(j.id);
     }
     for (gpus, ids) in &groups {
-        let stats = |r: &allot_sim::outcome::ReplayReport| {
-            let waits: Vec<f64> = ids.iter().map(|&id| wait(r, id)).collect();
-            let mean = waits.iter().sum::<f64>() / waits.len() as f64;
-            (mean, waits.iter().copied().fold(0.0, f64::max))
-        };
+        let stats = |r| mean_max_wait(r, ids);
         let ((sm, sx), (am, ax)) = (stats(&slurm5), stats(&allot));
         println!("| {gpus} | {} | {sm:.1} / {sx:.1} | {am:.1} / {ax:.1} |", ids.len());
     }

@@ -99,6 +99,16 @@ fn policy(reserve: Option<&str>) -> allot_core::PolicySpec {
 /// The bench policy with `preemption` lines added (indented two spaces, e.g.
 /// `  max_per_workload: {count: 1, window: 10m}\n`).
 fn policy_with(reserve: Option<&str>, preemption: &str) -> allot_core::PolicySpec {
+    policy_for(reserve, preemption, &GUARANTEED)
+}
+
+/// The bench policy for `projects` (name, guaranteed H100s), all of one cohort, each able to
+/// borrow the rest of the 32 GPUs: the allot arm's policy in `bench-slurm-vs-allot.py`.
+fn policy_for(
+    reserve: Option<&str>,
+    preemption: &str,
+    projects: &[(&str, u32)],
+) -> allot_core::PolicySpec {
     let mut text = String::new();
     if let Some(after) = reserve {
         text.push_str(&format!("reservations: {{after: {after}}}\n"));
@@ -110,7 +120,7 @@ fn policy_with(reserve: Option<&str>, preemption: &str) -> allot_core::PolicySpe
          - {name: normal, value: 0, preemptible: true}\ndefault_priority_class: normal\n\
          projects:\n",
     );
-    for (name, g) in GUARANTEED {
+    for &(name, g) in projects {
         text.push_str(&format!(
             "  - name: {name}\n    cohort: lab\n    quotas:\n      \
              - {{model: h100, guaranteed: {g}, borrow_limit: {}}}\n",
@@ -450,13 +460,7 @@ fn slurm_slice_one_queue() {
     let config = slice_config();
     let reserve = std::env::var("ALLOT_SLICE_RESERVE")
         .unwrap_or_else(|_| "1s, per_model_max: 64, hold_quota: true".into());
-    let text = format!(
-        "reservations: {{after: {reserve}}}\npreemption:\n  mode: requeue\nrestart_cost: 1m\n\
-         priority_classes:\n  - {{name: normal, value: 0, preemptible: true}}\n\
-         default_priority_class: normal\nprojects:\n  - name: research\n    quotas:\n      \
-         - {{model: h100, guaranteed: 32}}\n"
-    );
-    let policy = allot_config::parse_policy("one-queue.yaml", &text).expect("the policy parses");
+    let policy = policy_for(Some(&reserve), "", &[("research", 32)]);
     let allot = replay(&nodes(), &policy, "slice", &jobs, &config).expect("the slice replays");
     let model = |interval_s: f64| {
         allot_sim::slurm::replay_slurm(

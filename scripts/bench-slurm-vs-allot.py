@@ -259,6 +259,8 @@ def figures(label, submitted, runs, jobs_total):
     for job, _submit, start, end, state, gpus in runs:
         per_job.setdefault(job, []).append((start, end, state, gpus))
     waits, big_waits, lost, used = [], [], 0.0, 0.0
+    # Each job's wait and GPUs, for `--json`: which jobs make the tail.
+    by_job = {}
     first_submit = min(submitted.values())
     last_end = 0
     for job, job_runs in per_job.items():
@@ -272,6 +274,7 @@ def figures(label, submitted, runs, jobs_total):
         wait = started[0][0] - sub
         waits.append(wait)
         gpus = max(r[3] for r in job_runs)
+        by_job[job] = {"wait_s": wait, "gpus": gpus}
         if gpus >= 8:
             big_waits.append(wait)
         for k, (start, end, _state, g) in enumerate(started):
@@ -296,6 +299,7 @@ def figures(label, submitted, runs, jobs_total):
         "allocation_pct": 100.0 * used / (CLUSTER_GPUS * makespan) if makespan > 0 else 0.0,
         "preemptions": sum(restarts_seen(runs).values()),
         "lost_pct": 100.0 * lost / used if used else 0.0,
+        "jobs_waits": by_job,
     }
 
 
@@ -307,7 +311,7 @@ def main():
     p.add_argument("--limit", type=int, default=250, help="jobs of the slice to run")
     p.add_argument("--compress", type=float, default=55.0)
     p.add_argument("--arms", default="slurm,allot")
-    p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--json", help="also write the figures here, with each job's wait")
     p.add_argument("--reserve-after", metavar="DURATION",
                    help="allot arm: policy `reservations: {after: DURATION}`")
     p.add_argument("--time-limits", action="store_true",

@@ -258,9 +258,8 @@ def figures(label, submitted, runs, jobs_total):
     per_job = {}
     for job, _submit, start, end, state, gpus in runs:
         per_job.setdefault(job, []).append((start, end, state, gpus))
-    waits, big_waits, lost, used = [], [], 0.0, 0.0
-    # Each job's wait and GPUs, for `--json`: which jobs make the tail.
-    by_job = {}
+    # Each started job's wait and GPUs (in `--json`: which jobs make the tail).
+    by_job, lost, used = {}, 0.0, 0.0
     first_submit = min(submitted.values())
     last_end = 0
     for job, job_runs in per_job.items():
@@ -271,19 +270,15 @@ def figures(label, submitted, runs, jobs_total):
         sub = submitted.get(job)
         if sub is None:
             continue
-        wait = started[0][0] - sub
-        waits.append(wait)
-        gpus = max(r[3] for r in job_runs)
-        by_job[job] = {"wait_s": wait, "gpus": gpus}
-        if gpus >= 8:
-            big_waits.append(wait)
+        by_job[job] = {"wait_s": started[0][0] - sub, "gpus": max(r[3] for r in job_runs)}
         for k, (start, end, _state, g) in enumerate(started):
             seconds = (end or start) - start
             used += g * seconds
             if k < len(started) - 1:
                 lost += g * seconds
             last_end = max(last_end, end or 0)
-    waits.sort()
+    waits = sorted(j["wait_s"] for j in by_job.values())
+    big_waits = [j["wait_s"] for j in by_job.values() if j["gpus"] >= 8]
     pct = lambda v, p: v[min(len(v) - 1, max(0, math.ceil(len(v) * p / 100) - 1))] if v else float("nan")
     makespan = last_end - first_submit
     return {

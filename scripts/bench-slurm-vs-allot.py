@@ -143,7 +143,8 @@ ONE_QUEUE = "research"
 
 
 def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
-              reclaim_after=None, hold_quota=False, per_model_max=None, one_queue=False):
+              reclaim_after=None, hold_quota=False, per_model_max=None, one_queue=False,
+              keep_log=False):
     """Arm 2: allot serve --backend slurm; each job through `allot submit` at its time. With
     `reserve_after` (a duration), the policy holds nodes for requests waiting that long; with
     `time_limits`, each job asks Slurm's arm's time limit as its max runtime (backfill); with
@@ -152,7 +153,9 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
     `hold_quota`, the reservations hold quota too, and `per_model_max` bounds them per model.
     With `one_queue`, every job goes to one project (`research`, Slurm account of that name)
     guaranteed the whole cluster: plain Slurm's policy, one FIFO queue without accounts'
-    guarantees, in allot's terms (`examples/philly-one-queue-policy.yaml`)."""
+    guarantees, in allot's terms (`examples/philly-one-queue-policy.yaml`). With `keep_log`,
+    the daemon takes no snapshot during the run, so its data directory keeps the whole log
+    (each input and cycle, in order) for replaying the run afterwards."""
     data = tempfile.mkdtemp(prefix="allot-bench-")
     policy = os.path.join(data, "policy.yaml")
     with open(policy, "w") as f:
@@ -169,8 +172,10 @@ def allot_arm(jobs, allot, reserve_after=None, time_limits=False, poll_max=None,
         for name, g in guaranteed.items():
             f.write(f"  - name: {name}\n    cohort: lab\n    quotas:\n"
                     f"      - {{model: h100, guaranteed: {g}, borrow_limit: {CLUSTER_GPUS - g}}}\n")
-    serve, env = start_serve(allot, 7399, data, policy,
-                             ["--slurm-poll-max", poll_max] if poll_max else [])
+    serve_args = ["--slurm-poll-max", poll_max] if poll_max else []
+    if keep_log:
+        serve_args += ["--snapshot-every", "100000000"]
+    serve, env = start_serve(allot, 7399, data, policy, serve_args)
     token = env["ALLOT_TOKEN"]
     try:
         t0 = time.time()
@@ -307,6 +312,8 @@ def main():
     p.add_argument("--compress", type=float, default=55.0)
     p.add_argument("--arms", default="slurm,allot")
     p.add_argument("--json", help="also write the figures here, with each job's wait")
+    p.add_argument("--keep-log", action="store_true",
+                   help="allot arm: keep the daemon's whole log (no snapshots during the run)")
     p.add_argument("--reserve-after", metavar="DURATION",
                    help="allot arm: policy `reservations: {after: DURATION}`")
     p.add_argument("--time-limits", action="store_true",
@@ -339,7 +346,8 @@ def main():
             submitted, runs, _, _report, data = allot_arm(jobs, a.allot, a.reserve_after,
                                                           a.time_limits, a.slurm_poll_max,
                                                           a.reclaim_after, a.hold_quota,
-                                                          a.per_model_max, a.one_queue)
+                                                          a.per_model_max, a.one_queue,
+                                                          a.keep_log)
             label = "allot, one queue" if a.one_queue else "allot (requeue pre-emption)"
             rows.append(figures(label, submitted, runs, len(jobs)))
             print_stops(stops_said(data), runs, jobs)

@@ -18,6 +18,8 @@ mod driver;
 mod durable;
 mod executor;
 mod handle;
+#[cfg(test)]
+mod log_replay;
 mod machine;
 mod metrics;
 mod openapi;

@@ -455,6 +455,24 @@ fn one_queue_slice() -> (Vec<TraceJob>, String, allot_core::PolicySpec) {
     (jobs, reserve, policy)
 }
 
+/// Prints a one-queue table row of `r` (p50 / p95 / p99 waits, the big jobs' mean and worst
+/// wait, makespan) and returns those figures in that order.
+fn one_queue_row(label: &str, r: &allot_sim::outcome::ReplayReport) -> [f64; 6] {
+    let f = [
+        r.queue_delay_s_p50,
+        r.queue_delay_s_p95,
+        r.queue_delay_s_p99,
+        r.big_queue_delay_s_mean,
+        r.big_queue_delay_s_max,
+        r.span_s,
+    ];
+    println!(
+        "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.0} |",
+        f[0], f[1], f[2], f[3], f[4], f[5]
+    );
+    f
+}
+
 /// `ALLOT_SLICE_BENCH=one-queue`: the slice with every job in one project guaranteed the 32
 /// GPUs (the real cluster's `bench-slurm-vs-allot.py --one-queue` arm: reserve after 1 s, up
 /// to 64 per model, holding quota, time limits) against the Slurm model with backfill every
@@ -491,15 +509,7 @@ fn slurm_slice_one_queue() {
     for (label, r) in
         [("Slurm model, 5 s", &slurm5), ("Slurm model, 30 s", &slurm30), ("allot", &allot)]
     {
-        println!(
-            "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.0} |",
-            r.queue_delay_s_p50,
-            r.queue_delay_s_p95,
-            r.queue_delay_s_p99,
-            r.big_queue_delay_s_mean,
-            r.big_queue_delay_s_max,
-            r.span_s
-        );
+        one_queue_row(label, r);
     }
     println!("\n| GPUs | jobs | model 5 s wait mean / max s | allot wait mean / max s |");
     println!("|---|---|---|---|");
@@ -567,28 +577,13 @@ fn slurm_slice_launch_delays() {
     println!("reservations: {reserve}");
     println!("| launch delay s | wait p50 / p95 / p99 s | ≥8-GPU wait mean / max s | makespan s |");
     println!("|---|---|---|---|");
-    let row = |label: String, r: &allot_sim::outcome::ReplayReport| {
-        let figures = [
-            r.queue_delay_s_p50,
-            r.queue_delay_s_p95,
-            r.queue_delay_s_p99,
-            r.big_queue_delay_s_mean,
-            r.big_queue_delay_s_max,
-            r.span_s,
-        ];
-        println!(
-            "| {label} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.0} |",
-            figures[0], figures[1], figures[2], figures[3], figures[4], figures[5]
-        );
-        figures
-    };
-    row("Slurm model, 5 s".into(), &model);
+    one_queue_row("Slurm model, 5 s", &model);
     let mut all: Vec<[f64; 6]> = Vec::new();
     for quarter in 0..=8 {
         let delay = f64::from(quarter) * 0.25;
         let config = ReplayConfig { launch_delay_s: delay, ..slice_config() };
         let r = replay(&nodes(), &policy, "slice", &jobs, &config).expect("the slice replays");
-        all.push(row(format!("{delay:.2}"), &r));
+        all.push(one_queue_row(&format!("{delay:.2}"), &r));
     }
     let spread = |i: usize| {
         let mut v: Vec<f64> = all.iter().map(|f| f[i]).collect();
